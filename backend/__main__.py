@@ -1,0 +1,180 @@
+"""`python -m backend ...`: the SpecLens command line. Each command is a thin wrapper over a module."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from backend.errors import SpecLensError
+
+
+def _ids(s: str | None) -> list[int] | None:
+    if s is None or s == "":
+        return None
+    try:
+        return [int(x) for x in s.split(",") if x.strip() != ""]
+    except ValueError:
+        raise SpecLensError(f"--producer-ids '{s}': expected comma-separated integers like 2,16,29") from None
+
+
+def cmd_capture(a: argparse.Namespace) -> int:
+    from backend.capture import CaptureSettings, run_capture
+
+    s = CaptureSettings(model=a.model, prompts=a.prompts, engine=a.engine, limit=a.limit, device=a.device,
+                        dtype=a.dtype, boundaries=a.boundaries.split(",") if a.boundaries else None,
+                        sample_tokens=a.sample_tokens, max_prompt_tokens=a.max_prompt_tokens,
+                        chat_template=not a.no_chat_template)
+    r = run_capture(s, name=a.name, progress=not a.quiet)
+    msg = f"capture {r.run_id}: {r.tokens} tokens from {r.prompts} prompts in {r.seconds:.1f} s -> {r.path}"
+    print(msg)
+    for lbl, k in r.nonfinite.items():
+        print(f"warning: {lbl} holds NaN or inf in {k} tokens (left out of its statistics)", file=sys.stderr)
+    return 0
+
+
+def cmd_import(a: argparse.Namespace) -> int:
+    from backend.importers import import_capture
+
+    r = import_capture(a.path, a.format, producer_ids=_ids(a.producer_ids), num_layers=a.num_layers,
+                       drafter_config=a.drafter_config, name=a.name, model=a.model)
+    print(f"import {r.run_id}: {r.tokens} tokens from {r.prompts} sequences -> {r.path}")
+    return 0
+
+
+def cmd_align(a: argparse.Namespace) -> int:
+    from backend.align import get_alignment
+
+    al = get_alignment(a.run_a, a.run_b)
+    if a.json:
+        print(json.dumps(al.to_json(), indent=None if a.compact else 1))
+        return 0
+    print(f"A = {al.a}, B = {al.b}: {al.tokens} shared tokens (CKA on {al.cka_tokens})")
+    for f in al.verdict:
+        print(f"[{f.kind}] {f.text}")
+    for w in al.warnings:
+        print(f"warning: {w}")
+    print(f"{'B boundary':>10} {'best A':>7} {'cos':>8} {'same-name cos':>14} {'rel L2':>9} {'CKA':>7}")
+    for row in al.per_boundary:
+        fmt = lambda v, p=4: "-" if v is None else f"{v:.{p}f}"  # noqa: E731
+        print(f"{row['boundary']:>10} {row['best_match']:>7} {fmt(row['best_cosine']):>8} {fmt(row['cosine']):>14} "
+              f"{fmt(row['rel_l2']):>9} {fmt(row['cka'], 3):>7}")
+    return 0
+
+
+def cmd_runs(a: argparse.Namespace) -> int:
+    from backend.store import catalog
+
+    catalog.refresh()
+    df = catalog.list_runs(kind=a.kind)
+    if a.json:
+        print(df.to_json(orient="records"))
+        return 0
+    if df.empty:
+        print("no runs yet: try `python -m backend demo`")
+        return 0
+    cols = ["run_id", "kind", "engine", "status", "model", "dtype", "n_boundaries", "tokens", "nonfinite_tokens"]
+    print(df[cols].to_string(index=False))
+    return 0
+
+
+def cmd_db(a: argparse.Namespace) -> int:
+    from backend.store import catalog
+
+    p = catalog.refresh()
+    n = len(catalog.list_runs())
+    print(f"catalog rebuilt: {p} ({n} runs)")
+    return 0
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from backend.demo import run_demo
+
+    run_demo(force=a.force, progress=not a.quiet)
+    return 0
+
+
+def cmd_build_demo_model(a: argparse.Namespace) -> int:
+    from backend.toy.target import build_random_target
+
+    p = build_random_target(Path(a.out), n_layers=a.layers, hidden=a.hidden, seed=a.seed)
+    print(f"built {p}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m backend", description="SpecLens: EAGLE-3 hidden-state capture, "
+                                "layer alignment and speculative-decoding diagnostics. Data root: $SPECLENS_DATA "
+                                "(default ./data).")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    c = sub.add_parser("capture", help="capture every boundary S_0..S_N and F of a model on prompts")
+    c.add_argument("--engine", default="hf", choices=["hf", "vllm", "sglang"])
+    c.add_argument("--model", required=True, help="HF model directory")
+    c.add_argument("--prompts", required=True, help="Spec-Bench style JSONL or a text file (one prompt a line)")
+    c.add_argument("--limit", type=int, help="first N prompts only")
+    c.add_argument("--name", help="run id; the same name resumes an interrupted capture")
+    c.add_argument("--device", default="auto", help="auto, cpu or cuda[:i]")
+    c.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    c.add_argument("--boundaries", help="comma-separated subset, e.g. S_2,S_4,S_5,S_8 (default: all and F)")
+    c.add_argument("--sample-tokens", type=int, default=4096, help="raw tokens kept for alignment (default 4096)")
+    c.add_argument("--max-prompt-tokens", type=int, default=2048)
+    c.add_argument("--no-chat-template", action="store_true")
+    c.add_argument("--quiet", action="store_true")
+    c.set_defaults(fn=cmd_capture)
+
+    i = sub.add_parser("import-capture", help="import existing EAGLE-3 training data as a capture run")
+    i.add_argument("path", help="a file or a directory of files")
+    i.add_argument("--format", required=True, choices=["speculators", "speculators-legacy", "specforge", "vllm-extract"])
+    i.add_argument("--producer-ids", help="layer ids as the producer numbered them, e.g. 2,16,29")
+    i.add_argument("--num-layers", type=int, help="decoder layers N of the target")
+    i.add_argument("--drafter-config", help="drafter config.json to take ids (and N) from")
+    i.add_argument("--model", help="target model directory (for N and model family)")
+    i.add_argument("--name")
+    i.set_defaults(fn=cmd_import)
+
+    al = sub.add_parser("align", help="which boundary of run A matches which of run B, with a verdict")
+    al.add_argument("run_a")
+    al.add_argument("run_b")
+    al.add_argument("--json", action="store_true", help="print one JSON object")
+    al.add_argument("--compact", action="store_true", help="with --json: one line")
+    al.set_defaults(fn=cmd_align)
+
+    r = sub.add_parser("runs", help="list runs with kind, engine, status and headline figures")
+    r.add_argument("--kind")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=cmd_runs)
+
+    d = sub.add_parser("db", help="catalog maintenance")
+    d.add_argument("action", choices=["rebuild"])
+    d.set_defaults(fn=cmd_db)
+
+    dm = sub.add_parser("demo", help="build the demo target and the captures that show each verdict")
+    dm.add_argument("--force", action="store_true", help="rebuild even when cached")
+    dm.add_argument("--quiet", action="store_true")
+    dm.set_defaults(fn=cmd_demo)
+
+    b = sub.add_parser("build-demo-model", help="build a small random Llama-shaped target with its tokenizer")
+    b.add_argument("--out", required=True)
+    b.add_argument("--layers", type=int, default=8)
+    b.add_argument("--hidden", type=int, default=256)
+    b.add_argument("--seed", type=int, default=0)
+    b.set_defaults(fn=cmd_build_demo_model)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except SpecLensError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""Run directories: the source of truth. `data/runs/<run_id>/` holds a manifest and its tables.
+
+Every file is written to a temporary name and renamed into place, and the manifest's
+status becomes "complete" last, so a reader never sees half a file and a run that died never
+looks complete. See docs/SCHEMA.md for the files and their columns.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from backend.config import REPO_ROOT, paths
+from backend.errors import SpecLensError
+
+RUNNING, COMPLETE, FAILED, INTERRUPTED = "running", "complete", "failed", "interrupted"
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def valid_run_id(run_id: str) -> bool:
+    return bool(_RUN_ID.match(run_id)) and ".." not in run_id
+
+
+def new_run_id(kind: str, name: str | None) -> str:
+    if name:
+        if not valid_run_id(name):
+            raise SpecLensError(f"--name '{name}' is not a valid run name; use letters, digits, '.', '_' or '-'")
+        return name
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{kind}-{stamp}-{os.getpid() % 10000:04d}"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
+
+
+def atomic_write_parquet(path: Path, df: pd.DataFrame) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def atomic_save_safetensors(path: Path, tensors: dict, metadata: dict[str, str] | None = None) -> None:
+    from safetensors.torch import save_file
+
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+    os.replace(tmp, path)
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class RunDir:
+    """One run directory. Create with `RunDir.create` or open with `RunDir.open`."""
+
+    path: Path
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / "manifest.json"
+
+    # ------------------------------------------------------------------ open / create
+    @classmethod
+    def create(cls, run_id: str, manifest: dict, root: Path | None = None) -> "RunDir":
+        p = paths(root).runs / run_id
+        if (p / "manifest.json").exists():
+            raise SpecLensError(f"run '{run_id}' already exists in {p.parent}; pick another --name")
+        p.mkdir(parents=True, exist_ok=True)
+        rd = cls(p)
+        base = {
+            "run_id": run_id, "status": RUNNING, "created": now(), "updated": now(),
+            "host": socket.gethostname(), "pid": os.getpid(), "git_commit": git_commit(),
+            "schema_version": 1, "error": None,
+        }
+        base.update(manifest)
+        base["run_id"], base["status"] = run_id, RUNNING
+        rd.write_manifest(base)
+        return rd
+
+    @classmethod
+    def open(cls, run_id: str, root: Path | None = None) -> "RunDir":
+        if not valid_run_id(run_id):
+            raise SpecLensError(f"'{run_id}' is not a valid run id; list runs with `python -m backend runs`")
+        p = paths(root).runs / run_id
+        if not (p / "manifest.json").exists():
+            raise SpecLensError(f"no run '{run_id}' under {p.parent}; list runs with `python -m backend runs`")
+        return cls(p)
+
+    # ------------------------------------------------------------------ manifest
+    def manifest(self) -> dict:
+        try:
+            return json.loads(self.manifest_path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise SpecLensError(f"{self.manifest_path}: unreadable manifest ({e}); remove the run directory "
+                                f"or restore the file") from e
+
+    def write_manifest(self, m: dict) -> None:
+        m["updated"] = now()
+        atomic_write_json(self.manifest_path, m)
+
+    def update(self, **fields: Any) -> dict:
+        m = self.manifest()
+        m.update(fields)
+        self.write_manifest(m)
+        return m
+
+    def claim(self) -> dict:
+        """Mark a resumed run as running in this process."""
+        return self.update(status=RUNNING, pid=os.getpid(), host=socket.gethostname(), error=None)
+
+    def complete(self, **fields: Any) -> dict:
+        return self.update(status=COMPLETE, finished=now(), **fields)
+
+    def fail(self, error: str) -> dict:
+        return self.update(status=FAILED, error=error, finished=now())
+
+    def effective_status(self, m: dict | None = None) -> str:
+        """running -> interrupted when the writing process is gone (same host)."""
+        m = m or self.manifest()
+        st = m.get("status", FAILED)
+        if st == RUNNING and m.get("host") == socket.gethostname():
+            pid = m.get("pid")
+            if not isinstance(pid, int) or not _pid_alive(pid):
+                return INTERRUPTED
+        return st
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+
+def list_run_dirs(root: Path | None = None) -> list[RunDir]:
+    runs = paths(root).runs
+    if not runs.exists():
+        return []
+    return [RunDir(p) for p in sorted(runs.iterdir()) if (p / "manifest.json").exists()]
