@@ -24,7 +24,8 @@ MATCH_COS = 0.9            # below this best cosine a boundary "matches nothing"
 ALIGNED_COS = 0.999        # same-label pairs at least this close are numerically the same state
 DRIFT_REL_L2 = 0.01        # a same-label relative L2 above this is drift
 ROTATION_COS, ROTATION_CKA = 0.5, 0.95
-_CHUNK = 256
+_CHUNK = 512
+VERSION = 2                # bump when the figures change: cached alignments are recomputed
 
 
 @dataclass
@@ -106,62 +107,91 @@ def load_sample(run_id: str, root: Path | None = None) -> Sample:
 
 # ---------------------------------------------------------------------------- matrices
 
-def _stack(sample: Sample, idx: np.ndarray) -> torch.Tensor:
-    """[n, L, H] float32 of the chosen tokens."""
-    return torch.stack([sample.states[lbl][idx].float() for lbl in sample.labels], dim=1)
+def _chunk(sample: Sample, idx: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """[L, c, H] float32 of the chosen tokens, boundaries in the sample's stream order."""
+    return torch.stack([sample.states[lbl][idx].to(device).float() for lbl in sample.labels])
 
 
-def pair_matrices(X: torch.Tensor, Y: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """X [n, p, H], Y [n, q, H] -> mean cosine [p, q], mean relative L2 [p, q], valid token counts [p, q]
-    and per-boundary non-finite token counts. Tokens non-finite in either boundary are left out of that pair."""
-    n, p, _ = X.shape
-    q = Y.shape[1]
-    fx = torch.isfinite(X).all(-1)       # [n, p]
-    fy = torch.isfinite(Y).all(-1)       # [n, q]
-    X = torch.where(fx[..., None], X, torch.zeros(()))
-    Y = torch.where(fy[..., None], Y, torch.zeros(()))
-    cos_sum = torch.zeros(p, q, dtype=torch.float64)
-    rel_sum = torch.zeros(p, q, dtype=torch.float64)
-    for s in range(0, n, _CHUNK):
-        x, y = X[s:s + _CHUNK].double(), Y[s:s + _CHUNK].double()
-        mx, my = fx[s:s + _CHUNK].double(), fy[s:s + _CHUNK].double()
-        w = mx[:, :, None] * my[:, None, :]                      # [c, p, q]
-        dot = torch.bmm(x, y.transpose(1, 2))                    # [c, p, q]
-        nx2 = (x * x).sum(-1)                                    # [c, p]
-        ny2 = (y * y).sum(-1)                                    # [c, q]
-        nx, ny = nx2.sqrt().clamp_min(1e-30), ny2.sqrt().clamp_min(1e-30)
-        cos_sum += (dot / (nx[:, :, None] * ny[:, None, :]) * w).sum(0)
-        d2 = (nx2[:, :, None] + ny2[:, None, :] - 2 * dot).clamp_min(0)
-        rel_sum += (d2.sqrt() / ny[:, None, :] * w).sum(0)
-    cnt = (fx.double().T @ fy.double())                          # [p, q]
-    safe = cnt.clamp_min(1)
-    cos = torch.where(cnt > 0, cos_sum / safe, torch.full_like(cos_sum, float("nan")))
-    rel = torch.where(cnt > 0, rel_sum / safe, torch.full_like(rel_sum, float("nan")))
-    return cos.numpy(), rel.numpy(), cnt.numpy(), ((~fx).sum(0).numpy(), (~fy).sum(0).numpy())
+def pair_matrices(A: Sample, ia: torch.Tensor, B: Sample, ib: torch.Tensor, device: torch.device | str = "cpu",
+                  chunk: int = _CHUNK) -> dict[str, np.ndarray]:
+    """Over the matched tokens (A's ia[t] is B's ib[t]) and every boundary pair (i, j):
+
+    cosine[i, j]  mean over tokens of cos(a_it, b_jt)
+    rel_l2[i, j]  ||A_i - B_j||_F / ||B_j||_F over the tokens (exact for same-named pairs)
+    count[i, j]   tokens finite in both (tokens holding NaN/inf are left out of that pair)
+
+    Token chunks keep memory at O(L x chunk x H) beside the two samples; every sum is one GEMM over the
+    flattened (token, dim) axis, so the cost is two [L, c*H] x [c*H, L] products per chunk."""
+    device = torch.device(device)
+    p, q = len(A.labels), len(B.labels)
+    acc = {k: torch.zeros(p, q, dtype=torch.float64, device=device) for k in ("cos", "dot", "xx", "yy", "cnt")}
+    nfa = torch.zeros(p, dtype=torch.int64, device=device)
+    nfb = torch.zeros(q, dtype=torch.int64, device=device)
+    same = [(A.labels.index(lbl), j) for j, lbl in enumerate(B.labels) if lbl in A.labels]
+    diff2 = torch.zeros(len(same), dtype=torch.float64, device=device)
+    for s in range(0, len(ia), chunk):
+        X, Y = _chunk(A, ia[s:s + chunk], device), _chunk(B, ib[s:s + chunk], device)   # [p, c, H], [q, c, H]
+        nx, ny = torch.linalg.vector_norm(X, dim=-1), torch.linalg.vector_norm(Y, dim=-1)  # [p, c], [q, c]
+        fx, fy = torch.isfinite(nx), torch.isfinite(ny)    # a token holding NaN/inf has a non-finite norm
+        nfa += (~fx).sum(1)
+        nfb += (~fy).sum(1)
+        if not bool(fx.all()):
+            X, nx = torch.where(fx[..., None], X, 0.0), torch.where(fx, nx, 0.0)
+        if not bool(fy.all()):
+            Y, ny = torch.where(fy[..., None], Y, 0.0), torch.where(fy, ny, 0.0)
+        wx, wy = fx.float(), fy.float()
+        acc["dot"] += (X.flatten(1) @ Y.flatten(1).T).double()
+        acc["xx"] += ((nx * nx) @ wy.T).double()
+        acc["yy"] += (wx @ (ny * ny).T).double()
+        acc["cnt"] += (wx @ wy.T).double()
+        for k, (i, j) in enumerate(same):             # exact distance for same-named pairs (no cancellation)
+            w = (fx[i] & fy[j]).float()[:, None]
+            diff2[k] += (torch.linalg.vector_norm((X[i] - Y[j]) * w) ** 2).double()
+        X.div_(nx.clamp_min(1e-30)[..., None])
+        Y.div_(ny.clamp_min(1e-30)[..., None])
+        acc["cos"] += (X.flatten(1) @ Y.flatten(1).T).double()
+    cnt = acc["cnt"]
+    nan = torch.full_like(cnt, float("nan"))
+    cos = torch.where(cnt > 0, acc["cos"] / cnt.clamp_min(1), nan)
+    d2 = (acc["xx"] + acc["yy"] - 2 * acc["dot"]).clamp_min(0)
+    for k, (i, j) in enumerate(same):
+        d2[i, j] = diff2[k]
+    rel = torch.where(cnt > 0, d2.sqrt() / acc["yy"].sqrt().clamp_min(1e-30), nan)
+    return {"cosine": cos.cpu().numpy(), "rel_l2": rel.cpu().numpy(), "count": cnt.cpu().numpy(),
+            "nonfinite_a": nfa.cpu().numpy(), "nonfinite_b": nfb.cpu().numpy()}
 
 
-def cka_matrix(X: torch.Tensor, Y: torch.Tensor, max_tokens: int = CKA_TOKENS) -> tuple[np.ndarray, int]:
-    """Linear CKA over boundary pairs on an evenly spaced subset of tokens finite everywhere."""
-    ok = (torch.isfinite(X).all(-1).all(-1) & torch.isfinite(Y).all(-1).all(-1)).nonzero().flatten()
+def cka_matrix(A: Sample, ia: torch.Tensor, B: Sample, ib: torch.Tensor, max_tokens: int = CKA_TOKENS,
+               device: torch.device | str = "cpu") -> tuple[np.ndarray, int]:
+    """Linear CKA over boundary pairs on an evenly spaced subset of tokens finite everywhere.
+
+    CKA(X, Y) = <K_X, K_Y>_F / (||K_X||_F ||K_Y||_F) with K = Xc Xc^T the centred token Gram matrix."""
+    device = torch.device(device)
+
+    def finite(sample: Sample, idx: torch.Tensor) -> torch.Tensor:
+        ok = torch.ones(len(idx), dtype=torch.bool)
+        for lbl in sample.labels:
+            ok &= torch.isfinite(torch.linalg.vector_norm(sample.states[lbl][idx].float(), dim=-1))
+        return ok
+    ok = (finite(A, ia) & finite(B, ib)).nonzero().flatten()
     if len(ok) > max_tokens:
         ok = ok[torch.linspace(0, len(ok) - 1, max_tokens).round().long()]
     m = len(ok)
     if m < 3:
-        return np.full((X.shape[1], Y.shape[1]), np.nan), m
+        return np.full((len(A.labels), len(B.labels)), np.nan), m
 
-    def grams(Z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def grams(sample: Sample, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = []
-        for i in range(Z.shape[1]):
-            z = Z[ok, i, :]
+        for lbl in sample.labels:
+            z = sample.states[lbl][idx].to(device).float()                   # [m, H]
             z = z - z.mean(0, keepdim=True)
-            out.append((z @ z.T).flatten())
-        G = torch.stack(out)                                     # [L, m*m]
-        return G, (G.double() * G.double()).sum(-1).sqrt()       # HSIC self-norms
-    GX, nX = grams(X)
-    GY, nY = grams(Y)
-    hsic = (GX @ GY.T).double()                                  # [p, q]
-    cka = hsic / (nX[:, None] * nY[None, :]).clamp_min(1e-30)
-    return cka.numpy(), m
+            out.append((z @ z.T).flatten())                                  # [m*m]
+        G = torch.stack(out)                                                 # [L, m*m]
+        return G, (G.double() ** 2).sum(-1).sqrt()
+    GX, nX = grams(A, ia[ok])
+    GY, nY = grams(B, ib[ok])
+    hsic = (GX @ GY.T).double()                                              # [p, q]
+    return (hsic / (nX[:, None] * nY[None, :]).clamp_min(1e-30)).cpu().numpy(), m
 
 
 # ---------------------------------------------------------------------------- path and verdict
@@ -275,7 +305,16 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
 
 # ---------------------------------------------------------------------------- entry points
 
-def align_samples(A: Sample, B: Sample, cka_tokens: int = CKA_TOKENS) -> Alignment:
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def align_samples(A: Sample, B: Sample, cka_tokens: int | None = None,
+                  device: torch.device | str | None = None) -> Alignment:
+    """Align two samples. CKA uses `cka_tokens` tokens (default: 1024 on CPU, 4096 on a GPU)."""
+    device = torch.device(device) if device is not None else default_device()
+    if cka_tokens is None:
+        cka_tokens = CKA_TOKENS if device.type == "cpu" else 4 * CKA_TOKENS
     if A.hidden != B.hidden:
         raise SpecLensError(f"runs '{A.run_id}' (hidden {A.hidden}) and '{B.run_id}' (hidden {B.hidden}) have "
                             f"different hidden sizes; align captures of the same target")
@@ -284,10 +323,10 @@ def align_samples(A: Sample, B: Sample, cka_tokens: int = CKA_TOKENS) -> Alignme
         raise SpecLensError(f"runs '{A.run_id}' and '{B.run_id}' share no tokens (different prompts, tokenizer or "
                             f"chat template); capture both from the same --prompts file")
     order = np.argsort(ia)
-    ia, ib = ia[order], ib[order]
-    X, Y = _stack(A, ia), _stack(B, ib)
-    cos, rel, _cnt, (nfa, nfb) = pair_matrices(X, Y)
-    cka, m = cka_matrix(X, Y, cka_tokens)
+    ia, ib = torch.from_numpy(ia[order]), torch.from_numpy(ib[order])
+    mats = pair_matrices(A, ia, B, ib, device)
+    cos, rel, nfa, nfb = mats["cosine"], mats["rel_l2"], mats["nonfinite_a"], mats["nonfinite_b"]
+    cka, m = cka_matrix(A, ia, B, ib, cka_tokens, device)
     findings, offset = verdict(A, B, cos, rel, cka)
     path = best_path(cos)
     warnings = []
@@ -320,14 +359,15 @@ def _mat(m: np.ndarray) -> list[list[float | None]]:
     return [[_f(v) for v in row] for row in m]
 
 
-def align_runs(run_a: str, run_b: str, root: Path | None = None, cka_tokens: int = CKA_TOKENS) -> Alignment:
-    return align_samples(load_sample(run_a, root), load_sample(run_b, root), cka_tokens)
+def align_runs(run_a: str, run_b: str, root: Path | None = None, cka_tokens: int | None = None,
+               device: torch.device | str | None = None) -> Alignment:
+    return align_samples(load_sample(run_a, root), load_sample(run_b, root), cka_tokens, device)
 
 
 def get_alignment(run_a: str, run_b: str, root: Path | None = None) -> Alignment:
     """Cached alignment (data/alignments/), recomputed when either run changed."""
     ma, mb = RunDir.open(run_a, root).manifest(), RunDir.open(run_b, root).manifest()
-    key = f"{ma.get('updated')}|{mb.get('updated')}"
+    key = f"{VERSION}|{ma.get('updated')}|{mb.get('updated')}"
     cache = paths(root).alignments / f"{run_a}__{run_b}.json"
     if cache.exists():
         try:

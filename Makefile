@@ -1,0 +1,39 @@
+# SpecLens: two commands. `make demo` builds the demo data and serves the dashboard on :8501;
+# `make test` installs everything (Debian chromium included) and runs every test.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PORT ?= 8501
+
+.PHONY: demo test install browser serve bench clean-data
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU build of torch from the local wheel store; never a multi-GB CUDA build on the CPU path
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -r requirements.txt -r requirements-dev.txt
+	touch $(STAMP)
+
+install: $(STAMP)
+
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian chromium for the browser tests"; \
+	  (apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null) || \
+	  (sudo apt-get update -qq && sudo apt-get install -y -qq chromium chromium-driver >/dev/null); }
+
+demo: $(STAMP)
+	$(BIN)/python -m backend demo
+	$(BIN)/streamlit run app.py --server.headless true --server.port $(PORT) --browser.gatherUsageStats false
+
+serve: $(STAMP)
+	$(BIN)/streamlit run app.py --server.headless true --server.port $(PORT) --browser.gatherUsageStats false
+
+test: $(STAMP) browser
+	$(BIN)/python -m pytest -q tests
+
+bench: $(STAMP)
+	$(BIN)/python bench/align_bench.py
+	$(BIN)/python bench/capture_overhead.py

@@ -1,0 +1,110 @@
+"""`python -m backend demo`: the project's own demo data, one capture pair per alignment verdict.
+
+Builds (once, cached under <data>/models/) a small Llama-shaped target with non-unit norm weights and
+its rotated copy, then captures and imports:
+
+| pair (A vs B)                         | shows       |
+|---------------------------------------|-------------|
+| demo-fp32 vs demo-fp32-again          | aligned     |
+| demo-fp32 vs demo-after-layer         | offset +1   |
+| demo-fp32 vs demo-final-norm          | final_norm  |
+| demo-fp32 vs demo-rotated             | rotation    |
+| demo-fp32 vs demo-bf16                | drift       |
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from backend.config import REPO_ROOT, paths
+from backend.store import catalog
+from backend.store.rundir import COMPLETE, RunDir, list_run_dirs
+
+PROMPTS = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
+LIMIT = 40
+DEMO_PAIRS = [
+    ("demo-fp32", "demo-fp32-again", "aligned"),
+    ("demo-fp32", "demo-after-layer", "offset"),
+    ("demo-fp32", "demo-final-norm", "final_norm"),
+    ("demo-fp32", "demo-rotated", "rotation"),
+    ("demo-fp32", "demo-bf16", "drift"),
+]
+
+
+def demo_models(root: Path | None = None, force: bool = False) -> tuple[Path, Path]:
+    from backend.toy.rotate import write_rotated
+    from backend.toy.target import build_random_target
+
+    models = paths(root).models
+    target, rotated = models / "demo-target", models / "demo-target-rotated"
+    if force or not (target / "config.json").exists():
+        shutil.rmtree(target, ignore_errors=True)
+        build_random_target(target, n_layers=8, hidden=256, seed=0)
+    if force or not (rotated / "config.json").exists():
+        shutil.rmtree(rotated, ignore_errors=True)
+        write_rotated(target, rotated)
+    return target, rotated
+
+
+def _complete(run_id: str, root: Path | None) -> bool:
+    try:
+        rd = RunDir.open(run_id, root)
+        return rd.effective_status() == COMPLETE
+    except Exception:
+        return False
+
+
+def _fresh(run_id: str, root: Path | None, force: bool) -> bool:
+    """True when the run must be (re)built; removes a stale or incomplete run directory."""
+    if not force and _complete(run_id, root):
+        return False
+    shutil.rmtree(paths(root).runs / run_id, ignore_errors=True)
+    return True
+
+
+def build_demo(root: Path | None = None, force: bool = False, progress: bool = True, limit: int = LIMIT) -> list[str]:
+    from backend.capture import CaptureSettings, run_capture
+    from backend.importers import import_capture
+    from backend.producers import write_training_data
+
+    target, rotated = demo_models(root, force)
+    made = []
+
+    def capture(run_id: str, model: Path, dtype: str = "fp32") -> None:
+        if _fresh(run_id, root, force):
+            run_capture(CaptureSettings(model=str(model), prompts=str(PROMPTS), limit=limit, dtype=dtype),
+                        name=run_id, root=root, progress=progress)
+            made.append(run_id)
+
+    capture("demo-fp32", target)
+    capture("demo-fp32-again", target)
+    capture("demo-bf16", target, "bf16")
+    capture("demo-rotated", rotated)
+    files = paths(root).root / "training-data"
+    for run_id, fmt, kw in [
+        ("demo-after-layer", "speculators", {"capture_rule": "after"}),   # captured after layer a, labelled S_a
+        ("demo-final-norm", "vllm-extract", {"teacher": "F"}),          # last state after the final norm
+    ]:
+        if _fresh(run_id, root, force):
+            out = files / run_id
+            shutil.rmtree(out, ignore_errors=True)
+            write_training_data(target, PROMPTS, fmt, out, limit=limit, **kw)
+            import_capture(out, fmt, num_layers=8, name=run_id, root=root)
+            made.append(run_id)
+    catalog.refresh(root)
+    return made
+
+
+def run_demo(force: bool = False, progress: bool = True, root: Path | None = None) -> None:
+    from backend.align import get_alignment
+
+    t0 = time.perf_counter()
+    made = build_demo(root, force, progress)
+    print(f"demo data ready in {time.perf_counter() - t0:.1f} s ({len(made)} runs built, "
+          f"{len(list_run_dirs(root))} runs in {paths(root).runs})")
+    for a, b, expected in DEMO_PAIRS:
+        al = get_alignment(a, b, root)
+        kinds = ",".join(f.kind for f in al.verdict)
+        print(f"  align {a} {b}: [{kinds}] {al.verdict[0].text[:110]}")

@@ -1,0 +1,94 @@
+"""Alignment speed: 33 x 33 boundaries over 4096 tokens at hidden size 4096 (Llama-3.1-8B shaped).
+
+Random data with a residual-stream structure (S_{b+1} = S_b + update), stored as two real capture runs
+(bf16 samples, as an 8B capture keeps them), then `align_runs` timed end to end: load both samples,
+cosine and relative-L2 matrices over all 4096 tokens, CKA, path and verdict. Peak memory is the
+process's max RSS (CPU) and torch's peak allocation (GPU).
+
+    python bench/align_bench.py [--device cpu|cuda] [--tokens 4096] [--hidden 4096] [--layers 32] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from backend.align import align_runs, load_sample  # noqa: E402
+from backend.stats import context_hashes  # noqa: E402
+from backend.store.rundir import RunDir, atomic_save_safetensors  # noqa: E402
+
+
+def fake_run(root: Path, run_id: str, n_layers: int, tokens: int, hidden: int, seed: int, shift: float) -> None:
+    g = torch.Generator().manual_seed(seed)
+    labels = [f"S_{b}" for b in range(n_layers + 1)]
+    t = {}
+    base_g = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, hidden, generator=base_g)
+    for lbl in labels:
+        t[lbl] = (x + shift * torch.randn(tokens, hidden, generator=g)).to(torch.bfloat16)
+        x = x + 0.5 * torch.randn(tokens, hidden, generator=base_g)
+    ids = torch.arange(tokens) % 32000
+    t.update(token_ids=ids, ctx_hash=context_hashes(ids), position=torch.arange(tokens))
+    rd = RunDir.create(run_id, {"kind": "capture", "engine": "bench", "boundaries": labels, "dtype": "bf16",
+                                "model": {"n_layers": n_layers, "hidden_size": hidden}}, root)
+    atomic_save_safetensors(rd.file("sample.safetensors"), t)
+    rd.complete()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="align-bench-"))
+    fake_run(root, "A", a.layers, a.tokens, a.hidden, 1, 0.0)
+    fake_run(root, "B", a.layers, a.tokens, a.hidden, 2, 0.01)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    times, compute = [], []
+    if a.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+        align_runs("A", "B", root, device=a.device)   # warm-up (CUDA context, kernels)
+    for _ in range(a.repeats):
+        t0 = time.perf_counter()
+        A, B = load_sample("A", root), load_sample("B", root)
+        t1 = time.perf_counter()
+        from backend.align import align_samples
+        al = align_samples(A, B, device=a.device)
+        if a.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        times.append(t2 - t0)
+        compute.append(t2 - t1)
+    res = {
+        "bench": "align", "date": time.strftime("%Y-%m-%d"), "device": a.device,
+        "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else None,
+        "boundaries": f"{a.layers + 1}x{a.layers + 1}", "tokens": a.tokens, "hidden": a.hidden,
+        "cka_tokens": al.cka_tokens, "seconds_total_best": round(min(times), 3),
+        "seconds_compute_best": round(min(compute), 3), "seconds_total_all": [round(t, 3) for t in times],
+        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "rss_before_gib": round(rss0 / 2**20, 2),
+        "gpu_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if a.device.startswith("cuda") else None,
+        "verdict": [f.kind for f in al.verdict],
+    }
+    print(json.dumps(res))
+    if a.out:
+        Path(a.out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Shared fixtures. Test data is built with the project's own code (toy target, capture, run store)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from backend.config import REPO_ROOT
+
+PROMPTS = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
+DASH_LIMIT = 12          # prompts per capture: enough tokens for the alignment verdicts, a few seconds each
+
+
+def _poison_token(model_dir: Path, out: Path, token: str) -> Path:
+    """A copy of a toy target whose embedding of `token` is NaN: tokens at and after it hold NaN."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
+
+    shutil.copytree(model_dir, out)
+    tid = AutoTokenizer.from_pretrained(str(model_dir)).convert_tokens_to_ids(token)
+    f = out / "model.safetensors"
+    t = load_file(str(f))
+    key = next(k for k in t if k.endswith("embed_tokens.weight"))
+    t[key][tid] = float("nan")
+    save_file(t, str(f), metadata={"format": "pt"})
+    return out
+
+
+def _unfinished_runs(root: Path) -> None:
+    """A running run (owned by this live process), an interrupted one (dead pid) and a failed one."""
+    from backend.store.rundir import RunDir
+
+    base = {"kind": "capture", "engine": "hf", "dtype": "fp32", "boundaries": ["S_0", "S_1", "F"],
+            "model": {"path": "/models/toy", "n_layers": 8, "hidden_size": 256}}
+    RunDir.create("live-run", {**base, "progress": {"done": 3, "total": 12}}, root)
+    gone = RunDir.create("dead-run", {**base, "progress": {"done": 5, "total": 12}}, root)
+    gone.update(pid=2**22 + 12345)          # beyond pid_max: never alive
+    RunDir.create("broken-run", base, root).fail("OutOfMemoryError: CUDA out of memory")
+
+
+def build_dashboard_data(root: Path) -> Path:
+    """Captures a1, a2 (fp32, identical), b16 (bf16), nan1 (NaN in the prompts holding " travel") and three unfinished runs."""
+    from backend.capture import CaptureSettings, run_capture
+    from backend.store import catalog
+    from backend.toy.target import build_random_target
+
+    model = build_random_target(root / "models" / "toy", n_layers=8, hidden=256, seed=0)
+    poisoned = _poison_token(model, root / "models" / "toy-nan", "Ġtravel")
+    for name, m, dtype in [("a1", model, "fp32"), ("a2", model, "fp32"), ("b16", model, "bf16"),
+                           ("nan1", poisoned, "fp32")]:
+        run_capture(CaptureSettings(model=str(m), prompts=str(PROMPTS), limit=DASH_LIMIT, dtype=dtype, device="cpu"),
+                    name=name, root=root, progress=False)
+    _unfinished_runs(root)
+    catalog.refresh(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def dash_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data root for the dashboard tests; SPECLENS_DATA points at it for the whole session."""
+    root = build_dashboard_data(tmp_path_factory.mktemp("dash-data"))
+    old = os.environ.get("SPECLENS_DATA")
+    os.environ["SPECLENS_DATA"] = str(root)
+    yield root
+    if old is None:
+        os.environ.pop("SPECLENS_DATA", None)
+    else:
+        os.environ["SPECLENS_DATA"] = old
+
+
+# ---------------------------------------------------------------- core fixtures: tiny real models, demo data
+
+
+def _save_with_tokenizer(model, tok_dir: Path, out: Path) -> Path:
+    from transformers import AutoTokenizer
+
+    model.save_pretrained(str(out))
+    AutoTokenizer.from_pretrained(str(tok_dir)).save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    from backend.toy.target import build_random_target
+
+    return build_random_target(tmp_path_factory.mktemp("models") / "llama", n_layers=8, hidden=64, seed=0,
+                               vocab_size=512)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen(tmp_path_factory, tiny_llama) -> Path:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(1)
+    cfg = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False)
+    return _save_with_tokenizer(Qwen3ForCausalLM(cfg), tiny_llama, tmp_path_factory.mktemp("models") / "qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_deepseek(tmp_path_factory, tiny_llama) -> Path:
+    """A tiny random DeepSeek-V3 (Kimi-K2 architecture: MLA attention, MoE with a shared expert)."""
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    torch.manual_seed(2)
+    cfg = DeepseekV3Config(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                           num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+                           num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16,
+                           q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_group=2,
+                           topk_group=1, max_position_embeddings=1024)
+    return _save_with_tokenizer(DeepseekV3ForCausalLM(cfg), tiny_llama, tmp_path_factory.mktemp("models") / "dsv3")
+
+
+@pytest.fixture(scope="session")
+def demo_root(tmp_path_factory) -> Path:
+    """The demo data (every verdict case) in its own data root, fewer prompts than `make demo`."""
+    from backend.demo import build_demo
+
+    root = tmp_path_factory.mktemp("demo-data")
+    build_demo(root, progress=False, limit=16)
+    return root
+
+
+@pytest.fixture
+def data_root(tmp_path, monkeypatch) -> Path:
+    """An empty data root, also set as SPECLENS_DATA for code that reads the environment."""
+    root = tmp_path / "data"
+    root.mkdir()
+    monkeypatch.setenv("SPECLENS_DATA", str(root))
+    return root
+
+
+@pytest.fixture
+def prompts_file(tmp_path) -> Path:
+    import json
+
+    p = tmp_path / "prompts.jsonl"
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()[:12]]
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return p

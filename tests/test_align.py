@@ -1,0 +1,113 @@
+"""Alignment verdicts on the demo captures (one per case) and bad input."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from backend.align import Sample, align_runs, align_samples, best_path, get_alignment
+from backend.demo import DEMO_PAIRS
+from backend.errors import SpecLensError
+from backend.stats import context_hashes
+
+
+@pytest.mark.parametrize("a,b,expected", DEMO_PAIRS)
+def test_demo_verdicts(demo_root, a, b, expected):
+    al = align_runs(a, b, demo_root)
+    kinds = [f.kind for f in al.verdict]
+    assert kinds[0] == expected, (kinds, al.headline())
+    if expected == "aligned":
+        assert kinds == ["aligned"] and al.offset == 0
+    if expected == "offset":
+        assert al.offset == 1
+        assert al.verdict[0].pairs == [["S_3", "S_2"], ["S_5", "S_4"], ["S_6", "S_5"]]
+        assert "S_2,S_4,S_5" in al.verdict[0].text and "S_3,S_5,S_6" in al.verdict[0].text
+    if expected == "final_norm":
+        assert ["F", "S_8"] in al.verdict[0].pairs
+    if expected == "rotation":
+        assert al.offset is None
+    if expected == "drift":
+        assert "growing with depth" in al.verdict[0].text
+
+
+def test_cli_json(demo_root):
+    out = subprocess.run([sys.executable, "-m", "backend", "align", "demo-fp32", "demo-after-layer", "--json"],
+                         capture_output=True, text=True, env={**__import__("os").environ, "SPECLENS_DATA": str(demo_root)})
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["offset"] == 1 and d["verdict"][0]["kind"] == "offset" and d["verdict"][0]["text"]
+    assert set(d["matrices"]) == {"cosine", "rel_l2", "cka"}
+    assert len(d["matrices"]["cosine"]) == len(d["a_labels"]) == 10
+    assert len(d["matrices"]["cosine"][0]) == len(d["b_labels"]) == 4
+    assert [p["b"] for p in d["path"]] == d["b_labels"]
+
+
+def test_cache_is_reused_and_invalidated(demo_root):
+    from backend.store.rundir import RunDir
+
+    a = get_alignment("demo-fp32", "demo-bf16", demo_root)
+    cache = demo_root / "alignments" / "demo-fp32__demo-bf16.json"
+    assert cache.exists()
+    mtime = cache.stat().st_mtime_ns
+    get_alignment("demo-fp32", "demo-bf16", demo_root)
+    assert cache.stat().st_mtime_ns == mtime
+    RunDir.open("demo-bf16", demo_root).update(notes="touched")
+    b = get_alignment("demo-fp32", "demo-bf16", demo_root)
+    assert cache.stat().st_mtime_ns != mtime and b.verdict[0].kind == a.verdict[0].kind
+
+
+def _sample(run_id, labels, states, ids, n_layers=4):
+    return Sample(run_id, labels, dict(zip(labels, states)), context_hashes(ids).numpy(), n_layers,
+                  states[0].shape[-1], "fp32")
+
+
+def test_nan_reported_per_boundary_not_averaged():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.arange(50)
+    xs = [torch.randn(50, 8, generator=g) for _ in range(3)]
+    ys = [x.clone() for x in xs]
+    ys[2][7, 3] = float("nan")
+    al = align_samples(_sample("a", ["S_0", "S_1", "S_2"], xs, ids), _sample("b", ["S_0", "S_1", "S_2"], ys, ids))
+    assert al.verdict[0].kind == "aligned"
+    assert any("S_2: 1 of 50" in w for w in al.warnings)
+    row = {r["boundary"]: r for r in al.per_boundary}
+    assert row["S_2"]["nonfinite_b"] == 1 and row["S_1"]["nonfinite_b"] == 0
+    assert row["S_2"]["cosine"] == pytest.approx(1.0)   # the 49 finite tokens still match exactly
+
+
+def test_hidden_size_mismatch_and_no_shared_tokens():
+    ids = torch.arange(20)
+    a = _sample("a", ["S_0"], [torch.randn(20, 8)], ids)
+    with pytest.raises(SpecLensError, match="different hidden sizes"):
+        align_samples(a, _sample("b", ["S_0"], [torch.randn(20, 16)], ids))
+    with pytest.raises(SpecLensError, match="share no tokens"):
+        align_samples(a, _sample("b", ["S_0"], [torch.randn(20, 8)], ids + 100))
+
+
+def test_corrupt_or_missing_sample(demo_root, tmp_path):
+    import shutil
+
+    from backend.store.rundir import RunDir
+
+    root = tmp_path / "d"
+    shutil.copytree(demo_root / "runs" / "demo-fp32", root / "runs" / "x")
+    shutil.copytree(demo_root / "runs" / "demo-bf16", root / "runs" / "y")
+    (root / "runs" / "x" / "sample.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(SpecLensError, match=r"runs/x/sample.safetensors: corrupt safetensors file"):
+        align_runs("x", "y", root)
+    (root / "runs" / "x" / "sample.safetensors").unlink()
+    with pytest.raises(SpecLensError, match="missing raw sample"):
+        align_runs("x", "y", root)
+    RunDir.open("y", root).update(status="failed")
+    with pytest.raises(SpecLensError, match="is failed, not complete"):
+        align_runs("y", "y", root)
+    with pytest.raises(SpecLensError, match="no run 'nope'"):
+        align_runs("nope", "y", root)
+
+
+def test_best_path_is_monotone():
+    cos = np.array([[0.9, 0.1, 0.0], [0.2, 0.95, 0.3], [0.1, 0.99, 0.97]])
+    assert best_path(cos) == [0, 1, 2]
