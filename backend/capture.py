@@ -85,27 +85,15 @@ def run_capture(settings: CaptureSettings, name: str | None = None, root: Path |
     if sample_t is not None:
         sample.load(sample_t)
 
-    pending: dict[int, torch.Tensor] = {}
-    room = [0]
-
-    def sink(k: int, x: torch.Tensor) -> None:
-        stats.update(k, x)
-        if room[0]:
-            pending[k] = x[: room[0]].detach().to("cpu", copy=True)
-
+    cap = Capturer(stats, sample)
     t0 = time.perf_counter()
     done = start
     try:
-        with hf.BoundaryHooks(lm, wanted, sink):
+        with hf.BoundaryHooks(lm, wanted, cap.sink):
             bar = tqdm(total=len(seqs), initial=start, desc=f"capture {run_id}", unit="prompt",
                        disable=not progress, file=sys.stderr)
             for i in range(start, len(seqs)):
-                ids = seqs[i]
-                room[0] = sample.room(len(ids))
-                pending.clear()
-                hf.forward(lm, ids)
-                if room[0]:
-                    sample.add(torch.tensor(ids), pending)
+                cap.run(lm, seqs[i])
                 done = i + 1
                 bar.update(1)
                 if done % settings.checkpoint_every == 0 and done < len(seqs):
@@ -130,6 +118,30 @@ def run_capture(settings: CaptureSettings, name: str | None = None, root: Path |
         catalog.refresh(root)
         raise
     return _finish(rd, stats, sample, labels, total_tokens, len(seqs), time.perf_counter() - t0, root)
+
+
+class Capturer:
+    """The hot path: a forward hook sink that feeds the statistics and, while it has room, the sample."""
+
+    def __init__(self, stats: StreamingStats, sample: TokenSample):
+        self.stats, self.sample = stats, sample
+        self.room = 0
+        self.pending: dict[int, torch.Tensor] = {}
+
+    def sink(self, k: int, x: torch.Tensor) -> None:
+        self.stats.update(k, x)
+        if self.room:
+            self.pending[k] = x[: self.room].detach().to("cpu", copy=True)
+
+    def run(self, lm, ids: list[int]) -> None:
+        """One prompt through the model with the hooks installed (see engines.hf.BoundaryHooks)."""
+        from backend.engines import hf
+
+        self.room = self.sample.room(len(ids))
+        self.pending.clear()
+        hf.forward(lm, ids)
+        if self.room:
+            self.sample.add(torch.tensor(ids), self.pending)
 
 
 def _boundaries(wanted: list[str] | None, n_layers: int) -> list[coords.Boundary]:
