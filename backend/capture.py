@@ -218,7 +218,8 @@ def _finish(rd: RunDir, stats: StreamingStats, sample: TokenSample, labels: list
     atomic_save_safetensors(rd.file("stats.safetensors"), per)
     atomic_save_safetensors(rd.file("sample.safetensors"), sample.tensors())
     nonfinite = {r.boundary: int(r.nonfinite_tokens) for r in table.itertuples() if r.nonfinite_tokens}
-    headline = {"tokens": int(table["n_tokens"].max() + table["nonfinite_tokens"].max()) if len(table) else tokens,
+    # every token passes every boundary: finite + non-finite tokens of one boundary = all tokens
+    headline = {"tokens": int(table["n_tokens"].iloc[0] + table["nonfinite_tokens"].iloc[0]) if len(table) else tokens,
                 "prompts": n_prompts, "sample_tokens": sample.n, "nonfinite": nonfinite, "seconds": round(seconds, 3)}
     rd.complete(progress={"done": n_prompts, "total": n_prompts}, headline=headline)
     ck = rd.file(CHECKPOINT)
@@ -229,11 +230,11 @@ def _finish(rd: RunDir, stats: StreamingStats, sample: TokenSample, labels: list
 
 
 def write_capture_files(rd: RunDir, stats: StreamingStats, sample: TokenSample, labels: list[str],
-                        n_sequences: int, root=None, extra: dict | None = None) -> CaptureResult:
+                        n_sequences: int, root=None, extra: dict | None = None, seconds: float = 0.0) -> CaptureResult:
     """Shared by importers: write the same files a capture writes and mark the run complete."""
     if extra:
         rd.update(**extra)
-    return _finish(rd, stats, sample, labels, 0, n_sequences, 0.0, root)
+    return _finish(rd, stats, sample, labels, 0, n_sequences, seconds, root)
 
 
 __all__ = ["CaptureSettings", "CaptureResult", "run_capture", "write_capture_files", "atomic_write_json"]

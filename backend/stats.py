@@ -75,6 +75,8 @@ class StreamingStats:
         """Add tokens x [T, H] (any dtype) to boundary i. No host synchronisation."""
         s = self.state
         x = x.reshape(-1, x.shape[-1]).float()
+        if x.shape[0] == 0:
+            return
         bad = ~torch.isfinite(x).all(dim=-1)                     # [T]
         good = (~bad).to(torch.float32)
         x = torch.where(bad[:, None], torch.zeros((), device=x.device), x)

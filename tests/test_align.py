@@ -109,5 +109,7 @@ def test_corrupt_or_missing_sample(demo_root, tmp_path):
 
 
 def test_best_path_is_monotone():
-    cos = np.array([[0.9, 0.1, 0.0], [0.2, 0.95, 0.3], [0.1, 0.99, 0.97]])
+    # column 2's best row (0) would go back up the stream: the path keeps to rows >= the previous one
+    cos = np.array([[0.9, 0.1, 0.99], [0.2, 0.95, 0.3], [0.1, 0.5, 0.97]])
     assert best_path(cos) == [0, 1, 2]
+    assert best_path(np.array([[0.9, 0.1], [0.2, 0.3]])) == [0, 1]
