@@ -127,6 +127,7 @@ def pair_matrices(A: Sample, ia: torch.Tensor, B: Sample, ib: torch.Tensor, devi
     acc = {k: torch.zeros(p, q, dtype=torch.float64, device=device) for k in ("cos", "dot", "xx", "yy", "cnt")}
     nfa = torch.zeros(p, dtype=torch.int64, device=device)
     nfb = torch.zeros(q, dtype=torch.int64, device=device)
+    all_fin = torch.ones(len(ia), dtype=torch.bool, device=device)   # tokens finite at every boundary of both
     same = [(A.labels.index(lbl), j) for j, lbl in enumerate(B.labels) if lbl in A.labels]
     diff2 = torch.zeros(len(same), dtype=torch.float64, device=device)
     for s in range(0, len(ia), chunk):
@@ -135,6 +136,7 @@ def pair_matrices(A: Sample, ia: torch.Tensor, B: Sample, ib: torch.Tensor, devi
         fx, fy = torch.isfinite(nx), torch.isfinite(ny)    # a token holding NaN/inf has a non-finite norm
         nfa += (~fx).sum(1)
         nfb += (~fy).sum(1)
+        all_fin[s:s + chunk] = fx.all(0) & fy.all(0)
         if not bool(fx.all()):
             X, nx = torch.where(fx[..., None], X, 0.0), torch.where(fx, nx, 0.0)
         if not bool(fy.all()):
@@ -158,24 +160,18 @@ def pair_matrices(A: Sample, ia: torch.Tensor, B: Sample, ib: torch.Tensor, devi
         d2[i, j] = diff2[k]
     rel = torch.where(cnt > 0, d2.sqrt() / acc["yy"].sqrt().clamp_min(1e-30), nan)
     return {"cosine": cos.cpu().numpy(), "rel_l2": rel.cpu().numpy(), "count": cnt.cpu().numpy(),
-            "nonfinite_a": nfa.cpu().numpy(), "nonfinite_b": nfb.cpu().numpy()}
+            "nonfinite_a": nfa.cpu().numpy(), "nonfinite_b": nfb.cpu().numpy(), "all_finite": all_fin}
 
 
-def cka_matrix(A: Sample, ia: torch.Tensor, B: Sample, ib: torch.Tensor, max_tokens: int = CKA_TOKENS,
-               device: torch.device | str = "cpu") -> tuple[np.ndarray, int]:
-    """Linear CKA over boundary pairs on an evenly spaced subset of tokens finite everywhere.
+def cka_matrix(A: Sample, ia: torch.Tensor, B: Sample, ib: torch.Tensor, all_finite: torch.Tensor,
+               max_tokens: int = CKA_TOKENS, device: torch.device | str = "cpu") -> tuple[np.ndarray, int]:
+    """Linear CKA over boundary pairs on an evenly spaced subset of the tokens finite everywhere.
 
     CKA(X, Y) = <K_X, K_Y>_F / (||K_X||_F ||K_Y||_F) with K = Xc Xc^T the centred token Gram matrix."""
     device = torch.device(device)
-
-    def finite(sample: Sample, idx: torch.Tensor) -> torch.Tensor:
-        ok = torch.ones(len(idx), dtype=torch.bool)
-        for lbl in sample.labels:
-            ok &= torch.isfinite(torch.linalg.vector_norm(sample.states[lbl][idx].float(), dim=-1))
-        return ok
-    ok = (finite(A, ia) & finite(B, ib)).nonzero().flatten()
+    ok = all_finite.nonzero().flatten()
     if len(ok) > max_tokens:
-        ok = ok[torch.linspace(0, len(ok) - 1, max_tokens).round().long()]
+        ok = ok[torch.linspace(0, len(ok) - 1, max_tokens, device=ok.device).round().long()]
     m = len(ok)
     if m < 3:
         return np.full((len(A.labels), len(B.labels)), np.nan), m
@@ -188,8 +184,8 @@ def cka_matrix(A: Sample, ia: torch.Tensor, B: Sample, ib: torch.Tensor, max_tok
             out.append((z @ z.T).flatten())                                  # [m*m]
         G = torch.stack(out)                                                 # [L, m*m]
         return G, (G.double() ** 2).sum(-1).sqrt()
-    GX, nX = grams(A, ia[ok])
-    GY, nY = grams(B, ib[ok])
+    GX, nX = grams(A, ia[ok.to(ia.device)])
+    GY, nY = grams(B, ib[ok.to(ib.device)])
     hsic = (GX @ GY.T).double()                                              # [p, q]
     return (hsic / (nX[:, None] * nY[None, :]).clamp_min(1e-30)).cpu().numpy(), m
 
@@ -305,6 +301,14 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
 
 # ---------------------------------------------------------------------------- entry points
 
+def _on(sample: Sample, device: torch.device) -> Sample:
+    """The sample's states moved to the device once (a no-op on CPU)."""
+    if device.type == "cpu":
+        return sample
+    states = {k: v.to(device, non_blocking=True) for k, v in sample.states.items()}
+    return Sample(sample.run_id, sample.labels, states, sample.ctx_hash, sample.n_layers, sample.hidden, sample.dtype)
+
+
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -323,10 +327,11 @@ def align_samples(A: Sample, B: Sample, cka_tokens: int | None = None,
         raise SpecLensError(f"runs '{A.run_id}' and '{B.run_id}' share no tokens (different prompts, tokenizer or "
                             f"chat template); capture both from the same --prompts file")
     order = np.argsort(ia)
-    ia, ib = torch.from_numpy(ia[order]), torch.from_numpy(ib[order])
+    ia, ib = torch.from_numpy(ia[order]).to(device), torch.from_numpy(ib[order]).to(device)
+    A, B = _on(A, device), _on(B, device)
     mats = pair_matrices(A, ia, B, ib, device)
     cos, rel, nfa, nfb = mats["cosine"], mats["rel_l2"], mats["nonfinite_a"], mats["nonfinite_b"]
-    cka, m = cka_matrix(A, ia, B, ib, cka_tokens, device)
+    cka, m = cka_matrix(A, ia, B, ib, mats["all_finite"], cka_tokens, device)
     findings, offset = verdict(A, B, cos, rel, cka)
     path = best_path(cos)
     warnings = []

@@ -81,7 +81,8 @@ def run_capture(settings: CaptureSettings, name: str | None = None, root: Path |
     rd, start, state, sample_t = _open_or_resume(run_id, settings, lm, labels, root, len(prompts))
     stats = StreamingStats(labels, lm.hidden_size, lm.device, state)
     sample = TokenSample(labels, lm.hidden_size, settings.sample_tokens, settings.sample_per_prompt,
-                         dtype=torch.float32 if settings.dtype == "fp32" else torch.bfloat16)
+                         dtype=torch.float32 if settings.dtype == "fp32" else torch.bfloat16,
+                         pin=lm.device.type == "cuda")
     if sample_t is not None:
         sample.load(sample_t)
 
@@ -126,22 +127,19 @@ class Capturer:
     def __init__(self, stats: StreamingStats, sample: TokenSample):
         self.stats, self.sample = stats, sample
         self.room = 0
-        self.pending: dict[int, torch.Tensor] = {}
 
     def sink(self, k: int, x: torch.Tensor) -> None:
         self.stats.update(k, x)
         if self.room:
-            self.pending[k] = x[: self.room].detach().to("cpu", copy=True)
+            self.sample.stage(k, x, self.room)
 
     def run(self, lm, ids: list[int]) -> None:
         """One prompt through the model with the hooks installed (see engines.hf.BoundaryHooks)."""
         from backend.engines import hf
 
         self.room = self.sample.room(len(ids))
-        self.pending.clear()
         hf.forward(lm, ids)
-        if self.room:
-            self.sample.add(torch.tensor(ids), self.pending)
+        self.sample.commit(torch.tensor(ids), self.room)
 
 
 def _boundaries(wanted: list[str] | None, n_layers: int) -> list[coords.Boundary]:

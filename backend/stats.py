@@ -8,7 +8,9 @@ moments around a per-dimension reference (the first batch's mean) to keep kurtos
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -21,96 +23,113 @@ TOP_DIMS = 8
 
 @dataclass
 class StatsState:
-    """Accumulators for B boundaries of hidden size H (all tensors, easy to checkpoint)."""
+    """Accumulators for B boundaries of hidden size H (all tensors, easy to checkpoint). Packed so that one
+    batch costs a handful of kernel launches per boundary on a GPU."""
 
-    count: torch.Tensor      # [B]      finite tokens seen
-    nonfinite: torch.Tensor  # [B]      tokens holding NaN or inf (excluded from every figure)
-    ref: torch.Tensor        # [B, H]   shift for the moments (first batch's mean)
-    m1: torch.Tensor         # [B, H]   sum of (x - ref)
-    m2: torch.Tensor         # [B, H]   sum of (x - ref)^2
-    m3: torch.Tensor         # [B, H]
-    m4: torch.Tensor         # [B, H]
-    max_abs: torch.Tensor    # [B, H]
-    norm_sum: torch.Tensor   # [B]
-    norm_sq: torch.Tensor    # [B]
-    norm_min: torch.Tensor   # [B]
-    norm_max: torch.Tensor   # [B]
-    norm_hist: torch.Tensor  # [B, NORM_BINS]
+    moments: torch.Tensor    # [B, 4, H] fp64  sums of d, d^2, d^3, d^4 with d = x - ref (finite tokens)
+    scalars: torch.Tensor    # [B, 4]    fp64  finite tokens, non-finite tokens, sum of norms, sum of norms^2
+    ref: torch.Tensor        # [B, H]    fp32  shift for the moments (the first batch's mean)
+    max_abs: torch.Tensor    # [B, H]    fp32
+    norm_min: torch.Tensor   # [B]       fp32
+    norm_max: torch.Tensor   # [B]       fp32
+    norm_hist: torch.Tensor  # [B, NORM_BINS] fp64  histogram of log10(token norm)
     has_ref: torch.Tensor    # [B] bool
 
     @classmethod
     def zeros(cls, n_boundaries: int, hidden: int, device: torch.device | str = "cpu") -> "StatsState":
         B, H = n_boundaries, hidden
-        f64 = dict(dtype=torch.float64, device=device)
+        f64, f32 = dict(dtype=torch.float64, device=device), dict(dtype=torch.float32, device=device)
         return cls(
-            count=torch.zeros(B, **f64), nonfinite=torch.zeros(B, **f64),
-            ref=torch.zeros(B, H, dtype=torch.float32, device=device),
-            m1=torch.zeros(B, H, **f64), m2=torch.zeros(B, H, **f64),
-            m3=torch.zeros(B, H, **f64), m4=torch.zeros(B, H, **f64),
-            max_abs=torch.zeros(B, H, dtype=torch.float32, device=device),
-            norm_sum=torch.zeros(B, **f64), norm_sq=torch.zeros(B, **f64),
-            norm_min=torch.full((B,), float("inf"), **f64), norm_max=torch.zeros(B, **f64),
-            norm_hist=torch.zeros(B, NORM_BINS, **f64),
-            has_ref=torch.zeros(B, dtype=torch.bool, device=device),
+            moments=torch.zeros(B, 4, H, **f64), scalars=torch.zeros(B, 4, **f64),
+            ref=torch.zeros(B, H, **f32), max_abs=torch.zeros(B, H, **f32),
+            norm_min=torch.full((B,), float("inf"), **f32), norm_max=torch.zeros(B, **f32),
+            norm_hist=torch.zeros(B, NORM_BINS, **f64), has_ref=torch.zeros(B, dtype=torch.bool, device=device),
         )
 
+    @property
+    def count(self) -> torch.Tensor:
+        return self.scalars[:, 0]
+
+    @property
+    def nonfinite(self) -> torch.Tensor:
+        return self.scalars[:, 1]
+
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in self.__dict__.items()}
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
     @classmethod
     def from_tensors(cls, t: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> "StatsState":
         return cls(**{k: t[k].to(device) for k in cls.__dataclass_fields__})
 
 
+def batch_moments(x: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """One batch x [T, H] around ref [H] -> (moments [4, H], max_abs [H], scalars [4], norm min, norm max,
+    histogram input [T]). A token is non-finite when its norm is; it is left out of every figure."""
+    x = x.float()
+    norms = torch.linalg.vector_norm(x, dim=-1)                  # [T]
+    good = torch.isfinite(norms)                                 # [T]
+    d = torch.where(good[:, None], x - ref, 0.0)                 # [T, H]
+    d2 = d * d
+    moments = torch.stack([d.sum(0), d2.sum(0), (d2 * d).sum(0), (d2 * d2).sum(0)])
+    max_abs = torch.where(good[:, None], x.abs(), 0.0).amax(0)   # [H]
+    fin = torch.where(good, norms, 0.0)
+    n_good = good.float().sum()
+    scalars = torch.stack([n_good, norms.shape[0] - n_good, fin.sum(), (fin * fin).sum()])
+    nmin = torch.where(good, norms, float("inf")).min()
+    logn = torch.where(good, torch.log10(fin.clamp_min(1e-30)), -1e9)   # out of the histogram's range
+    return moments, max_abs, scalars, nmin, fin.max(), logn
+
+
+@lru_cache(maxsize=1)
+def _compiled_moments():
+    """batch_moments fused into a few kernels by torch.compile (CUDA); eager if compiling is unavailable."""
+    try:
+        return torch.compile(batch_moments, dynamic=True)
+    except Exception:  # pragma: no cover - depends on the GPU node's toolchain
+        return batch_moments
+
+
 class StreamingStats:
     """Per-boundary statistics over every token passed to `update`."""
 
     def __init__(self, labels: list[str], hidden: int, device: torch.device | str = "cpu",
-                 state: StatsState | None = None):
+                 state: StatsState | None = None, compile: bool | None = None):
         self.labels = list(labels)
         self.hidden = hidden
         self.state = state or StatsState.zeros(len(labels), hidden, device)
+        self._ref_set = self.state.has_ref.cpu().tolist()
+        if compile is None:
+            compile = torch.device(device).type == "cuda" and os.environ.get("SPECLENS_COMPILE", "1") != "0"
+        self._moments = _compiled_moments() if compile else batch_moments
 
     def update(self, i: int, x: torch.Tensor) -> None:
         """Add tokens x [T, H] (any dtype) to boundary i. No host synchronisation."""
         s = self.state
-        x = x.reshape(-1, x.shape[-1]).float()
+        x = x.reshape(-1, x.shape[-1])
         if x.shape[0] == 0:
             return
-        bad = ~torch.isfinite(x).all(dim=-1)                     # [T]
-        good = (~bad).to(torch.float32)
-        x = torch.where(bad[:, None], torch.zeros((), device=x.device), x)
-        n_good = good.sum()
-        # the first batch that has finite tokens fixes the reference (kept on device, no branch on host)
-        batch_mean = x.sum(0) / n_good.clamp_min(1.0)
-        take = (~s.has_ref[i]) & (n_good > 0)
-        s.ref[i] = torch.where(take, batch_mean, s.ref[i])
-        s.has_ref[i] = s.has_ref[i] | take
-        d = (x - s.ref[i]) * good[:, None]
-        d2 = d * d
-        s.m1[i] += d.sum(0).double()
-        s.m2[i] += d2.sum(0).double()
-        s.m3[i] += (d2 * d).sum(0).double()
-        s.m4[i] += (d2 * d2).sum(0).double()
-        s.count[i] += n_good.double()
-        s.nonfinite[i] += bad.sum().double()
-        s.max_abs[i] = torch.maximum(s.max_abs[i], x.abs().amax(0))
-        norms = torch.linalg.vector_norm(x, dim=-1)              # [T]
-        s.norm_sum[i] += (norms * good).sum().double()
-        s.norm_sq[i] += (norms * norms * good).sum().double()
-        big = torch.full_like(norms, float("inf"))
-        s.norm_min[i] = torch.minimum(s.norm_min[i], torch.where(bad, big, norms).min().double())
-        s.norm_max[i] = torch.maximum(s.norm_max[i], norms.max().double())
-        logn = torch.where(bad, torch.full_like(norms, -1e9), torch.log10(norms.clamp_min(1e-30)))
-        s.norm_hist[i] += torch.histc(logn, bins=NORM_BINS, min=NORM_LO, max=NORM_HI).double()
+        if not self._ref_set[i]:
+            # the first batch fixes the shift of the moments (its mean over finite tokens)
+            xf = x.float()
+            ok = torch.isfinite(xf).all(-1, keepdim=True)
+            s.ref[i] = torch.where(ok, xf, 0.0).sum(0) / ok.sum().clamp_min(1)
+            s.has_ref[i] = True
+            self._ref_set[i] = True
+        moments, max_abs, scalars, nmin, nmax, logn = self._moments(x, s.ref[i])
+        s.moments[i] += moments
+        s.scalars[i] += scalars
+        s.max_abs[i].clamp_min_(max_abs)
+        s.norm_min[i:i + 1].clamp_max_(nmin)
+        s.norm_max[i:i + 1].clamp_min_(nmax)
+        s.norm_hist[i] += torch.histc(logn, bins=NORM_BINS, min=NORM_LO, max=NORM_HI)
 
     # ------------------------------------------------------------------ results
     def vectors(self) -> dict[str, np.ndarray]:
         """Per-dimension mean, variance and max-abs: {label: {...}} flattened for safetensors."""
         s = self.state
         n = s.count.clamp_min(1)[:, None]
-        mean_d = s.m1 / n
-        var = (s.m2 / n - mean_d ** 2).clamp_min(0)
+        mean_d = s.moments[:, 0] / n
+        var = (s.moments[:, 1] / n - mean_d ** 2).clamp_min(0)
         mean = s.ref.double() + mean_d
         return {"mean": mean.cpu().numpy(), "var": var.cpu().numpy(), "max_abs": s.max_abs.double().cpu().numpy(),
                 "norm_hist": s.norm_hist.cpu().numpy()}
@@ -125,8 +144,7 @@ class StreamingStats:
             n = max(cnt[i], 1.0)
             c = s.ref[i].double().cpu()
             # central moments per dimension from moments around ref
-            a1 = (s.m1[i] / n).cpu()
-            a2, a3, a4 = (s.m2[i] / n).cpu(), (s.m3[i] / n).cpu(), (s.m4[i] / n).cpu()
+            a1, a2, a3, a4 = (s.moments[i] / n).cpu()
             var_d = (a2 - a1 ** 2).clamp_min(0)
             mu4_d = a4 - 4 * a1 * a3 + 6 * a1 ** 2 * a2 - 3 * a1 ** 4
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -140,8 +158,8 @@ class StreamingStats:
             pvar = max(p2 - p1 ** 2, 0.0)
             pmu4 = p4 - 4 * p1 * p3 + 6 * p1 ** 2 * p2 - 3 * p1 ** 4
             kurt = pmu4 / pvar ** 2 if pvar > 0 else float("nan")
-            nm = float(s.norm_sum[i]) / n
-            nstd = max(float(s.norm_sq[i]) / n - nm ** 2, 0.0) ** 0.5
+            nm = float(s.scalars[i, 2]) / n
+            nstd = max(float(s.scalars[i, 3]) / n - nm ** 2, 0.0) ** 0.5
             q = _hist_quantiles(v["norm_hist"][i], [0.01, 0.5, 0.99])
             ma = v["max_abs"][i]
             top = np.argsort(-ma)[:TOP_DIMS]
@@ -188,11 +206,13 @@ class TokenSample:
     """
 
     def __init__(self, labels: list[str], hidden: int, capacity: int, per_seq: int,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, pin: bool = False):
         self.labels = list(labels)
         self.capacity, self.per_seq = capacity, per_seq
         self.hidden = hidden
-        self.data = torch.zeros(len(labels), capacity, hidden, dtype=dtype)
+        # pinned host memory lets a GPU capture copy tokens out without stalling the forward pass
+        self.pinned = pin and torch.cuda.is_available()
+        self.data = torch.zeros(len(labels), capacity, hidden, dtype=dtype, pin_memory=self.pinned)
         self.token_ids = torch.zeros(capacity, dtype=torch.int64)
         self.ctx_hash = torch.zeros(capacity, dtype=torch.int64)
         self.position = torch.zeros(capacity, dtype=torch.int64)
@@ -214,7 +234,23 @@ class TokenSample:
         self.position[sl] = torch.arange(k)
         self.n += k
 
+    def stage(self, i: int, x: torch.Tensor, k: int) -> None:
+        """Copy the first k tokens of boundary i's [T, H] into the next free slots (asynchronous on GPU)."""
+        self.data[i, self.n:self.n + k].copy_(x[:k], non_blocking=self.pinned)
+
+    def commit(self, token_ids: torch.Tensor, k: int) -> None:
+        """The staged k tokens belong to this sequence: record their ids, context hashes and positions."""
+        if k == 0:
+            return
+        sl = slice(self.n, self.n + k)
+        self.token_ids[sl] = token_ids[:k].cpu()
+        self.ctx_hash[sl] = context_hashes(token_ids[:k])
+        self.position[sl] = torch.arange(k)
+        self.n += k
+
     def tensors(self) -> dict[str, torch.Tensor]:
+        if self.pinned:
+            torch.cuda.synchronize()    # staged copies must have landed
         n = self.n
         out = {lbl: self.data[i, :n] for i, lbl in enumerate(self.labels)}
         out.update(token_ids=self.token_ids[:n], ctx_hash=self.ctx_hash[:n], position=self.position[:n])

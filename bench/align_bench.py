@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend.align import align_runs, load_sample  # noqa: E402
+from backend.align import align_runs, load_sample  # noqa: E402  (align_samples/_on imported in main)
 from backend.stats import context_hashes  # noqa: E402
 from backend.store.rundir import RunDir, atomic_save_safetensors  # noqa: E402
 
@@ -58,20 +58,25 @@ def main() -> None:
     fake_run(root, "A", a.layers, a.tokens, a.hidden, 1, 0.0)
     fake_run(root, "B", a.layers, a.tokens, a.hidden, 2, 0.01)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    times, compute = [], []
-    if a.device.startswith("cuda"):
+    from backend.align import _on, align_samples
+
+    dev = torch.device(a.device)
+    if dev.type == "cuda":
+        align_runs("A", "B", root, device=dev)        # warm-up (CUDA context, kernels)
         torch.cuda.reset_peak_memory_stats()
-        align_runs("A", "B", root, device=a.device)   # warm-up (CUDA context, kernels)
+    times, compute, load = [], [], []
     for _ in range(a.repeats):
         t0 = time.perf_counter()
-        A, B = load_sample("A", root), load_sample("B", root)
+        A, B = _on(load_sample("A", root), dev), _on(load_sample("B", root), dev)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         t1 = time.perf_counter()
-        from backend.align import align_samples
-        al = align_samples(A, B, device=a.device)
-        if a.device.startswith("cuda"):
+        al = align_samples(A, B, device=dev)
+        if dev.type == "cuda":
             torch.cuda.synchronize()
         t2 = time.perf_counter()
         times.append(t2 - t0)
+        load.append(t1 - t0)
         compute.append(t2 - t1)
     res = {
         "bench": "align", "date": time.strftime("%Y-%m-%d"), "device": a.device,
@@ -79,7 +84,7 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else None,
         "boundaries": f"{a.layers + 1}x{a.layers + 1}", "tokens": a.tokens, "hidden": a.hidden,
         "cka_tokens": al.cka_tokens, "seconds_total_best": round(min(times), 3),
-        "seconds_compute_best": round(min(compute), 3), "seconds_total_all": [round(t, 3) for t in times],
+        "seconds_compute_best": round(min(compute), 3), "seconds_load_best": round(min(load), 3), "seconds_total_all": [round(t, 3) for t in times],
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "rss_before_gib": round(rss0 / 2**20, 2),
         "gpu_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if a.device.startswith("cuda") else None,

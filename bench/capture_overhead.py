@@ -77,14 +77,15 @@ def capture_pass(lm: hf.LoadedModel, seqs: list[list[int]], wanted: list[coords.
                  sample_tokens: int) -> tuple[float, StreamingStats]:
     labels = coords.labels(wanted)
     stats = StreamingStats(labels, lm.hidden_size, lm.device)
-    sample = TokenSample(labels, lm.hidden_size, sample_tokens, 512, dtype=lm.dtype)
+    sample = TokenSample(labels, lm.hidden_size, sample_tokens, 512, dtype=lm.dtype, pin=lm.device.type == "cuda")
     cap = Capturer(stats, sample)
     sync(lm.device)
     t0 = time.perf_counter()
     with hf.BoundaryHooks(lm, wanted, cap.sink):
         for ids in seqs:
             cap.run(lm, ids)
-    stats.table()          # the figures are part of the work
+    stats.table()          # the figures and the sample are part of the work
+    sample.tensors()
     sync(lm.device)
     return time.perf_counter() - t0, stats
 
