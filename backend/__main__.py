@@ -155,6 +155,10 @@ def parser() -> argparse.ArgumentParser:
     dm.add_argument("--quiet", action="store_true")
     dm.set_defaults(fn=cmd_demo)
 
+    from backend.bench_cli import add_parser as add_bench
+
+    add_bench(sub)
+
     b = sub.add_parser("build-demo-model", help="build a small random Llama-shaped target with its tokenizer")
     b.add_argument("--out", required=True)
     b.add_argument("--layers", type=int, default=8)

@@ -130,7 +130,8 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.append(k, v)                                    # [past+T, nkv, hd]
         # query i (slot past+i) sees slots 0..past+i: causal over slot order
-        mask = torch.arange(past + T)[None, :] <= (past + torch.arange(T))[:, None]  # [T, past+T]
+        dev = x.device
+        mask = torch.arange(past + T, device=dev)[None, :] <= (past + torch.arange(T, device=dev))[:, None]  # [T, past+T]
         rep = self.nh // self.nkv
         q, k, v = q.transpose(0, 1), k.repeat_interleave(rep, 1).transpose(0, 1), v.repeat_interleave(rep, 1).transpose(0, 1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)   # [nh, T, hd]
@@ -229,7 +230,7 @@ class Eagle3Drafter(nn.Module):
 
     def _out(self, logits: torch.Tensor, hidden: torch.Tensor) -> DraftOut:
         draft_id = int(logits[-1].argmax())
-        return DraftOut(logits=logits[-1], hidden=hidden[-1], token=int(self.draft_to_target(torch.tensor(draft_id))))
+        return DraftOut(logits=logits[-1], hidden=hidden[-1], token=int(self.draft_to_target(torch.tensor(draft_id, device=self.d2t.device))))
 
     @torch.no_grad()
     def prefill(self, aux_states: torch.Tensor, token_ids_next: torch.Tensor, positions: torch.Tensor) -> DraftOut:
@@ -242,7 +243,9 @@ class Eagle3Drafter(nn.Module):
     @torch.no_grad()
     def step(self, token_id: int, prev_hidden: torch.Tensor, position: int) -> DraftOut:
         """Draft steps 2..k: the previous draft token (target vocab), the previous step's hidden [H] (no fc)."""
-        return self._out(*self.forward(torch.tensor([token_id]), prev_hidden.view(1, -1), torch.tensor([position])))
+        dev = prev_hidden.device
+        return self._out(*self.forward(torch.tensor([token_id], device=dev), prev_hidden.view(1, -1),
+                                       torch.tensor([position], device=dev)))
 
     def draft(self, aux_states: torch.Tensor, token_ids_next: torch.Tensor, positions: torch.Tensor,
               num_tokens: int) -> list[int]:
@@ -274,7 +277,7 @@ class Eagle3Drafter(nn.Module):
     def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """[..., V_d] -> [..., V] with -inf off the draft vocab (vLLM compute_logits)."""
         out = logits.new_full((*logits.shape[:-1], self.cfg.vocab_size), float("-inf"))
-        out[..., self.draft_to_target(torch.arange(logits.shape[-1]))] = logits
+        out[..., self.draft_to_target(torch.arange(logits.shape[-1], device=logits.device))] = logits
         return out
 
     def check_target(self, target_config, target_name: str | None = None) -> None:

@@ -100,6 +100,7 @@ def refresh(root: Path | None = None) -> Path:
                     norm_p01 DOUBLE, norm_p50 DOUBLE, norm_p99 DOUBLE, norm_max DOUBLE, rms DOUBLE,
                     mean_abs_mean DOUBLE, max_abs DOUBLE, kurtosis DOUBLE, max_dim_kurtosis DOUBLE,
                     outlier_ratio DOUBLE, top_dims BIGINT[], top_dims_max_abs DOUBLE[])""")
+            _ingest_bench(con, rows)
             con.execute("CHECKPOINT")
         finally:
             con.close()
@@ -152,3 +153,117 @@ def boundary_stats(run_ids: list[str], root: Path | None = None) -> pd.DataFrame
         return pd.DataFrame()
     return _df("""SELECT * FROM boundary_stats WHERE list_contains(?, run_id) ORDER BY run_id, ord""",
                [list(run_ids)], root)
+
+
+# ---------------------------------------------------------------------- bench runs (kind "bench")
+# Tables: bench_runs (one row per bench run, figures from its manifest), bench_prompts (prompts.parquet of
+# complete bench runs) and bench_steps (steps.parquet). Written by backend/bench.py; see docs/SCHEMA.md.
+
+BENCH_RUN_COLUMNS = {
+    "run_id": "VARCHAR", "status": "VARCHAR", "model": "VARCHAR", "drafter": "VARCHAR", "dataset": "VARCHAR",
+    "baseline_run": "VARCHAR", "num_spec_tokens": "BIGINT", "temperature": "DOUBLE", "repeats": "BIGINT",
+    "tau": "DOUBLE", "acceptance_rate": "DOUBLE", "tokens_per_s": "DOUBLE", "ttft": "DOUBLE", "tpot": "DOUBLE",
+    "speedup": "DOUBLE", "speedup_std": "DOUBLE", "speedup_ci_low": "DOUBLE", "speedup_ci_high": "DOUBLE",
+    "lossless": "BOOLEAN", "mismatched_prompts": "BIGINT", "created": "VARCHAR",
+}
+BENCH_PROMPT_COLUMNS = {
+    "run_id": "VARCHAR", "repeat": "BIGINT", "prompt_index": "BIGINT", "prompt_id": "VARCHAR",
+    "category": "VARCHAR", "prompt_tokens": "BIGINT", "output_tokens": "BIGINT", "seconds": "DOUBLE",
+    "tokens_per_s": "DOUBLE", "ttft": "DOUBLE", "tpot": "DOUBLE", "accepted": "BIGINT", "drafts": "BIGINT",
+    "output_hash": "VARCHAR",
+}
+BENCH_STEP_COLUMNS = {"run_id": "VARCHAR", "repeat": "BIGINT", "prompt_id": "VARCHAR", "step": "BIGINT",
+                      "accepted": "BIGINT"}
+
+
+def _bench_run_row(row: dict) -> dict:
+    m = json.loads(row["manifest"])
+    b, sp, d = m.get("bench") or {}, (m.get("bench") or {}).get("speedup") or {}, m.get("drafter") or {}
+    return {"run_id": row["run_id"], "status": row["status"], "model": row["model"],
+            "drafter": Path(d["path"]).name if d.get("path") else None, "dataset": m.get("dataset"),
+            "baseline_run": m.get("baseline_run"), "num_spec_tokens": m.get("num_spec_tokens"),
+            "temperature": m.get("temperature"), "repeats": m.get("repeats"), "tau": b.get("tau"),
+            "acceptance_rate": b.get("acceptance_rate"), "tokens_per_s": b.get("tokens_per_s"),
+            "ttft": b.get("ttft"), "tpot": b.get("tpot"), "speedup": sp.get("mean"), "speedup_std": sp.get("std"),
+            "speedup_ci_low": sp.get("ci_low"), "speedup_ci_high": sp.get("ci_high"), "lossless": b.get("lossless"),
+            "mismatched_prompts": b.get("mismatched_prompts"), "created": m.get("created")}
+
+
+def _bench_table(con: duckdb.DuckDBPyConnection, name: str, frames: list[pd.DataFrame], columns: dict) -> None:
+    """CREATE TABLE name with exactly `columns` (typed), from the frames (or empty)."""
+    con.execute(f"CREATE TABLE {name} ({', '.join(f'{c} {t}' for c, t in columns.items())})")
+    if frames:
+        df = pd.concat(frames, ignore_index=True)
+        for c in columns:
+            if c not in df.columns:
+                df[c] = None
+        con.register(f"{name}_df", df[list(columns)])
+        con.execute(f"INSERT INTO {name} SELECT * FROM {name}_df")
+        con.unregister(f"{name}_df")
+
+
+def _ingest_bench(con: duckdb.DuckDBPyConnection, rows: list[dict]) -> None:
+    """Called by `refresh`: bench run figures (every bench run) and the per-prompt/per-step tables of the
+    complete ones. A run whose Parquet cannot be read is listed in bench_runs but contributes no rows."""
+    runs, prompts, steps = [], [], []
+    for row in rows:
+        if row.get("kind") != "bench":
+            continue
+        runs.append(pd.DataFrame([_bench_run_row(row)]))
+        if row["status"] != "complete":
+            continue
+        try:
+            p = pd.read_parquet(Path(row["path"]) / "prompts.parquet")
+            st = pd.read_parquet(Path(row["path"]) / "steps.parquet")
+        except Exception:
+            continue
+        p["run_id"], st["run_id"] = row["run_id"], row["run_id"]
+        prompts.append(p)
+        steps.append(st)
+    _bench_table(con, "bench_runs", runs, BENCH_RUN_COLUMNS)
+    _bench_table(con, "bench_prompts", prompts, BENCH_PROMPT_COLUMNS)
+    _bench_table(con, "bench_steps", steps, BENCH_STEP_COLUMNS)
+
+
+def bench_runs(status: str | None = None, root: Path | None = None) -> pd.DataFrame:
+    """Bench runs with their headline figures (tau, acceptance, tokens/s, speedup and CI, lossless), newest first."""
+    return _df("""SELECT * FROM bench_runs WHERE (? IS NULL OR status = ?) ORDER BY created DESC, run_id""",
+               [status, status], root)
+
+
+def bench_prompts(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
+    """Per repeat x prompt rows of the given bench runs (tokens/s, TTFT, TPOT, accepted, drafts, output hash)."""
+    if not run_ids:
+        return pd.DataFrame(columns=list(BENCH_PROMPT_COLUMNS))
+    return _df("""SELECT * FROM bench_prompts WHERE list_contains(?, run_id)
+                  ORDER BY run_id, repeat, prompt_index""", [list(run_ids)], root)
+
+
+def bench_steps(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
+    """Accepted length of every verify step of the given bench runs."""
+    if not run_ids:
+        return pd.DataFrame(columns=list(BENCH_STEP_COLUMNS))
+    return _df("""SELECT * FROM bench_steps WHERE list_contains(?, run_id)
+                  ORDER BY run_id, repeat, prompt_id, step""", [list(run_ids)], root)
+
+
+def bench_histogram(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
+    """Verify steps per accepted length: run_id, accepted, steps, share (of the run's steps)."""
+    if not run_ids:
+        return pd.DataFrame(columns=["run_id", "accepted", "steps", "share"])
+    return _df("""SELECT run_id, accepted, count(*) AS steps,
+                         count(*) / sum(count(*)) OVER (PARTITION BY run_id) AS share
+                  FROM bench_steps WHERE list_contains(?, run_id)
+                  GROUP BY run_id, accepted ORDER BY run_id, accepted""", [list(run_ids)], root)
+
+
+def bench_categories(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
+    """Per run and prompt category: prompts, mean tokens/s, mean TTFT/TPOT and tau = 1 + accepted / drafts
+    (1.0 for plain decoding; the definition of backend/metrics.py)."""
+    if not run_ids:
+        return pd.DataFrame(columns=["run_id", "category", "prompts", "tokens_per_s", "ttft", "tpot", "tau"])
+    return _df("""SELECT run_id, category, count(DISTINCT prompt_id) AS prompts, avg(tokens_per_s) AS tokens_per_s,
+                         avg(ttft) AS ttft, avg(tpot) AS tpot,
+                         CASE WHEN sum(drafts) > 0 THEN 1 + sum(accepted) / sum(drafts) ELSE 1.0 END AS tau
+                  FROM bench_prompts WHERE list_contains(?, run_id)
+                  GROUP BY run_id, category ORDER BY run_id, category""", [list(run_ids)], root)

@@ -1,0 +1,240 @@
+"""Acceptance and speed metrics for speculative decoding: one definition, used by every engine and page.
+
+Definitions (REFERENCE section 5). A *draft* is one verification step of K proposed tokens; `accepted`
+counts proposed tokens the target kept (the bonus token is not a draft token):
+
+    tau (mean acceptance length) = 1 + accepted / drafts        plain decoding = 1.00; includes the bonus
+    acceptance rate              = accepted / draft_tokens      draft_tokens = K * drafts for a chain
+    per-position rate i          = accepted_at_pos[i] / drafts  i = 0..K-1
+    histogram[n]                 = drafts with exactly n accepted tokens, n = 0..K
+    accepted_at_pos[i]           = sum_{n > i} histogram[n]     (a chain accepts a prefix)
+
+Sources: our own per-step accepted lengths (`from_accepted_lengths`), vLLM counter deltas (`from_vllm`)
+and SGLang per-request meta_info (`from_sglang`). Speed: tokens/s, TTFT, TPOT (`RequestTiming`), and
+the Spec-Bench speedup over a paired baseline with a confidence interval (`speedup`). No I/O here.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+VLLM_COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_accepted_tokens_per_pos")
+
+
+# ---------------------------------------------------------------------- acceptance
+
+
+def histogram(accepted_lengths: Sequence[int], k: int) -> list[int]:
+    """Per-step accepted lengths (each 0..k) -> counts hist[n], n = 0..k."""
+    hist = [0] * (k + 1)
+    for n in accepted_lengths:
+        if not 0 <= n <= k:
+            raise ValueError(f"accepted length {n} outside 0..{k}")
+        hist[n] += 1
+    return hist
+
+
+def per_position_counts(hist: Sequence[int]) -> list[int]:
+    """hist[n] (n = 0..K) -> accepted_at_pos[i] = sum_{n > i} hist[n], i = 0..K-1 (chain drafting)."""
+    return [sum(hist[i + 1:]) for i in range(len(hist) - 1)]
+
+
+@dataclass
+class AcceptanceStats:
+    drafts: int                                  # verification steps
+    draft_tokens: int                            # proposed tokens (K per step for a chain)
+    accepted: int                                # proposed tokens kept by the target
+    per_pos: list[int] | None = None             # accepted_at_pos[i], i = 0..K-1
+    hist: list[int] | None = None                # drafts with n accepted, n = 0..K (None: source has none)
+
+    @property
+    def tau(self) -> float:
+        """Mean acceptance length, bonus token included; 1.0 when nothing was drafted."""
+        return 1.0 + self.accepted / self.drafts if self.drafts else 1.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def per_pos_rate(self) -> list[float] | None:
+        if self.per_pos is None or not self.drafts:
+            return None
+        return [c / self.drafts for c in self.per_pos]
+
+    def __add__(self, other: "AcceptanceStats") -> "AcceptanceStats":
+        def add(a: list[int] | None, b: list[int] | None) -> list[int] | None:
+            if a is None or b is None:
+                return None
+            n = max(len(a), len(b))
+            return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
+        return AcceptanceStats(self.drafts + other.drafts, self.draft_tokens + other.draft_tokens,
+                               self.accepted + other.accepted, add(self.per_pos, other.per_pos),
+                               add(self.hist, other.hist))
+
+    def to_dict(self) -> dict:
+        return {"drafts": self.drafts, "draft_tokens": self.draft_tokens, "accepted": self.accepted,
+                "tau": self.tau, "acceptance_rate": self.acceptance_rate, "per_pos": self.per_pos,
+                "per_pos_rate": self.per_pos_rate, "hist": self.hist}
+
+
+def from_accepted_lengths(accepted_lengths: Sequence[int], k: int) -> AcceptanceStats:
+    """Our engines' record: one accepted length (0..k) per verification step of a K-token chain."""
+    hist = histogram(accepted_lengths, k)
+    return AcceptanceStats(drafts=len(accepted_lengths), draft_tokens=k * len(accepted_lengths),
+                           accepted=int(sum(accepted_lengths)), per_pos=per_position_counts(hist), hist=hist)
+
+
+def _vllm_name(key: str) -> str:
+    """'vllm:spec_decode_num_drafts_total' (Prometheus) or 'num_drafts' (offline) -> 'num_drafts'."""
+    return key.removeprefix("vllm:").removeprefix("spec_decode_").removesuffix("_total")
+
+
+def from_vllm(before: Mapping[str, object], after: Mapping[str, object]) -> AcceptanceStats:
+    """Deltas of vLLM's spec-decode counters around a workload (vLLM reports no per-request stats).
+    Keys: num_drafts, num_draft_tokens, num_accepted_tokens (ints), num_accepted_tokens_per_pos (list);
+    Prometheus names (`vllm:spec_decode_..._total`) are accepted too. vLLM has no histogram."""
+    b = {_vllm_name(k): v for k, v in before.items()}
+    a = {_vllm_name(k): v for k, v in after.items()}
+    d = {k: int(a.get(k, 0)) - int(b.get(k, 0)) for k in VLLM_COUNTERS[:3]}
+    pa, pb = a.get("num_accepted_tokens_per_pos"), b.get("num_accepted_tokens_per_pos") or []
+    per_pos = None
+    if pa is not None:
+        pa, pb = list(pa), list(pb)
+        per_pos = [int(pa[i]) - int(pb[i] if i < len(pb) else 0) for i in range(len(pa))]
+    return AcceptanceStats(drafts=d["num_drafts"], draft_tokens=d["num_draft_tokens"],
+                           accepted=d["num_accepted_tokens"], per_pos=per_pos)
+
+
+@dataclass
+class SGLangRequest:
+    """One SGLang request's meta_info, converted. `raw_accept_length` is SGLang's own
+    spec_accept_length = completion_tokens / verify_ct, biased high by about 1/verify_ct because the
+    completion counts the token sampled at prefill (no verify step made it); `tau` = 1 + correct / verify_ct
+    is the unbiased figure (e.g. completion 64, verify_ct 63, correct 0: raw 64/63 = 1.0159, tau 1.0)."""
+
+    tau: float
+    raw_accept_length: float | None
+    stats: AcceptanceStats
+
+
+def sglang_request(meta: Mapping[str, object], k: int | None = None) -> SGLangRequest:
+    """meta_info keys: spec_verify_ct, spec_num_correct_drafts, spec_correct_drafts_histogram
+    ([n] = verify steps with n correct drafts, n = 0..K), spec_accept_length (kept raw).
+    K is the histogram length - 1 (chain: --speculative-num-steps K), or `k` when there is no histogram."""
+    verify = int(meta.get("spec_verify_ct") or 0)
+    correct = int(meta.get("spec_num_correct_drafts") or 0)
+    hist = meta.get("spec_correct_drafts_histogram")
+    hist = [int(h) for h in hist] if hist is not None else None
+    kk = len(hist) - 1 if hist else k
+    stats = AcceptanceStats(drafts=verify, draft_tokens=(kk or 0) * verify, accepted=correct,
+                            per_pos=per_position_counts(hist) if hist else None, hist=hist)
+    raw = meta.get("spec_accept_length")
+    return SGLangRequest(tau=stats.tau, raw_accept_length=float(raw) if raw is not None else None, stats=stats)
+
+
+def from_sglang(metas: Sequence[Mapping[str, object]], k: int | None = None) -> AcceptanceStats:
+    """Sum of the requests' acceptance (each weighted by its verify steps, like vLLM's counters)."""
+    total = AcceptanceStats(0, 0, 0, per_pos=[], hist=[])
+    for m in metas:
+        total = total + sglang_request(m, k).stats
+    if total.hist == []:
+        total.hist, total.per_pos = None, None
+    return total
+
+
+# ---------------------------------------------------------------------- speed
+
+
+@dataclass
+class RequestTiming:
+    output_tokens: int
+    seconds: float           # first forward started -> last token out
+    ttft: float              # first forward started -> first output token
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first: (seconds - ttft) / (tokens - 1)."""
+        return (self.seconds - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else None
+
+
+def throughput(output_tokens: int, seconds: float) -> float:
+    """Output tokens per second (NaN for zero time)."""
+    return output_tokens / seconds if seconds > 0 else float("nan")
+
+
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof 1; 0.0 for a single value)."""
+    n = len(values)
+    if n == 0:
+        return float("nan"), float("nan")
+    m = sum(values) / n
+    return m, (math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0)
+
+
+# Student t 0.975 quantiles, df 1..30 (two-sided 95%); beyond 30 the normal 1.96 is within 2%.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def t_quantile_975(df: int) -> float:
+    return _T975[df - 1] if 1 <= df <= len(_T975) else 1.96
+
+
+@dataclass
+class Speedup:
+    mean: float                     # mean over repeats of speedup_r
+    std: float                      # sample std over repeats (0 for one repeat)
+    per_repeat: list[float]
+    ci_low: float
+    ci_high: float
+    ci_method: str                  # "bootstrap" (paired, over prompts) or "t" (over repeats)
+    n_repeats: int
+    n_prompts: int
+    level: float = 0.95
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"mean": self.mean, "std": self.std, "per_repeat": self.per_repeat, "ci_low": self.ci_low,
+                "ci_high": self.ci_high, "ci_method": self.ci_method, "level": self.level,
+                "n_repeats": self.n_repeats, "n_prompts": self.n_prompts}
+
+
+def speedup(method_tps: Sequence[Sequence[float]], baseline_tps: Sequence[Sequence[float]],
+            ci: str = "bootstrap", n_boot: int = 2000, seed: int = 0) -> Speedup:
+    """Spec-Bench speedup. method_tps[r][p], baseline_tps[r][p]: per-prompt tokens/s, R repeats x P prompts,
+    prompts paired by index. speedup_r = mean_p method[r] / mean_p baseline[r]; reported as mean +- std over r.
+    95% CI: "bootstrap" resamples prompts (pairs kept together, tokens/s averaged over repeats first),
+    "t" is mean +- t(0.975, R-1) * std / sqrt(R) over the repeats (needs R >= 2)."""
+    R, P = len(method_tps), len(method_tps[0]) if method_tps else 0
+    if R == 0 or P == 0 or len(baseline_tps) != R or any(len(m) != P or len(b) != P
+                                                          for m, b in zip(method_tps, baseline_tps)):
+        raise ValueError("speedup needs method and baseline tokens/s of the same repeats x prompts shape")
+    per_rep = [(sum(m) / P) / (sum(b) / P) for m, b in zip(method_tps, baseline_tps)]
+    mean, std = mean_std(per_rep)
+    if ci == "t":
+        if R < 2:
+            raise ValueError("a t interval needs at least 2 repeats; use ci='bootstrap'")
+        half = t_quantile_975(R - 1) * std / math.sqrt(R)
+        lo, hi = mean - half, mean + half
+    elif ci == "bootstrap":
+        m_p = [sum(method_tps[r][p] for r in range(R)) / R for p in range(P)]   # [P]
+        b_p = [sum(baseline_tps[r][p] for r in range(R)) / R for p in range(P)]  # [P]
+        rng = random.Random(seed)
+        ratios = []
+        for _ in range(n_boot):
+            idx = [rng.randrange(P) for _ in range(P)]
+            ratios.append(sum(m_p[i] for i in idx) / sum(b_p[i] for i in idx))
+        ratios.sort()
+        lo, hi = ratios[int(0.025 * (n_boot - 1))], ratios[int(math.ceil(0.975 * (n_boot - 1)))]
+    else:
+        raise ValueError(f"unknown ci method {ci!r}; use 'bootstrap' or 't'")
+    return Speedup(mean, std, per_rep, lo, hi, ci, R, P)

@@ -1,0 +1,328 @@
+"""The bench: lossless greedy speculative decoding, acceptance bookkeeping, rejection sampling, resume,
+bad input. A tiny random target (4 layers, hidden 64, vocab 512) and a random EAGLE-3 drafter for it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from backend.bench import BenchSettings, run_bench
+from backend.drafter import DrafterConfig, Eagle3Drafter, init_random
+from backend.engines import hf
+from backend.engines.hf_spec import EagleProposer, Sampler, decode_plain, drafter_aux_boundaries, verify
+from backend.errors import SpecLensError
+from backend.prompts import encode, load_prompts
+from backend.store import catalog
+
+K, MAX_NEW, V = 3, 20, 512
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Two shared cores: one torch thread is much faster than two fighting for them."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Path:
+    from backend.toy.target import build_random_target
+
+    return build_random_target(tmp_path_factory.mktemp("bench-models") / "t4", n_layers=4, hidden=64, vocab_size=V)
+
+
+def drafter_cfg(**kw) -> DrafterConfig:
+    base = dict(hidden_size=64, target_hidden_size=64, num_aux=3, vocab_size=V, draft_vocab_size=V, num_heads=4,
+                num_kv_heads=2, head_dim=16, intermediate_size=128, aux_layer_ids_nested=[1, 2, 3])
+    return DrafterConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def drafter(tmp_path_factory) -> Path:
+    return init_random(Eagle3Drafter(drafter_cfg()), 0).save(tmp_path_factory.mktemp("drafters") / "d", "eagle")
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("prompts") / "p.jsonl"
+    rows = [("writing", "Write a short poem about the sea."), ("math", "What is 12 times 7?"),
+            ("writing", "Describe a quiet morning in the city.")]
+    p.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [t]}) + "\n"
+                         for i, (c, t) in enumerate(rows)))
+    return p
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("bench-data")
+
+
+def settings(target, prompts, drafter=None, **kw) -> BenchSettings:
+    base = dict(target=str(target), prompts=str(prompts), drafter=str(drafter) if drafter else None,
+                num_spec_tokens=K, repeats=1, max_new_tokens=MAX_NEW, device="cpu")
+    return BenchSettings(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def greedy(target, drafter, prompts, root):
+    return run_bench(settings(target, prompts, drafter, repeats=2), name="greedy", root=root, progress=False)
+
+
+# ---------------------------------------------------------------------- lossless greedy + files
+
+
+def test_greedy_speculative_equals_plain_decoding(greedy, root):
+    assert greedy.status == "complete" and greedy.lossless is True and greedy.mismatched_prompts == 0
+    run = pd.read_parquet(greedy.path / "prompts.parquet")
+    base = pd.read_parquet(root / "runs" / greedy.baseline_run / "prompts.parquet")
+    assert list(run["output_hash"]) == list(base["output_hash"])        # token for token, every repeat x prompt
+    assert (run["drafts"] > 0).all()
+
+
+def test_bench_files_and_manifest(greedy, root):
+    m = json.loads((greedy.path / "manifest.json").read_text())
+    assert (m["kind"], m["engine"], m["status"], m["num_spec_tokens"], m["repeats"]) == ("bench", "hf", "complete", K, 2)
+    assert m["baseline_run"] == greedy.baseline_run and m["drafter"]["path"].endswith("/d")
+    assert m["aux"]["boundaries"] == ["S_1", "S_2", "S_3"] and m["aux"]["ids_from"] == "eagle_config"
+    assert m["bench"]["lossless"] is True and m["bench"]["speedup"]["ci_low"] <= m["bench"]["speedup"]["ci_high"]
+    assert m["progress"] == {"done": 6, "total": 6} and not (greedy.path / "journal.jsonl").exists()
+    bm = json.loads((root / "runs" / greedy.baseline_run / "manifest.json").read_text())
+    assert bm["drafter"] is None and bm["baseline_run"] is None and bm["bench"]["tau"] == 1.0
+    steps = pd.read_parquet(greedy.path / "steps.parquet")
+    assert list(steps.columns) == ["run_id", "repeat", "prompt_id", "step", "accepted"]
+    prompts = pd.read_parquet(greedy.path / "prompts.parquet")
+    assert {"category", "output_tokens", "seconds", "tokens_per_s", "ttft", "tpot", "accepted", "drafts",
+            "output_hash"} <= set(prompts.columns) and len(prompts) == 6
+    assert prompts["drafts"].sum() == len(steps) and prompts["accepted"].sum() == steps["accepted"].sum()
+    summ = json.loads((greedy.path / "summary.json").read_text())
+    assert len(summ["histogram"]) == K + 1 and sum(summ["histogram"]) == len(steps)
+    assert len(summ["per_position"]["rates"]) == K and set(summ["per_category"]) == {"writing", "math"}
+    # catalog: the new tables and named queries
+    br = catalog.bench_runs(root=root).set_index("run_id")
+    assert br.loc["greedy", "lossless"] and br.loc["greedy", "baseline_run"] == greedy.baseline_run
+    assert len(catalog.bench_steps(["greedy"], root=root)) == len(steps)
+    assert catalog.bench_histogram(["greedy"], root=root)["steps"].sum() == len(steps)
+    cats = catalog.bench_categories([greedy.baseline_run], root=root)
+    assert set(cats["category"]) == {"writing", "math"} and (cats["tau"] == 1.0).all()
+
+
+# ---------------------------------------------------------------------- bookkeeping with scripted proposals
+
+
+class Scripted:
+    """Proposes the target's own greedy continuation, right at the first `right(step)` positions of each
+    step and wrong after (token + 1). right = K: every draft accepted; right = 0: none.
+    With `inner` (a real EagleProposer) the drafter runs alongside and its KV length is checked after every
+    call: context slots only after start/advance (rollback + append), context + K-1 after propose."""
+
+    def __init__(self, lm, seqs: list[list[int]], right, inner: EagleProposer | None = None):
+        self.right, self.ref, self.step, self.inner = right, {}, 0, inner
+        for p in seqs:   # reference long enough to propose past the last output token
+            self.ref[tuple(p[1:])] = p + decode_plain(lm, p, MAX_NEW + K + 2, Sampler(0.0), set()).tokens
+
+    def start(self, aux, next_ids, positions):
+        self.seq, self.step, self.last = self.ref[tuple(next_ids[:-1])], 0, positions[-1]
+        if self.inner:
+            self.inner.start(aux, next_ids, positions)
+            assert self.inner.d.cache_len == positions[-1] + 1
+
+    def advance(self, aux, next_ids, positions):
+        self.step, self.last = self.step + 1, positions[-1]
+        if self.inner:
+            self.inner.advance(aux, next_ids, positions)
+            assert self.inner.d.cache_len == positions[-1] + 1
+
+    def propose(self, k, sampler):
+        if self.inner:
+            self.inner.propose(k, sampler)
+            assert self.inner.d.cache_len == self.last + 1 + k - 1
+        true = self.seq[self.last + 2: self.last + 2 + k]     # slot `last` holds x_{last+1}; drafts x_{last+2}..
+        j = self.right(self.step)
+        return [t if i < j else (t + 1) % V for i, t in enumerate(true)], None
+
+
+@pytest.fixture(scope="module")
+def lm_and_seqs(target, prompts):
+    lm = hf.load(target, "cpu")
+    return lm, [encode(lm.tokenizer, p.text) for p in load_prompts(prompts)]
+
+
+@pytest.mark.parametrize("name,right,tau", [("all-right", lambda s: K, K + 1), ("all-wrong", lambda s: 0, 1.0),
+                                            ("cycle", lambda s: s % (K + 1), None)])
+def test_acceptance_bookkeeping(target, drafter, prompts, root, greedy, lm_and_seqs, name, right, tau):
+    lm, seqs = lm_and_seqs
+    inner = EagleProposer(Eagle3Drafter.load(drafter)) if name == "cycle" else None
+    r = run_bench(settings(target, prompts, drafter, repeats=2), name=name, root=root, progress=False,
+                  proposer=Scripted(lm, seqs, right, inner))
+    assert r.lossless is True and r.baseline_run == greedy.baseline_run        # baseline reused
+    steps = pd.read_parquet(r.path / "steps.parquet")
+    for _, g in steps.groupby(["repeat", "prompt_id"]):
+        assert list(g["accepted"]) == [right(s) for s in range(len(g))]
+    if tau is not None:
+        assert r.tau == tau
+    assert r.acceptance_rate == pytest.approx(steps["accepted"].sum() / (K * len(steps)))
+    hist = json.loads((r.path / "summary.json").read_text())["histogram"]
+    assert hist == [int((steps["accepted"] == n).sum()) for n in range(K + 1)]
+
+
+# ---------------------------------------------------------------------- rejection sampling
+
+
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_rejection_sampling_preserves_target_distribution(one_hot):
+    """Context-free target rows p_i; drafts from q_i (or argmax q_i, vLLM style). Emitted tokens ~ p."""
+    p = torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.5, 0.3], [0.1, 0.1, 0.8]])    # [K+1=3, V=3]
+    q = torch.tensor([[0.2, 0.2, 0.6], [0.7, 0.2, 0.1]])                     # [K=2, V=3]
+    g = torch.Generator().manual_seed(0)
+    s = Sampler(1.0, g)
+    N, first, second = 8000, torch.zeros(3), torch.zeros(3)
+    for _ in range(N):
+        if one_hot:
+            draft, qq = q.argmax(-1).tolist(), None
+        else:
+            draft, qq = [int(torch.multinomial(q[i], 1, generator=g)) for i in range(2)], q
+        n, new = verify(p.log(), draft, qq, s)
+        assert len(new) == n + 1 and new[:n] == draft[:n]
+        first[new[0]] += 1
+        if n >= 1:                 # given position 0 accepted, position 1 is drawn by the same rule from p_1
+            second[new[1]] += 1
+    for counts, row in ((first, p[0]), (second, p[1])):
+        m = counts.sum()
+        sigma = (row * (1 - row) / m).sqrt()
+        assert ((counts / m - row).abs() < 4.5 * sigma).all(), (counts / m, row)
+
+
+def test_greedy_verify():
+    logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 1.0], [0.0, 0.0, 9.0]])   # argmax 1, 0, 2
+    assert verify(logits, [1, 0], None, Sampler(0.0)) == (2, [1, 0, 2])          # all accepted + bonus
+    assert verify(logits, [1, 2], None, Sampler(0.0)) == (1, [1, 0])             # correction at position 1
+    assert verify(logits, [0, 0], None, Sampler(0.0)) == (0, [1])
+
+
+def test_sampling_bench_runs_and_is_seeded(target, drafter, prompts, root):
+    s = settings(target, prompts, drafter, temperature=0.8, limit=2, max_new_tokens=12)
+    a = run_bench(s, name="sample-a", root=root, progress=False)
+    b = run_bench(s, name="sample-b", root=root, progress=False)
+    assert a.lossless is None and a.status == "complete" and a.baseline_run == b.baseline_run
+    ha = pd.read_parquet(a.path / "prompts.parquet")["output_hash"].tolist()
+    assert ha == pd.read_parquet(b.path / "prompts.parquet")["output_hash"].tolist()
+
+
+# ---------------------------------------------------------------------- resume
+
+
+def test_resume_equals_uninterrupted(target, drafter, prompts, root, greedy):
+    s = settings(target, prompts, drafter, repeats=2, temperature=0.7, max_new_tokens=12)
+    cut = run_bench(s, name="cut", root=root, progress=False, stop_after=2)
+    m = json.loads((cut.path / "manifest.json").read_text())
+    assert cut.status == "failed" and m["status"] != "complete" and "resume" in m["error"]
+    assert m["progress"]["done"] == 2 and len((cut.path / "journal.jsonl").read_text().splitlines()) == 2
+    assert catalog.bench_runs(root=root).set_index("run_id").loc["cut", "status"] != "complete"
+    with open(cut.path / "journal.jsonl", "a") as f:       # a torn last line, as a kill mid-write leaves
+        f.write('{"row": {"repe')
+    resumed = run_bench(s, name="cut", root=root, progress=False)
+    whole = run_bench(s, name="whole", root=root, progress=False)
+    assert resumed.status == whole.status == "complete"
+    cols = ["repeat", "prompt_id", "output_tokens", "accepted", "drafts", "output_hash"]
+    pd.testing.assert_frame_equal(pd.read_parquet(resumed.path / "prompts.parquet")[cols],
+                                  pd.read_parquet(whole.path / "prompts.parquet")[cols])
+    pd.testing.assert_frame_equal(pd.read_parquet(resumed.path / "steps.parquet").drop(columns="run_id"),
+                                  pd.read_parquet(whole.path / "steps.parquet").drop(columns="run_id"))
+    with pytest.raises(SpecLensError, match="already complete"):
+        run_bench(s, name="cut", root=root, progress=False)
+
+
+# ---------------------------------------------------------------------- aux boundaries
+
+
+def test_aux_boundaries_follow_the_producer():
+    cfg = drafter_cfg(name="/drafters/d")                          # nested eagle_config ids [1, 2, 3]
+    assert drafter_aux_boundaries(cfg, 8, "llama")["boundaries"] == ["S_1", "S_2", "S_3"]      # vLLM: id a = S_a
+    v2 = drafter_aux_boundaries(cfg, 8, "llama", runner="v2")      # vLLM 0.24 V2 reads only top-level ids
+    assert v2["boundaries"] == ["S_2", "S_4", "S_5"] and v2["ids"] is None
+    sg = drafter_aux_boundaries(cfg, 8, "llama", producer="sglang", version="0.5.23")           # after layer a
+    assert sg["boundaries"] == ["S_2", "S_3", "S_4"]
+    with pytest.raises(SpecLensError) as e:                          # default (2, 2, 1) on 4 layers: 2 states
+        drafter_aux_boundaries(cfg, 4, "llama", runner="v2")
+    assert "/drafters/d/config.json" in one_line(e) and "fc takes 3" in str(e.value)
+
+
+# ---------------------------------------------------------------------- bad input
+
+
+def one_line(excinfo) -> str:
+    msg = str(excinfo.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_drafter_for_another_target(target, prompts, tmp_path):
+    for kw, what in ((dict(hidden_size=32, target_hidden_size=32, head_dim=8), "hidden size"),
+                     (dict(vocab_size=256, draft_vocab_size=256), "vocab size")):
+        d = init_random(Eagle3Drafter(drafter_cfg(**kw)), 0).save(tmp_path / what.replace(" ", "_"), "eagle")
+        with pytest.raises(SpecLensError) as e:
+            run_bench(settings(target, prompts, d), root=tmp_path / "data", progress=False)
+        msg = one_line(e)
+        assert what in msg and str(d) in msg and "use a drafter for this target" in msg
+
+
+def test_missing_d2t(target, prompts, tmp_path):
+    m = init_random(Eagle3Drafter(drafter_cfg(draft_vocab_size=256)), 0)
+    m.d2t.copy_(torch.arange(256))                                  # draft id i -> target id 2i
+    d = m.save(tmp_path / "d", "eagle")
+    sd = load_file(str(d / "model.safetensors"))
+    sd.pop("d2t")
+    save_file(sd, str(d / "model.safetensors"))
+    with pytest.raises(SpecLensError) as e:
+        run_bench(settings(target, prompts, d), root=tmp_path / "data", progress=False)
+    assert "model.safetensors" in one_line(e) and "d2t" in str(e.value)
+
+
+def test_bad_k_and_empty_dataset(target, drafter, prompts, tmp_path):
+    with pytest.raises(SpecLensError) as e:
+        run_bench(settings(target, prompts, drafter, num_spec_tokens=0), root=tmp_path, progress=False)
+    assert "--num-spec-tokens" in one_line(e)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(SpecLensError) as e:
+        run_bench(settings(target, empty, drafter), root=tmp_path, progress=False)
+    assert str(empty) in one_line(e) and "no prompts" in str(e.value)
+
+
+def test_tokenizer_without_chat_template(target, prompts, tmp_path):
+    t = shutil.copytree(target, tmp_path / "no-template")
+    (t / "chat_template.jinja").unlink(missing_ok=True)
+    cfg = json.loads((t / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (t / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpecLensError) as e:
+        run_bench(settings(t, prompts), root=tmp_path / "data", progress=False)
+    msg = one_line(e)
+    assert str(t) in msg and "--no-chat-template" in msg
+    ok = run_bench(settings(t, prompts, chat_template=False, limit=1, max_new_tokens=2), root=tmp_path / "data",
+                   progress=False)
+    assert ok.status == "complete"
+
+
+def test_cli_parser(target, drafter, prompts, root, capsys, monkeypatch):
+    import argparse
+
+    from backend.bench_cli import add_parser
+
+    p = argparse.ArgumentParser()
+    add_parser(p.add_subparsers(dest="cmd"))
+    a = p.parse_args(["bench", "--engine", "hf", "--target", str(target), "--drafter", str(drafter), "--prompts",
+                      str(prompts), "--num-spec-tokens", "2", "--repeats", "1", "--limit", "1", "--name", "cli",
+                      "--max-new-tokens", "4", "--device", "cpu", "--quiet"])
+    assert (a.num_spec_tokens, a.temperature, a.repeats, a.limit) == (2, 0.0, 1, 1)
+    monkeypatch.setenv("SPECLENS_DATA", str(root))
+    assert a.fn(a) == 0
+    assert "bench cli:" in capsys.readouterr().out

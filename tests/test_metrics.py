@@ -1,0 +1,129 @@
+"""backend.metrics: hand-computed cases, with the arithmetic written next to each number."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from backend import metrics as M
+
+
+def test_from_accepted_lengths_hand_computed():
+    # K = 3, five verify steps accepting 3, 0, 1, 3, 2 tokens
+    s = M.from_accepted_lengths([3, 0, 1, 3, 2], k=3)
+    assert s.drafts == 5 and s.draft_tokens == 15 and s.accepted == 9      # 3+0+1+3+2 = 9; 3*5 = 15
+    assert s.hist == [1, 1, 1, 2]                                          # n=0:1, n=1:1, n=2:1, n=3:2
+    # per_pos[i] = sum_{n>i} hist[n]: pos0 = 1+1+2 = 4, pos1 = 1+2 = 3, pos2 = 2
+    assert s.per_pos == [4, 3, 2]
+    assert s.tau == pytest.approx(1 + 9 / 5)                               # 2.8
+    assert s.acceptance_rate == pytest.approx(9 / 15)                      # 0.6
+    assert s.per_pos_rate == pytest.approx([4 / 5, 3 / 5, 2 / 5])
+    assert sum(s.per_pos) == s.accepted                                    # a chain accepts a prefix
+
+
+def test_plain_decoding_and_empty():
+    assert M.from_accepted_lengths([0, 0, 0], k=4).tau == 1.0              # 1 + 0/3
+    empty = M.from_accepted_lengths([], k=4)
+    assert empty.tau == 1.0 and empty.acceptance_rate is None and empty.per_pos_rate is None
+    with pytest.raises(ValueError):
+        M.histogram([5], k=4)
+
+
+def test_add_merges_counts():
+    a = M.from_accepted_lengths([2, 1], k=2)      # hist [0,1,1], per_pos [2,1]
+    b = M.from_accepted_lengths([0], k=2)         # hist [1,0,0], per_pos [0,0]
+    s = a + b
+    assert (s.drafts, s.draft_tokens, s.accepted, s.hist, s.per_pos) == (3, 6, 3, [1, 1, 1], [2, 1])
+    assert s.tau == pytest.approx(2.0)            # 1 + 3/3
+
+
+def test_from_vllm_counter_deltas():
+    before = {"num_drafts": 10, "num_draft_tokens": 30, "num_accepted_tokens": 12,
+              "num_accepted_tokens_per_pos": [6, 4, 2]}
+    after = {"num_drafts": 30, "num_draft_tokens": 90, "num_accepted_tokens": 42,
+             "num_accepted_tokens_per_pos": [21, 14, 7]}
+    s = M.from_vllm(before, after)
+    # deltas: drafts 20, draft tokens 60, accepted 30, per pos [15, 10, 5]
+    assert (s.drafts, s.draft_tokens, s.accepted, s.per_pos) == (20, 60, 30, [15, 10, 5])
+    assert s.tau == pytest.approx(2.5)                    # 1 + 30/20
+    assert s.acceptance_rate == pytest.approx(0.5)        # 30/60
+    assert s.per_pos_rate == pytest.approx([0.75, 0.5, 0.25])
+    assert s.hist is None                                 # vLLM has no histogram
+
+
+def test_from_vllm_prometheus_names_and_fresh_engine():
+    after = {"vllm:spec_decode_num_drafts_total": 4, "vllm:spec_decode_num_draft_tokens_total": 8,
+             "vllm:spec_decode_num_accepted_tokens_total": 6,
+             "vllm:spec_decode_num_accepted_tokens_per_pos_total": [4, 2]}
+    s = M.from_vllm({}, after)                            # no counters before: deltas = values
+    assert (s.drafts, s.accepted, s.per_pos) == (4, 6, [4, 2]) and s.tau == pytest.approx(2.5)  # 1 + 6/4
+
+
+def test_sglang_histogram_to_per_position():
+    # K = 3 chain; hist[n] = verify steps with n correct drafts: 2 with 0, 3 with 1, 4 with 2, 1 with 3
+    meta = {"spec_verify_ct": 10, "spec_num_correct_drafts": 3 + 8 + 3,   # 0*2 + 1*3 + 2*4 + 3*1 = 14
+            "spec_correct_drafts_histogram": [2, 3, 4, 1], "completion_tokens": 25, "spec_accept_length": 2.5}
+    r = M.sglang_request(meta)
+    # per_pos[0] = 3+4+1 = 8, per_pos[1] = 4+1 = 5, per_pos[2] = 1
+    assert r.stats.per_pos == [8, 5, 1] and sum(r.stats.per_pos) == 14
+    assert r.stats.draft_tokens == 30                     # K=3 (len(hist)-1) x 10 verify steps
+    assert r.tau == pytest.approx(2.4)                    # 1 + 14/10
+    assert r.raw_accept_length == 2.5                     # kept as SGLang wrote it (25/10)
+
+
+def test_sglang_accept_length_bias():
+    # seen on the H200 (REFERENCE section 7): a drafter that never hits
+    meta = {"spec_verify_ct": 63, "completion_tokens": 64, "spec_num_correct_drafts": 0,
+            "spec_accept_length": 64 / 63, "spec_correct_drafts_histogram": [63, 0, 0, 0]}
+    r = M.sglang_request(meta)
+    assert r.raw_accept_length == pytest.approx(1.0159, abs=1e-4)   # 64/63: counts the prefill token
+    assert r.tau == 1.0                                              # 1 + 0/63
+    assert r.raw_accept_length - r.tau == pytest.approx(1 / 63)      # the bias is 1/verify_ct here
+    assert r.stats.per_pos == [0, 0, 0]
+
+
+def test_from_sglang_sums_requests():
+    a = {"spec_verify_ct": 4, "spec_num_correct_drafts": 4, "spec_correct_drafts_histogram": [1, 2, 0, 1]}
+    b = {"spec_verify_ct": 2, "spec_num_correct_drafts": 6, "spec_correct_drafts_histogram": [0, 0, 0, 2]}
+    s = M.from_sglang([a, b])
+    # hist [1,2,0,3], drafts 6, accepted 10 -> tau 1 + 10/6; per_pos [5, 3, 3]
+    assert s.hist == [1, 2, 0, 3] and s.per_pos == [5, 3, 3] and s.drafts == 6 and s.accepted == 10
+    assert s.tau == pytest.approx(1 + 10 / 6) and s.acceptance_rate == pytest.approx(10 / 18)
+    no_hist = M.from_sglang([{"spec_verify_ct": 5, "spec_num_correct_drafts": 5}], k=2)
+    assert no_hist.hist is None and no_hist.per_pos is None and no_hist.draft_tokens == 10
+
+
+def test_request_timing():
+    t = M.RequestTiming(output_tokens=11, seconds=2.0, ttft=0.5)
+    assert t.tokens_per_s == pytest.approx(5.5)           # 11 / 2.0
+    assert t.tpot == pytest.approx(0.15)                  # (2.0 - 0.5) / (11 - 1)
+    assert M.RequestTiming(1, 0.3, 0.3).tpot is None
+    assert M.throughput(100, 4.0) == 25.0 and math.isnan(M.throughput(3, 0.0))
+
+
+def test_speedup_hand_computed():
+    # 3 repeats x 2 prompts, tokens/s
+    method = [[20.0, 40.0], [22.0, 38.0], [18.0, 42.0]]   # means 30, 30, 30
+    base = [[10.0, 10.0], [12.0, 12.0], [10.0, 10.0]]     # means 10, 12, 10
+    s = M.speedup(method, base, ci="t")
+    assert s.per_repeat == pytest.approx([3.0, 2.5, 3.0])             # 30/10, 30/12, 30/10
+    assert s.mean == pytest.approx(8.5 / 3)                            # 2.8333
+    # std: deviations 1/6, -1/3, 1/6 -> sum sq = 1/36 + 1/9 + 1/36 = 1/6; / (3-1) = 1/12 -> sqrt = 0.288675
+    assert s.std == pytest.approx(math.sqrt(1 / 12))
+    half = 4.303 * math.sqrt(1 / 12) / math.sqrt(3)                   # t(0.975, 2) * std / sqrt(R) = 0.71716
+    assert (s.ci_low, s.ci_high) == pytest.approx((8.5 / 3 - half, 8.5 / 3 + half))
+    b = M.speedup(method, base, ci="bootstrap", n_boot=500, seed=1)
+    # per prompt over repeats: method [20, 40], base [32/3, 32/3]; any resample ratio lies in [20, 40] / (32/3)
+    assert 20 / (32 / 3) - 1e-9 <= b.ci_low <= b.mean <= b.ci_high <= 40 / (32 / 3) + 1e-9
+    assert b.mean == s.mean and b.ci_method == "bootstrap"
+    assert M.speedup(method, base, ci="bootstrap", n_boot=500, seed=1).ci_low == b.ci_low   # seeded
+
+
+def test_speedup_shape_errors():
+    with pytest.raises(ValueError):
+        M.speedup([[1.0, 2.0]], [[1.0]])
+    with pytest.raises(ValueError):
+        M.speedup([[1.0]], [[1.0]], ci="t")     # one repeat: no t interval
+    one = M.speedup([[3.0]], [[1.0]])
+    assert one.mean == 3.0 and one.std == 0.0 and one.ci_low == one.ci_high == 3.0
