@@ -7,17 +7,21 @@ CKA; a best-match path; and a verdict in words (aligned, offset, final_norm, rot
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from backend import coords
 from backend.config import paths
 from backend.errors import SpecLensError
 from backend.store.rundir import COMPLETE, RunDir, atomic_write_json
+
+if TYPE_CHECKING:  # torch is imported where tensors are made, so a cached alignment loads without it
+    import torch
 
 CKA_TOKENS = 1024          # CKA on an evenly spaced subset: its cost grows with tokens^2 x hidden
 MATCH_COS = 0.9            # below this best cosine a boundary "matches nothing"
@@ -25,7 +29,7 @@ ALIGNED_COS = 0.999        # same-label pairs at least this close are numericall
 DRIFT_REL_L2 = 0.01        # a same-label relative L2 above this is drift
 ROTATION_COS, ROTATION_CKA = 0.5, 0.95
 _CHUNK = 512
-VERSION = 2                # bump when the figures change: cached alignments are recomputed
+VERSION = 3                # bump when the figures change: cached alignments are recomputed
 
 
 @dataclass
@@ -109,6 +113,8 @@ def load_sample(run_id: str, root: Path | None = None) -> Sample:
 
 def _chunk(sample: Sample, idx: torch.Tensor, device: torch.device) -> torch.Tensor:
     """[L, c, H] float32 of the chosen tokens, boundaries in the sample's stream order."""
+    import torch
+
     return torch.stack([sample.states[lbl][idx].to(device).float() for lbl in sample.labels])
 
 
@@ -122,6 +128,8 @@ def pair_matrices(A: Sample, ia: torch.Tensor, B: Sample, ib: torch.Tensor, devi
 
     Token chunks keep memory at O(L x chunk x H) beside the two samples; every sum is one GEMM over the
     flattened (token, dim) axis, so the cost is two [L, c*H] x [c*H, L] products per chunk."""
+    import torch
+
     device = torch.device(device)
     p, q = len(A.labels), len(B.labels)
     acc = {k: torch.zeros(p, q, dtype=torch.float64, device=device) for k in ("cos", "dot", "xx", "yy", "cnt")}
@@ -168,6 +176,8 @@ def cka_matrix(A: Sample, ia: torch.Tensor, B: Sample, ib: torch.Tensor, all_fin
     """Linear CKA over boundary pairs on an evenly spaced subset of the tokens finite everywhere.
 
     CKA(X, Y) = <K_X, K_Y>_F / (||K_X||_F ||K_Y||_F) with K = Xc Xc^T the centred token Gram matrix."""
+    import torch
+
     device = torch.device(device)
     ok = all_finite.nonzero().flatten()
     if len(ok) > max_tokens:
@@ -303,6 +313,8 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
 
 def _on(sample: Sample, device: torch.device) -> Sample:
     """The sample's states moved to the device once (a no-op on CPU)."""
+    import torch
+
     if device.type == "cpu":
         return sample
     states = {k: v.to(device, non_blocking=True) for k, v in sample.states.items()}
@@ -310,12 +322,16 @@ def _on(sample: Sample, device: torch.device) -> Sample:
 
 
 def default_device() -> torch.device:
+    import torch
+
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def align_samples(A: Sample, B: Sample, cka_tokens: int | None = None,
                   device: torch.device | str | None = None) -> Alignment:
     """Align two samples. CKA uses `cka_tokens` tokens (default: 1024 on CPU, 4096 on a GPU)."""
+    import torch
+
     device = torch.device(device) if device is not None else default_device()
     if cka_tokens is None:
         cka_tokens = CKA_TOKENS if device.type == "cpu" else 4 * CKA_TOKENS
@@ -341,6 +357,11 @@ def align_samples(A: Sample, B: Sample, cka_tokens: int | None = None,
     for lbl, k in zip(B.labels, nfb):
         if k:
             warnings.append(f"B ({B.run_id}) {lbl}: {int(k)} of {len(ib)} shared tokens hold NaN or inf (left out)")
+    bad = [f"A {lbl} ({int(k)})" for lbl, k in zip(A.labels, nfa) if k] + \
+          [f"B {lbl} ({int(k)})" for lbl, k in zip(B.labels, nfb) if k]
+    if bad:
+        findings[0].text += (f" NaN/inf tokens at {', '.join(bad[:6])}{', ...' if len(bad) > 6 else ''}: "
+                             f"left out of those boundaries' figures, never averaged in.")
     per = []
     for j, bl in enumerate(B.labels):
         i = A.labels.index(bl) if bl in A.labels else None

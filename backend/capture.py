@@ -200,6 +200,7 @@ def _checkpoint(rd: RunDir, stats: StreamingStats, sample: TokenSample, done: in
     t.update({f"sample.{k}": v for k, v in sample.tensors().items()})
     atomic_save_safetensors(rd.file(CHECKPOINT), t, metadata={"done": str(done)})
     rd.update(progress={"done": done, "total": total})
+    catalog.refresh(rd.path.parent.parent)   # the dashboard's progress bar reads the catalog
 
 
 def _finish(rd: RunDir, stats: StreamingStats, sample: TokenSample, labels: list[str], tokens: int,

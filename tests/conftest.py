@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -61,15 +60,8 @@ def build_dashboard_data(root: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def dash_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A data root for the dashboard tests; SPECLENS_DATA points at it for the whole session."""
-    root = build_dashboard_data(tmp_path_factory.mktemp("dash-data"))
-    old = os.environ.get("SPECLENS_DATA")
-    os.environ["SPECLENS_DATA"] = str(root)
-    yield root
-    if old is None:
-        os.environ.pop("SPECLENS_DATA", None)
-    else:
-        os.environ["SPECLENS_DATA"] = old
+    """A data root for the dashboard tests (captures of every status, one with NaN tokens)."""
+    return build_dashboard_data(tmp_path_factory.mktemp("dash-data"))
 
 
 # ---------------------------------------------------------------- core fixtures: tiny real models, demo data

@@ -38,12 +38,14 @@ def _run_row(rd) -> dict | None:
     nonfinite = head.get("nonfinite") or {}
     return {
         "run_id": rd.run_id, "kind": m.get("kind"), "engine": m.get("engine"), "status": rd.effective_status(m),
-        "model": Path(model.get("path", "")).name if model.get("path") else model.get("name"),
+        "model": (Path(model["path"]).name if model.get("path") else model.get("name")
+                  or (f"import:{Path((m.get('source') or {}).get('path', '')).name}" if m.get("source") else None)),
         "model_type": model.get("model_type"), "n_layers": model.get("n_layers"),
         "hidden_size": model.get("hidden_size"), "dtype": m.get("dtype"), "dataset": m.get("dataset"),
         "boundaries": ",".join(m.get("boundaries") or []), "n_boundaries": len(m.get("boundaries") or []),
         "tokens": head.get("tokens"), "sample_tokens": head.get("sample_tokens"), "prompts": head.get("prompts"),
-        "nonfinite_tokens": int(sum(nonfinite.values())) if isinstance(nonfinite, dict) else None,
+        # tokens holding NaN/inf at the worst boundary (each token passes every boundary)
+        "nonfinite_tokens": int(max(nonfinite.values(), default=0)) if isinstance(nonfinite, dict) else None,
         "progress_done": prog.get("done"), "progress_total": prog.get("total"),
         "created": m.get("created"), "updated": m.get("updated"), "error": m.get("error"),
         "tags": ",".join(m.get("tags") or []), "notes": m.get("notes") or "", "path": str(rd.path),

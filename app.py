@@ -1,0 +1,25 @@
+"""SpecLens dashboard: `streamlit run app.py`. Data root: $SPECLENS_DATA (default ./data).
+
+Pages (each view is addressable by its URL query parameters):
+  /runs       captures and their status                      ?kind=&status=&engine=
+  /alignment  which boundary of run A matches which of run B  ?a=&b=&metric=cosine|rel_l2|cka
+  /stats      per-boundary hidden-state statistics            ?runs=a,b&stat=&run=
+`/` forwards to /runs (streamlit serves its default page at `/` only, so the default is a hidden forwarder).
+"""
+
+import streamlit as st
+
+st.set_page_config(page_title="SpecLens", page_icon=":material/troubleshoot:", layout="wide")
+
+RUNS = st.Page("pages/runs.py", title="Runs", url_path="runs", icon=":material/list:")
+ALIGNMENT = st.Page("pages/alignment.py", title="Layer alignment", url_path="alignment", icon=":material/grid_on:")
+STATS = st.Page("pages/stats.py", title="Hidden-state stats", url_path="stats", icon=":material/show_chart:")
+
+
+def home() -> None:
+    st.switch_page(RUNS, query_params=st.query_params.to_dict())
+
+
+HOME = st.Page(home, title="SpecLens", url_path="home", default=True, visibility="hidden")
+
+st.navigation([HOME, RUNS, ALIGNMENT, STATS], position="top").run()

@@ -1,0 +1,190 @@
+"""Streamlit helpers shared by the pages: widgets bound to URL query parameters (the URL is the source of
+truth, so a copied link reproduces the view), backend calls that show errors instead of tracebacks,
+the empty-catalog message, the verdict banner and charts with their downloads."""
+
+from __future__ import annotations
+
+import logging
+import re
+from functools import partial
+from typing import Any, Callable, Sequence, TypeVar
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from backend import exports
+from backend.config import data_root
+from backend.errors import SpecLensError
+from backend.store import catalog
+
+T = TypeVar("T")
+_log = logging.getLogger(__name__)
+
+NO_DATA = ("No runs in the catalog yet ({root}). Run `python -m backend demo` to build demo captures, "
+           "or capture your own with `python -m backend capture`.")
+_BANNER = {"aligned": (st.success, ":material/check_circle:"), "drift": (st.warning, ":material/warning:"),
+           "offset": (st.error, ":material/error:"), "final_norm": (st.error, ":material/error:"),
+           "rotation": (st.error, ":material/error:")}
+DEMO_PAIR = ("demo-fp32", "demo-after-layer")
+DEMO_STATS = ["demo-fp32", "demo-after-layer", "demo-final-norm"]
+
+
+# ---------------------------------------------------------------------------- query parameters
+
+def qp_get(name: str) -> str | None:
+    return st.query_params.get(name) or None
+
+
+def qp_list(name: str) -> list[str]:
+    return [x.strip() for x in (qp_get(name) or "").split(",") if x.strip()]
+
+
+def qp_set(name: str, value: str | Sequence[str] | None) -> None:
+    """Write one query parameter (lists comma-separated); an empty value removes it."""
+    text = value if isinstance(value, str) or value is None else ",".join(value)
+    if text:
+        if st.query_params.get(name) != text:
+            st.query_params[name] = text
+    elif name in st.query_params:
+        del st.query_params[name]
+
+
+def _writer(param: str, key: str) -> Callable[[], None]:
+    return lambda: qp_set(param, st.session_state[key])
+
+
+def select(label: str, options: Sequence[str], param: str, default: str, *, where: Any = st,
+           **kw: Any) -> str:
+    """A selectbox whose value lives in the URL (`?param=value`); an unknown URL value falls back to default."""
+    key = f"qp_{param}"
+    value = qp_get(param)
+    if value not in options:
+        value = default if default in options else options[0]
+    st.session_state[key] = value
+    qp_set(param, value)
+    return where.selectbox(label, list(options), key=key, on_change=_writer(param, key), **kw)
+
+
+def multiselect(label: str, options: Sequence[str], param: str, default: Sequence[str], *, where: Any = st,
+                **kw: Any) -> list[str]:
+    """A multiselect whose values live in the URL (`?param=a,b`); absent or all unknown means default."""
+    key = f"qp_{param}"
+    wanted = qp_list(param) if param in st.query_params else list(default)
+    value = [v for v in wanted if v in options] or [v for v in default if v in options]
+    st.session_state[key] = value
+    qp_set(param, value)
+    return where.multiselect(label, list(options), key=key, on_change=_writer(param, key), **kw)
+
+
+def unknown_runs(params: Sequence[str], known: Sequence[str], runs: pd.DataFrame) -> None:
+    """One line per run id in the URL that cannot be shown: not in the catalog, or not complete."""
+    status = dict(zip(runs["run_id"], runs["status"]))
+    for p in params:
+        for rid in qp_list(p):
+            if rid in known:
+                continue
+            if rid in status:
+                st.warning(f"Run `{rid}` (from the URL, `{p}`) is {status[rid]}, not a complete capture; "
+                           f"showing a default instead.")
+            else:
+                st.warning(f"No run `{rid}` (from the URL, `{p}`) in the catalog at {data_root()}; "
+                           f"showing a default instead.")
+
+
+# ---------------------------------------------------------------------------- backend calls
+
+def guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call the backend; on failure show one error line and stop this page (never a traceback)."""
+    try:
+        return fn(*args, **kwargs)
+    except SpecLensError as e:
+        st.error(str(e))
+    except Exception as e:  # noqa: BLE001 - the page must not show a traceback
+        _log.exception("dashboard: %s failed", getattr(fn, "__name__", fn))
+        first = str(e).splitlines()[0] if str(e) else ""
+        st.error(f"{type(e).__name__}: {first}")
+    st.stop()
+    raise AssertionError("unreachable")  # st.stop() raises
+
+
+def rescan() -> None:
+    """Rebuild the catalog from the run directories (current status and progress of running runs)."""
+    try:
+        catalog.refresh()
+    except Exception as e:  # noqa: BLE001 - a read-only data root still shows the last catalog
+        st.caption(f"Could not rescan the run directories ({type(e).__name__}: {e}); showing the last catalog.")
+
+
+def load_runs(refresh: bool = False) -> pd.DataFrame:
+    """All runs, newest first; stops the page with a hint when there are none.
+    refresh=True rescans the run directories first (statuses of running/interrupted runs, progress)."""
+    if refresh:
+        rescan()
+    runs = guarded(catalog.list_runs)
+    if runs.empty:
+        st.info(NO_DATA.format(root=data_root()))
+        st.stop()
+    return runs
+
+
+def complete_captures(runs: pd.DataFrame) -> list[str]:
+    """Run ids of complete captures, newest first."""
+    ok = runs[(runs["status"] == "complete") & (runs["kind"] == "capture")]
+    return ok["run_id"].tolist()
+
+
+def need_captures(ids: list[str], n: int = 1) -> None:
+    if len(ids) < n:
+        st.info(f"This view needs {n} complete capture{'s' if n > 1 else ''}; the catalog at {data_root()} has "
+                f"{len(ids)}. Run `python -m backend demo`, or capture with `python -m backend capture`.")
+        st.stop()
+
+
+def default_pair(ids: list[str]) -> tuple[str, str]:
+    """(A, B) for the alignment page without query parameters: the demo's offset pair when present,
+    else the second newest vs the newest complete capture."""
+    if all(r in ids for r in DEMO_PAIR):
+        return DEMO_PAIR
+    return (ids[1], ids[0]) if len(ids) > 1 else (ids[0], ids[0])
+
+
+def default_stats_runs(ids: list[str], n: int = 3) -> list[str]:
+    """Captures for the statistics page without query parameters: the demo reference and its two mislabelled
+    imports when present, else the n newest complete captures."""
+    demo = [r for r in DEMO_STATS if r in ids]
+    return demo if len(demo) > 1 else ids[:n]
+
+
+# ---------------------------------------------------------------------------- output
+
+def verdict_banner(findings: Sequence[Any]) -> None:
+    """One coloured banner per finding: success when aligned, error or warning otherwise."""
+    for f in findings:
+        show, icon = _BANNER.get(f.kind, (st.warning, ":material/warning:"))
+        show(f.text, icon=icon)
+
+
+def warning_list(lines: Sequence[str]) -> None:
+    """Backend warnings (NaN/inf tokens left out, ...) in one box, one line each."""
+    if lines:
+        st.warning("  \n".join(lines), icon=":material/data_alert:")
+
+
+def _file_stem(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")[:120] or "chart"
+
+
+def chart_with_downloads(fig: go.Figure, df: pd.DataFrame, name: str) -> None:
+    """The chart, then PNG / SVG / HTML / CSV download buttons. Files are made only when clicked."""
+    stem = _file_stem(name)
+    st.plotly_chart(fig, theme=None, key=f"chart_{stem}", config={"displaylogo": False})
+    images = exports.images_available()
+    cols = st.columns([1, 1, 1, 1, 4])
+    for col, fmt in zip(cols, exports.FORMATS):
+        no_image = fmt in ("png", "svg") and not images
+        col.download_button(
+            fmt.upper(), data=partial(exports.export, fig, df, fmt), file_name=f"{stem}.{fmt}",
+            mime=exports.MIME[fmt], on_click="ignore", key=f"dl_{stem}_{fmt}", icon=":material/download:",
+            disabled=no_image, width="stretch",
+            help="needs Chromium (Debian `chromium`) on the server" if no_image else f"download as {fmt.upper()}")

@@ -1,0 +1,171 @@
+"""The dashboard in a real browser: `streamlit run app.py` in a subprocess, driven by Playwright with
+Debian's chromium. Every page is opened by its URL (query parameters included), charts must render,
+downloads must produce real files. Screenshots go to $SPECLENS_SCREENSHOTS or a pytest tmp dir."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from backend.config import REPO_ROOT
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
+                 "--no-first-run", "--disable-component-update", "--disable-sync"]
+CHART = '[data-testid="stPlotlyChart"] .js-plotly-plot .main-svg'
+TIMEOUT_MS = 60_000
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chromium at /usr/bin/chromium "
+                                "(apt-get install -y chromium chromium-driver)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 90) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"streamlit did not answer at {url} within {timeout_s} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def server(dash_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = _free_port()
+    log = tmp_path_factory.mktemp("streamlit") / "server.log"
+    env = {**os.environ, "SPECLENS_DATA": str(dash_root)}
+    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
+           "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, log)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = Path(os.environ["SPECLENS_SCREENSHOTS"]) if os.environ.get("SPECLENS_SCREENSHOTS") else \
+        tmp_path_factory.mktemp("screenshots")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@pytest.fixture(scope="module")
+def page(server: str):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        ctx = browser.new_context(viewport={"width": 1440, "height": 1700}, accept_downloads=True)
+        ctx.set_default_timeout(TIMEOUT_MS)
+        pg = ctx.new_page()
+        pg.goto(server + "/")                       # first load of `/` (streamlit issue #8860)
+        pg.wait_for_selector('[data-testid="stDataFrame"]')
+        yield pg
+        browser.close()
+
+
+def open_view(page, server: str, path: str, charts: int = 1) -> None:
+    page.goto(server + path)
+    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', state="attached")
+    if charts:
+        page.wait_for_function(f"document.querySelectorAll('{CHART}').length >= {charts}", timeout=TIMEOUT_MS)
+    assert not page.locator('[data-testid="stException"]').count(), page.locator('[data-testid="stException"]').inner_text()
+
+
+def alerts(page) -> str:
+    return "\n".join(page.locator('[data-testid="stAlert"]').all_inner_texts())
+
+
+def test_runs_page(page, server: str, shots: Path) -> None:
+    open_view(page, server, "/runs", charts=0)
+    page.wait_for_selector('[data-testid="stDataFrame"]')
+    assert page.locator('[data-testid="stProgress"]').count() >= 1, "live-run shows a progress bar"
+    assert "dead-run" in alerts(page)
+    page.screenshot(path=str(shots / "runs.png"), full_page=True)
+    open_view(page, server, "/runs?status=failed", charts=0)
+    page.wait_for_selector('[data-testid="stDataFrame"]')
+    assert "1 of" in page.locator('[data-testid="stCaptionContainer"]').first.inner_text()
+
+
+def test_alignment_page(page, server: str, shots: Path) -> None:
+    open_view(page, server, "/alignment?a=a1&b=a2&metric=cosine")
+    assert "Aligned" in page.locator('[data-testid="stAlertContentSuccess"]').inner_text()
+    page.wait_for_selector('[data-testid="stDataFrame"]')
+    page.screenshot(path=str(shots / "alignment-aligned.png"), full_page=True)
+    open_view(page, server, "/alignment?a=a1&b=nan1&metric=rel_l2")
+    assert "NaN or inf" in alerts(page)
+    page.screenshot(path=str(shots / "alignment-nan.png"), full_page=True)
+    open_view(page, server, "/alignment?a=a1&b=b16&metric=cka")
+    assert "Numeric drift" in alerts(page)
+    page.screenshot(path=str(shots / "alignment-drift.png"), full_page=True)
+
+
+def test_alignment_unknown_run(page, server: str) -> None:
+    open_view(page, server, "/alignment?a=nope&b=a2")
+    assert "No run `nope`".replace("`", "") in alerts(page).replace("`", "")
+
+
+def test_stats_page(page, server: str, shots: Path) -> None:
+    open_view(page, server, "/stats?runs=a1,b16,nan1&stat=mean_norm&run=nan1", charts=2)
+    page.screenshot(path=str(shots / "stats.png"), full_page=True)
+
+
+def test_widget_change_updates_url(page, server: str) -> None:
+    open_view(page, server, "/alignment?a=a1&b=a2&metric=cosine")
+    page.locator('[data-testid="stSelectbox"]').filter(has_text="Metric").click()
+    page.get_by_role("option", name="linear CKA").click()
+    page.wait_for_url("**metric=cka**")
+    page.wait_for_function(f"document.querySelectorAll('{CHART}').length >= 1")
+
+
+def test_root_forwards_to_runs_with_its_params(page, server: str) -> None:
+    page.goto(server + "/?status=failed")
+    page.wait_for_url("**/runs?status=failed")
+    page.wait_for_selector('[data-testid="stDataFrame"]')
+
+
+def test_navigation_between_pages(page, server: str) -> None:
+    open_view(page, server, "/runs", charts=0)
+    page.get_by_role("link", name="Hidden-state stats").first.click()
+    page.wait_for_url("**/stats**")
+    page.wait_for_function(f"document.querySelectorAll('{CHART}').length >= 2")
+
+
+@pytest.mark.parametrize("fmt,magic", [("PNG", b"\x89PNG"), ("SVG", b"<svg"), ("HTML", b"<html"),
+                                       ("CSV", b"a_run,a_boundary")])
+def test_chart_downloads(page, server: str, fmt: str, magic: bytes) -> None:
+    if page.url.split("?")[0] != server + "/alignment" or "b=a2" not in page.url:
+        open_view(page, server, "/alignment?a=a1&b=a2&metric=cosine")
+    button = page.locator('[data-testid="stDownloadButton"] button').filter(has_text=fmt).first
+    with page.expect_download(timeout=TIMEOUT_MS) as dl:
+        button.click()
+    data = Path(dl.value.path()).read_bytes()
+    assert magic in data[:400], data[:200]
+    assert dl.value.suggested_filename == f"alignment_a1_vs_a2_cosine.{fmt.lower()}"

@@ -1,0 +1,192 @@
+"""Every dashboard page through streamlit's AppTest, on captures built by the project's own code
+(tests/conftest.py). AppTest cannot see sidebar/top navigation or click links: tests/test_browser.py does."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from backend.config import REPO_ROOT
+from backend.store import catalog
+
+APP = str(REPO_ROOT / "app.py")
+
+
+@pytest.fixture
+def dash(dash_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The dashboard data root (tests/conftest.py) as SPECLENS_DATA, for this test only."""
+    monkeypatch.setenv("SPECLENS_DATA", str(dash_root))
+    return dash_root
+
+
+@pytest.fixture
+def demo(demo_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SPECLENS_DATA", str(demo_root))
+    return demo_root
+
+
+def open_page(page: str, **params: str) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=120)
+    for k, v in params.items():
+        at.query_params[k] = v
+    at.switch_page(page)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def texts(elements) -> str:
+    return "\n".join(e.value for e in elements)
+
+
+def figures(at: AppTest) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def values(v) -> np.ndarray:
+    """A trace's x/y as numbers (plotly serializes numeric arrays as typed base64 `bdata`)."""
+    if isinstance(v, dict) and "bdata" in v:
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"])
+    return np.asarray(v)
+
+
+def params(at: AppTest) -> dict[str, str]:
+    return {k: at.query_params[k] for k in at.query_params}
+
+
+# ---------------------------------------------------------------------------- runs
+
+def test_runs_lists_every_status(dash: Path) -> None:
+    at = open_page("pages/runs.py")
+    table = at.dataframe[0].value
+    status = dict(zip(table["run_id"], table["status"]))
+    assert status["a1"] == "complete" and status["live-run"] == "running"
+    assert status["dead-run"] == "interrupted" and status["broken-run"] == "failed"
+    assert "CUDA out of memory" in table.set_index("run_id").loc["broken-run", "error"]
+    assert table.set_index("run_id").loc["nan1", "nonfinite_tokens"] > 0
+    assert at.get("progress"), "a running run shows a progress bar"
+    assert "resume" in texts(at.warning)
+
+
+def test_runs_filters_come_from_and_go_to_the_url(dash: Path) -> None:
+    at = open_page("pages/runs.py", status="failed,interrupted")
+    assert sorted(at.dataframe[0].value["run_id"]) == ["broken-run", "dead-run"]
+    at.multiselect(key="qp_status").set_value(["complete"]).run()
+    assert params(at)["status"] == "complete"
+    assert set(at.dataframe[0].value["status"]) == {"complete"}
+
+
+def test_empty_catalog_says_how_to_make_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECLENS_DATA", str(tmp_path / "empty"))
+    for page in ("pages/runs.py", "pages/alignment.py", "pages/stats.py"):
+        at = open_page(page)
+        assert "python -m backend demo" in texts(at.info), page
+        assert not at.get("plotly_chart")
+
+
+# ---------------------------------------------------------------------------- alignment
+
+def test_alignment_of_identical_captures_is_aligned(dash: Path) -> None:
+    at = open_page("pages/alignment.py", a="a1", b="a2", metric="cosine")
+    assert "Aligned" in texts(at.success)
+    assert not at.error
+    (fig,) = figures(at)
+    heat, path = fig["data"]
+    assert heat["type"] == "heatmap" and heat["x"][0] == "S_0" and heat["x"][-1] == "F"
+    assert path["type"] == "scatter" and path["x"] == path["y"], "identical captures: the path is the diagonal"
+    assert at.dataframe[0].value["best match in A"].tolist() == heat["x"]
+    assert params(at) == {"a": "a1", "b": "a2", "metric": "cosine"}
+
+
+def test_alignment_metric_widget_writes_the_url(dash: Path) -> None:
+    at = open_page("pages/alignment.py", a="a1", b="a2")
+    at.selectbox(key="qp_metric").set_value("rel_l2").run()
+    assert params(at)["metric"] == "rel_l2"
+    assert "relative L2" in figures(at)[0]["data"][0]["colorbar"]["title"]["text"]
+
+
+def test_alignment_bf16_is_drift(dash: Path) -> None:
+    at = open_page("pages/alignment.py", a="a1", b="b16", metric="cka")
+    assert "Numeric drift" in texts(at.warning)
+    assert not at.success
+    assert figures(at)
+
+
+def test_alignment_shows_nonfinite_warnings(dash: Path) -> None:
+    at = open_page("pages/alignment.py", a="a1", b="nan1")
+    assert "hold NaN or inf" in texts(at.warning)
+    assert at.dataframe[0].value["NaN/inf tokens B"].max() > 0
+
+
+def test_alignment_unknown_or_unfinished_run_in_url(dash: Path) -> None:
+    at = open_page("pages/alignment.py", a="no-such-run", b="live-run")
+    msgs = texts(at.warning)
+    assert "No run `no-such-run`" in msgs and "`live-run` (from the URL, `b`) is running" in msgs
+    assert figures(at), "falls back to a default pair"
+
+
+def test_alignment_backend_error_is_one_line(dash: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for rid in ("a1", "a2"):
+        shutil.copytree(dash / "runs" / rid, tmp_path / "runs" / rid)
+    (tmp_path / "runs" / "a2" / "sample.safetensors").unlink()
+    catalog.refresh(tmp_path)
+    monkeypatch.setenv("SPECLENS_DATA", str(tmp_path))
+    at = open_page("pages/alignment.py", a="a1", b="a2")
+    assert "missing raw sample" in texts(at.error)
+    assert not at.get("plotly_chart")
+
+
+def test_alignment_default_pair_without_params(dash: Path) -> None:
+    at = open_page("pages/alignment.py")
+    p = params(at)
+    assert p["a"] != p["b"] and p["metric"] == "cosine"
+    assert figures(at)
+
+
+@pytest.mark.parametrize("b,kind,banner", [
+    ("demo-fp32-again", "Aligned", "success"), ("demo-after-layer", "Offset by", "error"),
+    ("demo-final-norm", "Final norm", "error"), ("demo-rotated", "Basis rotation", "error"),
+    ("demo-bf16", "Numeric drift", "warning")])
+def test_alignment_verdicts_on_demo_data(demo: Path, b: str, kind: str, banner: str) -> None:
+    at = open_page("pages/alignment.py", a="demo-fp32", b=b)
+    assert kind in texts(getattr(at, banner))
+    assert figures(at)
+
+
+def test_alignment_default_view_is_the_demo_offset(demo: Path) -> None:
+    at = open_page("pages/alignment.py")
+    assert params(at)["a"] == "demo-fp32" and params(at)["b"] == "demo-after-layer"
+    assert "Offset by +1" in texts(at.error)
+
+
+# ---------------------------------------------------------------------------- stats
+
+def test_stats_curves_and_outliers(dash: Path) -> None:
+    at = open_page("pages/stats.py", runs="a1,b16", stat="rms")
+    curves, outliers = figures(at)
+    assert [t["name"] for t in curves["data"]] == ["a1", "b16"]
+    assert curves["layout"]["xaxis"]["categoryarray"][:2] == ["S_0", "S_1"]
+    assert curves["layout"]["xaxis"]["categoryarray"][-1] == "F"
+    assert outliers["data"][0]["type"] == "heatmap" and outliers["data"][0]["y"][0].startswith("dim ")
+    assert params(at) == {"runs": "a1,b16", "stat": "rms", "run": "a1"}
+
+
+def test_stats_widgets_write_the_url(dash: Path) -> None:
+    at = open_page("pages/stats.py", runs="a1,nan1", stat="nonfinite_tokens")
+    assert values(figures(at)[0]["data"][1]["y"]).max() > 0, "nan1 has NaN tokens"
+    at.selectbox(key="qp_run").set_value("nan1").run()
+    at.selectbox(key="qp_stat").set_value("kurtosis").run()
+    assert params(at) == {"runs": "a1,nan1", "stat": "kurtosis", "run": "nan1"}
+    assert "nan1" in figures(at)[1]["layout"]["title"]["text"]
+
+
+def test_stats_unknown_run_in_url(dash: Path) -> None:
+    at = open_page("pages/stats.py", runs="a1,ghost")
+    assert "No run `ghost`" in texts(at.warning)
+    assert [t["name"] for t in figures(at)[0]["data"]] == ["a1"]
