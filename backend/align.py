@@ -111,55 +111,64 @@ def load_sample(run_id: str, root: Path | None = None) -> Sample:
 
 # ---------------------------------------------------------------------------- matrices
 
-def _chunk(sample: Sample, idx: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """[L, c, H] float32 of the chosen tokens, boundaries in the sample's stream order."""
+def stack_states(sample: Sample, idx: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """[L, n, H] float32 of the chosen tokens, boundaries in the sample's stream order, converted once
+    (a contiguous run of tokens is sliced, not gathered)."""
     import torch
 
-    return torch.stack([sample.states[lbl][idx].to(device).float() for lbl in sample.labels])
+    n = len(idx)
+    out = torch.empty(len(sample.labels), n, sample.hidden, dtype=torch.float32, device=device)
+    start = int(idx[0]) if n else 0
+    contiguous = n > 0 and int(idx[-1]) - start == n - 1
+    for i, lbl in enumerate(sample.labels):
+        src = sample.states[lbl]
+        out[i].copy_(src.narrow(0, start, n) if contiguous else src.index_select(0, idx.to(src.device)))
+    return out
 
 
-def pair_matrices(A: Sample, ia: torch.Tensor, B: Sample, ib: torch.Tensor, device: torch.device | str = "cpu",
+def pair_matrices(X: torch.Tensor, Y: torch.Tensor, same: list[tuple[int, int]],
                   chunk: int = _CHUNK) -> dict[str, np.ndarray]:
-    """Over the matched tokens (A's ia[t] is B's ib[t]) and every boundary pair (i, j):
+    """X [p, n, H] and Y [q, n, H] hold the same n tokens; over every boundary pair (i, j):
 
-    cosine[i, j]  mean over tokens of cos(a_it, b_jt)
-    rel_l2[i, j]  ||A_i - B_j||_F / ||B_j||_F over the tokens (exact for same-named pairs)
+    cosine[i, j]  mean over tokens of cos(x_it, y_jt)
+    rel_l2[i, j]  ||X_i - Y_j||_F / ||Y_j||_F over the tokens (computed exactly for the `same` pairs)
     count[i, j]   tokens finite in both (tokens holding NaN/inf are left out of that pair)
 
-    Token chunks keep memory at O(L x chunk x H) beside the two samples; every sum is one GEMM over the
-    flattened (token, dim) axis, so the cost is two [L, c*H] x [c*H, L] products per chunk."""
+    Every sum is a GEMM over the flattened (token, dim) axis of a chunk of tokens:
+    two [p, c*H] x [c*H, q] products per chunk, so memory beyond X and Y is O(L x chunk x H)."""
     import torch
 
-    device = torch.device(device)
-    p, q = len(A.labels), len(B.labels)
+    device = X.device
+    p, q, n = X.shape[0], Y.shape[0], X.shape[1]
     acc = {k: torch.zeros(p, q, dtype=torch.float64, device=device) for k in ("cos", "dot", "xx", "yy", "cnt")}
     nfa = torch.zeros(p, dtype=torch.int64, device=device)
     nfb = torch.zeros(q, dtype=torch.int64, device=device)
-    all_fin = torch.ones(len(ia), dtype=torch.bool, device=device)   # tokens finite at every boundary of both
-    same = [(A.labels.index(lbl), j) for j, lbl in enumerate(B.labels) if lbl in A.labels]
+    all_fin = torch.ones(n, dtype=torch.bool, device=device)        # tokens finite at every boundary of both
     diff2 = torch.zeros(len(same), dtype=torch.float64, device=device)
-    for s in range(0, len(ia), chunk):
-        X, Y = _chunk(A, ia[s:s + chunk], device), _chunk(B, ib[s:s + chunk], device)   # [p, c, H], [q, c, H]
-        nx, ny = torch.linalg.vector_norm(X, dim=-1), torch.linalg.vector_norm(Y, dim=-1)  # [p, c], [q, c]
+    for s in range(0, n, chunk):
+        x, y = X[:, s:s + chunk], Y[:, s:s + chunk]                  # [p, c, H], [q, c, H] views
+        nx, ny = torch.linalg.vector_norm(x, dim=-1), torch.linalg.vector_norm(y, dim=-1)  # [p, c], [q, c]
         fx, fy = torch.isfinite(nx), torch.isfinite(ny)    # a token holding NaN/inf has a non-finite norm
         nfa += (~fx).sum(1)
         nfb += (~fy).sum(1)
         all_fin[s:s + chunk] = fx.all(0) & fy.all(0)
         if not bool(fx.all()):
-            X, nx = torch.where(fx[..., None], X, 0.0), torch.where(fx, nx, 0.0)
+            x, nx = torch.where(fx[..., None], x, 0.0), torch.where(fx, nx, 0.0)
         if not bool(fy.all()):
-            Y, ny = torch.where(fy[..., None], Y, 0.0), torch.where(fy, ny, 0.0)
+            y, ny = torch.where(fy[..., None], y, 0.0), torch.where(fy, ny, 0.0)
         wx, wy = fx.float(), fy.float()
-        acc["dot"] += (X.flatten(1) @ Y.flatten(1).T).double()
+        acc["dot"] += (x.flatten(1) @ y.flatten(1).T).double()
         acc["xx"] += ((nx * nx) @ wy.T).double()
         acc["yy"] += (wx @ (ny * ny).T).double()
         acc["cnt"] += (wx @ wy.T).double()
+        clean = bool(fx.all()) and bool(fy.all())
         for k, (i, j) in enumerate(same):             # exact distance for same-named pairs (no cancellation)
-            w = (fx[i] & fy[j]).float()[:, None]
-            diff2[k] += (torch.linalg.vector_norm((X[i] - Y[j]) * w) ** 2).double()
-        X.div_(nx.clamp_min(1e-30)[..., None])
-        Y.div_(ny.clamp_min(1e-30)[..., None])
-        acc["cos"] += (X.flatten(1) @ Y.flatten(1).T).double()
+            d = x[i] - y[j] if clean else (x[i] - y[j]) * (fx[i] & fy[j]).float()[:, None]
+            diff2[k] += (torch.linalg.vector_norm(d) ** 2).double()
+        xn = x / nx.clamp_min(1e-30)[..., None]
+        yn = y / ny.clamp_min(1e-30)[..., None]
+        acc["cos"] += (xn.flatten(1) @ yn.flatten(1).T).double()
+        del xn, yn
     cnt = acc["cnt"]
     nan = torch.full_like(cnt, float("nan"))
     cos = torch.where(cnt > 0, acc["cos"] / cnt.clamp_min(1), nan)
@@ -171,31 +180,30 @@ def pair_matrices(A: Sample, ia: torch.Tensor, B: Sample, ib: torch.Tensor, devi
             "nonfinite_a": nfa.cpu().numpy(), "nonfinite_b": nfb.cpu().numpy(), "all_finite": all_fin}
 
 
-def cka_matrix(A: Sample, ia: torch.Tensor, B: Sample, ib: torch.Tensor, all_finite: torch.Tensor,
-               max_tokens: int = CKA_TOKENS, device: torch.device | str = "cpu") -> tuple[np.ndarray, int]:
+def cka_matrix(X: torch.Tensor, Y: torch.Tensor, all_finite: torch.Tensor,
+               max_tokens: int = CKA_TOKENS) -> tuple[np.ndarray, int]:
     """Linear CKA over boundary pairs on an evenly spaced subset of the tokens finite everywhere.
 
     CKA(X, Y) = <K_X, K_Y>_F / (||K_X||_F ||K_Y||_F) with K = Xc Xc^T the centred token Gram matrix."""
     import torch
 
-    device = torch.device(device)
     ok = all_finite.nonzero().flatten()
     if len(ok) > max_tokens:
         ok = ok[torch.linspace(0, len(ok) - 1, max_tokens, device=ok.device).round().long()]
     m = len(ok)
     if m < 3:
-        return np.full((len(A.labels), len(B.labels)), np.nan), m
+        return np.full((X.shape[0], Y.shape[0]), np.nan), m
 
-    def grams(sample: Sample, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def grams(Z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = []
-        for lbl in sample.labels:
-            z = sample.states[lbl][idx].to(device).float()                   # [m, H]
+        for z in Z:                                                          # z [n, H]
+            z = z.index_select(0, ok)                                        # [m, H]
             z = z - z.mean(0, keepdim=True)
             out.append((z @ z.T).flatten())                                  # [m*m]
         G = torch.stack(out)                                                 # [L, m*m]
         return G, (G.double() ** 2).sum(-1).sqrt()
-    GX, nX = grams(A, ia[ok.to(ia.device)])
-    GY, nY = grams(B, ib[ok.to(ib.device)])
+    GX, nX = grams(X)
+    GY, nY = grams(Y)
     hsic = (GX @ GY.T).double()                                              # [p, q]
     return (hsic / (nX[:, None] * nY[None, :]).clamp_min(1e-30)).cpu().numpy(), m
 
@@ -344,10 +352,12 @@ def align_samples(A: Sample, B: Sample, cka_tokens: int | None = None,
                             f"chat template); capture both from the same --prompts file")
     order = np.argsort(ia)
     ia, ib = torch.from_numpy(ia[order]).to(device), torch.from_numpy(ib[order]).to(device)
-    A, B = _on(A, device), _on(B, device)
-    mats = pair_matrices(A, ia, B, ib, device)
+    X, Y = stack_states(_on(A, device), ia, device), stack_states(_on(B, device), ib, device)
+    same = [(A.labels.index(lbl), j) for j, lbl in enumerate(B.labels) if lbl in A.labels]
+    mats = pair_matrices(X, Y, same)
     cos, rel, nfa, nfb = mats["cosine"], mats["rel_l2"], mats["nonfinite_a"], mats["nonfinite_b"]
-    cka, m = cka_matrix(A, ia, B, ib, mats["all_finite"], cka_tokens, device)
+    cka, m = cka_matrix(X, Y, mats["all_finite"], cka_tokens)
+    del X, Y
     findings, offset = verdict(A, B, cos, rel, cka)
     path = best_path(cos)
     warnings = []
