@@ -122,14 +122,23 @@ def run_capture(settings: CaptureSettings, name: str | None = None, root: Path |
 
 
 class Capturer:
-    """The hot path: a forward hook sink that feeds the statistics and, while it has room, the sample."""
+    """The hot path: a forward-hook sink that feeds the statistics and, while it has room, the sample.
 
-    def __init__(self, stats: StreamingStats, sample: TokenSample):
+    On a GPU each boundary is reduced as its hook fires (a compiled kernel, no host sync); on a CPU, where
+    per-op overhead dominates small models, the hooks only keep references and all boundaries are reduced
+    together after the forward pass (memory: boundaries x prompt tokens x hidden for one prompt)."""
+
+    def __init__(self, stats: StreamingStats, sample: TokenSample, deferred: bool | None = None):
         self.stats, self.sample = stats, sample
         self.room = 0
+        self.deferred = (stats.state.moments.device.type == "cpu") if deferred is None else deferred
+        self.pending: list[torch.Tensor | None] = [None] * len(stats.labels)
 
     def sink(self, k: int, x: torch.Tensor) -> None:
-        self.stats.update(k, x)
+        if self.deferred:
+            self.pending[k] = x
+        else:
+            self.stats.update(k, x)
         if self.room:
             self.sample.stage(k, x, self.room)
 
@@ -139,6 +148,9 @@ class Capturer:
 
         self.room = self.sample.room(len(ids))
         hf.forward(lm, ids)
+        if self.deferred:
+            self.stats.update_all(self.pending)
+            self.pending = [None] * len(self.pending)
         self.sample.commit(torch.tensor(ids), self.room)
 
 

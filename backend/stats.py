@@ -63,21 +63,23 @@ class StatsState:
 
 
 def batch_moments(x: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """One batch x [T, H] around ref [H] -> (moments [4, H], max_abs [H], scalars [4], norm min, norm max,
-    histogram input [T]). A token is non-finite when its norm is; it is left out of every figure."""
+    """One batch x [..., T, H] around ref [..., H] -> (moments [..., 4, H], max_abs [..., H], scalars [..., 4]
+    (finite tokens, non-finite tokens, sum and sum of squares of norms), norm min [...], norm max [...],
+    histogram input [..., T]). A token is non-finite when its norm is; it is left out of every figure."""
     x = x.float()
-    norms = torch.linalg.vector_norm(x, dim=-1)                  # [T]
-    good = torch.isfinite(norms)                                 # [T]
-    d = torch.where(good[:, None], x - ref, 0.0)                 # [T, H]
+    norms = torch.linalg.vector_norm(x, dim=-1)                      # [..., T]
+    good = torch.isfinite(norms)                                     # [..., T]
+    g = good[..., None]
+    d = torch.where(g, x - ref.unsqueeze(-2), 0.0)                   # [..., T, H]
     d2 = d * d
-    moments = torch.stack([d.sum(0), d2.sum(0), (d2 * d).sum(0), (d2 * d2).sum(0)])
-    max_abs = torch.where(good[:, None], x.abs(), 0.0).amax(0)   # [H]
+    moments = torch.stack([d.sum(-2), d2.sum(-2), (d2 * d).sum(-2), (d2 * d2).sum(-2)], dim=-2)
+    max_abs = torch.where(g, x.abs(), 0.0).amax(-2)                  # [..., H]
     fin = torch.where(good, norms, 0.0)
-    n_good = good.float().sum()
-    scalars = torch.stack([n_good, norms.shape[0] - n_good, fin.sum(), (fin * fin).sum()])
-    nmin = torch.where(good, norms, float("inf")).min()
+    n_good = good.float().sum(-1)
+    scalars = torch.stack([n_good, norms.shape[-1] - n_good, fin.sum(-1), (fin * fin).sum(-1)], dim=-1)
+    nmin = torch.where(good, norms, float("inf")).amin(-1)
     logn = torch.where(good, torch.log10(fin.clamp_min(1e-30)), -1e9)   # out of the histogram's range
-    return moments, max_abs, scalars, nmin, fin.max(), logn
+    return moments, max_abs, scalars, nmin, fin.amax(-1), logn
 
 
 @lru_cache(maxsize=1)
@@ -122,6 +124,33 @@ class StreamingStats:
         s.norm_min[i:i + 1].clamp_max_(nmin)
         s.norm_max[i:i + 1].clamp_min_(nmax)
         s.norm_hist[i] += torch.histc(logn, bins=NORM_BINS, min=NORM_LO, max=NORM_HI)
+
+    def update_all(self, xs: list[torch.Tensor]) -> None:
+        """Add one batch for every boundary at once (xs[i] [T, H], same T): one set of vectorised ops
+        instead of one per boundary, which is what costs on a CPU where op overhead dominates."""
+        if len(xs) != len(self.labels) or xs[0].shape[0] == 0:
+            for i, x in enumerate(xs):
+                self.update(i, x)
+            return
+        if not all(self._ref_set):         # the first batch fixes each boundary's reference shift
+            for i, x in enumerate(xs):
+                self.update(i, x)
+            return
+        s = self.state
+        X = torch.stack([x.reshape(-1, x.shape[-1]) for x in xs])       # [B, T, H]
+        moments, max_abs, scalars, nmin, nmax, logn = batch_moments(X, s.ref)
+        s.moments += moments
+        s.scalars += scalars
+        s.max_abs.clamp_min_(max_abs)
+        s.norm_min.clamp_max_(nmin)
+        s.norm_max.clamp_min_(nmax)
+        # per-boundary histograms in one histc: shift each boundary's values into its own range
+        span = NORM_HI - NORM_LO
+        offs = torch.arange(len(xs), dtype=logn.dtype, device=logn.device)[:, None] * span
+        logn = torch.where((logn >= NORM_LO) & (logn < NORM_HI), logn, -1e9)   # never spill into a neighbour
+        flat = torch.histc((logn + offs).flatten(), bins=NORM_BINS * len(xs), min=NORM_LO,
+                           max=NORM_LO + span * len(xs))
+        s.norm_hist += flat.view(len(xs), NORM_BINS)
 
     # ------------------------------------------------------------------ results
     def vectors(self) -> dict[str, np.ndarray]:

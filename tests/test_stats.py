@@ -55,3 +55,20 @@ def test_sample_is_bounded_and_deterministic():
     # same prefix -> same context hash; different prefix -> different
     h = context_hashes([5, 6, 7])
     assert h.tolist()[:2] == context_hashes([5, 6, 9]).tolist()[:2] and h[2] != context_hashes([5, 6, 9])[2]
+
+
+def test_update_all_equals_per_boundary_updates():
+    """The CPU path (all boundaries reduced together) gives the same figures as one update per boundary."""
+    import pandas as pd
+
+    g = torch.Generator().manual_seed(0)
+    batches = [[torch.randn(37, 16, generator=g) * (i + 1) + i for i in range(3)] for _ in range(4)]
+    batches[2][1][5, 3] = float("nan")
+    batches[3][2][0] *= 1e7                          # a norm beyond the histogram's range stays out of it
+    a, b = StreamingStats(["a", "b", "c"], 16), StreamingStats(["a", "b", "c"], 16)
+    for batch in batches:
+        for i, x in enumerate(batch):
+            a.update(i, x)
+        b.update_all(batch)
+    pd.testing.assert_frame_equal(a.table(), b.table(), rtol=1e-6)
+    assert torch.equal(a.state.norm_hist, b.state.norm_hist)
