@@ -10,6 +10,11 @@ its rotated copy, then captures and imports:
 | demo-fp32 vs demo-final-norm          | final_norm  |
 | demo-fp32 vs demo-rotated             | rotation    |
 | demo-fp32 vs demo-bf16                | drift       |
+
+and, with the toy pair (models/toy-pair.tar.gz, trained on the H200 by `python -m backend.toy.pair --device cuda
+--steps-target 400 --steps-drafter 2000 --budget-minutes 8.3`; unpacked under <data>/models/toy-pair), three
+speculative-decoding benches on held-out Spec-Bench prompts: the paired baseline, the matched drafter and the
+drafter trained on "after layer" captures (the speculators <= 0.4 convention) served with vLLM's reading of its ids.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from backend.store.rundir import COMPLETE, RunDir, list_run_dirs
 
 PROMPTS = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
 LIMIT = 40
+PAIR_TARBALL = REPO_ROOT / "models" / "toy-pair.tar.gz"
+BENCH_RUNS = ("demo-bench-matched", "demo-bench-after-layer")
 DEMO_PAIRS = [
     ("demo-fp32", "demo-fp32-again", "aligned"),
     ("demo-fp32", "demo-after-layer", "offset"),
@@ -97,6 +104,56 @@ def build_demo(root: Path | None = None, force: bool = False, progress: bool = T
     return made
 
 
+def toy_pair(root: Path | None = None) -> Path | None:
+    """The shipped toy pair, unpacked once under <data>/models/toy-pair (None when the tarball is absent)."""
+    import tarfile
+
+    out = paths(root).models / "toy-pair"
+    if (out / "drafter-after-layer" / "config.json").exists():
+        return out
+    if not PAIR_TARBALL.exists():
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(PAIR_TARBALL) as tf:
+        tf.extractall(out, filter="data")
+    return out
+
+
+def heldout_prompts(pair: Path) -> Path:
+    """Spec-Bench rows never used to train the pair (TRAINING.json), as a prompts file next to it."""
+    import json
+
+    out = pair / "heldout.jsonl"
+    if not out.exists():
+        ids = set(json.loads((pair / "TRAINING.json").read_text())["heldout_question_ids"])
+        rows = [line for line in PROMPTS.read_text().splitlines() if json.loads(line)["question_id"] in ids]
+        out.write_text("\n".join(rows) + "\n")
+    return out
+
+
+def build_bench_demo(root: Path | None = None, force: bool = False, progress: bool = True, limit: int = 8,
+                     max_new_tokens: int = 48, repeats: int = 1) -> list[str]:
+    """Baseline, matched drafter and after-layer drafter on held-out prompts (K=4, greedy)."""
+    from backend.bench import BenchSettings, run_bench
+
+    pair = toy_pair(root)
+    if pair is None:
+        print(f"no toy pair ({PAIR_TARBALL} missing): skipping the benchmark demo")
+        return []
+    prompts = heldout_prompts(pair)
+    made = []
+    for run_id, drafter in zip(BENCH_RUNS, ("drafter-matched", "drafter-after-layer")):
+        if not _fresh(run_id, root, force):
+            continue
+        s = BenchSettings(target=str(pair / "target"), drafter=str(pair / drafter), prompts=str(prompts),
+                          num_spec_tokens=4, limit=limit, max_new_tokens=max_new_tokens, repeats=repeats,
+                          device="cpu")
+        r = run_bench(s, name=run_id, root=root, progress=progress)
+        made.append(r.run_id)
+    catalog.refresh(root)
+    return made
+
+
 def run_demo(force: bool = False, progress: bool = True, root: Path | None = None) -> None:
     from backend.align import get_alignment
 
@@ -108,3 +165,10 @@ def run_demo(force: bool = False, progress: bool = True, root: Path | None = Non
         al = get_alignment(a, b, root)
         kinds = ",".join(f.kind for f in al.verdict)
         print(f"  align {a} {b}: [{kinds}] {al.verdict[0].text[:110]}")
+    t1 = time.perf_counter()
+    build_bench_demo(root, force, progress)
+    for r in catalog.bench_runs(root=root, run_ids=list(BENCH_RUNS)).itertuples():
+        print(f"  bench {r.run_id}: tau {r.tau:.2f}, {r.tokens_per_s:.1f} tok/s, speedup {r.speedup:.2f}x, "
+              f"lossless {r.lossless}")
+    print(f"benchmark demo ready in {time.perf_counter() - t1:.1f} s; open http://localhost:8501/compare?runs="
+          f"{','.join(BENCH_RUNS)}")
