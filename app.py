@@ -1,7 +1,9 @@
 """SpecLens dashboard: `streamlit run app.py`. Data root: $SPECLENS_DATA (default ./data).
 
 Pages (each view is addressable by its URL query parameters):
-  /runs       captures and their status                      ?kind=&status=&engine=
+  /runs       captures and bench runs; tags, notes, pinned baseline
+              ?kind=&status=&engine=&version=&target=&drafter=&dataset=&tag=&run=
+  /compare    bench runs side by side        ?runs=a,b,c&baseline=paired|pinned
   /alignment  which boundary of run A matches which of run B  ?a=&b=&metric=cosine|rel_l2|cka
   /stats      per-boundary hidden-state statistics            ?runs=a,b&stat=&run=
 `/` forwards to /runs (streamlit serves its default page at `/` only, so the default is a hidden forwarder).
@@ -14,6 +16,7 @@ st.set_page_config(page_title="SpecLens", page_icon=":material/troubleshoot:", l
 RUNS = st.Page("pages/runs.py", title="Runs", url_path="runs", icon=":material/list:")
 ALIGNMENT = st.Page("pages/alignment.py", title="Layer alignment", url_path="alignment", icon=":material/grid_on:")
 STATS = st.Page("pages/stats.py", title="Hidden-state stats", url_path="stats", icon=":material/show_chart:")
+COMPARE = st.Page("pages/compare.py", title="Compare", url_path="compare", icon=":material/compare_arrows:")
 
 
 def home() -> None:
@@ -22,4 +25,4 @@ def home() -> None:
 
 HOME = st.Page(home, title="SpecLens", url_path="home", default=True, visibility="hidden")
 
-st.navigation([HOME, RUNS, ALIGNMENT, STATS], position="top").run()
+st.navigation([HOME, RUNS, COMPARE, ALIGNMENT, STATS], position="top").run()

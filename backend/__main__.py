@@ -82,7 +82,7 @@ def cmd_runs(a: argparse.Namespace) -> int:
 def cmd_db(a: argparse.Namespace) -> int:
     from backend.store import catalog
 
-    p = catalog.refresh()
+    p = catalog.refresh(full=True)
     n = len(catalog.list_runs())
     print(f"catalog rebuilt: {p} ({n} runs)")
     return 0

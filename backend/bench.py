@@ -171,7 +171,7 @@ def _load_spec(lm, s: BenchSettings, proposer=None) -> _Spec:
 
 def _manifest(s: BenchSettings, lm, spec: _Spec | None, base: BenchResult | None, n_prompts: int) -> dict:
     return {
-        "kind": "bench", "engine": "hf",
+        "kind": "bench", "engine": "hf", "engine_version": _transformers_version(),
         "model": {"path": str(Path(s.target).resolve()), "model_type": getattr(lm.config, "model_type", None),
                   "n_layers": lm.n_layers, "hidden_size": lm.hidden_size,
                   "vocab_size": int(getattr(lm.config, "vocab_size", 0))},
@@ -404,3 +404,11 @@ def _summary(prompts_df: pd.DataFrame, steps_df: pd.DataFrame, K: int, acc, fig:
     return {"num_spec_tokens": K, "histogram": acc.hist if acc else None,
             "per_position": {"counts": acc.per_pos, "rates": acc.per_pos_rate} if acc else None,
             "acceptance": acc.to_dict() if acc else None, "figures": fig, "per_category": cats}
+
+
+def _transformers_version() -> str | None:
+    try:
+        import transformers
+        return f"transformers {transformers.__version__}"
+    except ImportError:  # pragma: no cover
+        return None

@@ -168,7 +168,7 @@ def _boundaries(wanted: list[str] | None, n_layers: int) -> list[coords.Boundary
 
 def _open_or_resume(run_id, settings, lm, labels, root, n_prompts):
     manifest = {
-        "kind": "capture", "engine": settings.engine, "name": run_id,
+        "kind": "capture", "engine": settings.engine, "engine_version": _engine_version(), "name": run_id,
         "model": {"path": str(Path(settings.model).resolve()), "model_type": getattr(lm.config, "model_type", None),
                   "n_layers": lm.n_layers, "hidden_size": lm.hidden_size,
                   "vocab_size": int(getattr(lm.config, "vocab_size", 0))},
@@ -205,6 +205,12 @@ def _open_or_resume(run_id, settings, lm, labels, root, n_prompts):
     rd.update(progress={"done": start, "total": n_prompts})
     catalog.refresh(root)
     return rd, start, state, sample_t
+
+
+def _engine_version() -> str:
+    import transformers
+
+    return f"transformers {transformers.__version__}"
 
 
 def _checkpoint(rd: RunDir, stats: StreamingStats, sample: TokenSample, done: int, total: int) -> None:

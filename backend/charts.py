@@ -34,7 +34,20 @@ STATS: dict[str, str] = {
 _CELL_TEXT_MAX = 24          # write values into heatmap cells up to this many rows/columns
 _DASHES = ["solid", "dash", "dot", "dashdot", "longdash"]
 _SYMBOLS = ["circle", "square", "diamond", "triangle-up", "x"]
-_LAYOUT = dict(template="plotly_white", margin=dict(l=70, r=30, t=70, b=60), font=dict(size=13))
+
+def _template() -> str:
+    """plotly_white's layout with its defaults for the trace types used here only: applying the full template
+    copies defaults for two dozen trace types into every figure (about 20 ms each, a page has several)."""
+    import plotly.io as pio
+
+    if "speclens" not in pio.templates:
+        base = pio.templates["plotly_white"]
+        pio.templates["speclens"] = go.layout.Template(
+            layout=base.layout, data={t: base.data[t] for t in ("bar", "heatmap", "scatter")})
+    return "speclens"
+
+
+_LAYOUT = dict(template=_template(), margin=dict(l=70, r=30, t=70, b=60), font=dict(size=13))
 
 
 def _matrix(m: list[list[float | None]]) -> np.ndarray:
@@ -185,24 +198,82 @@ def compact_labels(labels: str | list[str]) -> str:
                     for g in groups)
 
 
+def tag_list(tags) -> list[str]:
+    """The catalog's comma-separated tags of one run as a list."""
+    return [t for t in str(tags).split(",") if t] if isinstance(tags, str) else []
+
+
+def tag_options(runs: pd.DataFrame) -> list[str]:
+    return sorted({t for tags in runs["tags"].tolist() for t in tag_list(tags)})
+
+
+def with_any_tag(runs: pd.DataFrame, tags: list[str]) -> pd.DataFrame:
+    """Runs carrying at least one of the tags (every run when the list is empty)."""
+    if not tags:
+        return runs
+    wanted = set(tags)
+    return runs[[bool(wanted & set(tag_list(t))) for t in runs["tags"].tolist()]]
+
+
+def engine_label(engine, version) -> str | None:
+    """'vllm' + '0.24.0' -> 'vllm 0.24.0'."""
+    if not isinstance(engine, str):
+        return None
+    return f"{engine} {version}" if isinstance(version, str) and version else engine
+
+
+def _view_link(run_id: str, kind, status, baseline) -> str | None:
+    if status != "complete":
+        return None
+    if kind == "bench":
+        paired = isinstance(baseline, str) and baseline
+        return f"compare?runs={run_id},{baseline}" if paired else f"compare?runs={run_id}"
+    return f"stats?runs={run_id}&run={run_id}"
+
+
 def runs_frame(runs: pd.DataFrame) -> pd.DataFrame:
-    """The runs table as shown: one row per run, progress of unfinished runs as a fraction, a link to the
-    statistics of complete ones."""
+    """The runs table as shown: one row per run (captures and bench runs), progress of unfinished runs as a
+    fraction, a link to the statistics of a complete capture or the comparison of a bench run with its baseline,
+    the bench figures (tau, speedup over the paired baseline) and the user's tags, notes and pinned flag."""
     def frac(done, total, status) -> float | None:
         if status == "complete" or _nan(total) or _nan(done) or float(total) <= 0:
             return None
         return float(done) / float(total)
 
+    def col(name: str) -> pd.Series:
+        return runs[name] if name in runs else pd.Series([None] * len(runs), index=runs.index, dtype=object)
+
+    def py(name: str) -> list:           # plain lists: iterating Arrow-backed columns element by element is slow
+        return col(name).tolist()
+
     out = pd.DataFrame({
         "run_id": runs["run_id"],
-        "stats": [f"stats?runs={r}&run={r}" if s == "complete" else None for r, s in zip(runs["run_id"], runs["status"])],
-        "status": runs["status"], "kind": runs["kind"], "model": runs["model"],
-        "engine": runs["engine"], "dtype": runs["dtype"], "boundaries": runs["boundaries"].map(compact_labels),
-        "tokens": runs["tokens"], "nonfinite_tokens": runs["nonfinite_tokens"],
-        "progress": [frac(d, t, s) for d, t, s in zip(runs["progress_done"], runs["progress_total"], runs["status"])],
+        "view": [_view_link(r, k, s, b) for r, k, s, b in zip(py("run_id"), py("kind"), py("status"),
+                                                              py("baseline_run"))],
+        "status": runs["status"], "kind": runs["kind"], "pinned": col("pinned").fillna(False).astype(bool),
+        "tags": col("tags").fillna(""), "model": runs["model"], "drafter": col("drafter"),
+        "engine": [engine_label(e, v) for e, v in zip(py("engine"), py("engine_version"))],
+        "dataset": col("dataset"), "tau": col("tau"), "speedup": col("speedup"), "dtype": runs["dtype"],
+        "boundaries": runs["boundaries"].map(compact_labels), "tokens": runs["tokens"],
+        "nonfinite_tokens": runs["nonfinite_tokens"],
+        "progress": [frac(d, t, s) for d, t, s in zip(py("progress_done"), py("progress_total"), py("status"))],
+        "notes": col("notes").fillna("").map(lambda n: n if len(n) <= 80 else n[:79] + "\u2026"),
         "error": runs["error"].fillna(""), "created": runs["created"],
     })
     return out.reset_index(drop=True)
+
+
+_OPTIONAL = {"bench": ["pinned", "drafter", "tau", "speedup"], "capture": ["boundaries", "nonfinite_tokens"]}
+
+
+def runs_columns(table: pd.DataFrame) -> list[str]:
+    """The runs table's columns worth showing: bench columns only when bench runs are shown, capture columns only
+    when captures are, progress only for unfinished runs."""
+    kinds = set(table["kind"].dropna())
+    drop = {c for kind, cols in _OPTIONAL.items() if kind not in kinds for c in cols}
+    if table["progress"].isna().all():
+        drop.add("progress")
+    return [c for c in table.columns if c not in drop]
 
 
 def progress(done, total) -> tuple[int, int]:
@@ -215,3 +286,136 @@ def _nan(x) -> bool:
         return math.isnan(float(x))
     except (TypeError, ValueError):
         return True
+
+
+# ---------------------------------------------------------------------------- bench comparison (backend/compare.py)
+
+_PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
+            "#bcbd22"]
+
+
+def run_colors(run_ids: list[str]) -> dict[str, str]:
+    """One colour per run, the same in every chart of the page."""
+    return {r: _PALETTE[i % len(_PALETTE)] for i, r in enumerate(run_ids)}
+
+
+def accepted_histogram(hist: pd.DataFrame, run_ids: list[str]) -> go.Figure:
+    """Share of verify steps per accepted length (0..K), one bar series per run on shared axes."""
+    colors, fig = run_colors(run_ids), go.Figure()
+    for r in run_ids:
+        g = hist[hist["run_id"] == r]
+        if len(g):
+            fig.add_trace(go.Bar(x=g["accepted"], y=g["share"], name=r, marker_color=colors[r], customdata=g["steps"],
+                                 hovertemplate=f"{r}: %{{y:.1%}} of verify steps accepted %{{x}} drafts "
+                                               "(%{customdata} steps)<extra></extra>"))
+    k = int(hist["accepted"].max()) if len(hist) else 0
+    fig.update_layout(**_LAYOUT, height=420, barmode="group", bargap=0.15,
+                      title=dict(text="Accepted draft tokens per verify step (share of each run's steps)"),
+                      xaxis=dict(title="draft tokens accepted in one step", tickmode="array",
+                                 tickvals=list(range(k + 1)), dtick=1),
+                      yaxis=dict(title="share of verify steps", tickformat=".0%", rangemode="tozero"),
+                      legend=dict(title="run"))
+    return fig
+
+
+def acceptance_curves(pos: pd.DataFrame, run_ids: list[str]) -> go.Figure:
+    """Per-position acceptance: the share of verify steps that accepted draft position i (1..K)."""
+    colors, fig = run_colors(run_ids), go.Figure()
+    for k, r in enumerate(run_ids):
+        g = pos[pos["run_id"] == r].sort_values("position")
+        if len(g):
+            fig.add_trace(go.Scatter(x=g["position"], y=g["rate"], mode="lines+markers", name=r,
+                                     line=dict(color=colors[r], width=2.5, dash=_DASHES[k % len(_DASHES)]),
+                                     marker=dict(symbol=_SYMBOLS[k % len(_SYMBOLS)], size=9),
+                                     hovertemplate=f"{r}: position %{{x}} accepted in %{{y:.1%}} of steps"
+                                                   "<extra></extra>"))
+    fig.update_layout(**_LAYOUT, height=420, title=dict(text="Per-position acceptance rate"),
+                      xaxis=dict(title="draft position", dtick=1),
+                      yaxis=dict(title="steps that accepted this position", tickformat=".0%", range=[0, 1.02]),
+                      legend=dict(title="run"))
+    return fig
+
+
+def _err(values) -> list[float]:
+    return [0.0 if v is None or _nan(v) else float(v) for v in values]
+
+
+def throughput_bars(fig_df: pd.DataFrame) -> go.Figure:
+    """Mean per-prompt tokens/s of each run and of its baseline (error bars: std over repeats)."""
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=fig_df["run_id"], y=fig_df["tokens_per_s"], name="run",
+                         marker_color=[run_colors(list(fig_df["run_id"]))[r] for r in fig_df["run_id"]],
+                         error_y=dict(type="data", array=_err(fig_df["tokens_per_s_std"]), visible=True),
+                         hovertemplate="%{x}: %{y:.1f} tokens/s<extra></extra>"))
+    base = fig_df["baseline_tokens_per_s"]
+    if base.notna().any():
+        fig.add_trace(go.Bar(x=fig_df["run_id"], y=base, name="its baseline", marker_color="#b0b0b0",
+                             customdata=fig_df["baseline_run"].fillna("-"),
+                             error_y=dict(type="data", array=_err(fig_df["baseline_tokens_per_s_std"]), visible=True),
+                             hovertemplate="baseline %{customdata}: %{y:.1f} tokens/s<extra></extra>"))
+    fig.update_layout(**_LAYOUT, height=420, barmode="group", title=dict(text="Throughput (mean per-prompt tokens/s)"),
+                      xaxis=dict(title="run", type="category"), yaxis=dict(title="tokens/s", rangemode="tozero"),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0))
+    return fig
+
+
+def speedup_chart(fig_df: pd.DataFrame, against: str) -> go.Figure:
+    """Speedup over the baseline, one bar per run, 95% CI as error bars, a line at 1.0 (as fast as the baseline)."""
+    d = fig_df[fig_df["speedup"].notna()]
+    mean = d["speedup"].astype(float)
+    hi = (d["speedup_ci_high"].astype(float) - mean).clip(lower=0).fillna(0)
+    lo = (mean - d["speedup_ci_low"].astype(float)).clip(lower=0).fillna(0)
+    colors = run_colors(list(fig_df["run_id"]))
+    fig = go.Figure(go.Bar(
+        x=d["run_id"], y=mean, marker_color=[colors[r] for r in d["run_id"]], name="speedup",
+        customdata=list(zip(d["speedup_ci_low"], d["speedup_ci_high"], d["baseline_run"].fillna("-"))),
+        error_y=dict(type="data", symmetric=False, array=hi.tolist(), arrayminus=lo.tolist(), visible=True,
+                     thickness=2, width=8),
+        hovertemplate="%{x}: %{y:.2f}x [%{customdata[0]:.2f}, %{customdata[1]:.2f}] over %{customdata[2]}"
+                      "<extra></extra>"))
+    fig.add_hline(y=1.0, line=dict(color="#555", dash="dash"), annotation_text="baseline speed",
+                  annotation_position="top left")
+    top = max([1.0, *[float(v) for v in d["speedup_ci_high"].fillna(0)], *mean.tolist()])
+    fig.update_layout(**_LAYOUT, height=420, showlegend=False,
+                      title=dict(text=f"Speedup over {against} (95% confidence interval)"),
+                      xaxis=dict(title="run", type="category", categoryorder="array",
+                                 categoryarray=list(fig_df["run_id"])),
+                      yaxis=dict(title="speedup (x)", range=[0, top * 1.15]))
+    return fig
+
+
+def speed_frame(fig_df: pd.DataFrame) -> pd.DataFrame:
+    """What the throughput and speedup charts show (their CSV)."""
+    return fig_df.reindex(columns=["run_id", "tokens_per_s", "tokens_per_s_std", "baseline_run", "baseline_source",
+                                   "baseline_tokens_per_s", "baseline_tokens_per_s_std", "speedup", "speedup_ci_low",
+                                   "speedup_ci_high", "ci_method", "lossless"]).reset_index(drop=True)
+
+
+def summary_table(fig_df: pd.DataFrame) -> pd.DataFrame:
+    """One row per compared run, as shown under the headline."""
+    out = fig_df.reindex(columns=["run_id", "drafter", "model", "dataset", "num_spec_tokens", "tau", "acceptance_rate",
+                                  "tokens_per_s", "baseline_run", "speedup", "speedup_ci_low", "speedup_ci_high",
+                                  "lossless"]).copy()
+    return out.rename(columns={"num_spec_tokens": "K", "model": "target", "speedup_ci_low": "CI low",
+                               "speedup_ci_high": "CI high", "acceptance_rate": "acceptance"})
+
+
+def _ci_text(lo, hi) -> str:
+    return "" if lo is None or hi is None or _nan(lo) or _nan(hi) else f"[{float(lo):.2f}, {float(hi):.2f}]"
+
+
+def category_table(cats: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
+    """Categories (rows) x runs: tau, tokens/s, speedup over the baseline and its 95% CI, per run."""
+    if cats.empty:
+        return pd.DataFrame(columns=["category"])
+    out = pd.DataFrame({"category": sorted(cats["category"].dropna().unique())})
+    n = cats.groupby("category")["prompts"].max()
+    out["prompts"] = out["category"].map(n)
+    for r in run_ids:
+        g = cats[cats["run_id"] == r].set_index("category")
+        out[f"{r} · tau"] = out["category"].map(g["tau"])
+        out[f"{r} · tokens/s"] = out["category"].map(g["tokens_per_s"])
+        out[f"{r} · speedup"] = out["category"].map(g["speedup"])
+        out[f"{r} · 95% CI"] = out["category"].map(
+            {c: _ci_text(lo, hi) for c, lo, hi in zip(g.index, g["speedup_ci_low"], g["speedup_ci_high"])})
+    return out

@@ -1,4 +1,5 @@
-"""Where SpecLens keeps its files. One setting moves everything: SPECLENS_DATA (default ./data)."""
+"""Where SpecLens keeps its files and what it may change. SPECLENS_DATA (default ./data) moves everything;
+SPECLENS_READONLY=1 makes the dashboard read-only (no annotation editing)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,9 @@ def data_root() -> Path:
 
 def paths(root: Path | str | None = None) -> Paths:
     return Paths(Path(root).resolve() if root is not None else data_root())
+
+
+def read_only() -> bool:
+    """SPECLENS_READONLY=1 (or true/yes/on): the dashboard edits nothing. The one place this setting is read:
+    backend/annotations.py refuses writes and the pages hide their edit widgets through it."""
+    return os.environ.get("SPECLENS_READONLY", "").strip().lower() in ("1", "true", "yes", "on")

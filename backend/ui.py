@@ -50,19 +50,32 @@ def qp_set(name: str, value: str | Sequence[str] | None) -> None:
         del st.query_params[name]
 
 
+MAX_OPTIONS = 500        # a picker lists at most this many runs (a 10,000-option widget takes seconds to draw)
+
+
+def capped(options: Sequence[str], keep: Sequence[str] = (), n: int = MAX_OPTIONS) -> list[str]:
+    """The first n options (newest runs first), plus any of `keep` (the URL's, the default) that are further down."""
+    head = list(options[:n])
+    seen = set(head)
+    rest = set(options[n:])
+    return head + [k for k in dict.fromkeys(keep) if k in rest and k not in seen]
+
+
 def _writer(param: str, key: str) -> Callable[[], None]:
     return lambda: qp_set(param, st.session_state[key])
 
 
 def select(label: str, options: Sequence[str], param: str, default: str, *, where: Any = st,
-           **kw: Any) -> str:
-    """A selectbox whose value lives in the URL (`?param=value`); an unknown URL value falls back to default."""
+           sticky: bool = True, **kw: Any) -> str:
+    """A selectbox whose value lives in the URL (`?param=value`); an unknown URL value falls back to default.
+    sticky=False leaves a default value out of the URL (it appears once the user picks one)."""
     key = f"qp_{param}"
     value = qp_get(param)
     if value not in options:
         value = default if default in options else options[0]
     st.session_state[key] = value
-    qp_set(param, value)
+    if sticky or param in st.query_params:
+        qp_set(param, value)
     return where.selectbox(label, list(options), key=key, on_change=_writer(param, key), **kw)
 
 
@@ -77,19 +90,22 @@ def multiselect(label: str, options: Sequence[str], param: str, default: Sequenc
     return where.multiselect(label, list(options), key=key, on_change=_writer(param, key), **kw)
 
 
-def unknown_runs(params: Sequence[str], known: Sequence[str], runs: pd.DataFrame) -> None:
-    """One line per run id in the URL that cannot be shown: not in the catalog, or not complete."""
+def unknown_runs(params: Sequence[str], known: Sequence[str], runs: pd.DataFrame, what: str = "capture") -> None:
+    """One line per run id in the URL that cannot be shown: not in the catalog, or not a complete `what`."""
     status = dict(zip(runs["run_id"], runs["status"]))
+    kind = dict(zip(runs["run_id"], runs["kind"]))
+    known = set(known)
     for p in params:
-        for rid in qp_list(p):
+        wanted = qp_list(p)
+        then = "left out" if any(r in known for r in wanted) else "showing a default instead"
+        for rid in wanted:
             if rid in known:
                 continue
             if rid in status:
-                st.warning(f"Run `{rid}` (from the URL, `{p}`) is {status[rid]}, not a complete capture; "
-                           f"showing a default instead.")
+                state = status[rid] if status[rid] != "complete" else f"a {kind[rid]} run"
+                st.warning(f"Run `{rid}` (from the URL, `{p}`) is {state}, not a complete {what}; {then}.")
             else:
-                st.warning(f"No run `{rid}` (from the URL, `{p}`) in the catalog at {data_root()}; "
-                           f"showing a default instead.")
+                st.warning(f"No run `{rid}` (from the URL, `{p}`) in the catalog at {data_root()}; {then}.")
 
 
 # ---------------------------------------------------------------------------- backend calls
@@ -116,12 +132,13 @@ def rescan() -> None:
         st.caption(f"Could not rescan the run directories ({type(e).__name__}: {e}); showing the last catalog.")
 
 
-def load_runs(refresh: bool = False) -> pd.DataFrame:
-    """All runs, newest first; stops the page with a hint when there are none.
-    refresh=True rescans the run directories first (statuses of running/interrupted runs, progress)."""
+def load_runs(refresh: bool = False, query: Callable[[], pd.DataFrame] = catalog.list_runs) -> pd.DataFrame:
+    """All runs (from `query`, catalog.list_runs by default), newest first; stops the page with a hint when there
+    are none. refresh=True rescans the run directories first (statuses of running/interrupted runs, progress,
+    annotations); the rescan re-reads only what changed."""
     if refresh:
         rescan()
-    runs = guarded(catalog.list_runs)
+    runs = guarded(query)
     if runs.empty:
         st.info(NO_DATA.format(root=data_root()))
         st.stop()
@@ -138,6 +155,19 @@ def need_captures(ids: list[str], n: int = 1) -> None:
     if len(ids) < n:
         st.info(f"This view needs {n} complete capture{'s' if n > 1 else ''}; the catalog at {data_root()} has "
                 f"{len(ids)}. Run `python -m backend demo`, or capture with `python -m backend capture`.")
+        st.stop()
+
+
+def complete_bench(bench: pd.DataFrame) -> list[str]:
+    """Run ids of complete bench runs (catalog.bench_runs rows), newest first."""
+    return bench[bench["status"] == "complete"]["run_id"].tolist()
+
+
+def need_bench(ids: list[str], n: int = 2) -> None:
+    if len(ids) < n:
+        st.info(f"This view needs {n} complete bench runs; the catalog at {data_root()} has {len(ids)}. "
+                "Run `python -m backend bench --target ... --drafter ... --prompts ...` (it also runs the paired "
+                "baseline); `python -m backend demo` builds demo captures.")
         st.stop()
 
 
@@ -180,11 +210,11 @@ def chart_with_downloads(fig: go.Figure, df: pd.DataFrame, name: str) -> None:
     stem = _file_stem(name)
     st.plotly_chart(fig, theme=None, key=f"chart_{stem}", config={"displaylogo": False})
     images = exports.images_available()
-    cols = st.columns([1, 1, 1, 1, 4])
-    for col, fmt in zip(cols, exports.FORMATS):
+    row = st.container(horizontal=True, gap="small")        # content-wide buttons: readable in half-width columns
+    for fmt in exports.FORMATS:
         no_image = fmt in ("png", "svg") and not images
-        col.download_button(
+        row.download_button(
             fmt.upper(), data=partial(exports.export, fig, df, fmt), file_name=f"{stem}.{fmt}",
             mime=exports.MIME[fmt], on_click="ignore", key=f"dl_{stem}_{fmt}", icon=":material/download:",
-            disabled=no_image, width="stretch",
+            disabled=no_image, width="content",
             help="needs Chromium (Debian `chromium`) on the server" if no_image else f"download as {fmt.upper()}")

@@ -1,21 +1,40 @@
-"""Runs: every capture with its status, filterable by kind, status and engine (?kind=&status=&engine=)."""
+"""Runs: every capture and bench run with its status, filterable by kind, status, engine and its version, target,
+drafter, dataset and tag (?kind=&status=&engine=&version=&target=&drafter=&dataset=&tag=). Tags, notes and the
+pinned baseline of a run (?run=) are edited below the table unless SPECLENS_READONLY=1."""
 
 import streamlit as st
 
-from backend import charts, ui
+from backend import annotations, charts, ui
 from backend.store import catalog
 
 LIVE_EVERY_S = 5
 STATUSES = ["complete", "running", "interrupted", "failed"]
+FLASH = "runs_flash"
 
 st.title("Runs")
-runs = ui.load_runs(refresh=True)
+runs = ui.load_runs(refresh=True, query=catalog.runs_overview)
 
-c1, c2, c3 = st.columns(3)
-kinds = ui.multiselect("Kind", sorted(runs["kind"].dropna().unique()), "kind", [], where=c1, placeholder="all")
+
+def options(col: str) -> list[str]:
+    return sorted(runs[col].dropna().unique())
+
+
+c1, c2, c3, c4 = st.columns(4)
+kinds = ui.multiselect("Kind", options("kind"), "kind", [], where=c1, placeholder="all")
 statuses = ui.multiselect("Status", STATUSES, "status", [], where=c2, placeholder="all")
-engines = ui.multiselect("Engine", sorted(runs["engine"].dropna().unique()), "engine", [], where=c3, placeholder="all")
-shown = charts.filter_runs(runs, kind=kinds, status=statuses, engine=engines)
+engines = ui.multiselect("Engine", options("engine"), "engine", [], where=c3, placeholder="all")
+versions = ui.multiselect("Engine version", options("engine_version"), "version", [], where=c4,
+                          placeholder="all" if options("engine_version") else "none recorded")
+c5, c6, c7, c8 = st.columns(4)
+targets = ui.multiselect("Target", options("model"), "target", [], where=c5, placeholder="all")
+drafters = ui.multiselect("Drafter", options("drafter"), "drafter", [], where=c6,
+                          placeholder="all" if options("drafter") else "no bench runs")
+datasets = ui.multiselect("Dataset", options("dataset"), "dataset", [], where=c7, placeholder="all")
+all_tags = charts.tag_options(runs)
+tags = ui.multiselect("Tag", all_tags, "tag", [], where=c8, placeholder="any" if all_tags else "no tags yet")
+shown = charts.with_any_tag(charts.filter_runs(runs, kind=kinds, status=statuses, engine=engines,
+                                               engine_version=versions, model=targets, drafter=drafters,
+                                               dataset=datasets), tags)
 
 counts = runs["status"].value_counts()
 st.caption(f"{len(shown)} of {len(runs)} runs shown; " + ", ".join(f"{counts[s]} {s}" for s in counts.index))
@@ -45,15 +64,67 @@ if stalled:
 
 if shown.empty:
     st.info("No run matches these filters.")
-else:
-    st.dataframe(
-        charts.runs_frame(shown), hide_index=True, key="runs_table", placeholder="-",
-        column_config={
-            "run_id": st.column_config.TextColumn("run", pinned=True),
-            "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
-            "nonfinite_tokens": st.column_config.NumberColumn(
-                "NaN/inf tokens", help="tokens holding NaN or inf, summed over boundaries (left out of statistics)"),
-            "engine": st.column_config.TextColumn("engine", width="medium"),
-            "boundaries": st.column_config.TextColumn("boundaries", width="medium"),
-            "stats": st.column_config.LinkColumn("stats", display_text="open", help="per-boundary statistics"),
-        })
+    st.stop()
+
+table = charts.runs_frame(shown)
+picked = st.dataframe(
+    table, hide_index=True, key="runs_table", placeholder="-", on_select="rerun", selection_mode="multi-row",
+    column_order=charts.runs_columns(table),
+    column_config={
+        "run_id": st.column_config.TextColumn("run", pinned=True),
+        "view": st.column_config.LinkColumn(
+            "view", display_text="open", help="statistics of a capture; a bench run compared with its baseline"),
+        "pinned": st.column_config.CheckboxColumn("pinned", help="the pinned baseline of its target (Compare page)"),
+        "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
+        "tau": st.column_config.NumberColumn("tau", format="%.2f", help="mean acceptance length, bonus token included"),
+        "speedup": st.column_config.NumberColumn("speedup", format="%.2fx", help="over the paired baseline"),
+        "nonfinite_tokens": st.column_config.NumberColumn(
+            "NaN/inf tokens", help="tokens holding NaN or inf, summed over boundaries (left out of statistics)"),
+        "model": st.column_config.TextColumn("target"),
+        "engine": st.column_config.TextColumn("engine", width="small"),
+        "boundaries": st.column_config.TextColumn("boundaries", width="medium"),
+        "notes": st.column_config.TextColumn("notes", width="medium"),
+    })
+
+rows = picked.selection.rows if picked is not None else []
+chosen = table.iloc[rows] if rows else table.iloc[0:0]
+bench_chosen = chosen[(chosen["kind"] == "bench") & (chosen["status"] == "complete")]["run_id"].tolist()
+if len(bench_chosen) >= 2:
+    st.page_link("pages/compare.py", label=f"Compare the {len(bench_chosen)} selected bench runs",
+                 icon=":material/compare_arrows:", query_params={"runs": ",".join(bench_chosen)})
+elif ((table["kind"] == "bench") & (table["status"] == "complete")).sum() >= 2:
+    st.caption("Select two or more complete bench runs (tick their rows) to compare them.")
+
+# ---------------------------------------------------------------------------- annotations
+
+if annotations.editable():
+    st.subheader("Tags, notes and baseline")
+    if msg := st.session_state.pop(FLASH, None):
+        st.success(msg, icon=":material/check_circle:")
+    ids = table["run_id"].tolist()
+    default = chosen["run_id"].iloc[0] if len(chosen) == 1 else ids[0]
+    left, right = st.columns([1, 2])
+    rid = ui.select("Run", ui.capped(ids, [ui.qp_get("run") or "", default]), "run", default, sticky=False,
+                    where=left, help="the run to annotate (a ticked row is picked when only one is ticked); lists "
+                                     f"the {ui.MAX_OPTIONS} newest runs shown: filter the table for older ones")
+    row = shown.set_index("run_id").loc[rid]
+    left.caption(f"{row['kind']} run, {row['status']}; target `{row['model']}`"
+                 + (f", drafter `{row['drafter']}`" if isinstance(row["drafter"], str) else "")
+                 + ". Saved in the run directory as `annotations.json` (its results stay as written).")
+    ann = ui.guarded(annotations.read, rid)
+    with right.form(f"annotate_{rid}", border=True):
+        tags_text = st.text_input("Tags", value=", ".join(ann.tags), key=f"tags_{rid}",
+                                  help="comma-separated; letters, digits, '-', '_' and '.'")
+        notes = st.text_area("Notes", value=ann.notes, max_chars=annotations.MAX_NOTES, key=f"notes_{rid}", height=100)
+        pinned = None
+        if row["kind"] == "bench":
+            pinned = st.checkbox(f"Pinned baseline of target `{row['model']}`", value=ann.pinned, key=f"pin_{rid}",
+                                 disabled=row["status"] != "complete",
+                                 help="Compare measures speedups against it with ?baseline=pinned; pinning this run "
+                                      "unpins the target's previous baseline")
+        saved = st.form_submit_button("Save", icon=":material/save:")
+    if saved:
+        ui.guarded(annotations.save, rid, tags=tags_text, notes=notes, pinned=pinned)
+        ui.rescan()
+        st.session_state[FLASH] = f"Saved the annotations of `{rid}`."
+        st.rerun()

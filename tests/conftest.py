@@ -136,3 +136,85 @@ def prompts_file(tmp_path) -> Path:
     rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()[:12]]
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return p
+
+
+# ---------------------------------------------------------------- bench runs for the Runs and Compare pages
+
+BENCH_K = 3
+BENCH_MAX_NEW = 12
+
+
+class OracleProposer:
+    """Proposes the target's own greedy continuation, right at the first `step % (K+1)` drafts of each verify step
+    and wrong after: a drafter with a known, varied acceptance (the random drafter accepts almost nothing)."""
+
+    def __init__(self, lm, seqs: list[list[int]], k: int, max_new: int, vocab: int):
+        from backend.engines.hf_spec import Sampler, decode_plain
+
+        self.vocab, self.ref = vocab, {}
+        for p in seqs:
+            self.ref[tuple(p[1:])] = p + decode_plain(lm, p, max_new + k + 2, Sampler(0.0), set()).tokens
+
+    def start(self, aux, next_ids, positions):
+        self.seq, self.step, self.last = self.ref[tuple(next_ids[:-1])], 0, positions[-1]
+
+    def advance(self, aux, next_ids, positions):
+        self.step, self.last = self.step + 1, positions[-1]
+
+    def propose(self, k, sampler):
+        true = self.seq[self.last + 2: self.last + 2 + k]
+        right = self.step % (k + 1)
+        return [t if i < right else (t + 1) % self.vocab for i, t in enumerate(true)], None
+
+
+def build_bench_data(root: Path) -> Path:
+    """A tiny target (4 layers, hidden 64, vocab 512), a random EAGLE-3 drafter for it, and with them: the bench
+    runs `spec-random` (the random drafter) and `spec-oracle` (scripted proposals with varied acceptance), their
+    shared paired baseline `spec-random-baseline`, a capture `cap-tiny`, and tags on `spec-oracle`."""
+    import json
+
+    import torch
+
+    from backend import annotations
+    from backend.bench import BenchSettings, run_bench
+    from backend.capture import CaptureSettings, run_capture
+    from backend.drafter import DrafterConfig, Eagle3Drafter, init_random
+    from backend.engines import hf
+    from backend.prompts import encode, load_prompts
+    from backend.store import catalog
+    from backend.toy.target import build_random_target
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        models = root.parent / f"{root.name}-models"
+        target = build_random_target(models / "tiny-target", n_layers=4, hidden=64, vocab_size=512)
+        cfg = DrafterConfig(hidden_size=64, target_hidden_size=64, num_aux=3, vocab_size=512, draft_vocab_size=512,
+                            num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
+                            aux_layer_ids_nested=[1, 2, 3])
+        drafter = init_random(Eagle3Drafter(cfg), 0).save(models / "drafter-random", "eagle")
+        rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()]
+        pick = [r for r in rows if r["category"] == "writing"][:2] + [r for r in rows if r["category"] == "math"][:1] \
+            + [r for r in rows if r["category"] == "coding"][:1]
+        prompts = models / "spec_bench_mini.jsonl"
+        prompts.write_text("".join(json.dumps(r) + "\n" for r in pick))
+        s = BenchSettings(target=str(target), prompts=str(prompts), drafter=str(drafter), num_spec_tokens=BENCH_K,
+                          repeats=2, max_new_tokens=BENCH_MAX_NEW, device="cpu")
+        run_bench(s, name="spec-random", root=root, progress=False)
+        lm = hf.load(target, "cpu")
+        seqs = [encode(lm.tokenizer, p.text) for p in load_prompts(prompts)]
+        run_bench(s, name="spec-oracle", root=root, progress=False,
+                  proposer=OracleProposer(lm, seqs, BENCH_K, BENCH_MAX_NEW, 512))
+        run_capture(CaptureSettings(model=str(target), prompts=str(prompts), limit=2, device="cpu"), name="cap-tiny",
+                    root=root, progress=False)
+        annotations.save("spec-oracle", tags="oracle,demo", notes="scripted proposals", root=root)
+        catalog.refresh(root)
+    finally:
+        torch.set_num_threads(threads)
+    return root
+
+
+@pytest.fixture(scope="session")
+def bench_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data root with bench runs (tests/conftest.py build_bench_data). Tests that annotate copy it first."""
+    return build_bench_data(tmp_path_factory.mktemp("bench-dash") / "data")

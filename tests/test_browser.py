@@ -53,7 +53,7 @@ def server(dash_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     log = tmp_path_factory.mktemp("streamlit") / "server.log"
     env = {**os.environ, "SPECLENS_DATA": str(dash_root)}
     cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
-           "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"]
+           "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -1,8 +1,14 @@
 """The DuckDB catalog: an index over run directories, rebuilt from them at any time. All SQL lives here.
 
-Writers never open the catalog file in place: `refresh` builds a new file under a temporary name and
+Writers never open the catalog file in place: `refresh` writes a new file under a temporary name and
 renames it over the old one (under a file lock), so a reader's read-only connection never meets a
 writer's lock (DuckDB 2.0 refuses readers while another process writes) and always sees a whole catalog.
+
+`refresh` is incremental: every run directory has a signature (size and mtime of its manifest and of its
+annotations file); runs whose signature and status are unchanged are kept, the others are re-read into a
+copy of the catalog that then replaces it. When nothing changed it writes nothing (a page can rescan on
+every render, also with 10,000 runs); `refresh(full=True)` (`python -m backend db rebuild`) rebuilds from
+scratch. Parquet tables are read by DuckDB itself, many files per statement.
 Tables and columns: docs/SCHEMA.md.
 """
 
@@ -11,44 +17,97 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import duckdb
 import pandas as pd
 
+from backend import annotations
 from backend.config import paths
-from backend.store.rundir import list_run_dirs
+from backend.errors import SpecLensError
+from backend.store.rundir import RUNNING, RunDir
 
-RUN_COLUMNS = ["run_id", "kind", "engine", "status", "model", "model_type", "n_layers", "hidden_size", "dtype",
-               "dataset", "boundaries", "n_boundaries", "tokens", "sample_tokens", "prompts", "nonfinite_tokens",
-               "progress_done", "progress_total", "created", "updated", "error", "tags", "notes", "path",
-               "manifest"]
+SCHEMA_VERSION = "2"
+RUN_TYPES = {
+    "run_id": "VARCHAR", "kind": "VARCHAR", "engine": "VARCHAR", "engine_version": "VARCHAR", "status": "VARCHAR",
+    "model": "VARCHAR", "model_path": "VARCHAR", "model_type": "VARCHAR", "n_layers": "BIGINT",
+    "hidden_size": "BIGINT", "dtype": "VARCHAR", "dataset": "VARCHAR", "drafter": "VARCHAR",
+    "baseline_run": "VARCHAR", "boundaries": "VARCHAR", "n_boundaries": "BIGINT", "tokens": "BIGINT",
+    "sample_tokens": "BIGINT", "prompts": "BIGINT", "nonfinite_tokens": "BIGINT", "progress_done": "BIGINT",
+    "progress_total": "BIGINT", "created": "VARCHAR", "updated": "VARCHAR", "error": "VARCHAR", "tags": "VARCHAR",
+    "notes": "VARCHAR", "pinned": "BOOLEAN", "path": "VARCHAR", "sig": "VARCHAR", "manifest": "VARCHAR",
+}
+RUN_COLUMNS = list(RUN_TYPES)
+STATS_TYPES = {
+    "run_id": "VARCHAR", "boundary": "VARCHAR", "ord": "INTEGER", "n_tokens": "BIGINT", "nonfinite_tokens": "BIGINT",
+    "mean_norm": "DOUBLE", "std_norm": "DOUBLE", "norm_min": "DOUBLE", "norm_p01": "DOUBLE", "norm_p50": "DOUBLE",
+    "norm_p99": "DOUBLE", "norm_max": "DOUBLE", "rms": "DOUBLE", "mean_abs_mean": "DOUBLE", "max_abs": "DOUBLE",
+    "kurtosis": "DOUBLE", "max_dim_kurtosis": "DOUBLE", "outlier_ratio": "DOUBLE", "top_dims": "BIGINT[]",
+    "top_dims_max_abs": "DOUBLE[]",
+}
+_FULL_REBUILD_SHARE = 0.25      # more changed runs than this share (and > 64): rebuild instead of patching
 
 
-def _run_row(rd) -> dict | None:
+def _int(x) -> int | None:
+    try:
+        return None if x is None or isinstance(x, bool) else int(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _text(x) -> str | None:
+    return None if x is None else str(x)
+
+
+def _broken_row(rd: RunDir, sig: str, error: str) -> dict:
+    """A run directory whose manifest cannot be read: listed as failed with the reason (and its signature, so
+    that a refresh does not re-read it until the file changes)."""
+    row = dict.fromkeys(RUN_COLUMNS)
+    row.update(run_id=rd.run_id, status="failed", error=error.splitlines()[0][:300] if error else "unreadable manifest",
+               tags="", notes="", pinned=False, path=str(rd.path), sig=sig, boundaries="", n_boundaries=0,
+               manifest="{}")
+    return row
+
+
+def _run_row(rd: RunDir, sig: str) -> dict:
     try:
         m = rd.manifest()
-    except Exception:
-        return None
+    except Exception as e:  # noqa: BLE001 - one bad directory must not hide the others
+        return _broken_row(rd, sig, str(e))
+    if not isinstance(m, dict):
+        return _broken_row(rd, sig, f"{rd.manifest_path}: not a JSON object")
     head = m.get("headline") or {}
     model = m.get("model") or {}
     prog = m.get("progress") or {}
     nonfinite = head.get("nonfinite") or {}
+    drafter = m.get("drafter") or {}
+    ann = annotations.read_path(rd.path)
+    tags = ann.tags if ann else [str(t) for t in (m.get("tags") or []) if t]
     return {
-        "run_id": rd.run_id, "kind": m.get("kind"), "engine": m.get("engine"), "status": rd.effective_status(m),
+        "run_id": rd.run_id, "kind": _text(m.get("kind")), "engine": _text(m.get("engine")),
+        "engine_version": _text(m.get("engine_version") or (m.get("source") or {}).get("version")),
+        "status": rd.effective_status(m),
         "model": (Path(model["path"]).name if model.get("path") else model.get("name")
                   or (f"import:{Path((m.get('source') or {}).get('path', '')).name}" if m.get("source") else None)),
-        "model_type": model.get("model_type"), "n_layers": model.get("n_layers"),
-        "hidden_size": model.get("hidden_size"), "dtype": m.get("dtype"), "dataset": m.get("dataset"),
+        "model_path": _text(model.get("path")), "model_type": _text(model.get("model_type")),
+        "n_layers": _int(model.get("n_layers")), "hidden_size": _int(model.get("hidden_size")),
+        "dtype": _text(m.get("dtype")), "dataset": _text(m.get("dataset")),
+        "drafter": Path(drafter["path"]).name if isinstance(drafter, dict) and drafter.get("path") else None,
+        "baseline_run": _text(m.get("baseline_run")),
         "boundaries": ",".join(m.get("boundaries") or []), "n_boundaries": len(m.get("boundaries") or []),
-        "tokens": head.get("tokens"), "sample_tokens": head.get("sample_tokens"), "prompts": head.get("prompts"),
+        "tokens": _int(head.get("tokens")), "sample_tokens": _int(head.get("sample_tokens")),
+        "prompts": _int(head.get("prompts")),
         # tokens holding NaN/inf at the worst boundary (each token passes every boundary)
-        "nonfinite_tokens": int(max(nonfinite.values(), default=0)) if isinstance(nonfinite, dict) else None,
-        "progress_done": prog.get("done"), "progress_total": prog.get("total"),
-        "created": m.get("created"), "updated": m.get("updated"), "error": m.get("error"),
-        "tags": ",".join(m.get("tags") or []), "notes": m.get("notes") or "", "path": str(rd.path),
+        "nonfinite_tokens": _int(max(nonfinite.values(), default=0)) if isinstance(nonfinite, dict) else None,
+        "progress_done": _int(prog.get("done")), "progress_total": _int(prog.get("total")),
+        "created": _text(m.get("created")), "updated": _text(m.get("updated")), "error": _text(m.get("error")),
+        "tags": ",".join(tags), "notes": ann.notes if ann else str(m.get("notes") or ""),
+        "pinned": bool(ann.pinned) if ann else False, "path": str(rd.path), "sig": sig,
         "manifest": json.dumps(m, sort_keys=True, default=str),
     }
 
@@ -65,44 +124,118 @@ def _lock(root: Path | None) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def refresh(root: Path | None = None) -> Path:
-    """Rebuild the catalog from the run directories and swap it into place atomically."""
+# ---------------------------------------------------------------------- scan and plan
+
+
+@dataclass
+class _Entry:
+    run_id: str
+    dir: str                         # the run directory (a plain string: scanning 10,000 runs stays cheap)
+    sig: str
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dir)
+
+
+def _scan(root: Path | None) -> list[_Entry]:
+    """Run directories (those holding a manifest) with their signatures, taken before any file is read: a
+    manifest rewritten after this stat makes the next refresh re-read the run."""
+    runs = str(paths(root).runs)
+    try:
+        names = sorted(e.name for e in os.scandir(runs))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    out, stat, ann = [], os.stat, "/" + annotations.FILE
+    for name in names:
+        d = runs + "/" + name
+        try:
+            ms = stat(d + "/manifest.json")
+        except OSError:
+            continue
+        try:
+            st = stat(d + ann)
+            a = f"{st.st_mtime_ns}:{st.st_size}"
+        except OSError:
+            a = "-"
+        out.append(_Entry(name, d, f"{ms.st_mtime_ns}:{ms.st_size}:{a}"))
+    return out
+
+
+@dataclass
+class _Plan:
+    entries: list[_Entry]           # every run directory now
+    changed: list[_Entry]           # new, modified, or running with a status that changed (process gone)
+    removed: list[str]              # in the catalog, no longer on disk
+
+    @property
+    def empty(self) -> bool:
+        return not self.changed and not self.removed
+
+
+def _plan(root: Path | None) -> _Plan | None:
+    """What changed since the catalog was written; None when it must be rebuilt (missing, older schema)."""
     p = paths(root)
+    if not p.catalog.exists():
+        return None
+    try:
+        con = _open(p.catalog)
+        try:
+            ver = con.execute("SELECT value FROM catalog_meta WHERE key = 'schema_version'").fetchone()
+            if not ver or ver[0] != SCHEMA_VERSION:
+                return None
+            old = {r[0]: (r[1], r[2]) for r in con.execute("SELECT run_id, sig, status FROM runs").fetchall()}
+        finally:
+            con.close()
+    except duckdb.Error:
+        return None
+    entries = _scan(root)
+    changed = []
+    for e in entries:
+        o = old.get(e.run_id)
+        if o is None or o[0] != e.sig:
+            changed.append(e)
+        elif o[1] == RUNNING:                   # is its process still there?
+            try:
+                if RunDir(e.path).effective_status() != RUNNING:
+                    changed.append(e)
+            except SpecLensError:
+                changed.append(e)
+    on_disk = {e.run_id for e in entries}
+    return _Plan(entries, changed, [r for r in old if r not in on_disk])
+
+
+def refresh(root: Path | None = None, full: bool = False) -> Path:
+    """Bring the catalog up to date with the run directories and swap it into place atomically: only the runs
+    that changed are re-read (nothing is written when none did); full=True rebuilds it from scratch."""
+    p = paths(root)
+    if not full:
+        plan = _plan(root)                       # lock-free look first: the common case writes nothing
+        if plan is not None and plan.empty:
+            return p.catalog
     with _lock(root):
-        rows, stats = [], []
-        for rd in list_run_dirs(root):
-            row = _run_row(rd)
-            if row is None:
-                continue
-            rows.append(row)
-            sp = rd.file("stats.parquet")
-            if row["status"] == "complete" and sp.exists():
-                try:
-                    df = pd.read_parquet(sp)
-                    df["run_id"] = rd.run_id
-                    stats.append(df)
-                except Exception:
-                    continue
-        runs_df = pd.DataFrame(rows, columns=RUN_COLUMNS)
-        stats_df = pd.concat(stats, ignore_index=True) if stats else None
+        plan = None if full else _plan(root)
+        if plan is not None and plan.empty:
+            return p.catalog
+        if plan is not None and len(plan.changed) + len(plan.removed) > max(64, _FULL_REBUILD_SHARE
+                                                                           * len(plan.entries)):
+            plan = None                          # cheaper to rebuild than to patch
         tmp = p.catalog.with_name(f".{p.catalog.name}.tmp-{os.getpid()}")
         for f in (tmp, Path(str(tmp) + ".wal")):
             if f.exists():
                 f.unlink()
+        if plan is not None:
+            shutil.copyfile(p.catalog, tmp)
         con = duckdb.connect(str(tmp))
         try:
-            con.register("runs_df", runs_df)
-            con.execute("CREATE TABLE runs AS SELECT * FROM runs_df")
-            if stats_df is not None:
-                con.register("stats_df", stats_df)
-                con.execute("CREATE TABLE boundary_stats AS SELECT * FROM stats_df")
+            if plan is None:
+                _create_tables(con)
+                _ingest(con, _scan(root))
             else:
-                con.execute("""CREATE TABLE boundary_stats (run_id VARCHAR, boundary VARCHAR, ord INTEGER,
-                    n_tokens BIGINT, nonfinite_tokens BIGINT, mean_norm DOUBLE, std_norm DOUBLE, norm_min DOUBLE,
-                    norm_p01 DOUBLE, norm_p50 DOUBLE, norm_p99 DOUBLE, norm_max DOUBLE, rms DOUBLE,
-                    mean_abs_mean DOUBLE, max_abs DOUBLE, kurtosis DOUBLE, max_dim_kurtosis DOUBLE,
-                    outlier_ratio DOUBLE, top_dims BIGINT[], top_dims_max_abs DOUBLE[])""")
-            _ingest_bench(con, rows)
+                gone = [e.run_id for e in plan.changed] + plan.removed
+                for table in _TABLES:
+                    con.execute(f"DELETE FROM {table} WHERE list_contains(?, run_id)", [gone])
+                _ingest(con, plan.changed)
             con.execute("CHECKPOINT")
         finally:
             con.close()
@@ -110,56 +243,84 @@ def refresh(root: Path | None = None) -> Path:
     return p.catalog
 
 
-@contextmanager
-def _read(root: Path | None) -> Iterator[duckdb.DuckDBPyConnection]:
-    p = paths(root)
-    if not p.catalog.exists():
-        refresh(root)
-    con = duckdb.connect(str(p.catalog), read_only=True)
-    try:
-        yield con
-    finally:
-        con.close()
+# ---------------------------------------------------------------------- writing tables
 
 
-def _df(sql: str, params: list | None = None, root: Path | None = None) -> pd.DataFrame:
-    with _read(root) as con:
-        return con.execute(sql, params or []).df()
+def _ddl(columns: dict[str, str]) -> str:
+    return ", ".join(f'"{c}" {t}' for c, t in columns.items())
 
 
-# ---------------------------------------------------------------------- named queries (pages call these)
-
-def list_runs(kind: str | None = None, status: str | None = None, root: Path | None = None) -> pd.DataFrame:
-    """Runs, newest first, optionally filtered by kind and status (bound parameters, never string SQL)."""
-    return _df("""SELECT * EXCLUDE (manifest) FROM runs
-                  WHERE (? IS NULL OR kind = ?) AND (? IS NULL OR status = ?)
-                  ORDER BY created DESC, run_id""", [kind, kind, status, status], root)
+def _create_tables(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("CREATE TABLE catalog_meta (key VARCHAR, value VARCHAR)")
+    con.execute("INSERT INTO catalog_meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
+    for name, columns in _TABLE_COLUMNS.items():
+        con.execute(f"CREATE TABLE {name} ({_ddl(columns)})")
 
 
-def run_ids(kind: str | None = None, status: str | None = "complete", root: Path | None = None) -> list[str]:
-    return list_runs(kind, status, root)["run_id"].tolist()
-
-
-def get_run(run_id: str, root: Path | None = None) -> dict | None:
-    df = _df("SELECT * FROM runs WHERE run_id = ?", [run_id], root)
+def _insert_frame(con: duckdb.DuckDBPyConnection, table: str, df: pd.DataFrame) -> None:
+    """Append a DataFrame to a table, columns matched by name (missing ones NULL), cast to the table's types."""
     if df.empty:
-        return None
-    row = df.iloc[0].to_dict()
-    row["manifest"] = json.loads(row["manifest"]) if row.get("manifest") else {}
-    return row
+        return
+    columns = _TABLE_COLUMNS[table]
+    df = df.reindex(columns=list(columns))
+    cols = ", ".join(f'CAST("{c}" AS {t})' for c, t in columns.items())
+    con.register("_frame", df)
+    try:
+        con.execute(f"INSERT INTO {table} SELECT {cols} FROM _frame")
+    finally:
+        con.unregister("_frame")
 
 
-def boundary_stats(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
-    """Per-boundary statistics of the given runs, in stream order."""
-    if not run_ids:
-        return pd.DataFrame()
-    return _df("""SELECT * FROM boundary_stats WHERE list_contains(?, run_id) ORDER BY run_id, ord""",
-               [list(run_ids)], root)
+def _insert_parquet(con: duckdb.DuckDBPyConnection, table: str, files: list[tuple[str, Path]]) -> None:
+    """Append Parquet files (run_id, path) to a table in one statement; run_id comes from the run directory.
+    When that statement fails (an unreadable or odd file), each file is tried alone and bad ones are skipped."""
+    if not files:
+        return
+    try:
+        _insert_parquet_batch(con, table, files)
+    except duckdb.Error:
+        for f in files:
+            try:
+                _insert_parquet_batch(con, table, [f])
+            except duckdb.Error:
+                continue
 
 
-# ---------------------------------------------------------------------- bench runs (kind "bench")
-# Tables: bench_runs (one row per bench run, figures from its manifest), bench_prompts (prompts.parquet of
-# complete bench runs) and bench_steps (steps.parquet). Written by backend/bench.py; see docs/SCHEMA.md.
+def _insert_parquet_batch(con: duckdb.DuckDBPyConnection, table: str, files: list[tuple[str, Path]]) -> None:
+    columns = _TABLE_COLUMNS[table]
+    names = [str(f) for _, f in files]
+    have = {r[0] for r in con.execute("DESCRIBE SELECT * FROM read_parquet(?, union_by_name = true)",
+                                      [names]).fetchall()}
+    cols = ", ".join("m.run_id" if c == "run_id" else f'CAST(f."{c}" AS {t})' if c in have else f"CAST(NULL AS {t})"
+                     for c, t in columns.items())
+    con.register("_files", pd.DataFrame({"run_id": [r for r, _ in files], "filename": names}))
+    try:
+        con.execute(f"INSERT INTO {table} SELECT {cols} FROM read_parquet(?, union_by_name = true, filename = true) f "
+                    "JOIN _files m ON f.filename = m.filename", [names])
+    finally:
+        con.unregister("_files")
+
+
+def _ingest(con: duckdb.DuckDBPyConnection, entries: list[_Entry]) -> None:
+    """Read these run directories into every table: their runs rows, the per-boundary statistics of complete
+    captures, the figures of bench runs and the per-prompt and per-step tables of complete ones. A run whose
+    Parquet cannot be read is listed but contributes no rows."""
+    rows = [_run_row(RunDir(e.path), e.sig) for e in entries]
+    _insert_frame(con, "runs", pd.DataFrame(rows, columns=RUN_COLUMNS))
+    complete = [r for r in rows if r["status"] == "complete"]
+    _insert_parquet(con, "boundary_stats", [(r["run_id"], Path(r["path"]) / "stats.parquet") for r in complete
+                                            if (Path(r["path"]) / "stats.parquet").exists()])
+    bench = [r for r in rows if r["kind"] == "bench"]
+    _insert_frame(con, "bench_runs", pd.DataFrame([_bench_run_row(r) for r in bench], columns=list(BENCH_RUN_COLUMNS)))
+    done = [r for r in bench if r["status"] == "complete"]
+    for table, name in (("bench_prompts", "prompts.parquet"), ("bench_steps", "steps.parquet")):
+        _insert_parquet(con, table, [(r["run_id"], Path(r["path"]) / name) for r in done
+                                     if (Path(r["path"]) / name).exists()])
+
+
+# ---------------------------------------------------------------------- bench tables (kind "bench")
+# bench_runs (one row per bench run, figures from its manifest), bench_prompts (prompts.parquet of complete
+# bench runs) and bench_steps (steps.parquet). Written by backend/bench.py; see docs/SCHEMA.md.
 
 BENCH_RUN_COLUMNS = {
     "run_id": "VARCHAR", "status": "VARCHAR", "model": "VARCHAR", "drafter": "VARCHAR", "dataset": "VARCHAR",
@@ -176,61 +337,164 @@ BENCH_PROMPT_COLUMNS = {
 }
 BENCH_STEP_COLUMNS = {"run_id": "VARCHAR", "repeat": "BIGINT", "prompt_id": "VARCHAR", "step": "BIGINT",
                       "accepted": "BIGINT"}
+_TABLE_COLUMNS = {"runs": RUN_TYPES, "boundary_stats": STATS_TYPES, "bench_runs": BENCH_RUN_COLUMNS,
+                  "bench_prompts": BENCH_PROMPT_COLUMNS, "bench_steps": BENCH_STEP_COLUMNS}
+_TABLES = list(_TABLE_COLUMNS)
 
 
 def _bench_run_row(row: dict) -> dict:
     m = json.loads(row["manifest"])
-    b, sp, d = m.get("bench") or {}, (m.get("bench") or {}).get("speedup") or {}, m.get("drafter") or {}
-    return {"run_id": row["run_id"], "status": row["status"], "model": row["model"],
-            "drafter": Path(d["path"]).name if d.get("path") else None, "dataset": m.get("dataset"),
-            "baseline_run": m.get("baseline_run"), "num_spec_tokens": m.get("num_spec_tokens"),
-            "temperature": m.get("temperature"), "repeats": m.get("repeats"), "tau": b.get("tau"),
-            "acceptance_rate": b.get("acceptance_rate"), "tokens_per_s": b.get("tokens_per_s"),
-            "ttft": b.get("ttft"), "tpot": b.get("tpot"), "speedup": sp.get("mean"), "speedup_std": sp.get("std"),
-            "speedup_ci_low": sp.get("ci_low"), "speedup_ci_high": sp.get("ci_high"), "lossless": b.get("lossless"),
-            "mismatched_prompts": b.get("mismatched_prompts"), "created": m.get("created")}
+    b = m.get("bench") if isinstance(m.get("bench"), dict) else {}
+    sp = b.get("speedup") if isinstance(b.get("speedup"), dict) else {}
+    return {"run_id": row["run_id"], "status": row["status"], "model": row["model"], "drafter": row["drafter"],
+            "dataset": row["dataset"], "baseline_run": row["baseline_run"],
+            "num_spec_tokens": m.get("num_spec_tokens"), "temperature": m.get("temperature"),
+            "repeats": m.get("repeats"), "tau": b.get("tau"), "acceptance_rate": b.get("acceptance_rate"),
+            "tokens_per_s": b.get("tokens_per_s"), "ttft": b.get("ttft"), "tpot": b.get("tpot"),
+            "speedup": sp.get("mean"), "speedup_std": sp.get("std"), "speedup_ci_low": sp.get("ci_low"),
+            "speedup_ci_high": sp.get("ci_high"), "lossless": b.get("lossless"),
+            "mismatched_prompts": b.get("mismatched_prompts"), "created": row["created"]}
 
 
-def _bench_table(con: duckdb.DuckDBPyConnection, name: str, frames: list[pd.DataFrame], columns: dict) -> None:
-    """CREATE TABLE name with exactly `columns` (typed), from the frames (or empty)."""
-    con.execute(f"CREATE TABLE {name} ({', '.join(f'{c} {t}' for c, t in columns.items())})")
-    if frames:
-        df = pd.concat(frames, ignore_index=True)
-        for c in columns:
-            if c not in df.columns:
-                df[c] = None
-        con.register(f"{name}_df", df[list(columns)])
-        con.execute(f"INSERT INTO {name} SELECT * FROM {name}_df")
-        con.unregister(f"{name}_df")
+# ---------------------------------------------------------------------- reading
 
 
-def _ingest_bench(con: duckdb.DuckDBPyConnection, rows: list[dict]) -> None:
-    """Called by `refresh`: bench run figures (every bench run) and the per-prompt/per-step tables of the
-    complete ones. A run whose Parquet cannot be read is listed in bench_runs but contributes no rows."""
-    runs, prompts, steps = [], [], []
-    for row in rows:
-        if row.get("kind") != "bench":
-            continue
-        runs.append(pd.DataFrame([_bench_run_row(row)]))
-        if row["status"] != "complete":
-            continue
-        try:
-            p = pd.read_parquet(Path(row["path"]) / "prompts.parquet")
-            st = pd.read_parquet(Path(row["path"]) / "steps.parquet")
-        except Exception:
-            continue
-        p["run_id"], st["run_id"] = row["run_id"], row["run_id"]
-        prompts.append(p)
-        steps.append(st)
-    _bench_table(con, "bench_runs", runs, BENCH_RUN_COLUMNS)
-    _bench_table(con, "bench_prompts", prompts, BENCH_PROMPT_COLUMNS)
-    _bench_table(con, "bench_steps", steps, BENCH_STEP_COLUMNS)
+def _open(catalog: Path) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to the catalog file as it is now. The file is ATTACHed to a private in-memory
+    database: `duckdb.connect(path)` would hand out the process's cached instance of that path, which still
+    shows the old catalog after a refresh swapped in a new file while any connection to it was open."""
+    con = duckdb.connect()
+    try:
+        con.execute("ATTACH ? AS speclens (READ_ONLY)", [str(catalog)])
+        con.execute("USE speclens")
+    except Exception:
+        con.close()
+        raise
+    return con
 
 
-def bench_runs(status: str | None = None, root: Path | None = None) -> pd.DataFrame:
-    """Bench runs with their headline figures (tau, acceptance, tokens/s, speedup and CI, lossless), newest first."""
-    return _df("""SELECT * FROM bench_runs WHERE (? IS NULL OR status = ?) ORDER BY created DESC, run_id""",
-               [status, status], root)
+# (catalog path, connection) of the innermost `snapshot` of this thread/context, if any
+_SNAPSHOT: ContextVar[tuple[Path, duckdb.DuckDBPyConnection] | None] = ContextVar("catalog_snapshot", default=None)
+
+
+@contextmanager
+def snapshot(root: Path | None = None) -> Iterator[None]:
+    """Run several named queries on one connection and one version of the catalog (a page's figures then agree
+    with each other, and it opens the file once). Nests; per thread."""
+    p = paths(root)
+    cur = _SNAPSHOT.get()
+    if cur is not None and cur[0] == p.catalog:
+        yield
+        return
+    if not p.catalog.exists():
+        refresh(root)
+    con = _open(p.catalog)
+    token = _SNAPSHOT.set((p.catalog, con))
+    try:
+        yield
+    finally:
+        _SNAPSHOT.reset(token)
+        con.close()
+
+
+@contextmanager
+def _read(root: Path | None) -> Iterator[duckdb.DuckDBPyConnection]:
+    p = paths(root)
+    cur = _SNAPSHOT.get()
+    if cur is not None and cur[0] == p.catalog:
+        yield cur[1]
+        return
+    if not p.catalog.exists():
+        refresh(root)
+    con = _open(p.catalog)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+def _df(sql: str, params: list | None = None, root: Path | None = None) -> pd.DataFrame:
+    with _read(root) as con:
+        return con.execute(sql, params or []).df()
+
+
+def _ids(run_ids) -> list[str]:
+    return [str(r) for r in run_ids]
+
+
+# ---------------------------------------------------------------------- named queries (pages call these)
+# Values always travel as bound parameters, never as SQL text.
+
+def list_runs(kind: str | None = None, status: str | None = None, root: Path | None = None) -> pd.DataFrame:
+    """Runs, newest first, optionally filtered by kind and status (bound parameters, never string SQL)."""
+    return _df("""SELECT * EXCLUDE (manifest, sig) FROM runs
+                  WHERE (? IS NULL OR kind = ?) AND (? IS NULL OR status = ?)
+                  ORDER BY created DESC, run_id""", [kind, kind, status, status], root)
+
+
+def run_states(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
+    """run_id, kind and status of the given runs (those in the catalog)."""
+    return _df("SELECT run_id, kind, status FROM runs WHERE list_contains(?, run_id)", [_ids(run_ids)], root)
+
+
+def runs_overview(root: Path | None = None) -> pd.DataFrame:
+    """Every run (as list_runs) with the headline figures of bench runs: tau, acceptance rate, tokens/s and
+    the speedup over the paired baseline with its CI (NULL for captures)."""
+    return _df("""SELECT r.* EXCLUDE (manifest, sig), b.num_spec_tokens, b.tau, b.acceptance_rate, b.tokens_per_s,
+                         b.speedup, b.speedup_ci_low, b.speedup_ci_high, b.lossless
+                  FROM runs r LEFT JOIN bench_runs b USING (run_id)
+                  ORDER BY r.created DESC, r.run_id""", [], root)
+
+
+def run_ids(kind: str | None = None, status: str | None = "complete", root: Path | None = None) -> list[str]:
+    return list_runs(kind, status, root)["run_id"].tolist()
+
+
+def get_run(run_id: str, root: Path | None = None) -> dict | None:
+    df = _df("SELECT * FROM runs WHERE run_id = ?", [run_id], root)
+    if df.empty:
+        return None
+    row = df.iloc[0].to_dict()
+    row["manifest"] = json.loads(row["manifest"]) if row.get("manifest") else {}
+    return row
+
+
+def run_manifests(run_ids: list[str], root: Path | None = None) -> dict[str, dict]:
+    """run_id -> manifest (as the run directory holds it) for the given runs that are in the catalog."""
+    if not run_ids:
+        return {}
+    df = _df("SELECT run_id, manifest FROM runs WHERE list_contains(?, run_id)", [_ids(run_ids)], root)
+    return {r: json.loads(m) if m else {} for r, m in zip(df["run_id"], df["manifest"])}
+
+
+def pinned_baselines(root: Path | None = None) -> pd.DataFrame:
+    """Bench runs pinned as the baseline of their target (backend/annotations.py): run_id, model, model_path."""
+    return _df("""SELECT run_id, model, model_path FROM runs WHERE pinned AND kind = 'bench'
+                  ORDER BY created DESC, run_id""", [], root)
+
+
+def boundary_stats(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
+    """Per-boundary statistics of the given runs, in stream order."""
+    if not run_ids:
+        return pd.DataFrame()
+    return _df("""SELECT * FROM boundary_stats WHERE list_contains(?, run_id) ORDER BY run_id, ord""",
+               [_ids(run_ids)], root)
+
+
+def bench_runs(status: str | None = None, root: Path | None = None, run_ids: list[str] | None = None) -> pd.DataFrame:
+    """Bench runs with their headline figures (tau, acceptance, tokens/s, speedup and CI, lossless), the target's
+    path and the pinned flag, newest first; only `run_ids` when given."""
+    ids = None if run_ids is None else _ids(run_ids)
+    return _df("""SELECT b.*, r.model_path, r.pinned FROM bench_runs b JOIN runs r USING (run_id)
+                  WHERE (? IS NULL OR b.status = ?) AND (?::VARCHAR[] IS NULL OR list_contains(?::VARCHAR[], b.run_id))
+                  ORDER BY b.created DESC, b.run_id""", [status, status, ids, ids], root)
+
+
+def bench_index(root: Path | None = None) -> pd.DataFrame:
+    """Every bench run, newest first, with what a run picker needs: run_id, status, num_spec_tokens, model_path,
+    baseline_run."""
+    return _df("""SELECT b.run_id, b.status, b.num_spec_tokens, r.model_path, b.baseline_run
+                  FROM bench_runs b JOIN runs r USING (run_id) ORDER BY b.created DESC, b.run_id""", [], root)
 
 
 def bench_prompts(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
@@ -238,15 +502,26 @@ def bench_prompts(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
     if not run_ids:
         return pd.DataFrame(columns=list(BENCH_PROMPT_COLUMNS))
     return _df("""SELECT * FROM bench_prompts WHERE list_contains(?, run_id)
-                  ORDER BY run_id, repeat, prompt_index""", [list(run_ids)], root)
+                  ORDER BY run_id, repeat, prompt_index""", [_ids(run_ids)], root)
+
+
+def bench_prompt_speeds(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
+    """Tokens/s of every repeat x prompt of the given bench runs, with the prompt's category: what a speedup
+    and its bootstrap interval are computed from (backend/metrics.py)."""
+    cols = ["run_id", "repeat", "prompt_index", "prompt_id", "category", "tokens_per_s"]
+    if not run_ids:
+        return pd.DataFrame(columns=cols)
+    return _df(f"""SELECT {', '.join(cols)} FROM bench_prompts WHERE list_contains(?, run_id)
+                   ORDER BY run_id, repeat, prompt_index""", [_ids(run_ids)], root)
 
 
 def bench_steps(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
-    """Accepted length of every verify step of the given bench runs."""
+    """Accepted length of every verify step of the given bench runs (raw rows: for export and tests; pages
+    use the aggregates below)."""
     if not run_ids:
         return pd.DataFrame(columns=list(BENCH_STEP_COLUMNS))
     return _df("""SELECT * FROM bench_steps WHERE list_contains(?, run_id)
-                  ORDER BY run_id, repeat, prompt_id, step""", [list(run_ids)], root)
+                  ORDER BY run_id, repeat, prompt_id, step""", [_ids(run_ids)], root)
 
 
 def bench_histogram(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
@@ -256,7 +531,7 @@ def bench_histogram(run_ids: list[str], root: Path | None = None) -> pd.DataFram
     return _df("""SELECT run_id, accepted, count(*) AS steps,
                          count(*) / sum(count(*)) OVER (PARTITION BY run_id) AS share
                   FROM bench_steps WHERE list_contains(?, run_id)
-                  GROUP BY run_id, accepted ORDER BY run_id, accepted""", [list(run_ids)], root)
+                  GROUP BY run_id, accepted ORDER BY run_id, accepted""", [_ids(run_ids)], root)
 
 
 def bench_categories(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
@@ -268,4 +543,4 @@ def bench_categories(run_ids: list[str], root: Path | None = None) -> pd.DataFra
                          avg(ttft) AS ttft, avg(tpot) AS tpot,
                          CASE WHEN sum(drafts) > 0 THEN 1 + sum(accepted) / sum(drafts) ELSE 1.0 END AS tau
                   FROM bench_prompts WHERE list_contains(?, run_id)
-                  GROUP BY run_id, category ORDER BY run_id, category""", [list(run_ids)], root)
+                  GROUP BY run_id, category ORDER BY run_id, category""", [_ids(run_ids)], root)

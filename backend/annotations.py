@@ -1,0 +1,152 @@
+"""User annotations of a run: tags, notes and the pinned-baseline flag.
+
+They live in `runs/<run_id>/annotations.json`, the one mutable file of a run directory (the manifest and
+result tables stay as the run wrote them), written atomically like every other file there and read by
+`catalog.refresh` into the `runs` table (`tags`, `notes`, `pinned`). Input is validated here; values reach
+DuckDB only as bound parameters or DataFrame cells, never as SQL text.
+
+    tags    up to MAX_TAGS short words of letters, digits and `-_.` (no spaces, commas or quotes)
+    notes   free text up to MAX_NOTES characters (no NUL)
+    pinned  this bench run is *the* baseline of its target model: pinning one unpins the others of that target
+
+SPECLENS_READONLY=1 (backend.config.read_only) refuses every write.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from backend.config import read_only
+from backend.errors import SpecLensError
+from backend.store.rundir import RunDir, atomic_write_json, list_run_dirs, now
+
+FILE = "annotations.json"
+MAX_TAGS = 20
+MAX_TAG_LEN = 40
+MAX_NOTES = 4000
+_TAG = re.compile(r"^[A-Za-z0-9._-]{1,%d}$" % MAX_TAG_LEN)
+
+
+@dataclass
+class Annotations:
+    tags: list[str] = field(default_factory=list)
+    notes: str = ""
+    pinned: bool = False
+    updated: str | None = None
+
+
+def editable() -> bool:
+    """Whether the dashboard may edit annotations (False under SPECLENS_READONLY=1)."""
+    return not read_only()
+
+
+# ---------------------------------------------------------------------- validation
+
+
+def parse_tags(text: str | Iterable[str]) -> list[str]:
+    """'a, b c' or ['a', 'b'] -> ['a', 'b', 'c'] (comma or space separated, duplicates dropped, order kept).
+    Raises SpecLensError naming every tag that is not a short word of letters, digits and -_."""
+    items = re.split(r"[,\s]+", text) if isinstance(text, str) else [str(t) for t in text]
+    tags = list(dict.fromkeys(t.strip() for t in items if t and t.strip()))
+    bad = [t for t in tags if not _TAG.match(t)]
+    if bad:
+        shown = ", ".join(repr(t[:60]) for t in bad[:3])
+        raise SpecLensError(f"tag {shown} not allowed: a tag is 1-{MAX_TAG_LEN} letters, digits, '-', '_' or '.' "
+                            "(separate tags with commas)")
+    if len(tags) > MAX_TAGS:
+        raise SpecLensError(f"{len(tags)} tags: at most {MAX_TAGS} per run")
+    return tags
+
+
+def check_notes(notes: str) -> str:
+    if not isinstance(notes, str):
+        raise SpecLensError(f"notes must be text, not {type(notes).__name__}")
+    if "\x00" in notes:
+        raise SpecLensError("notes contain a NUL character; remove it")
+    if len(notes) > MAX_NOTES:
+        raise SpecLensError(f"notes are {len(notes)} characters long: at most {MAX_NOTES}")
+    return notes
+
+
+# ---------------------------------------------------------------------- read / write
+
+
+def read_path(run_path: Path) -> Annotations | None:
+    """A run directory's annotations, or None when it has none or the file is unreadable (never raises:
+    the catalog falls back to the manifest's tags and notes)."""
+    f = Path(run_path) / FILE
+    try:
+        d = json.loads(f.read_text())
+        return Annotations(tags=parse_tags(d.get("tags") or []), notes=check_notes(str(d.get("notes") or "")),
+                           pinned=bool(d.get("pinned", False)), updated=d.get("updated"))
+    except (OSError, ValueError, SpecLensError, AttributeError, TypeError):
+        return None
+
+
+def read(run_id: str, root: Path | None = None) -> Annotations:
+    """The run's annotations; the manifest's own tags and notes when nothing was annotated yet."""
+    rd = RunDir.open(run_id, root)
+    ann = read_path(rd.path)
+    if ann is not None:
+        return ann
+    m = rd.manifest()
+    try:
+        tags = parse_tags(m.get("tags") or [])
+    except SpecLensError:
+        tags = []
+    return Annotations(tags=tags, notes=str(m.get("notes") or "")[:MAX_NOTES])
+
+
+def save(run_id: str, *, tags: str | Iterable[str] | None = None, notes: str | None = None,
+         pinned: bool | None = None, root: Path | None = None) -> Annotations:
+    """Validate and write the given fields (others keep their value). Pinning a bench run unpins every other
+    run pinned for the same target model. Refreshing the catalog is the caller's job."""
+    if read_only():
+        raise SpecLensError("the dashboard is read-only (SPECLENS_READONLY is set); annotations cannot be changed")
+    rd = RunDir.open(run_id, root)                     # validates the id: no path outside the runs folder
+    ann = read(run_id, root)
+    if tags is not None:
+        ann.tags = parse_tags(tags)
+    if notes is not None:
+        ann.notes = check_notes(notes)
+    if pinned is not None:
+        m = rd.manifest()
+        if pinned and m.get("kind") != "bench":
+            raise SpecLensError(f"run '{run_id}' is a {m.get('kind')} run; only bench runs can be a pinned baseline")
+        if pinned and m.get("status") != "complete":
+            raise SpecLensError(f"run '{run_id}' is {m.get('status')}; only a complete bench run can be pinned")
+        if pinned:
+            for other in pinned_for_target(_target(m), root):
+                if other != run_id:
+                    _write(RunDir.open(other, root), {**asdict(read(other, root)), "pinned": False})
+        ann.pinned = bool(pinned)
+    _write(rd, asdict(ann))
+    return read(run_id, root)
+
+
+def _write(rd: RunDir, d: dict) -> None:
+    d["updated"] = now()
+    atomic_write_json(rd.file(FILE), d)
+
+
+def _target(m: dict) -> str | None:
+    return (m.get("model") or {}).get("path")
+
+
+def pinned_for_target(target: str | None, root: Path | None = None) -> list[str]:
+    """Run ids pinned as the baseline of this target model path (normally one at most)."""
+    out = []
+    for rd in list_run_dirs(root):
+        ann = read_path(rd.path) if rd.file(FILE).exists() else None
+        if ann is None or not ann.pinned:
+            continue
+        try:
+            if _target(rd.manifest()) == target:
+                out.append(rd.run_id)
+        except SpecLensError:
+            continue
+    return out

@@ -1,0 +1,358 @@
+"""What the Compare page shows about two or more bench runs, as data: accepted-length histograms, per-position
+acceptance, throughput, speedup against a baseline with its confidence interval, per-category figures, the
+settings that differ, and a headline sentence.
+
+Inputs are catalog aggregates only (GROUP BY in DuckDB: steps per accepted length, per-category sums) and
+per-prompt tokens/s (what a bootstrap interval resamples); never the per-step rows. Every number comes from
+backend/metrics.py (tau, per-position rates, speedup and CI, mean/std); this module only selects and pairs.
+
+Baselines: "paired" = each run's own paired baseline (the speedup and CI the bench stored, same seed and
+method); "pinned" = the bench run pinned as the baseline of the run's target (backend/annotations.py), the
+speedup computed here from the paired per-prompt tokens/s. A run without one shows no speedup.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from backend import metrics
+from backend.store import catalog
+
+BASELINES = {"paired": "each run's paired baseline", "pinned": "the pinned baseline of the run's target"}
+CATEGORY_BOOT = 500          # bootstrap resamples per category (the whole-run interval uses metrics' default)
+# manifest keys that describe the outcome or the bookkeeping of a run, not what ran: left out of the diff
+NOT_CONFIG = {"run_id", "created", "updated", "finished", "pid", "status", "error", "progress", "headline", "bench",
+              "schema_version", "tags", "notes"}
+ABSENT = "(absent)"
+
+
+@dataclass
+class Comparison:
+    run_ids: list[str]
+    baseline: str                                  # "paired" or "pinned"
+    figures: pd.DataFrame                          # one row per run (FIGURE_COLUMNS)
+    histogram: pd.DataFrame                        # run_id, accepted, steps, share (0..K for every drafter run)
+    positions: pd.DataFrame                        # run_id, position (1..K), accepted_at_pos, drafts, rate
+    categories: pd.DataFrame                       # run_id, category, prompts, tau, tokens_per_s, baseline_run, ...
+    config: pd.DataFrame                           # setting, then one column per run: only the differing settings
+    headline: str
+    warnings: list[str] = field(default_factory=list)
+
+
+FIGURE_COLUMNS = ["run_id", "drafter", "model", "dataset", "num_spec_tokens", "temperature", "repeats", "drafts", "tau",
+                  "acceptance_rate", "tokens_per_s", "tokens_per_s_std", "baseline_run", "baseline_source",
+                  "baseline_tokens_per_s", "baseline_tokens_per_s_std", "speedup", "speedup_ci_low",
+                  "speedup_ci_high", "ci_method", "lossless", "mismatched_prompts"]
+
+
+def default_runs(bench: pd.DataFrame, n: int = 3) -> list[str]:
+    """Runs for the Compare page without ?runs=: the newest complete drafter runs (up to n) of the target of the
+    newest one; their baselines fill up to two runs."""
+    done = bench[bench["status"] == "complete"]
+    spec = done[done["num_spec_tokens"].fillna(0) > 0]
+    if spec.empty:
+        return done["run_id"].head(2).tolist()
+    same = spec[spec["model_path"] == spec.iloc[0]["model_path"]] if "model_path" in spec else spec
+    ids = same["run_id"].head(n).tolist()
+    for b in same["baseline_run"].head(n):
+        if len(ids) >= 2:
+            break
+        if isinstance(b, str) and b in set(done["run_id"]) and b not in ids:
+            ids.append(b)
+    return ids
+
+
+# ---------------------------------------------------------------------- the comparison
+
+
+@dataclass
+class Acceptance:
+    """The acceptance half of a comparison (what the first charts need): two small queries."""
+
+    run_ids: list[str]                                        # the complete bench runs asked for, in that order
+    runs: pd.DataFrame                                        # their catalog.bench_runs rows, indexed by run_id
+    stats: dict[str, metrics.AcceptanceStats | None]          # None: plain decoding or no steps
+    histogram: pd.DataFrame
+    positions: pd.DataFrame
+
+
+def load_acceptance(run_ids: list[str], root: Path | None = None) -> Acceptance:
+    """Accepted-length histograms (GROUP BY in DuckDB) and, from them, tau and per-position rates (metrics)."""
+    with catalog.snapshot(root):
+        runs = catalog.bench_runs(run_ids=run_ids, root=root).set_index("run_id")
+        ids = [r for r in dict.fromkeys(run_ids) if r in runs.index]
+        hist = catalog.bench_histogram(ids, root=root)
+    acc = {r: _acceptance(hist[hist["run_id"] == r], _k(runs.loc[r])) for r in ids}
+    return Acceptance(ids, runs, acc, _histogram_frame(acc), _positions_frame(acc))
+
+
+def compare(run_ids: list[str], baseline: str = "paired", root: Path | None = None,
+            acceptance: Acceptance | None = None) -> Comparison:
+    """Everything the Compare page shows for these bench runs (complete ones; unknown ids are dropped).
+    `acceptance`: load_acceptance(run_ids) when the caller has it already (the page draws it first)."""
+    if baseline not in BASELINES:
+        raise ValueError(f"baseline must be one of {list(BASELINES)}, not {baseline!r}")
+    with catalog.snapshot(root):
+        return _compare(acceptance or load_acceptance(run_ids, root), baseline, root)
+
+
+def _compare(ac: Acceptance, baseline: str, root: Path | None) -> Comparison:
+    runs, ids, acc = ac.runs, ac.run_ids, ac.stats
+    warnings: list[str] = []
+    bases = _baselines(ids, runs, baseline, root, warnings)
+    need = list(dict.fromkeys(ids + [b for b in bases.values() if b]))
+    speeds = catalog.bench_prompt_speeds(need, root=root)
+    by_run = {r: g for r, g in speeds.groupby("run_id")}
+    base_info = catalog.bench_runs(run_ids=[b for b in bases.values() if b], root=root).set_index("run_id")
+    rows = []
+    for r in ids:
+        row, a, b = runs.loc[r], acc[r], bases[r]
+        tps, tps_std = _mean_std_over_repeats(by_run.get(r))
+        btps, btps_std = _mean_std_over_repeats(by_run.get(b)) if b else (math.nan, math.nan)
+        sp = _speedup(r, b, baseline, row, by_run)
+        rows.append({
+            "run_id": r, "drafter": row["drafter"], "model": row["model"], "dataset": row["dataset"],
+            "num_spec_tokens": _k(row), "temperature": row["temperature"], "repeats": row["repeats"],
+            "drafts": a.drafts if a else 0, "tau": a.tau if a else _num(row["tau"], 1.0),
+            "acceptance_rate": a.acceptance_rate if a else None,
+            "tokens_per_s": tps if not math.isnan(tps) else _num(row["tokens_per_s"]), "tokens_per_s_std": tps_std,
+            "baseline_run": b, "baseline_source": (baseline if b else None),
+            "baseline_tokens_per_s": btps if not math.isnan(btps) or not b else _num(base_info["tokens_per_s"].get(b)),
+            "baseline_tokens_per_s_std": btps_std,
+            "speedup": sp[0], "speedup_ci_low": sp[1], "speedup_ci_high": sp[2], "ci_method": sp[3],
+            "lossless": row["lossless"], "mismatched_prompts": row["mismatched_prompts"]})
+    figures = pd.DataFrame(rows, columns=FIGURE_COLUMNS)
+    warnings += _warnings(figures, runs)
+    return Comparison(
+        run_ids=ids, baseline=baseline, figures=figures, histogram=ac.histogram,
+        positions=ac.positions, categories=_categories(ids, bases, by_run, root),
+        config=config_diff(catalog.run_manifests(ids, root=root), ids), headline=headline(figures),
+        warnings=warnings)
+
+
+def _k(row) -> int:
+    k = row["num_spec_tokens"]
+    return 0 if k is None or (isinstance(k, float) and math.isnan(k)) else int(k)
+
+
+def _num(x, default: float = math.nan) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return default
+    return default if math.isnan(v) else v
+
+
+def _baselines(ids: list[str], runs: pd.DataFrame, baseline: str, root, warnings: list[str]) -> dict[str, str | None]:
+    """run -> the run its speedup is measured against (None: no baseline)."""
+    out = {r: (runs.loc[r, "baseline_run"] if isinstance(runs.loc[r, "baseline_run"], str) else None) for r in ids}
+    if baseline == "pinned":
+        pinned = catalog.pinned_baselines(root=root)
+        by_target = dict(zip(pinned["model_path"][::-1], pinned["run_id"][::-1]))       # newest wins
+        missing = []
+        for r in ids:
+            p = by_target.get(runs.loc[r, "model_path"])
+            if p:
+                out[r] = p
+            else:
+                missing.append(r)
+        if missing:
+            warnings.append(f"No pinned baseline for the target of {_names(missing)}: their paired baseline is used "
+                            "(pin one on the Runs page).")
+    complete = set(catalog.bench_runs(status="complete", run_ids=[b for b in out.values() if b], root=root)["run_id"])
+    for r, b in out.items():
+        if b and b not in complete:
+            warnings.append(f"Baseline `{b}` of `{r}` is not a complete bench run in the catalog: "
+                            f"no speedup for `{r}`.")
+            out[r] = None
+    return out
+
+
+def _names(ids) -> str:
+    return ", ".join(f"`{r}`" for r in ids)
+
+
+def _mean_std_over_repeats(speeds: pd.DataFrame | None) -> tuple[float, float]:
+    """Mean per-prompt tokens/s per repeat -> (mean, std over repeats) by metrics.mean_std."""
+    if speeds is None or speeds.empty:
+        return math.nan, math.nan
+    per_repeat = speeds.groupby("repeat")["tokens_per_s"].mean().tolist()
+    return metrics.mean_std(per_repeat)
+
+
+def _speed_map(speeds: pd.DataFrame) -> dict[tuple[int, str], float]:
+    """(repeat, prompt_id) -> tokens/s (plain dicts: pairing dozens of small groups in pandas is slow)."""
+    return dict(zip(zip(speeds["repeat"].tolist(), speeds["prompt_id"].tolist()), speeds["tokens_per_s"].tolist()))
+
+
+def _per_prompt_mean(m: dict[tuple[int, str], float]) -> dict[tuple[int, str], float]:
+    sums: dict[str, list[float]] = {}
+    for (_, p), v in m.items():
+        sums.setdefault(p, []).append(v)
+    return {(0, p): sum(v) / len(v) for p, v in sums.items()}
+
+
+def paired_speeds(method: pd.DataFrame, base: pd.DataFrame) -> tuple[list[list[float]], list[list[float]]] | None:
+    """Per-prompt tokens/s of a run and its baseline as metrics.speedup wants them: R repeats x P prompts, paired
+    by prompt. Same repeats on both sides: paired by (repeat, prompt); otherwise each prompt's tokens/s is first
+    averaged over that run's repeats (R = 1). Prompts missing from any repeat of either side are left out.
+    None when they share no prompt."""
+    m, b = _speed_map(method), _speed_map(base)
+    if {r for r, _ in m} != {r for r, _ in b}:
+        m, b = _per_prompt_mean(m), _per_prompt_mean(b)
+    reps = sorted({r for r, _ in m})
+    prompts = sorted(p for p in {p for _, p in m} if all((r, p) in m and (r, p) in b for r in reps))
+    if not prompts:
+        return None
+    return [[m[(r, p)] for p in prompts] for r in reps], [[b[(r, p)] for p in prompts] for r in reps]
+
+
+def _speedup(run: str, base: str | None, mode: str, row, by_run: dict, n_boot: int = 2000
+             ) -> tuple[float | None, float | None, float | None, str | None]:
+    """(mean, ci_low, ci_high, method) of run over base."""
+    if base is None:
+        return None, None, None, None
+    if mode == "paired" and base == row["baseline_run"] and not math.isnan(_num(row["speedup"])):
+        return (float(row["speedup"]), _num(row["speedup_ci_low"], None), _num(row["speedup_ci_high"], None),
+                "as benched")
+    if run not in by_run or base not in by_run:
+        return None, None, None, None
+    pairs = paired_speeds(by_run[run], by_run[base])
+    if pairs is None:
+        return None, None, None, None
+    s = metrics.speedup(*pairs, n_boot=n_boot)
+    return s.mean, s.ci_low, s.ci_high, f"{s.ci_method} over {s.n_prompts} prompts x {s.n_repeats} repeats"
+
+
+def _acceptance(hist: pd.DataFrame, k: int) -> metrics.AcceptanceStats | None:
+    """Histogram rows (accepted, steps) of one run -> AcceptanceStats (None for plain decoding or no steps)."""
+    if k <= 0 or hist.empty:
+        return None
+    counts = dict(zip(hist["accepted"].astype(int), hist["steps"].astype(int)))
+    h = [counts.get(n, 0) for n in range(k + 1)]
+    drafts = sum(h)
+    return metrics.AcceptanceStats(drafts=drafts, draft_tokens=k * drafts, accepted=sum(n * c for n, c in enumerate(h)),
+                                   per_pos=metrics.per_position_counts(h), hist=h)
+
+
+def _histogram_frame(acc: dict[str, metrics.AcceptanceStats | None]) -> pd.DataFrame:
+    rows = [{"run_id": r, "accepted": n, "steps": c, "share": c / a.drafts if a.drafts else 0.0}
+            for r, a in acc.items() if a for n, c in enumerate(a.hist)]
+    return pd.DataFrame(rows, columns=["run_id", "accepted", "steps", "share"])
+
+
+def _positions_frame(acc: dict[str, metrics.AcceptanceStats | None]) -> pd.DataFrame:
+    rows = [{"run_id": r, "position": i + 1, "accepted_at_pos": c, "drafts": a.drafts, "rate": rate}
+            for r, a in acc.items() if a and a.per_pos_rate
+            for i, (c, rate) in enumerate(zip(a.per_pos, a.per_pos_rate))]
+    return pd.DataFrame(rows, columns=["run_id", "position", "accepted_at_pos", "drafts", "rate"])
+
+
+CATEGORY_COLUMNS = ["run_id", "category", "prompts", "tau", "tokens_per_s", "baseline_run", "baseline_tokens_per_s",
+                    "speedup", "speedup_ci_low", "speedup_ci_high"]
+
+
+def _categories(ids: list[str], bases: dict, by_run: dict, root) -> pd.DataFrame:
+    """Per run and Spec-Bench category: prompts, tau and tokens/s (catalog aggregates), and the speedup over the
+    run's baseline on that category's prompts with a bootstrap CI (metrics.speedup)."""
+    cats = catalog.bench_categories(list(dict.fromkeys(ids + [b for b in bases.values() if b])), root=root)
+    base_tps = {(r, c): t for r, c, t in zip(cats["run_id"], cats["category"], cats["tokens_per_s"])}
+    split = {run: {c: g for c, g in df.groupby("category")} for run, df in by_run.items()}
+    rows = []
+    for r in ids:
+        b = bases[r]
+        for c in cats[cats["run_id"] == r].itertuples():
+            sp = (None, None, None)
+            m, bb = split.get(r, {}).get(c.category), split.get(b, {}).get(c.category) if b else None
+            if m is not None and bb is not None:
+                pairs = paired_speeds(m, bb)
+                if pairs is not None:
+                    s = metrics.speedup(*pairs, n_boot=CATEGORY_BOOT)
+                    sp = (s.mean, s.ci_low, s.ci_high)
+            rows.append({"run_id": r, "category": c.category, "prompts": int(c.prompts), "tau": c.tau,
+                         "tokens_per_s": c.tokens_per_s, "baseline_run": b,
+                         "baseline_tokens_per_s": base_tps.get((b, c.category)), "speedup": sp[0],
+                         "speedup_ci_low": sp[1], "speedup_ci_high": sp[2]})
+    return pd.DataFrame(rows, columns=CATEGORY_COLUMNS)
+
+
+def _warnings(fig: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
+    out = []
+    targets = runs.loc[fig["run_id"], "model_path"].dropna().unique()
+    if len(targets) > 1:
+        names = ", ".join(sorted(set(fig["model"].dropna())))
+        out.append(f"These runs use {len(targets)} different targets ({names}): compare their speedups, not their "
+                   "tokens/s.")
+    if fig["dataset"].dropna().nunique() > 1:
+        out.append(f"These runs use different prompt sets ({', '.join(sorted(fig['dataset'].dropna().unique()))}).")
+    for r in fig.itertuples():
+        if r.lossless is not None and not pd.isna(r.lossless) and not bool(r.lossless):
+            out.append(f"`{r.run_id}` is not lossless: {int(_num(r.mismatched_prompts, 0))} prompts decode to other "
+                       "tokens than its baseline (greedy outputs must match).")
+    plain = fig[fig["num_spec_tokens"] == 0]["run_id"].tolist()
+    if plain:
+        out.append(f"{_names(plain)}: plain decoding (no drafter), left out of the acceptance charts.")
+    return out
+
+
+# ---------------------------------------------------------------------- words and settings
+
+
+def _x(v) -> str:
+    return f"{v:.2f}x"
+
+
+def headline(fig: pd.DataFrame) -> str:
+    """One sentence: every run's tau and speedup [95% CI], then what the weakest drafter run loses against the
+    strongest, e.g. "`a`: tau 2.61 (speedup 1.93x [1.71, 2.10]); `b`: tau 1.35 (...) — `b` loses 1.26 in tau
+    (48% of `a`'s) and 0.95x of speedup"."""
+    parts = []
+    for r in fig.itertuples():
+        s = f"`{r.run_id}`: tau {r.tau:.2f}"
+        if r.speedup is not None and not math.isnan(_num(r.speedup)):
+            ci = (f" [{r.speedup_ci_low:.2f}, {r.speedup_ci_high:.2f}]"
+                  if not math.isnan(_num(r.speedup_ci_low)) and not math.isnan(_num(r.speedup_ci_high)) else "")
+            s += f" (speedup {_x(r.speedup)}{ci})"
+        else:
+            s += " (no baseline: no speedup)"
+        parts.append(s)
+    text = "; ".join(parts)
+    spec = fig[(fig["num_spec_tokens"] > 0) & (fig["drafts"] > 0)]
+    if len(spec) >= 2:
+        best, worst = spec.loc[spec["tau"].idxmax()], spec.loc[spec["tau"].idxmin()]
+        loss = best["tau"] - worst["tau"]
+        if loss < 0.005:
+            text += " — every drafter accepts alike (tau within 0.01)."
+        else:
+            text += (f" — `{worst['run_id']}` loses {loss:.2f} in tau against `{best['run_id']}` "
+                     f"({100 * loss / best['tau']:.0f}% of its tau")
+            if not math.isnan(_num(best["speedup"])) and not math.isnan(_num(worst["speedup"])):
+                text += f"; {_x(best['speedup'] - worst['speedup'])} of speedup"
+            text += ")."
+    return text
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
+    return out
+
+
+def config_diff(manifests: dict[str, dict], run_ids: list[str]) -> pd.DataFrame:
+    """The settings (manifest keys flattened: `settings.max_new_tokens`, `drafter.path`, ...) whose values differ
+    between the runs, one row each, one column per run; results and bookkeeping left out (NOT_CONFIG)."""
+    flat = {r: _flatten({k: v for k, v in (manifests.get(r) or {}).items() if k not in NOT_CONFIG}) for r in run_ids}
+    keys = sorted(set().union(*flat.values())) if flat else []
+    rows = [{"setting": k, **{r: flat[r].get(k, ABSENT) for r in run_ids}} for k in keys
+            if len({flat[r].get(k, ABSENT) for r in run_ids}) > 1]
+    return pd.DataFrame(rows, columns=["setting", *run_ids])

@@ -1,0 +1,397 @@
+"""Dashboard page speed on a large catalog: 10,000 bench runs and 10 million per-step rows.
+
+1. Builds a synthetic data root: run directories as backend/bench.py writes them (manifest.json with the bench
+   figures, steps.parquet, prompts.parquet; annotations.json with tags on some runs and a pinned baseline per
+   target), numbers random but consistent (tau from the steps, tokens/s rising with it). Groups of 10 runs share
+   a target, dataset and paired baseline (1 plain-decoding baseline + 9 drafter runs).
+2. Builds the catalog with the project's own `catalog.refresh(full=True)` (timed), then times the incremental
+   refresh with nothing changed (what the Runs page does on every render) and after one annotation edit.
+3. Per page view: the first server-side render with streamlit's AppTest, in a fresh process each (cold: the
+   process imports the app's modules) and a second fresh AppTest in the same process (warm: a running server
+   has imported them), and a one-line script for AppTest's own fixed cost; then in a real browser (`streamlit
+   run` without file watcher + Playwright with Debian chromium, a fresh browser context per try, 3 tries) the
+   time from navigation until the first chart is in the page (Runs has no chart: its runs table), and the same
+   for a bare streamlit app holding one plotly chart (this machine's floor).
+4. Prints JSON: sizes, build and query times, timings per view, peak memory (this process, the AppTest
+   processes, the streamlit server), load average before and after.
+
+    python bench/pages_bench.py [--runs 10000] [--steps 10000000] [--root DIR] [--keep] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from backend import annotations  # noqa: E402
+from backend.store import catalog  # noqa: E402
+
+K = 4
+PROMPTS = 24                        # per run and repeat
+REPEATS = 2
+GROUP = 10                          # runs per (target, dataset, baseline): 1 baseline + 9 drafter runs
+TARGETS = ["Llama-3.1-8B-Instruct", "Qwen3-8B", "Llama-3.3-70B-Instruct", "Qwen3-32B", "DeepSeek-V3"]
+DATASETS = ["question.jsonl", "mt_bench.jsonl", "gsm8k.jsonl"]
+ENGINES = [("vllm", "0.24.0"), ("vllm", "0.23.1"), ("sglang", "0.5.23"), ("hf", None)]
+CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
+              "translation", "summarization", "qa", "math_reasoning", "rag"]
+TAGS = ["nightly", "h200", "ablation", "fp8", "long-ctx", "release", "eagle3", "tree", "baseline-check", "v2"]
+CHART = '[data-testid="stPlotlyChart"] .js-plotly-plot .main-svg'
+TABLE = '[data-testid="stDataFrame"] canvas'
+
+
+# ---------------------------------------------------------------------- synthetic data root
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, sort_keys=True))
+
+
+def build_root(root: Path, n_runs: int, n_steps: int, seed: int = 0) -> dict:
+    """n_runs bench run directories holding about n_steps per-step rows in all."""
+    rng = np.random.default_rng(seed)
+    runs_dir = root / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    n_spec = n_runs - n_runs // GROUP
+    steps_per_unit = max(1, round(n_steps / max(1, n_spec) / (PROMPTS * REPEATS)))
+    cats = [CATEGORIES[i % len(CATEGORIES)] for i in range(PROMPTS)]
+    prompt_ids = [str(100 + i) for i in range(PROMPTS)]
+    total_steps, t0 = 0, time.perf_counter()
+    for g in range(0, n_runs, GROUP):
+        target = TARGETS[(g // GROUP) % len(TARGETS)]
+        dataset = DATASETS[(g // GROUP) % len(DATASETS)]
+        engine, version = ENGINES[(g // GROUP) % len(ENGINES)]
+        base_speed = float(rng.uniform(40, 120))
+        base_id = f"bench-{g:05d}-baseline"
+        for j in range(min(GROUP, n_runs - g)):
+            i = g + j
+            spec = j > 0
+            run_id = f"bench-{i:05d}-d{(i * 7) % 20:02d}" if spec else base_id
+            p_acc = float(rng.uniform(0.2, 0.85)) if spec else 0.0
+            d = runs_dir / run_id
+            d.mkdir(exist_ok=True)
+            # per-step accepted lengths: a chain accepts a prefix, each draft with probability p_acc
+            units = PROMPTS * REPEATS
+            n = steps_per_unit * units if spec else 0
+            acc = np.minimum(rng.geometric(1 - p_acc, n) - 1, K) if spec else np.zeros(0, dtype=np.int64)
+            unit = np.repeat(np.arange(units), steps_per_unit) if spec else np.zeros(0, dtype=np.int64)
+            step = np.tile(np.arange(steps_per_unit), units) if spec else np.zeros(0, dtype=np.int64)
+            pq.write_table(pa.table({                 # a baseline's is empty, as backend/bench.py writes it
+                "run_id": pa.array([run_id] * n, pa.string()), "repeat": (unit // PROMPTS).astype(np.int64),
+                "prompt_id": pa.array([prompt_ids[u % PROMPTS] for u in unit], pa.string()),
+                "step": step.astype(np.int64), "accepted": acc.astype(np.int64)}), d / "steps.parquet")
+            per_unit_acc = np.bincount(unit, weights=acc, minlength=units).astype(np.int64)
+            tau = 1 + acc.mean() if spec else 1.0
+            tps = base_speed * (tau * 0.8 if spec else 1.0) * rng.uniform(0.85, 1.15, units)
+            out_tok = rng.integers(100, 512, units)
+            pq.write_table(pa.table({
+                "run_id": pa.array([run_id] * units), "repeat": np.repeat(np.arange(REPEATS), PROMPTS).astype(np.int64),
+                "prompt_index": np.tile(np.arange(PROMPTS), REPEATS).astype(np.int64),
+                "prompt_id": pa.array(prompt_ids * REPEATS), "category": pa.array(cats * REPEATS),
+                "prompt_tokens": rng.integers(20, 800, units), "output_tokens": out_tok,
+                "seconds": out_tok / tps, "tokens_per_s": tps, "ttft": rng.uniform(0.01, 0.2, units),
+                "tpot": 1 / tps, "accepted": per_unit_acc,
+                "drafts": np.full(units, steps_per_unit if spec else 0, dtype=np.int64),
+                "output_hash": pa.array([f"{h:016x}" for h in rng.integers(0, 2**62, units)])}), d / "prompts.parquet")
+            speedup = tau * 0.8 if spec else None
+            _write_json(d / "manifest.json", {
+                "run_id": run_id, "kind": "bench", "engine": engine, "engine_version": version, "status": "complete",
+                "created": f"2026-{1 + i % 12:02d}-{1 + i % 28:02d}T{i % 24:02d}:{i % 60:02d}:00+00:00",
+                "updated": "2026-12-01T00:00:00+00:00", "host": "synthetic", "pid": 1, "schema_version": 1,
+                "error": None, "dtype": "bf16", "device": "cuda:0", "dataset": dataset,
+                "model": {"path": f"/models/{target}", "model_type": "llama", "n_layers": 32, "hidden_size": 4096},
+                "drafter": ({"path": f"/drafters/{target}-eagle3-d{(i * 7) % 20:02d}", "format": "eagle"}
+                            if spec else None),
+                "aux": {"ids": [2, 16, 29], "boundaries": ["S_2", "S_16", "S_29"]} if spec else None,
+                "settings": {"num_spec_tokens": K if spec else None, "max_new_tokens": 512, "temperature": 0.0,
+                             "repeats": REPEATS, "seed": i % 3},
+                "repeats": REPEATS, "num_spec_tokens": K if spec else 0, "temperature": 0.0,
+                "baseline_run": base_id if spec else None,
+                "progress": {"done": units, "total": units},
+                "headline": {"tokens": int(out_tok.sum()), "prompts": PROMPTS, "seconds": float((out_tok / tps).sum())},
+                "bench": {"tau": tau, "acceptance_rate": (acc.mean() / K) if spec else None,
+                          "tokens_per_s": float(tps.mean()), "ttft": 0.05, "tpot": float((1 / tps).mean()),
+                          "speedup": {"mean": speedup, "std": 0.02, "ci_low": speedup - 0.05, "ci_high": speedup + 0.05,
+                                      "per_repeat": [speedup, speedup]} if spec else None,
+                          "lossless": True if spec else None, "mismatched_prompts": 0 if spec else None}})
+            if i % 10 == 3:
+                _write_json(d / annotations.FILE, {"tags": list(rng.choice(TAGS, 2, replace=False)), "notes": "",
+                                                    "pinned": False, "updated": "2026-12-01T00:00:00+00:00"})
+            if g < len(TARGETS) * GROUP and not spec:        # one pinned baseline per target
+                _write_json(d / annotations.FILE, {"tags": ["pinned-baseline"], "notes": "", "pinned": True,
+                                                    "updated": "2026-12-01T00:00:00+00:00"})
+            total_steps += n
+        if g and g % 2000 == 0:
+            print(f"  {g} runs written ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    return {"runs": n_runs, "step_rows": int(total_steps), "prompt_rows": n_runs * PROMPTS * REPEATS,
+            "write_s": round(time.perf_counter() - t0, 1)}
+
+
+# ---------------------------------------------------------------------- AppTest first render
+
+
+VIEWS = [("runs", "pages/runs.py", {}),
+         ("runs?kind=bench&tag=nightly", "pages/runs.py", {"kind": "bench", "tag": "nightly"}),
+         ("compare", "pages/compare.py", {}),
+         ("compare?runs=3&baseline=pinned", "pages/compare.py",
+          {"runs": "bench-00001-d07,bench-00002-d14,bench-00011-d17", "baseline": "pinned"})]
+
+_APPTEST = r"""
+import json, resource, sys, time
+from streamlit.testing.v1 import AppTest
+page, params = sys.argv[1], json.loads(sys.argv[2])
+out = {}
+for label in ("cold", "warm"):
+    at = AppTest.from_file(sys.argv[3], default_timeout=300)
+    for k, v in params.items():
+        at.query_params[k] = v
+    at.switch_page(page)
+    t = time.perf_counter()
+    at.run()
+    out[label + "_s"] = round(time.perf_counter() - t, 3)
+    out["exceptions"] = [str(e.value)[:200] for e in at.exception]
+    out["errors"] = [str(e.value)[:200] for e in at.error]
+    out["charts"] = len(at.get("plotly_chart"))
+out["peak_rss_mb"] = [round(int(l.split()[1]) / 1024) for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]
+print(json.dumps(out))
+"""
+
+
+_HARNESS = r"""
+import json, sys, time
+from streamlit.testing.v1 import AppTest
+at = AppTest.from_string("import streamlit as st\nst.write('x')", default_timeout=300)
+t = time.perf_counter()
+at.run()
+print(json.dumps({"cold_s": round(time.perf_counter() - t, 3)}))
+"""
+
+
+def apptest_harness() -> float | None:
+    """A cold AppTest run of a one-line script: AppTest's own fixed cost in a fresh process."""
+    r = subprocess.run([sys.executable, "-c", _HARNESS], capture_output=True, text=True, timeout=300)
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])["cold_s"]
+    except (IndexError, json.JSONDecodeError, KeyError):
+        return None
+
+
+def apptest_views(root: Path) -> dict:
+    env = {**os.environ, "SPECLENS_DATA": str(root), "PYTHONPATH": str(REPO)}
+    out = {}
+    for name, page, params in VIEWS:
+        r = subprocess.run([sys.executable, "-c", _APPTEST, page, json.dumps(params), str(REPO / "app.py")], env=env,
+                           capture_output=True, text=True, cwd=REPO, timeout=600)
+        try:
+            out[name] = json.loads(r.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            out[name] = {"failed": r.stderr[-1500:]}
+    return out
+
+
+# ---------------------------------------------------------------------- browser first paint
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _peak_rss_mb(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024)
+    except OSError:
+        return None
+    return None
+
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
+                 "--no-first-run", "--disable-component-update", "--disable-sync"]
+FLOOR_APP = """import plotly.graph_objects as go
+import streamlit as st
+st.plotly_chart(go.Figure(go.Bar(x=[0, 1, 2, 3], y=[0.4, 0.2, 0.2, 0.2])))
+"""
+
+
+def _serve(app: Path, cwd: Path, env: dict, log: Path) -> tuple[subprocess.Popen, str]:
+    """`streamlit run` on a free port (no file watcher: on a big tree its inotify reconciling costs seconds)."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true",
+                             "--server.port", str(port), "--server.address", "127.0.0.1",
+                             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+                            cwd=cwd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    for _ in range(300):
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    break
+        except OSError:
+            time.sleep(0.3)
+    return proc, url
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def browser_floor(work: Path, n: int = 3) -> list[float]:
+    """First chart paint of a bare streamlit app holding one plotly chart, fresh browser context each time: what
+    this machine's browser and streamlit cost before any SpecLens code runs."""
+    from playwright.sync_api import sync_playwright
+
+    (work / "floor_app.py").write_text(FLOOR_APP)
+    proc, url = _serve(work / "floor_app.py", work, dict(os.environ), work / "floor.log")
+    times = []
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+            for _ in range(n):
+                ctx = browser.new_context(viewport={"width": 1440, "height": 1000})
+                pg = ctx.new_page()
+                t = time.perf_counter()
+                pg.goto(url + "/")
+                pg.wait_for_selector(CHART, state="attached", timeout=120_000)
+                times.append(round(time.perf_counter() - t, 3))
+                ctx.close()
+            browser.close()
+    finally:
+        _stop(proc)
+    return times
+
+
+def browser_views(root: Path, shots: Path | None, repeats: int = 3) -> dict:
+    """Per view, `repeats` times in a fresh browser context (cold cache): seconds from navigation to the first
+    chart (Runs: the runs table) attached, and to the script's end; the median first paint."""
+    from playwright.sync_api import sync_playwright
+
+    proc, url = _serve(REPO / "app.py", REPO, {**os.environ, "SPECLENS_DATA": str(root)}, root.parent / "streamlit.log")
+    out: dict = {}
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
+            warm = browser.new_context(viewport={"width": 1440, "height": 1000})
+            pg = warm.new_page()
+            pg.goto(url + "/")                    # first load of `/` (streamlit issue #8860); modules imported
+            pg.wait_for_selector(TABLE, timeout=120_000)
+            warm.close()
+            for name, _, params in VIEWS:
+                query = "&".join(f"{k}={v}" for k, v in params.items())
+                path = "/" + name.split("?")[0] + (f"?{query}" if query else "")
+                sel = TABLE if name.startswith("runs") else CHART
+                firsts, dones, errors = [], [], 0
+                for rep in range(repeats):
+                    ctx = browser.new_context(viewport={"width": 1440, "height": 1000})      # cold cache
+                    pg = ctx.new_page()
+                    t = time.perf_counter()
+                    pg.goto(url + path)
+                    pg.wait_for_selector(sel, state="attached", timeout=120_000)
+                    firsts.append(round(time.perf_counter() - t, 3))
+                    pg.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]',
+                                         state="attached", timeout=120_000)
+                    dones.append(round(time.perf_counter() - t, 3))
+                    errors += pg.locator('[data-testid="stException"]').count()
+                    if shots and rep == 0:
+                        pg.wait_for_timeout(1000)
+                        pg.screenshot(path=str(shots / f"bench-{len(out) + 1}-{name.split('?')[0]}.png"))
+                    ctx.close()
+                out[name] = {"first_paint_s": firsts, "median_s": sorted(firsts)[len(firsts) // 2],
+                             "script_done_s": dones, "painted": "chart" if sel == CHART else "runs table",
+                             "exceptions": errors}
+            browser.close()
+        out["server_peak_rss_mb"] = _peak_rss_mb(proc.pid)
+    finally:
+        _stop(proc)
+    return out
+
+
+# ---------------------------------------------------------------------- main
+
+
+def _timed(fn, *a, **kw) -> tuple[object, float]:
+    t = time.perf_counter()
+    r = fn(*a, **kw)
+    return r, round(time.perf_counter() - t, 3)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=10_000)
+    ap.add_argument("--steps", type=int, default=10_000_000)
+    ap.add_argument("--root", type=Path, default=None, help="data root to build (or reuse when it has a catalog)")
+    ap.add_argument("--keep", action="store_true", help="keep the data root")
+    ap.add_argument("--shots", type=Path, default=None, help="folder for screenshots of each view")
+    ap.add_argument("--no-browser", action="store_true")
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args()
+
+    result: dict = {"load_avg_before": list(os.getloadavg()), "cpus": os.cpu_count()}
+    tmp = a.root is None
+    root = (Path(tempfile.mkdtemp(prefix="pages-bench-")) / "data") if tmp else a.root
+    try:
+        if (root / "speclens.duckdb").exists():
+            result["data"] = {"reused": str(root)}
+        else:
+            result["data"] = build_root(root, a.runs, a.steps)
+            _, result["data"]["catalog_full_refresh_s"] = _timed(catalog.refresh, root, full=True)
+        result["data"]["catalog_mb"] = round((root / "speclens.duckdb").stat().st_size / 2**20, 1)
+        result["data"]["runs_dir_mb"] = round(sum(f.stat().st_size for f in (root / "runs").rglob("*") if f.is_file())
+                                              / 2**20, 1)
+        _, result["data"]["refresh_nothing_changed_s"] = _timed(catalog.refresh, root)
+        os.environ["SPECLENS_DATA"] = str(root)
+        some = "bench-00013-d11"
+        _, result["data"]["annotation_save_s"] = _timed(annotations.save, some, tags="bench-edit", root=root)
+        _, result["data"]["refresh_after_one_edit_s"] = _timed(catalog.refresh, root)
+        ids = ["bench-00001-d07", "bench-00002-d14", "bench-00011-d17"]
+        queries = {"runs_overview": lambda: catalog.runs_overview(root=root),
+                   "bench_histogram_3_runs": lambda: catalog.bench_histogram(ids, root=root),
+                   "bench_categories_3_runs": lambda: catalog.bench_categories(ids, root=root),
+                   "bench_runs_all": lambda: catalog.bench_runs(root=root)}
+        result["queries_s"] = {k: _timed(q)[1] for k, q in queries.items()}
+        result["apptest_first_render"] = apptest_views(root)
+        result["apptest_harness_one_line_script_cold_s"] = apptest_harness()
+        if not a.no_browser:
+            if a.shots:
+                a.shots.mkdir(parents=True, exist_ok=True)
+            result["browser_first_paint"] = browser_views(root, a.shots)
+            result["browser_floor_one_chart_s"] = browser_floor(root.parent)
+        result["bench_process_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        result["load_avg_after"] = list(os.getloadavg())
+        result["bar"] = {"apptest_first_render_max_s": 1.0, "browser_first_paint_max_s": 4.0}
+    finally:
+        if tmp and not a.keep:
+            shutil.rmtree(root.parent, ignore_errors=True)
+        elif tmp:
+            result["root"] = str(root)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if a.out:
+        a.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

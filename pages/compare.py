@@ -1,0 +1,74 @@
+"""Compare bench runs (?runs=a,b,c&baseline=paired|pinned): accepted-length histograms, per-position acceptance,
+throughput and speedup with 95% CIs, per-category figures and the settings that differ. Numbers: backend/compare.py
+(from backend/metrics.py); data: catalog aggregates."""
+
+import streamlit as st
+
+from backend import charts, compare, ui
+from backend.store import catalog
+
+st.title("Compare bench runs")
+bench = ui.guarded(catalog.bench_index)
+ids = ui.complete_bench(bench)
+ui.need_bench(ids, 2)
+ui.unknown_runs(["runs"], ids, ui.guarded(catalog.run_states, ui.qp_list("runs")), what="bench run")
+
+c1, c2 = st.columns([3, 1])
+default = compare.default_runs(bench)
+chosen = ui.multiselect("Bench runs", ui.capped(ids, ui.qp_list("runs") + default), "runs", default, where=c1,
+                        placeholder="pick two or more bench runs",
+                        help=f"lists the {ui.MAX_OPTIONS} newest bench runs and those in the URL; find older ones "
+                             "on the Runs page (filter, tick their rows, then Compare)" if len(ids) > ui.MAX_OPTIONS
+                        else None)
+against = ui.select("Speedup against", list(compare.BASELINES), "baseline", "paired", where=c2,
+                    format_func=compare.BASELINES.get)
+if len(chosen) < 2:
+    st.info("Pick at least two bench runs to compare.")
+    st.stop()
+
+headline, warnings = st.empty(), st.empty()           # filled once the speed figures are in
+acc = ui.guarded(compare.load_acceptance, chosen)     # the first charts need only the histograms: draw them first
+stem = "_".join(acc.run_ids)
+st.subheader("Acceptance")
+left, right = st.columns(2)
+with left:
+    ui.chart_with_downloads(charts.accepted_histogram(acc.histogram, acc.run_ids), acc.histogram,
+                            f"accepted_hist_{stem}")
+with right:
+    ui.chart_with_downloads(charts.acceptance_curves(acc.positions, acc.run_ids), acc.positions,
+                            f"acceptance_per_position_{stem}")
+
+with st.spinner(f"Speedups of {len(acc.run_ids)} runs ..."):
+    cmp = ui.guarded(compare.compare, chosen, against, acceptance=acc)
+headline.container(border=True).markdown(cmp.headline)
+with warnings.container():
+    ui.warning_list(cmp.warnings)
+
+st.subheader("Speed")
+left, right = st.columns(2)
+speed = charts.speed_frame(cmp.figures)
+with left:
+    ui.chart_with_downloads(charts.throughput_bars(cmp.figures), speed, f"throughput_{stem}")
+with right:
+    ui.chart_with_downloads(charts.speedup_chart(cmp.figures, compare.BASELINES[against]), speed,
+                            f"speedup_{against}_{stem}")
+st.dataframe(charts.summary_table(cmp.figures), hide_index=True, key="summary", column_config={
+    "tau": st.column_config.NumberColumn(format="%.2f"),
+    "acceptance": st.column_config.NumberColumn(format="percent"),
+    "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.1f"),
+    **{c: st.column_config.NumberColumn(format="%.2f") for c in ("speedup", "CI low", "CI high")}})
+
+st.subheader("Per category")
+st.caption("Spec-Bench categories: tau (mean acceptance length), mean per-prompt tokens/s, and the speedup over the "
+           "same baseline on that category's prompts with its 95% bootstrap interval.")
+categories = charts.category_table(cmp.categories, cmp.run_ids)
+st.dataframe(categories, hide_index=True, key="categories",
+             column_config={c: st.column_config.NumberColumn(format="%.2f") for c in categories.columns
+                            if c.endswith(("tau", "tokens/s", "speedup"))})
+
+st.subheader("Settings that differ")
+if cmp.config.empty:
+    st.caption("The manifests of these runs record the same settings.")
+else:
+    st.caption("Manifest keys (flattened) whose values differ; results and bookkeeping (times, progress) left out.")
+    st.dataframe(cmp.config, hide_index=True, key="config_diff")

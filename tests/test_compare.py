@@ -1,0 +1,428 @@
+"""Bench runs on the dashboard: the Runs page (filters, annotations, pinned baseline) and the Compare page, through
+AppTest and in a real browser, on bench runs made by backend.bench.run_bench (tests/conftest.py build_bench_data);
+the annotations module, the incremental catalog refresh and the comparison data they rest on."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from backend import annotations, compare
+from backend.config import REPO_ROOT
+from backend.errors import SpecLensError
+from backend.store import catalog
+from test_browser import CHART, CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, _free_port, _wait_healthy, alerts, open_view
+from test_pages import figures, open_page, params, texts, values
+
+RUNS = "spec-random,spec-oracle"
+INJECTION = "x'); DROP TABLE runs; --"
+
+
+@pytest.fixture
+def bench(bench_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The shared bench data root as SPECLENS_DATA (read only: tests that write use `own`)."""
+    monkeypatch.setenv("SPECLENS_DATA", str(bench_root))
+    return bench_root
+
+
+@pytest.fixture
+def own(bench_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private copy of the bench data root (annotations change it), as SPECLENS_DATA."""
+    root = tmp_path / "data"
+    shutil.copytree(bench_root / "runs", root / "runs")
+    catalog.refresh(root)
+    monkeypatch.setenv("SPECLENS_DATA", str(root))
+    return root
+
+
+# ---------------------------------------------------------------------------- annotations module
+
+def test_tags_are_validated() -> None:
+    assert annotations.parse_tags(" fast, k3 fast,v1.2_x ") == ["fast", "k3", "v1.2_x"]
+    for bad in (INJECTION, "a,b;c", "x" * 41, "naïve"):
+        with pytest.raises(SpecLensError, match="not allowed"):
+            annotations.parse_tags(bad)
+    with pytest.raises(SpecLensError, match="at most"):
+        annotations.parse_tags([f"t{i}" for i in range(annotations.MAX_TAGS + 1)])
+    with pytest.raises(SpecLensError, match="at most"):
+        annotations.check_notes("n" * (annotations.MAX_NOTES + 1))
+    with pytest.raises(SpecLensError, match="NUL"):
+        annotations.check_notes("a\x00b")
+
+
+def test_annotations_round_trip_and_injection_is_literal(own: Path) -> None:
+    before = (own / "runs" / "spec-random" / "manifest.json").read_bytes()
+    ann = annotations.save("spec-random", tags="fast, k3", notes=INJECTION + "\nsecond line", root=own)
+    assert ann.tags == ["fast", "k3"] and ann.notes == INJECTION + "\nsecond line"
+    assert (own / "runs" / "spec-random" / "manifest.json").read_bytes() == before, "results stay immutable"
+    on_disk = json.loads((own / "runs" / "spec-random" / "annotations.json").read_text())
+    assert on_disk["notes"].startswith(INJECTION) and on_disk["tags"] == ["fast", "k3"]
+    catalog.refresh(own)
+    row = catalog.list_runs(root=own).set_index("run_id").loc["spec-random"]
+    assert row["tags"] == "fast,k3" and row["notes"] == INJECTION + "\nsecond line"
+    assert len(catalog.list_runs(root=own)) == 4 and len(catalog.bench_runs(root=own)) == 3   # nothing dropped
+    with pytest.raises(SpecLensError, match="not allowed"):
+        annotations.save("spec-random", tags=INJECTION, root=own)
+    assert annotations.read("spec-random", own).tags == ["fast", "k3"], "a rejected edit changes nothing"
+    for bad in ("../spec-random", "spec-random/../../x", INJECTION):
+        with pytest.raises(SpecLensError, match="not a valid run id"):
+            annotations.save(bad, notes="x", root=own)
+    assert catalog.list_runs(kind=INJECTION, root=own).empty
+
+
+def test_pin_one_baseline_per_target(own: Path) -> None:
+    annotations.save("spec-random-baseline", pinned=True, root=own)
+    annotations.save("spec-random", pinned=True, root=own)      # same target: the previous pin goes
+    catalog.refresh(own)
+    assert catalog.pinned_baselines(root=own)["run_id"].tolist() == ["spec-random"]
+    assert annotations.read("spec-random-baseline", own).pinned is False
+    with pytest.raises(SpecLensError, match="only bench runs"):
+        annotations.save("cap-tiny", pinned=True, root=own)
+
+
+def test_read_only_refuses_writes(own: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECLENS_READONLY", "1")
+    assert not annotations.editable()
+    with pytest.raises(SpecLensError, match="read-only"):
+        annotations.save("spec-random", notes="x", root=own)
+    assert not (own / "runs" / "spec-random" / "annotations.json").exists()
+
+
+# ---------------------------------------------------------------------------- catalog: incremental refresh
+
+def test_refresh_reads_only_what_changed(own: Path) -> None:
+    cat = own / "speclens.duckdb"
+    stamp = cat.stat().st_mtime_ns
+    catalog.refresh(own)
+    assert cat.stat().st_mtime_ns == stamp, "nothing changed: nothing written"
+    steps = len(catalog.bench_steps(["spec-oracle"], root=own))
+    annotations.save("spec-oracle", notes="edited", root=own)
+    catalog.refresh(own)
+    assert cat.stat().st_mtime_ns != stamp
+    assert catalog.get_run("spec-oracle", own)["notes"] == "edited"
+    assert len(catalog.bench_steps(["spec-oracle"], root=own)) == steps, "its tables re-read once, not twice"
+    shutil.rmtree(own / "runs" / "cap-tiny")
+    catalog.refresh(own)
+    assert "cap-tiny" not in catalog.list_runs(root=own)["run_id"].tolist()
+    assert catalog.boundary_stats(["cap-tiny"], root=own).empty
+    whole = catalog.refresh(own, full=True)
+    assert whole == cat and len(catalog.bench_steps(["spec-oracle"], root=own)) == steps
+
+
+def test_unreadable_manifest_is_listed_as_failed_and_not_reread(own: Path) -> None:
+    bad = own / "runs" / "half-written"
+    bad.mkdir()
+    (bad / "manifest.json").write_text('{"run_id": "half-wr')
+    catalog.refresh(own)
+    row = catalog.get_run("half-written", own)
+    assert row["status"] == "failed" and "unreadable manifest" in row["error"]
+    stamp = (own / "speclens.duckdb").stat().st_mtime_ns
+    catalog.refresh(own)
+    assert (own / "speclens.duckdb").stat().st_mtime_ns == stamp
+
+
+def test_old_catalog_schema_is_rebuilt(own: Path) -> None:
+    import duckdb
+
+    con = duckdb.connect(str(own / "speclens.duckdb"))
+    con.execute("UPDATE catalog_meta SET value = '1'")
+    con.close()
+    catalog.refresh(own)
+    assert len(catalog.runs_overview(root=own)) == 4
+
+
+# ---------------------------------------------------------------------------- comparison data
+
+def test_comparison_numbers_come_from_aggregates(bench: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(catalog, "bench_steps", lambda *a, **k: pytest.fail("per-step rows loaded"))
+    monkeypatch.setattr(catalog, "bench_prompts", lambda *a, **k: pytest.fail("all prompt columns loaded"))
+    c = compare.compare(["spec-random", "spec-oracle"], root=bench)
+    f = c.figures.set_index("run_id")
+    br = catalog.bench_runs(root=bench).set_index("run_id")
+    for r in ("spec-random", "spec-oracle"):
+        assert f.loc[r, "tau"] == pytest.approx(br.loc[r, "tau"]), "tau from the histogram = tau as benched"
+        assert f.loc[r, "speedup"] == pytest.approx(br.loc[r, "speedup"])
+        assert f.loc[r, "speedup_ci_low"] <= f.loc[r, "speedup_ci_high"]
+    assert f.loc["spec-oracle", "tau"] > 2 and f.loc["spec-random", "tau"] < f.loc["spec-oracle", "tau"]
+    h = c.histogram[c.histogram["run_id"] == "spec-oracle"]
+    assert h["accepted"].tolist() == [0, 1, 2, 3] and h["share"].sum() == pytest.approx(1.0)
+    pos = c.positions[c.positions["run_id"] == "spec-oracle"]["rate"].tolist()
+    assert len(pos) == 3 and pos == sorted(pos, reverse=True), "a chain accepts a prefix: rates fall with position"
+    assert set(c.categories["category"]) == {"writing", "math", "coding"}
+    assert c.config["setting"].tolist() == ["drafter.proposer"], "only what differs"
+    assert "`spec-random` loses 1.26 in tau against `spec-oracle`" in c.headline
+    assert "speedup" in c.headline and "[" in c.headline
+
+
+def test_speedup_against_the_pinned_baseline(own: Path) -> None:
+    c = compare.compare(["spec-random", "spec-oracle"], "pinned", root=own)
+    assert "No pinned baseline" in " ".join(c.warnings)
+    annotations.save("spec-random", pinned=True, root=own)
+    catalog.refresh(own)
+    c = compare.compare(["spec-random", "spec-oracle"], "pinned", root=own)
+    f = c.figures.set_index("run_id")
+    assert f.loc["spec-random", "speedup"] == pytest.approx(1.0)
+    assert f.loc["spec-oracle", "baseline_run"] == "spec-random"
+    assert f.loc["spec-oracle", "ci_method"].startswith("bootstrap")
+    assert f.loc["spec-oracle", "speedup_ci_low"] <= f.loc["spec-oracle", "speedup_ci_high"]   # (timings: the mean
+    # over repeats may lie outside a bootstrap interval over 4 prompts)
+    assert not c.warnings
+
+
+def test_config_diff_and_headline_words() -> None:
+    d = compare.config_diff({"a": {"settings": {"k": 4, "t": 0.0}, "created": "x", "drafter": {"path": "/d/a"}},
+                             "b": {"settings": {"k": 4, "t": 0.7}, "created": "y"}}, ["a", "b"])
+    assert d.to_dict("records") == [{"setting": "drafter.path", "a": "/d/a", "b": compare.ABSENT},
+                                    {"setting": "settings.t", "a": "0.0", "b": "0.7"}]
+    import pandas as pd
+
+    fig = pd.DataFrame([{"run_id": "drafter-matched", "tau": 2.61, "num_spec_tokens": 4, "drafts": 10, "speedup": 1.9,
+                         "speedup_ci_low": 1.7, "speedup_ci_high": 2.1},
+                        {"run_id": "drafter-after-layer", "tau": 1.35, "num_spec_tokens": 4, "drafts": 10,
+                         "speedup": 1.1, "speedup_ci_low": 1.0, "speedup_ci_high": 1.2}])
+    assert compare.headline(fig) == ("`drafter-matched`: tau 2.61 (speedup 1.90x [1.70, 2.10]); `drafter-after-layer`: "
+                                     "tau 1.35 (speedup 1.10x [1.00, 1.20]) — `drafter-after-layer` loses 1.26 in tau "
+                                     "against `drafter-matched` (48% of its tau; 0.80x of speedup).")
+
+
+# ---------------------------------------------------------------------------- Runs page (AppTest)
+
+def table(at):
+    return at.dataframe[0].value
+
+
+def test_runs_page_shows_bench_runs_and_captures(bench: Path) -> None:
+    at = open_page("pages/runs.py")
+    t = table(at).set_index("run_id")
+    assert set(t.index) == {"cap-tiny", "spec-random", "spec-oracle", "spec-random-baseline"}
+    assert t.loc["spec-oracle", "kind"] == "bench" and t.loc["cap-tiny", "kind"] == "capture"
+    assert t.loc["spec-oracle", "tau"] > 2 and t.loc["spec-oracle", "drafter"] == "drafter-random"
+    assert t.loc["spec-oracle", "tags"] == "oracle,demo"
+    assert t.loc["spec-oracle", "view"] == "compare?runs=spec-oracle,spec-random-baseline"
+    assert t.loc["cap-tiny", "view"] == "stats?runs=cap-tiny&run=cap-tiny"
+    assert params(at) == {}, "defaults stay out of the URL"
+
+
+@pytest.mark.parametrize("query,expect", [
+    ({"kind": "bench", "tag": "oracle"}, ["spec-oracle"]),
+    ({"drafter": "drafter-random"}, ["spec-oracle", "spec-random"]),
+    ({"kind": "capture", "target": "tiny-target", "engine": "hf"}, ["cap-tiny"]),
+    ({"dataset": "spec_bench_mini.jsonl", "tag": "demo,nope"}, ["spec-oracle"]),
+    ({"tag": INJECTION}, ["cap-tiny", "spec-oracle", "spec-random", "spec-random-baseline"]),
+])
+def test_runs_filters_from_the_url(bench: Path, query: dict, expect: list[str]) -> None:
+    at = open_page("pages/runs.py", **query)
+    assert sorted(table(at)["run_id"]) == expect
+    assert set(params(at)) <= set(query)
+
+
+def test_runs_filter_widgets_write_the_url(bench: Path) -> None:
+    at = open_page("pages/runs.py", kind="bench")
+    at.multiselect(key="qp_tag").set_value(["oracle"]).run()
+    at.multiselect(key="qp_drafter").set_value(["drafter-random"]).run()
+    assert params(at) == {"kind": "bench", "tag": "oracle", "drafter": "drafter-random"}
+    assert table(at)["run_id"].tolist() == ["spec-oracle"]
+
+
+def _form(at, rid: str):
+    return at.text_input(key=f"tags_{rid}"), at.text_area(key=f"notes_{rid}")
+
+
+def _save(at):
+    (button,) = [b for b in at.button if b.label == "Save"]
+    return button.click().run()
+
+
+def test_annotation_editing_round_trip(own: Path) -> None:
+    at = open_page("pages/runs.py", run="spec-random")
+    tags, notes = _form(at, "spec-random")
+    tags.input("fast, k3")
+    notes.input(INJECTION)
+    at.checkbox(key="pin_spec-random").check()
+    at = _save(at)
+    assert not at.exception and not at.error
+    assert "Saved the annotations of `spec-random`" in texts(at.success)
+    row = table(at).set_index("run_id").loc["spec-random"]
+    assert row["tags"] == "fast,k3" and row["notes"] == INJECTION and bool(row["pinned"])
+    assert catalog.get_run("spec-random", own)["notes"] == INJECTION
+    at = open_page("pages/runs.py", tag="k3")
+    assert table(at)["run_id"].tolist() == ["spec-random"]
+
+
+def test_bad_tags_are_refused_on_the_page(own: Path) -> None:
+    at = open_page("pages/runs.py", run="spec-oracle")
+    tags, _ = _form(at, "spec-oracle")
+    tags.input(INJECTION)
+    at = _save(at)
+    assert "not allowed" in texts(at.error) and not at.exception
+    assert annotations.read("spec-oracle", own).tags == ["oracle", "demo"]
+    assert len(catalog.list_runs(root=own)) == 4
+
+
+def test_read_only_hides_the_editor(bench: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECLENS_READONLY", "1")
+    at = open_page("pages/runs.py")
+    assert not at.text_input and not at.text_area and not [b for b in at.button if b.label == "Save"]
+    assert len(table(at)) == 4
+
+
+# ---------------------------------------------------------------------------- Compare page (AppTest)
+
+def test_compare_page(bench: Path) -> None:
+    at = open_page("pages/compare.py", runs=RUNS)
+    assert params(at) == {"runs": RUNS, "baseline": "paired"}
+    md = texts(at.markdown)
+    assert "`spec-random`: tau 1.00" in md and "`spec-oracle`: tau 2.26" in md and "loses 1.26 in tau" in md
+    hist, pos, tput, speed = figures(at)
+    assert [t["name"] for t in hist["data"]] == ["spec-random", "spec-oracle"] and hist["layout"]["barmode"] == "group"
+    assert values(hist["data"][1]["y"]).sum() == pytest.approx(1.0), "normalised"
+    rates = values(pos["data"][1]["y"])
+    assert len(rates) == 3 and (np.diff(rates) <= 0).all()
+    assert [t["name"] for t in tput["data"]] == ["run", "its baseline"]
+    bar = speed["data"][0]
+    assert list(bar["x"]) == ["spec-random", "spec-oracle"] and bar["error_y"]["symmetric"] is False
+    assert "paired baseline" in speed["layout"]["title"]["text"]
+    summary, cats, diff = (d.value for d in at.dataframe)
+    assert summary["run_id"].tolist() == ["spec-random", "spec-oracle"]
+    assert cats["category"].tolist() == ["coding", "math", "writing"] and "spec-oracle · speedup" in cats
+    assert diff["setting"].tolist() == ["drafter.proposer"]
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert labels.count("CSV") == 4 and labels.count("PNG") == 4 and labels.count("HTML") == 4
+
+
+def test_compare_default_view_and_baseline_switch(own: Path) -> None:
+    at = open_page("pages/compare.py")
+    assert sorted(params(at)["runs"].split(",")) == ["spec-oracle", "spec-random"]
+    at.selectbox(key="qp_baseline").set_value("pinned").run()
+    assert params(at)["baseline"] == "pinned" and "No pinned baseline" in texts(at.warning)
+    annotations.save("spec-random-baseline", pinned=True, root=own)
+    catalog.refresh(own)
+    at = open_page("pages/compare.py", runs="spec-oracle,spec-random,spec-random-baseline", baseline="pinned")
+    assert not at.warning or "plain decoding" in texts(at.warning)
+    assert "pinned baseline" in figures(at)[3]["layout"]["title"]["text"]
+
+
+def test_compare_needs_two_bench_runs(bench: Path) -> None:
+    at = open_page("pages/compare.py", runs="spec-random,cap-tiny,ghost")
+    w = texts(at.warning)
+    assert "`cap-tiny` (from the URL, `runs`) is a capture run" in w and "No run `ghost`" in w and "left out" in w
+    assert "at least two" in texts(at.info) and not at.get("plotly_chart")
+
+
+def test_compare_without_bench_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECLENS_DATA", str(tmp_path / "empty"))
+    assert "python -m backend bench" in texts(open_page("pages/compare.py").info)
+
+
+def test_compare_shows_a_failed_query_in_one_line(bench: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*a, **k):
+        raise SpecLensError("catalog: the bench tables are missing; run `python -m backend db rebuild`")
+    monkeypatch.setattr(compare, "compare", boom)
+    at = open_page("pages/compare.py", runs=RUNS)
+    assert "db rebuild" in texts(at.error) and len(at.get("plotly_chart")) == 2, "acceptance drawn, then the error"
+    monkeypatch.setattr(compare, "load_acceptance", boom)
+    at = open_page("pages/compare.py", runs=RUNS)
+    assert "db rebuild" in texts(at.error) and not at.get("plotly_chart")
+
+
+# ---------------------------------------------------------------------------- real browser
+
+@pytest.fixture(scope="module")
+def bench_server(bench_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if not CHROMIUM.exists():
+        pytest.skip("needs Debian chromium at /usr/bin/chromium")
+    port = _free_port()
+    log = tmp_path_factory.mktemp("streamlit-bench") / "server.log"
+    env = {**os.environ, "SPECLENS_DATA": str(bench_root)}
+    env.pop("SPECLENS_READONLY", None)
+    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
+           "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, log)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def bench_page(bench_server: str):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        ctx = browser.new_context(viewport={"width": 1440, "height": 1700}, accept_downloads=True)
+        ctx.set_default_timeout(TIMEOUT_MS)
+        pg = ctx.new_page()
+        pg.goto(bench_server + "/")                 # first load of `/` (streamlit issue #8860)
+        pg.wait_for_selector('[data-testid="stDataFrame"]')
+        yield pg
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def bench_shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = Path(os.environ["SPECLENS_SCREENSHOTS"]) if os.environ.get("SPECLENS_SCREENSHOTS") else \
+        tmp_path_factory.mktemp("screenshots")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def test_browser_compare(bench_page, bench_server: str, bench_shots: Path) -> None:
+    open_view(bench_page, bench_server, f"/compare?runs={RUNS}&baseline=paired", charts=4)
+    body = bench_page.locator('[data-testid="stMarkdownContainer"]').all_inner_texts()
+    assert any("loses 1.26 in tau" in t for t in body)
+    assert bench_page.locator(f"{CHART}").count() >= 4
+    bench_page.screenshot(path=str(bench_shots / "compare.png"), full_page=True)
+    button = bench_page.locator('[data-testid="stDownloadButton"] button').filter(has_text="CSV").first
+    with bench_page.expect_download(timeout=TIMEOUT_MS) as dl:
+        button.click()
+    assert Path(dl.value.path()).read_bytes().startswith(b"run_id,accepted,steps,share")
+    assert dl.value.suggested_filename == "accepted_hist_spec-random_spec-oracle.csv"
+
+
+def test_browser_runs_bench_tag(bench_page, bench_server: str, bench_shots: Path) -> None:
+    open_view(bench_page, bench_server, "/runs?kind=bench&tag=oracle", charts=0)
+    bench_page.wait_for_selector('[data-testid="stDataFrame"]')
+    assert "1 of 4 runs shown" in bench_page.locator('[data-testid="stCaptionContainer"]').first.inner_text()
+    assert bench_page.get_by_text("Tags, notes and baseline").count() == 1
+    bench_page.screenshot(path=str(bench_shots / "runs-bench-tag.png"), full_page=True)
+    open_view(bench_page, bench_server, "/runs?kind=bench", charts=0)
+    bench_page.wait_for_selector('[data-testid="stDataFrame"]')
+    bench_page.screenshot(path=str(bench_shots / "runs-bench.png"), full_page=True)
+
+
+def test_browser_navigation_to_compare(bench_page, bench_server: str) -> None:
+    open_view(bench_page, bench_server, "/runs", charts=0)
+    bench_page.get_by_role("link", name="Compare").first.click()
+    bench_page.wait_for_url("**/compare**")
+    bench_page.wait_for_function(f"document.querySelectorAll('{CHART}').length >= 4", timeout=TIMEOUT_MS)
+    assert "No run" not in alerts(bench_page)
+
+
+def test_browser_tick_rows_then_compare(bench_page, bench_server: str) -> None:
+    open_view(bench_page, bench_server, "/runs?kind=bench", charts=0)
+    bench_page.wait_for_selector('[data-testid="stDataFrame"] canvas')
+    box = bench_page.locator('[data-testid="stDataFrame"]').first.bounding_box()
+    for row in (0, 1):                         # the row-selection checkboxes (header and rows 35 px high)
+        bench_page.mouse.click(box["x"] + 16, box["y"] + 35 + 35 * row + 17)
+        bench_page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', state="attached")
+    link = bench_page.get_by_role("link", name="Compare the 2 selected bench runs")
+    link.wait_for()
+    link.click()
+    bench_page.wait_for_url("**/compare?runs=spec-oracle%2Cspec-random**")
+    bench_page.wait_for_function(f"document.querySelectorAll('{CHART}').length >= 4", timeout=TIMEOUT_MS)
