@@ -5,6 +5,7 @@ downloads must produce real files. Screenshots go to $SPECLENS_SCREENSHOTS or a 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 import socket
 import subprocess
 import sys
@@ -47,11 +48,13 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float 
     raise RuntimeError(f"streamlit did not answer at {url} within {timeout_s} s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="module")
-def server(dash_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@contextmanager
+def streamlit_server(data_root: Path, log_dir: Path) -> Iterator[str]:
+    """`streamlit run app.py` on a free port over `data_root`; yields its URL and stops it afterwards."""
     port = _free_port()
-    log = tmp_path_factory.mktemp("streamlit") / "server.log"
-    env = {**os.environ, "SPECLENS_DATA": str(dash_root)}
+    log = log_dir / "server.log"
+    env = {**os.environ, "SPECLENS_DATA": str(data_root)}
+    env.pop("SPECLENS_READONLY", None)
     cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
            "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
     with open(log, "w") as out:
@@ -68,6 +71,28 @@ def server(dash_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             proc.kill()
 
 
+@contextmanager
+def browser_page(url: str):
+    """A Debian-chromium page that has loaded `/` once (streamlit issue #8860)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        ctx = browser.new_context(viewport={"width": 1440, "height": 1700}, accept_downloads=True)
+        ctx.set_default_timeout(TIMEOUT_MS)
+        pg = ctx.new_page()
+        pg.goto(url + "/")
+        pg.wait_for_selector('[data-testid="stDataFrame"]')
+        yield pg
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def server(dash_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with streamlit_server(dash_root, tmp_path_factory.mktemp("streamlit")) as url:
+        yield url
+
+
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = Path(os.environ["SPECLENS_SCREENSHOTS"]) if os.environ.get("SPECLENS_SCREENSHOTS") else \
@@ -78,17 +103,8 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def page(server: str):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        ctx = browser.new_context(viewport={"width": 1440, "height": 1700}, accept_downloads=True)
-        ctx.set_default_timeout(TIMEOUT_MS)
-        pg = ctx.new_page()
-        pg.goto(server + "/")                       # first load of `/` (streamlit issue #8860)
-        pg.wait_for_selector('[data-testid="stDataFrame"]')
+    with browser_page(server) as pg:
         yield pg
-        browser.close()
 
 
 def open_view(page, server: str, path: str, charts: int = 1) -> None:

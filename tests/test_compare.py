@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -19,7 +17,7 @@ from backend import annotations, compare
 from backend.config import REPO_ROOT
 from backend.errors import SpecLensError
 from backend.store import catalog
-from test_browser import CHART, CHROMIUM, CHROMIUM_ARGS, TIMEOUT_MS, _free_port, _wait_healthy, alerts, open_view
+from test_browser import CHART, CHROMIUM, TIMEOUT_MS, alerts, browser_page, open_view, streamlit_server
 from test_pages import figures, open_page, params, texts, values
 
 RUNS = "spec-random,spec-oracle"
@@ -339,39 +337,14 @@ def test_compare_shows_a_failed_query_in_one_line(bench: Path, monkeypatch: pyte
 def bench_server(bench_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if not CHROMIUM.exists():
         pytest.skip("needs Debian chromium at /usr/bin/chromium")
-    port = _free_port()
-    log = tmp_path_factory.mktemp("streamlit-bench") / "server.log"
-    env = {**os.environ, "SPECLENS_DATA": str(bench_root)}
-    env.pop("SPECLENS_READONLY", None)
-    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
-           "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, log)
+    with streamlit_server(bench_root, tmp_path_factory.mktemp("streamlit-bench")) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture(scope="module")
 def bench_page(bench_server: str):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        ctx = browser.new_context(viewport={"width": 1440, "height": 1700}, accept_downloads=True)
-        ctx.set_default_timeout(TIMEOUT_MS)
-        pg = ctx.new_page()
-        pg.goto(bench_server + "/")                 # first load of `/` (streamlit issue #8860)
-        pg.wait_for_selector('[data-testid="stDataFrame"]')
+    with browser_page(bench_server) as pg:
         yield pg
-        browser.close()
 
 
 @pytest.fixture(scope="module")
