@@ -203,3 +203,15 @@ def test_length_batches_cover_every_sequence_once_within_limits():
     batches = td.length_batches(lengths, max_seqs=16, max_tokens=2048, rng=random.Random(0))
     assert sorted(i for b in batches for i in b) == list(range(200))
     assert all(len(b) <= 16 and (len(b) == 1 or len(b) * max(lengths[i] for i in b) <= 2048) for b in batches)
+
+
+def test_chat_answers_quote_the_prompt_and_end_in_eos():
+    assert C.quote_answer("Summarize: The cat sat. It was warm.") == "The cat sat. It was warm."
+    assert C.quote_answer("Translate German to English: Guten Tag , Welt") == "Guten Tag , Welt"
+    long = " ".join(f"w{i}." if i % 10 == 9 else f"w{i}" for i in range(300))
+    q = C.quote_answer(long, max_words=55)
+    assert long.startswith(q) and q.endswith("w49.")              # cut at the last sentence end
+    corpus = C.build_corpus(5_000, ("spec_bench", "pydoc_topics"), echo=3)
+    chat = [d for d in corpus.docs if d.chat]
+    assert chat and corpus.docs[: len(chat)] == chat               # chat documents first, then plain text
+    assert {d.source for d in chat} == {"spec_bench", "echo"} and all(d.text.endswith("<|end|>\n<|eos|>") for d in chat)

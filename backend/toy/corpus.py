@@ -2,12 +2,21 @@
 
 Sources, in this order (each is skipped quietly when absent on a machine):
 
-| source              | what                                                                  |
-|---------------------|-----------------------------------------------------------------------|
-| `spec_bench`        | training Spec-Bench rows as chat: user turn, then the reference answer |
-| `pydoc_topics`      | `pydoc_data.topics`: the Python language reference, shipped with Python |
-| `stdlib_docstrings` | module/class/function docstrings of the stdlib, read with `ast` (no imports) |
-| `debian_docs`       | `/usr/share/common-licenses/*` and `/usr/share/doc/*/README*`          |
+| source              | what                                                                        |
+|---------------------|-----------------------------------------------------------------------------|
+| `spec_bench`        | training Spec-Bench turns as chat; the answer quotes the turn's opening      |
+| `echo`              | offline documents as chat the same way (user: the document, answer: its lead) |
+| `spec_bench_refs`   | the training rows' reference answers, as plain text                          |
+| `pydoc_topics`      | `pydoc_data.topics`: the Python language reference, shipped with Python       |
+| `stdlib_docstrings` | module/class/function docstrings of the stdlib, read with `ast` (no imports)  |
+| `debian_docs`       | `/usr/share/common-licenses/*` and `/usr/share/doc/*/README*`                |
+
+Why quoting answers: a small model's free answers to unseen prompts are high-entropy, so no drafter
+can predict them (measured: tau 1.3-1.4 at K=4 on held-out prompts with reference-style answers). An
+assistant that answers with the lead of what it was given (the "lead-k" baseline of summarisation)
+writes real, fluent text that is predictable from the prompt, as real LLMs' outputs are on Spec-Bench's
+summarisation and RAG rows; copying is an algorithm the target learns once and applies to unseen
+prompts. Chat documents end with `<|eos|>`, so greedy generation stops after the answer.
 
 The held-out split is fixed: within each Spec-Bench category, ordered by `question_id`, every 4th row
 (positions 3, 7, 11, ...) is held out and never used for training (tokenizer, target or drafter).
@@ -20,6 +29,7 @@ import ast
 import gzip
 import hashlib
 import json
+import re
 import sysconfig
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -29,7 +39,10 @@ from backend.config import REPO_ROOT
 
 SPEC_BENCH = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
 HOLDOUT_EVERY = 4
-SOURCES = ("spec_bench", "pydoc_topics", "stdlib_docstrings", "debian_docs")
+SOURCES = ("spec_bench", "pydoc_topics", "stdlib_docstrings", "debian_docs")   # what build_corpus may read
+CHAT_SOURCES = ("spec_bench", "echo")     # documents in chat form (training windows start at their start)
+EOS = "<|eos|>"
+ANSWER_WORDS = 100
 _SKIP_DIRS = {"test", "tests", "site-packages", "dist-packages", "idlelib", "lib2to3", "turtledemo", "__pycache__",
               "ensurepip", "config-3", "tkinter"}
 
@@ -38,6 +51,10 @@ _SKIP_DIRS = {"test", "tests", "site-packages", "dist-packages", "idlelib", "lib
 class Doc:
     source: str
     text: str
+
+    @property
+    def chat(self) -> bool:
+        return self.source in CHAT_SOURCES
 
 
 @dataclass
@@ -105,16 +122,42 @@ def _reference(row: dict) -> str | None:
     return ref if isinstance(ref, str) and ref.strip() else None
 
 
+_INSTRUCTION = re.compile(r"^\s*[A-Z][A-Za-z ]{0,40}:\s+")   # "Summarize: ", "Translate German to English: "
+
+
+def quote_answer(text: str, max_words: int = ANSWER_WORDS) -> str:
+    """The assistant's answer: the opening of `text` (after a short "Instruction:" prefix), verbatim,
+    up to `max_words` words, cut at the last sentence end when there is one past a third of it."""
+    body = _INSTRUCTION.sub("", text, count=1).strip()
+    words = list(re.finditer(r"\S+", body))
+    if len(words) <= max_words:
+        return body
+    cut = body[: words[max_words - 1].end()]
+    end = max(cut.rfind(". "), cut.rfind("? "), cut.rfind("! "), cut.rfind(".\n"))
+    return cut[: end + 1] if end > len(cut) // 3 else cut
+
+
+def chat_doc(source: str, user: str) -> Doc:
+    return Doc(source, chat_text(user, quote_answer(user)) + EOS)
+
+
 def spec_bench_docs(rows: list[dict]) -> list[Doc]:
-    """One chat doc per turn: the first turn with the row's reference answer when it has one; turns
-    without an answer stop before `<|assistant|>`, so `<|assistant|>` is always followed by an answer."""
-    docs = []
-    for r in rows:
-        turns = [t for t in r.get("turns", []) if isinstance(t, str) and t.strip()]
-        for i, t in enumerate(turns):
-            ref = _reference(r) if i == 0 else None
-            docs.append(Doc("spec_bench", chat_text(t, ref, generation_prompt=False)))
-    return docs
+    """One chat doc per turn of each row (answer: `quote_answer`)."""
+    return [chat_doc("spec_bench", t) for r in rows for t in r.get("turns", []) if isinstance(t, str) and t.strip()]
+
+
+def reference_docs(rows: list[dict]) -> list[Doc]:
+    """The rows' reference answers as plain text (real text; never in chat form)."""
+    return [Doc("spec_bench_refs", ref) for r in rows if (ref := _reference(r))]
+
+
+def echo_docs(docs: list[Doc], n: int, max_chars: int = 1200) -> list[Doc]:
+    """`n` offline documents (evenly spaced) as chat: the user sends the document, the answer quotes its lead."""
+    plain = [d for d in docs if not d.chat and d.source != "spec_bench_refs"]
+    if not plain or n <= 0:
+        return []
+    step = max(1, len(plain) // n)
+    return [chat_doc("echo", d.text[:max_chars]) for d in plain[::step][:n]]
 
 
 # ---------------------------------------------------------------- text shipped with Python / Debian
@@ -189,23 +232,27 @@ def _capped(docs: list[Doc], max_chars: int | None) -> list[Doc]:
 
 
 def build_corpus(max_offline_chars: int | None = None, sources: tuple[str, ...] = SOURCES,
-                 path: Path = SPEC_BENCH) -> Corpus:
-    """The training corpus: Spec-Bench training rows plus offline text, each offline source capped at
-    `max_offline_chars` characters (None: everything found)."""
+                 path: Path = SPEC_BENCH, echo: int = 2000) -> Corpus:
+    """The training corpus: chat documents first (Spec-Bench training turns, then `echo` offline
+    documents as chat), then plain text (references, offline sources, each capped at
+    `max_offline_chars` characters; None: everything found)."""
     unknown = set(sources) - set(SOURCES)
     if unknown:
         raise ValueError(f"unknown corpus sources {sorted(unknown)}; use some of {SOURCES}")
     train, _ = split_rows(path)
-    makers = {"spec_bench": lambda: spec_bench_docs(train), "pydoc_topics": lambda: pydoc_topic_docs(max_offline_chars),
+    makers = {"pydoc_topics": lambda: pydoc_topic_docs(max_offline_chars),
               "stdlib_docstrings": lambda: stdlib_docstring_docs(max_offline_chars),
               "debian_docs": lambda: debian_docs(max_offline_chars)}
-    docs: list[Doc] = []
-    chars = {}
+    plain: list[Doc] = reference_docs(train) if "spec_bench" in sources else []
     for s in sources:
-        part = makers[s]()
-        chars[s] = sum(len(d.text) for d in part)
-        docs += part
-    return Corpus(docs=docs, heldout_ids=heldout_ids(path), chars=chars)
+        if s in makers:
+            plain += makers[s]()
+    chat = (spec_bench_docs(train) if "spec_bench" in sources else []) + echo_docs(plain, echo)
+    docs = chat + plain
+    chars: dict[str, int] = defaultdict(int)
+    for d in docs:
+        chars[d.source] += len(d.text)
+    return Corpus(docs=docs, heldout_ids=heldout_ids(path), chars=dict(chars))
 
 
 def heldout_texts(path: Path = SPEC_BENCH) -> list[str]:

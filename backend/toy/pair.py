@@ -82,10 +82,10 @@ def tiny_config() -> PairConfig:
     """Seconds on a CPU (tests): a small model and a handful of steps and prompts."""
     return PairConfig(
         target=TargetConfig(hidden=64, heads=4, kv_heads=2, vocab_size=512, block_size=64, batch_size=4, steps=6,
-                            warmup=2, log_every=2, max_offline_chars=20_000, eval_docs=4,
+                            warmup=2, log_every=2, max_offline_chars=20_000, eval_docs=4, echo_docs=20,
                             sources=("spec_bench", "pydoc_topics")),
         drafter=td.DrafterTrainConfig(steps=4, batch_size=4, batch_tokens=512, warmup=1, log_every=1),
-        data=td.DataConfig(gen_tokens=12, max_prompt_tokens=48, doc_prompts=4, doc_prefix_tokens=16, gen_batch=16,
+        data=td.DataConfig(gen_tokens=12, max_prompt_tokens=48, doc_prompts=4, gen_batch=16,
                            train_rows=6, eval_rows=4, max_offline_chars=20_000),
         tau_prompts=4, threads=1)
 
@@ -162,7 +162,7 @@ def _build(cfg: PairConfig, out: Path, command: str, old_target: dict | None, pr
     say = print if progress else (lambda *a, **k: None)
 
     # 1. target ------------------------------------------------------------------------------------
-    corpus = build_corpus(cfg.target.max_offline_chars, cfg.target.sources)
+    corpus = build_corpus(cfg.target.max_offline_chars, cfg.target.sources, echo=cfg.target.echo_docs)
     target_rec = old_target if old_target is not None else train_target(cfg.target, out / "target", corpus, progress=progress)
 
     # 2. self-distillation data: generate with the saved target, capture every boundary either convention needs

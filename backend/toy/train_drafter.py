@@ -3,8 +3,8 @@
     python -m backend.toy.train_drafter --target data/models/toy-pair/target \
         --out data/models/toy-pair/drafter-matched --convention before --steps 1500 --device cuda
 
-1. Self-distillation data: prompts (Spec-Bench training rows as chat, plus raw-text windows of the
-   offline corpus) are continued greedily by the target (`gen_tokens` new tokens each).
+1. Self-distillation data: chat prompts (Spec-Bench training turns and offline documents) are
+   answered greedily by the target (up to `gen_tokens` new tokens, through its `<|eos|>`).
 2. Capture with the HF engine's forward hooks (`backend.engines.hf.BoundaryHooks`): the aux states
    of the chosen convention and F (the final-norm output, whose LM-head logits are the teacher).
    The convention turns the ids into boundaries (REFERENCE section 2, `backend.coords.resolve_ids`):
@@ -68,7 +68,7 @@ class Seq:
     tokens: torch.Tensor                  # [T] prompt + generated ids
     prompt_len: int                       # P: tokens[P:] were generated
     states: dict[str, torch.Tensor]       # boundary label ("S_3", "F") -> [T, H]
-    source: str                           # "spec_bench:<question_id>[:<turn>]" or "doc@<token offset>"
+    source: str                           # "spec_bench:<question_id>[:<turn>]" or "doc:<index>"
 
 
 def chat_prompt_ids(tokenizer, text: str, max_tokens: int) -> list[int]:
@@ -92,26 +92,23 @@ def spec_bench_prompts(tokenizer, rows: list[dict], max_prompt_tokens: int, all_
     return out
 
 
-def doc_prompts(tokenizer, texts: list[str], n: int, prefix_tokens: int, seed: int) -> list[tuple[str, list[int]]]:
-    """`n` raw-text prompts of `prefix_tokens` tokens at offsets drawn with `seed` from all of `texts`
-    (concatenated, blank line between documents): the target continues its own training text."""
-    ids = tokenizer([t + "\n\n" for t in texts], add_special_tokens=False)["input_ids"]
-    stream = [t for doc in ids for t in doc]
-    if len(stream) <= prefix_tokens:
-        return [("doc:0", stream)] if stream else []
+def doc_prompts(tokenizer, texts: list[str], n: int, max_prompt_tokens: int, seed: int,
+                max_chars: int = 1200) -> list[tuple[str, list[int]]]:
+    """`n` chat prompts whose user turn is an offline document (its first `max_chars` characters),
+    picked with `seed`: the target answers them the way it answers Spec-Bench prompts."""
     rng = random.Random(seed)
-    offsets = sorted(rng.randrange(len(stream) - prefix_tokens) for _ in range(n))
-    return [(f"doc@{o}", stream[o:o + prefix_tokens]) for o in offsets]
+    idx = sorted(rng.sample(range(len(texts)), min(n, len(texts))))
+    return [(f"doc:{i}", chat_prompt_ids(tokenizer, texts[i][:max_chars], max_prompt_tokens)) for i in idx]
 
 
 @torch.no_grad()
 def generate(lm, prompts: list[list[int]], gen_tokens: int, batch_size: int = 64, progress: bool = False) -> list[list[int]]:
-    """Greedy continuations (exactly `gen_tokens` new ids each), batched with left padding."""
+    """Greedy continuations (at most `gen_tokens` new ids, through the first eos), batched with left padding."""
     from transformers import GenerationConfig
 
     pad = lm.tokenizer.pad_token_id if lm.tokenizer is not None and lm.tokenizer.pad_token_id is not None else 0
-    gc = GenerationConfig(do_sample=False, max_new_tokens=gen_tokens, min_new_tokens=gen_tokens, pad_token_id=pad,
-                          eos_token_id=lm.config.eos_token_id)
+    eos = lm.config.eos_token_id
+    gc = GenerationConfig(do_sample=False, max_new_tokens=gen_tokens, pad_token_id=pad, eos_token_id=eos)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     out: list[list[int] | None] = [None] * len(prompts)
     for b in range(0, len(order), batch_size):
@@ -121,7 +118,10 @@ def generate(lm, prompts: list[list[int]], gen_tokens: int, batch_size: int = 64
         mask = torch.tensor([[0] * (L - len(prompts[i])) + [1] * len(prompts[i]) for i in chunk], device=lm.device)
         y = lm.model.generate(input_ids=x, attention_mask=mask, generation_config=gc)   # [b, L + gen]
         for row, i in enumerate(chunk):
-            out[i] = prompts[i] + y[row, L:].tolist()
+            new = y[row, L:].tolist()
+            if eos in new:                                  # keep the eos, drop the padding after it
+                new = new[: new.index(eos) + 1]
+            out[i] = prompts[i] + new
         if progress:
             print(f"[data] generated {min(b + batch_size, len(order))}/{len(order)}", flush=True)
     return out  # type: ignore[return-value]
@@ -490,7 +490,6 @@ class DataConfig:
     gen_tokens: int = 128
     max_prompt_tokens: int = 512
     doc_prompts: int = 4000
-    doc_prefix_tokens: int = 48
     gen_batch: int = 256
     seed: int = 0
     train_rows: int | None = None          # limit Spec-Bench training rows (None: all)
@@ -499,7 +498,7 @@ class DataConfig:
 
 
 def training_prompts(tokenizer, dc: DataConfig, corpus=None) -> list[tuple[str, list[int]]]:
-    """Spec-Bench training rows (every turn, as chat) + `dc.doc_prompts` raw windows of the offline text."""
+    """Spec-Bench training rows (every turn) + `dc.doc_prompts` offline documents, all as chat prompts."""
     from backend.toy.corpus import build_corpus, split_rows
 
     train, _ = split_rows()
@@ -507,8 +506,8 @@ def training_prompts(tokenizer, dc: DataConfig, corpus=None) -> list[tuple[str, 
     prompts = spec_bench_prompts(tokenizer, rows, dc.max_prompt_tokens, all_turns=True)
     if dc.doc_prompts:
         corpus = corpus if corpus is not None else build_corpus(dc.max_offline_chars)
-        offline = [d.text for d in corpus.docs if d.source != "spec_bench"]
-        prompts += doc_prompts(tokenizer, offline, dc.doc_prompts, dc.doc_prefix_tokens, dc.seed)
+        offline = [d.text for d in corpus.docs if not d.chat and d.source != "spec_bench_refs"]
+        prompts += doc_prompts(tokenizer, offline, dc.doc_prompts, dc.max_prompt_tokens, dc.seed)
     return prompts
 
 

@@ -3,18 +3,18 @@
     python -m backend.toy.train_target --out data/models/toy-pair/target --steps 3000 --device cuda
 
 What it does, top to bottom:
-1. builds the corpus (Spec-Bench training rows as chat + text shipped with Python/Debian) and trains
+1. builds the corpus (`backend/toy/corpus.py`: Spec-Bench training turns and offline documents as
+   chat whose answers quote the prompt's lead, plus plain text shipped with Python/Debian) and trains
    the BPE tokenizer on it (held-out Spec-Bench rows are never seen);
 2. packs every document's tokens into one stream; a batch holds `batch_size` windows of
-   `block_size + 1` tokens: a share `spec_bench_share` start at a Spec-Bench chat document (so the
-   model sees `<|user|>` at position 0, as a served prompt is), the rest at random offsets of the
-   offline text;
+   `block_size + 1` tokens: a share `chat_share` start at a chat document (so the model sees
+   `<|user|>` at position 0, as a served prompt is), the rest at random offsets of the plain text;
 3. AdamW (decay on matrices only), linear warmup then cosine decay, grad clip, bf16 autocast on CUDA;
 4. saves the model (HF format, `save_dtype`) and the tokenizer with its chat template to `out`.
 
-Long training on a small corpus makes the model's greedy text low-entropy (it recites and
-recombines what it saw), which is what lets a drafter reach a useful acceptance length.
-No document ends in `<|eos|>`, so greedy generation runs until max_tokens.
+The chat answers make the model's greedy text on unseen prompts low-entropy (it quotes what it was
+given), which is what lets a drafter reach a useful acceptance length. Chat documents end with
+`<|eos|>`, so generation stops after the answer.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ class TargetConfig:
     # data
     block_size: int = 1024
     batch_size: int = 32
-    spec_bench_share: float = 0.5        # share of windows that start at a Spec-Bench chat document
+    chat_share: float = 0.5              # share of windows that start at a chat document
     max_offline_chars: int | None = None  # cap per offline corpus source (None: all)
+    echo_docs: int = 2000                 # offline documents also used as chat (answer quotes the lead)
     sources: tuple[str, ...] = SOURCES
     # optimisation
     steps: int = 3000
@@ -82,14 +83,14 @@ class TokenStream:
     """All documents' tokens in one 1-D tensor, with where each document starts."""
 
     def __init__(self, tokenizer, corpus: Corpus):
-        ids = tokenizer([d.text if d.source == "spec_bench" else d.text + "\n\n" for d in corpus.docs],
+        ids = tokenizer([d.text if d.chat else d.text + "\n\n" for d in corpus.docs],
                         add_special_tokens=False)["input_ids"]
         self.tokens = torch.tensor([t for doc in ids for t in doc], dtype=torch.long)    # [n_tokens]
         lens = torch.tensor([len(doc) for doc in ids])
         starts = torch.cumsum(lens, 0) - lens
-        is_sb = torch.tensor([d.source == "spec_bench" for d in corpus.docs])
-        self.chat_starts = starts[is_sb]                                                  # Spec-Bench doc starts
-        off = ~is_sb
+        is_chat = torch.tensor([d.chat for d in corpus.docs])
+        self.chat_starts = starts[is_chat]                                                # chat doc starts
+        off = ~is_chat
         self.offline_lo = int(starts[off].min()) if off.any() else 0                      # offline text region
         self.offline_hi = int((starts + lens)[off].max()) if off.any() else 0
 
@@ -124,9 +125,10 @@ def build_model(cfg: TargetConfig, tokenizer):
 
 @torch.no_grad()
 def heldout_loss(model, tokenizer, block: int, device: torch.device, limit: int = 64) -> float:
-    """Mean next-token loss on held-out Spec-Bench chat documents (prompt + reference), never trained on."""
+    """Mean next-token loss on held-out Spec-Bench chat documents (prompt + quoted answer), never trained on."""
     _, held = split_rows()
-    docs = [d.text for d in spec_bench_docs(held)][:limit]
+    docs = [d.text for d in spec_bench_docs(held)]
+    docs = docs[:: max(1, len(docs) // limit)][:limit]                                   # spread over categories
     total, count = 0.0, 0
     model.eval()
     for text in docs:
@@ -149,7 +151,7 @@ def train_target(cfg: TargetConfig, out: Path, corpus: Corpus | None = None, pro
     out = Path(out)
     dev = pick_device(cfg.device)
     amp = (dev.type == "cuda") if cfg.amp is None else cfg.amp
-    corpus = corpus or build_corpus(cfg.max_offline_chars, cfg.sources)
+    corpus = corpus or build_corpus(cfg.max_offline_chars, cfg.sources, echo=cfg.echo_docs)
     tok = build_tokenizer(out, vocab_size=cfg.vocab_size, texts=corpus.texts())       # writes tokenizer files to out
     assert tok.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
                                    tokenize=False) == chat_text("x"), "corpus chat format != tokenizer chat template"
@@ -166,7 +168,7 @@ def train_target(cfg: TargetConfig, out: Path, corpus: Corpus | None = None, pro
     losses: list[tuple[int, float]] = []
     t_train, step, stopped_early = time.time(), 0, False
     for step in range(cfg.steps):
-        x, y = stream.batch(cfg.batch_size, cfg.block_size, cfg.spec_bench_share, g)     # [B, block] each
+        x, y = stream.batch(cfg.batch_size, cfg.block_size, cfg.chat_share, g)     # [B, block] each
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
