@@ -136,6 +136,10 @@ def build_bench_demo(root: Path | None = None, force: bool = False, progress: bo
     """Baseline, matched drafter and after-layer drafter on held-out prompts (K=4, greedy)."""
     from backend.bench import BenchSettings, run_bench
 
+    import torch
+
+    # a toy target decodes fastest on one thread; two threads collapse when anything else uses a core
+    torch.set_num_threads(1)
     pair = toy_pair(root)
     if pair is None:
         print(f"no toy pair ({PAIR_TARBALL} missing): skipping the benchmark demo")
