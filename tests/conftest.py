@@ -218,3 +218,15 @@ def build_bench_data(root: Path) -> Path:
 def bench_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data root with bench runs (tests/conftest.py build_bench_data). Tests that annotate copy it first."""
     return build_bench_data(tmp_path_factory.mktemp("bench-dash") / "data")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module: on two shared cores it is many times faster for small models than two
+    threads fighting for them, and repeatable."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

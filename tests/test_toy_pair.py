@@ -16,13 +16,7 @@ from backend.toy.pair import build_toy_pair, tiny_config
 from backend.toy.train_target import train_target
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread: on a shared CPU it is many times faster for these small ops, and repeatable."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

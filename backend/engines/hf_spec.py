@@ -94,17 +94,22 @@ def _done(out: list[int], max_new: int, eos: set[int]) -> bool:
 # ---------------------------------------------------------------------- plain decoding
 
 
+def _prefill(lm: LoadedModel, prompt: list[int], sampler: Sampler) -> tuple[object, list[int], float, float]:
+    """The prompt into a fresh target KV cache and the first output token: (cache, [token], t0, ttft)."""
+    cache = _new_cache(lm)
+    t0 = time.perf_counter()
+    logits = lm.model(input_ids=torch.tensor([prompt], device=lm.device), past_key_values=cache, use_cache=True,
+                      logits_to_keep=1).logits[0, -1]                                     # [V]
+    out = [sampler.pick(logits)]
+    return cache, out, t0, time.perf_counter() - t0
+
+
 @torch.inference_mode()
 def decode_plain(lm: LoadedModel, prompt: list[int], max_new_tokens: int, sampler: Sampler,
                  eos: set[int]) -> Generation:
     """Plain decoding with the target's KV cache: one forward per output token."""
     model, dev = lm.model, lm.device
-    cache = _new_cache(lm)
-    t0 = time.perf_counter()
-    logits = model(input_ids=torch.tensor([prompt], device=dev), past_key_values=cache, use_cache=True,
-                   logits_to_keep=1).logits[0, -1]                                        # [V]
-    out = [sampler.pick(logits)]
-    ttft = time.perf_counter() - t0
+    cache, out, t0, ttft = _prefill(lm, prompt, sampler)
     while not _done(out, max_new_tokens, eos):
         logits = model(input_ids=torch.tensor([[out[-1]]], device=dev), past_key_values=cache,
                        use_cache=True).logits[0, -1]                                      # [V]
@@ -256,12 +261,7 @@ def decode_spec(lm: LoadedModel, proposer: Proposer, aux: AuxCapture, prompt: li
                 max_new_tokens: int, sampler: Sampler, eos: set[int]) -> Generation:
     """Chain speculative decoding of one prompt (see the module docstring); records n per verify step."""
     model, dev = lm.model, lm.device
-    cache = _new_cache(lm)
-    t0 = time.perf_counter()
-    logits = model(input_ids=torch.tensor([prompt], device=dev), past_key_values=cache, use_cache=True,
-                   logits_to_keep=1).logits[0, -1]                                        # [V]
-    out = [sampler.pick(logits)]
-    ttft = time.perf_counter() - t0
+    cache, out, t0, ttft = _prefill(lm, prompt, sampler)
     accepted: list[int] = []
     if _done(out, max_new_tokens, eos):
         return Generation(out, time.perf_counter() - t0, ttft, accepted)
