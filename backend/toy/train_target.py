@@ -124,6 +124,33 @@ def build_model(cfg: TargetConfig, tokenizer):
 
 
 @torch.no_grad()
+def heldout_answer_stats(model, tokenizer, block: int, device: torch.device, limit: int = 64) -> dict:
+    """Does the target quote? Teacher-forced loss and top-1 on the answer span of held-out chat
+    documents (never trained on) against the loss on their user span. An answer loss far below the
+    user loss means the model copies from its prompt, which is what makes its text predictable."""
+    _, held = split_rows()
+    ans_id = tokenizer.convert_tokens_to_ids("<|assistant|>")
+    user_ce, ans_ce, ans_hit, n_user, n_ans = 0.0, 0.0, 0.0, 0, 0
+    model.eval()
+    for d in spec_bench_docs(held):
+        ids = tokenizer(d.text, add_special_tokens=False)["input_ids"]
+        if len(ids) > block + 1 or ans_id not in ids:
+            continue
+        a = ids.index(ans_id) + 2                                   # first answer token (after "<|assistant|>\n")
+        x = torch.tensor([ids], device=device)
+        logits = model(input_ids=x[:, :-1]).logits[0].float()        # [T-1, V]: row i predicts ids[i+1]
+        ce = F.cross_entropy(logits, x[0, 1:], reduction="none")
+        user_ce, n_user = user_ce + float(ce[: a - 2].sum()), n_user + a - 2
+        ans_ce, n_ans = ans_ce + float(ce[a - 1:].sum()), n_ans + len(ids) - a
+        ans_hit += float((logits[a - 1:].argmax(-1) == x[0, a:]).sum())
+        if n_ans >= limit * 40:
+            break
+    model.train()
+    return {"user_loss": user_ce / max(1, n_user), "answer_loss": ans_ce / max(1, n_ans),
+            "answer_top1": ans_hit / max(1, n_ans), "answer_tokens": n_ans}
+
+
+@torch.no_grad()
 def heldout_loss(model, tokenizer, block: int, device: torch.device, limit: int = 64) -> float:
     """Mean next-token loss on held-out Spec-Bench chat documents (prompt + quoted answer), never trained on."""
     _, held = split_rows()
@@ -196,12 +223,13 @@ def train_target(cfg: TargetConfig, out: Path, corpus: Corpus | None = None, pro
     steps_done = step + 1
     train_s = time.time() - t_train
     val = heldout_loss(model, tok, cfg.block_size, dev, cfg.eval_docs)
+    quoting = heldout_answer_stats(model, tok, cfg.block_size, dev, cfg.eval_docs)
     model.to(SAVE_DTYPES[cfg.save_dtype]).save_pretrained(str(out))
     norms = torch.cat([p.detach().float().flatten().cpu() for n, p in model.named_parameters() if n.endswith("norm.weight")])
     record = {
         "config": {**asdict(cfg), "sources": list(cfg.sources)},
         "device": str(dev), "amp_bf16": amp, "steps_done": steps_done, "stopped_early": stopped_early,
-        "losses": losses, "final_loss": losses[-1][1], "heldout_loss": val,
+        "losses": losses, "final_loss": losses[-1][1], "heldout_loss": val, "heldout_quoting": quoting,
         "tokens_seen": steps_done * cfg.batch_size * cfg.block_size, "corpus_tokens": len(stream),
         "corpus": corpus.summary(), "params": sum(p.numel() for p in model.parameters()),
         "norm_weight_mean": float(norms.mean()), "norm_weight_std": float(norms.std()),
@@ -210,7 +238,8 @@ def train_target(cfg: TargetConfig, out: Path, corpus: Corpus | None = None, pro
     }
     if progress:
         print(f"[target] done: {steps_done} steps in {train_s:.1f}s, loss {record['final_loss']:.3f}, "
-              f"held-out loss {val:.3f}; saved to {out}", flush=True)
+              f"held-out loss {val:.3f} (answer spans {quoting['answer_loss']:.3f}, top-1 {quoting['answer_top1']:.2f}; "
+              f"user spans {quoting['user_loss']:.3f}); saved to {out}", flush=True)
     return record
 
 
