@@ -17,7 +17,7 @@ from backend import annotations, compare
 from backend.config import REPO_ROOT
 from backend.errors import SpecLensError
 from backend.store import catalog
-from test_browser import CHART, CHROMIUM, TIMEOUT_MS, alerts, browser_page, open_view, streamlit_server
+from test_browser import CHART, CHROMIUM, TIMEOUT_MS, alerts, browser_page, open_view, shots, streamlit_server  # noqa: F401 (shots: fixture)
 from test_pages import figures, open_page, params, texts, values
 
 RUNS = "spec-random,spec-oracle"
@@ -347,20 +347,12 @@ def bench_page(bench_server: str):
         yield pg
 
 
-@pytest.fixture(scope="module")
-def bench_shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = Path(os.environ["SPECLENS_SCREENSHOTS"]) if os.environ.get("SPECLENS_SCREENSHOTS") else \
-        tmp_path_factory.mktemp("screenshots")
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def test_browser_compare(bench_page, bench_server: str, bench_shots: Path) -> None:
+def test_browser_compare(bench_page, bench_server: str, shots: Path) -> None:
     open_view(bench_page, bench_server, f"/compare?runs={RUNS}&baseline=paired", charts=4)
     body = bench_page.locator('[data-testid="stMarkdownContainer"]').all_inner_texts()
     assert any("loses 1.26 in tau" in t for t in body)
     assert bench_page.locator(f"{CHART}").count() >= 4
-    bench_page.screenshot(path=str(bench_shots / "compare.png"), full_page=True)
+    bench_page.screenshot(path=str(shots / "compare.png"), full_page=True)
     button = bench_page.locator('[data-testid="stDownloadButton"] button').filter(has_text="CSV").first
     with bench_page.expect_download(timeout=TIMEOUT_MS) as dl:
         button.click()
@@ -368,15 +360,15 @@ def test_browser_compare(bench_page, bench_server: str, bench_shots: Path) -> No
     assert dl.value.suggested_filename == "accepted_hist_spec-random_spec-oracle.csv"
 
 
-def test_browser_runs_bench_tag(bench_page, bench_server: str, bench_shots: Path) -> None:
+def test_browser_runs_bench_tag(bench_page, bench_server: str, shots: Path) -> None:
     open_view(bench_page, bench_server, "/runs?kind=bench&tag=oracle", charts=0)
     bench_page.wait_for_selector('[data-testid="stDataFrame"]')
     assert "1 of 4 runs shown" in bench_page.locator('[data-testid="stCaptionContainer"]').first.inner_text()
     assert bench_page.get_by_text("Tags, notes and baseline").count() == 1
-    bench_page.screenshot(path=str(bench_shots / "runs-bench-tag.png"), full_page=True)
+    bench_page.screenshot(path=str(shots / "runs-bench-tag.png"), full_page=True)
     open_view(bench_page, bench_server, "/runs?kind=bench", charts=0)
     bench_page.wait_for_selector('[data-testid="stDataFrame"]')
-    bench_page.screenshot(path=str(bench_shots / "runs-bench.png"), full_page=True)
+    bench_page.screenshot(path=str(shots / "runs-bench.png"), full_page=True)
 
 
 def test_browser_navigation_to_compare(bench_page, bench_server: str) -> None:
