@@ -321,8 +321,6 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
 
 def _on(sample: Sample, device: torch.device) -> Sample:
     """The sample's states moved to the device once (a no-op on CPU)."""
-    import torch
-
     if device.type == "cpu":
         return sample
     states = {k: v.to(device, non_blocking=True) for k, v in sample.states.items()}

@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
-import torch
 from tqdm import tqdm
 
 from backend import metrics

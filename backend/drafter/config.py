@@ -40,7 +40,7 @@ How each flag is read (verified in sources, see the notes per field below):
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
