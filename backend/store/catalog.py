@@ -18,6 +18,7 @@ import fcntl
 import json
 import os
 import shutil
+import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -373,8 +374,21 @@ def _open(catalog: Path) -> duckdb.DuckDBPyConnection:
     return con
 
 
-# (catalog path, connection) of the innermost `snapshot` of this thread/context, if any
-_SNAPSHOT: ContextVar[tuple[Path, duckdb.DuckDBPyConnection] | None] = ContextVar("catalog_snapshot", default=None)
+class _Snap:
+    """The catalog file and the connection a `snapshot` reads through (replaced if a swap broke it)."""
+
+    def __init__(self, catalog: Path):
+        self.catalog = catalog
+        self.con = _open(catalog)
+
+    def reopen(self) -> None:
+        self.con.close()
+        self.con = _open(self.catalog)
+
+
+# the innermost `snapshot` of this thread/context, if any
+_SNAPSHOT: ContextVar[_Snap | None] = ContextVar("catalog_snapshot", default=None)
+_READ_ATTEMPTS = 4
 
 
 @contextmanager
@@ -383,39 +397,53 @@ def snapshot(root: Path | None = None) -> Iterator[None]:
     with each other, and it opens the file once). Nests; per thread."""
     p = paths(root)
     cur = _SNAPSHOT.get()
-    if cur is not None and cur[0] == p.catalog:
+    if cur is not None and cur.catalog == p.catalog:
         yield
         return
     if not p.catalog.exists():
         refresh(root)
-    con = _open(p.catalog)
-    token = _SNAPSHOT.set((p.catalog, con))
+    snap = _with_retry(lambda: _Snap(p.catalog))
+    token = _SNAPSHOT.set(snap)
     try:
         yield
     finally:
         _SNAPSHOT.reset(token)
-        con.close()
+        snap.con.close()
 
 
-@contextmanager
-def _read(root: Path | None) -> Iterator[duckdb.DuckDBPyConnection]:
-    p = paths(root)
-    cur = _SNAPSHOT.get()
-    if cur is not None and cur[0] == p.catalog:
-        yield cur[1]
-        return
-    if not p.catalog.exists():
-        refresh(root)
-    con = _open(p.catalog)
-    try:
-        yield con
-    finally:
-        con.close()
+def _with_retry(fn):
+    """Run a read; a refresh that swaps the file in while DuckDB opens or reads it can surface as an IO error
+    (seen on a loaded CI machine: "could not read enough bytes"): the read is retried on the new file."""
+    for attempt in range(_READ_ATTEMPTS):
+        try:
+            return fn()
+        except duckdb.IOException:
+            if attempt == _READ_ATTEMPTS - 1:
+                raise
+            time.sleep(0.02 * (attempt + 1))
 
 
 def _df(sql: str, params: list | None = None, root: Path | None = None) -> pd.DataFrame:
-    with _read(root) as con:
-        return con.execute(sql, params or []).df()
+    p = paths(root)
+    cur = _SNAPSHOT.get()
+    if cur is not None and cur.catalog == p.catalog:
+        def in_snapshot() -> pd.DataFrame:
+            try:
+                return cur.con.execute(sql, params or []).df()
+            except duckdb.IOException:
+                cur.reopen()
+                raise
+        return _with_retry(in_snapshot)
+    if not p.catalog.exists():
+        refresh(root)
+
+    def once() -> pd.DataFrame:
+        con = _open(p.catalog)
+        try:
+            return con.execute(sql, params or []).df()
+        finally:
+            con.close()
+    return _with_retry(once)
 
 
 def _ids(run_ids) -> list[str]:
