@@ -59,11 +59,20 @@ class BenchSettings:
     runner: str | None = None                # vLLM "v1"/"v2": where ids are read from (None: top level, then nested)
     draft_sampling: str = "sample"           # T > 0: "sample" (Leviathan) or "argmax" (vLLM V1)
     warmup: int = 1                          # untimed generations before the first unit
+    engine: str = "hf"                       # hf (reference, any device) | vllm | sglang (GPU node)
+    server_url: str | None = None            # vllm/sglang: a running server instead of an in-process engine
+    tensor_parallel_size: int = 1
+    engine_options: dict | None = None       # passed through to the engine (vllm.LLM kwargs, sglang flags)
+
+    _ENGINE_DEFAULTS = {"engine": "hf", "server_url": None, "tensor_parallel_size": 1, "engine_options": None}
 
     def identity(self) -> dict:
         """What a resumed (or reused baseline) run must share; paths absolute, spec-only fields dropped
         for a baseline."""
         d = asdict(self)
+        for k, v in self._ENGINE_DEFAULTS.items():   # HF runs keep the identity they had before engines existed
+            if d.get(k) == v:
+                d.pop(k)
         for k in ("target", "prompts", "drafter"):
             if d[k] is not None:
                 d[k] = str(Path(d[k]).resolve())
@@ -99,6 +108,9 @@ def run_bench(settings: BenchSettings, name: str | None = None, root: Path | Non
 
     s = settings
     _validate(s)
+    if s.engine != "hf":
+        from backend.engines.serving import run_engine_bench
+        return run_engine_bench(s, name, root, progress, stop_after)
     prompts = load_prompts(s.prompts, s.limit)
     lm = hf.load(s.target, s.device, s.dtype)
     seqs = _encode_all(lm, prompts, s)
@@ -170,7 +182,8 @@ def _load_spec(lm, s: BenchSettings, proposer=None) -> _Spec:
 
 def _manifest(s: BenchSettings, lm, spec: _Spec | None, base: BenchResult | None, n_prompts: int) -> dict:
     return {
-        "kind": "bench", "engine": "hf", "engine_version": _transformers_version(),
+        "kind": "bench", "engine": getattr(lm, "engine", "hf"),
+        "engine_version": getattr(lm, "engine_version", None) or _transformers_version(),
         "model": {"path": str(Path(s.target).resolve()), "model_type": getattr(lm.config, "model_type", None),
                   "n_layers": lm.n_layers, "hidden_size": lm.hidden_size,
                   "vocab_size": int(getattr(lm.config, "vocab_size", 0))},
@@ -268,6 +281,8 @@ def output_hash(tokens: list[int]) -> str:
 
 def run_unit(lm, s: BenchSettings, spec: _Spec | None, aux_capture, prompt: list[int], seed: int):
     """One generation, plain or speculative (the only code between the bench and the decoding loop)."""
+    if getattr(lm, "engine_unit", None) is not None:        # vLLM / SGLang: one request through the engine
+        return lm.engine_unit(prompt, s, seed)
     from backend.engines.hf_spec import decode_plain, decode_spec, eos_ids, seeded_sampler
 
     sampler = seeded_sampler(s.temperature, seed, lm.device)
@@ -291,7 +306,7 @@ def _run(rd: RunDir, lm, s: BenchSettings, prompts, seqs, spec, base, done: list
 
     units = [(r, i) for r in range(s.repeats) for i in range(len(prompts))]
     finished = {(u["row"]["repeat"], u["row"]["prompt_index"]) for u in done}
-    aux = AuxCapture(lm, spec.aux["boundaries"]) if spec else None
+    aux = AuxCapture(lm, spec.aux["boundaries"]) if spec and spec.proposer is not None else None
     t_manifest, ran = time.monotonic(), 0
     what = "speculative" if spec else "baseline"
     try:

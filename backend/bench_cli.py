@@ -8,11 +8,9 @@ import argparse
 def cmd_bench(a: argparse.Namespace) -> int:
     from backend.bench import BenchSettings, run_bench
 
-    if a.engine != "hf":
-        from backend.errors import SpecLensError
-        raise SpecLensError(f"--engine {a.engine}: not available on this path; use --engine hf "
-                            "(vLLM and SGLang benches run on the GPU node)")
-    s = BenchSettings(target=a.target, drafter=a.drafter, prompts=a.prompts, num_spec_tokens=a.num_spec_tokens,
+    s = BenchSettings(engine=a.engine, server_url=a.server_url, tensor_parallel_size=a.tensor_parallel_size,
+                      engine_options=engine_options(a.engine_option) or None,
+                      target=a.target, drafter=a.drafter, prompts=a.prompts, num_spec_tokens=a.num_spec_tokens,
                       temperature=a.temperature, repeats=a.repeats, limit=a.limit, max_new_tokens=a.max_new_tokens,
                       device=a.device, dtype=a.dtype, seed=a.seed, chat_template=not a.no_chat_template,
                       producer=a.producer, producer_version=a.producer_version, runner=a.runner,
@@ -28,6 +26,24 @@ def cmd_bench(a: argparse.Namespace) -> int:
             line += ", lossless" if r.lossless else f", NOT lossless ({r.mismatched_prompts} prompts differ)"
     print(f"{line} -> {r.path}")
     return 0
+
+
+def engine_options(items: list[str] | None) -> dict:
+    """--engine-option KEY=VALUE (VALUE parsed as JSON when it is JSON: numbers, true/false, lists)."""
+    import json
+
+    from backend.errors import SpecLensError
+
+    out = {}
+    for it in items or []:
+        if "=" not in it:
+            raise SpecLensError(f"--engine-option {it}: expected KEY=VALUE, e.g. gpu_memory_utilization=0.5")
+        k, v = it.split("=", 1)
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v
+    return out
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -52,6 +68,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--runner", choices=["v1", "v2"], help="vLLM model runner whose id reading to apply")
     b.add_argument("--draft-sampling", default="sample", choices=["sample", "argmax"],
                    help="at T > 0: draft from q (standard) or argmax (vLLM V1)")
+    b.add_argument("--server-url", help="vllm/sglang: bench a running server (OpenAI API) instead of starting one")
+    b.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm/sglang: GPUs per engine")
+    b.add_argument("--engine-option", action="append", metavar="KEY=VALUE",
+                   help="vllm: passed to vllm.LLM (e.g. gpu_memory_utilization=0.5); sglang: a server flag")
     b.add_argument("--quiet", action="store_true")
     b.set_defaults(fn=cmd_bench)
     return b

@@ -62,9 +62,14 @@ def run_capture(settings: CaptureSettings, name: str | None = None, root: Path |
     """Capture (or resume) a run. `stop_after` stops after that many prompts (tests of resume)."""
     from backend.engines import hf
 
+    if settings.engine == "vllm":
+        from backend.engines import vllm
+        return vllm.run_capture(settings, name, root, progress)
+    if settings.engine == "sglang":
+        from backend.engines import sglang
+        return sglang.run_capture(settings, name, root, progress)
     if settings.engine != "hf":
-        raise SpecLensError(f"--engine {settings.engine}: not available on this path; use --engine hf "
-                            f"(vLLM and SGLang captures run on the GPU node)")
+        raise SpecLensError(f"--engine {settings.engine}: unknown; use hf, vllm or sglang")
     if settings.sample_tokens < 0:
         raise SpecLensError("--sample-tokens must be >= 0")
     prompts = load_prompts(settings.prompts, settings.limit)
@@ -166,9 +171,10 @@ def _boundaries(wanted: list[str] | None, n_layers: int) -> list[coords.Boundary
     return sorted(set(out), key=lambda b: b.sort_key())
 
 
-def _open_or_resume(run_id, settings, lm, labels, root, n_prompts):
+def _open_or_resume(run_id, settings, lm, labels, root, n_prompts, engine_version: str | None = None):
     manifest = {
-        "kind": "capture", "engine": settings.engine, "engine_version": _engine_version(), "name": run_id,
+        "kind": "capture", "engine": settings.engine, "engine_version": engine_version or _engine_version(),
+        "name": run_id,
         "model": {"path": str(Path(settings.model).resolve()), "model_type": getattr(lm.config, "model_type", None),
                   "n_layers": lm.n_layers, "hidden_size": lm.hidden_size,
                   "vocab_size": int(getattr(lm.config, "vocab_size", 0))},

@@ -1,0 +1,453 @@
+"""vLLM 0.24 adapter: captures and speculative-decoding benches through vLLM's own code path.
+
+vLLM is imported lazily (only the GPU node has it); everything that does not need it (metric snapshots,
+Prometheus text, error messages, accepted-length histograms) is plain Python and tested on CPU against
+output recorded on the H200 (tests/test_vllm_adapter.py, fixtures under tests/data/recorded/).
+
+- capture: `LLM(enforce_eager=True, enable_prefix_caching=False, worker_extension_cls=SpecLensWorker)`,
+  hooks installed in every worker by `collective_rpc("speclens_install")` reduce each boundary to
+  streaming statistics on the GPU (backend/engines/vllm_worker.py); prompts go in as token ids with
+  max_tokens=1 (prefill only), so the tokens are exactly the HF capture's.
+- extract: vLLM's own `extract_hidden_states` method + `ExampleHiddenStatesConnector` (what vLLM feeds a
+  drafter, aux ids plus the last layer), files read back, reduced and deleted.
+- bench: `LLM(speculative_config={"method": "eagle3", ...})`, one request at a time (Spec-Bench, batch 1),
+  acceptance from `get_metrics()` deltas around each request; a paired baseline engine without a drafter.
+  `ServerEngine` does the same against a running `vllm serve` (OpenAI API + `/metrics`).
+- what vLLM really feeds the drafter: `collective_rpc("speclens_model_info")` reads `aux_hidden_state_layers`
+  from the live model in the worker, not from the config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from backend import coords, metrics
+from backend.errors import SpecLensError
+
+WORKER_EXT = "backend.engines.vllm_worker.SpecLensWorker"
+RECORDING: list | None = None      # set to a list to keep every request's counter snapshots (gpu/vllm_suite.py)
+SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_accepted_tokens_per_pos")
+
+
+def require() -> str:
+    """vLLM's version, or a one-line error saying where it runs."""
+    try:
+        import vllm
+    except ImportError:
+        raise SpecLensError("vLLM is not installed here; run this on the GPU node (pip install vllm==0.24.0, see "
+                            "README 'GPU node') or use --engine hf") from None
+    return vllm.__version__
+
+
+@dataclass
+class EngineOptions:
+    """What is passed through to `vllm.LLM` (anything in `extra` verbatim)."""
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.3
+    max_model_len: int | None = None
+    dtype: str = "auto"
+    load_format: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def short_error(e: BaseException) -> str:
+    """The engine's own message, reduced to one line (the last non-empty line of a chained error)."""
+    text = str(e).strip() or type(e).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    msg = lines[-1] if lines else text
+    low = text.lower()
+    if "out of memory" in low or "no available memory for the cache blocks" in low or "kv cache" in low and "memory" in low:
+        return (f"GPU memory too small for these settings ({msg[:200]}); lower --max-model-len or raise "
+                f"--gpu-memory-utilization, or use a larger GPU / tensor parallelism")
+    return f"{type(e).__name__}: {msg[:300]}"
+
+
+def make_llm(model: str, opts: EngineOptions, *, drafter: str | None = None, num_spec_tokens: int | None = None,
+             capture: bool = False, eager: bool = True, extract: dict | None = None):
+    """A `vllm.LLM` for one purpose. capture: hooks need eager mode and no prefix caching."""
+    require()
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")   # collective_rpc returns tensors
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")         # 2 minutes of JIT otherwise
+    from vllm import LLM
+
+    kw = dict(model=model, tensor_parallel_size=opts.tensor_parallel_size, dtype=opts.dtype,
+              gpu_memory_utilization=opts.gpu_memory_utilization, enforce_eager=eager or capture,
+              disable_log_stats=False, seed=0, skip_tokenizer_init=True, worker_extension_cls=WORKER_EXT)
+    if opts.max_model_len:
+        kw["max_model_len"] = opts.max_model_len
+    if opts.load_format:
+        kw["load_format"] = opts.load_format
+    if capture:
+        kw["enable_prefix_caching"] = False
+    if drafter:
+        kw["speculative_config"] = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": num_spec_tokens}
+    if extract:
+        kw["speculative_config"] = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                                    "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids":
+                                                                         extract["ids"]}}}
+        kw["kv_transfer_config"] = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+                                    "kv_connector_extra_config": {"shared_storage_path": extract["path"]}}
+        kw["enable_prefix_caching"] = False
+    kw.update(opts.extra)
+    try:
+        return LLM(**kw)
+    except Exception as e:
+        what = f"drafter {drafter}" if drafter else f"model {model}"
+        raise SpecLensError(f"vLLM could not start with {what}: {short_error(e)}") from e
+
+
+def shutdown(llm) -> None:
+    """Free the engine's GPU memory now (the engine core is a child process)."""
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:
+        pass
+    import gc
+    gc.collect()
+
+
+def model_info(llm) -> dict:
+    """From the running engine: decoder layers and the aux layer ids vLLM adds up for the drafter."""
+    return llm.collective_rpc("speclens_model_info")[0]
+
+
+def fed_boundaries(aux_layers: list[int] | None, n_layers: int) -> list[str] | None:
+    """vLLM adds up layer i's input for aux id i (`_maybe_add_hidden_state(idx)`, idx 0 = embeddings):
+    aux id i is boundary S_i (REFERENCE section 2)."""
+    if not aux_layers:
+        return None
+    return coords.labels(coords.resolve_ids("vllm", list(aux_layers), n_layers, version="0.24.0"))
+
+
+# ---------------------------------------------------------------------- metrics
+
+def snapshot(metric_list) -> dict:
+    """The spec-decode counters of `LLM.get_metrics()` as {name: int | list[int]} (summed over engines)."""
+    out: dict = {}
+    for m in metric_list:
+        name = getattr(m, "name", "")
+        if not name.startswith("vllm:spec_decode"):
+            continue
+        if hasattr(m, "values"):
+            vals = [int(v) for v in m.values]
+            prev = out.get(name) or [0] * len(vals)
+            out[name] = [a + b for a, b in zip(prev + [0] * (len(vals) - len(prev)), vals)]
+        elif hasattr(m, "value"):
+            out[name] = out.get(name, 0) + int(m.value)
+    return out
+
+
+_PROM_LINE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
+
+
+def parse_prometheus(text: str) -> dict:
+    """`GET /metrics` text of a vLLM server -> the same dict as `snapshot` (per-position counters as a list)."""
+    out: dict = {}
+    per_pos: dict[int, int] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _PROM_LINE.match(line)
+        if not m or not m.group("name").startswith("vllm:spec_decode"):
+            continue
+        name = m.group("name").removesuffix("_total")
+        if name.endswith("_created"):
+            continue
+        value = int(float(m.group("value")))
+        if name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            pos = re.search(r'position="(\d+)"', m.group("labels") or "")
+            if pos:
+                per_pos[int(pos.group(1))] = per_pos.get(int(pos.group(1)), 0) + value
+            continue
+        out[name] = out.get(name, 0) + value
+    if per_pos:
+        out["vllm:spec_decode_num_accepted_tokens_per_pos"] = [per_pos.get(i, 0) for i in range(max(per_pos) + 1)]
+    return out
+
+
+def accepted_lengths(stats: metrics.AcceptanceStats, k: int) -> list[int]:
+    """vLLM counts per position, not per step; for a chain the per-step multiset follows exactly:
+    steps that accepted >= i tokens = per_pos[i-1], so hist[n] = per_pos[n-1] - per_pos[n]."""
+    if stats.drafts == 0:
+        return []
+    pp = list(stats.per_pos or [])[:k] + [0] * max(0, k - len(stats.per_pos or []))
+    ge = [stats.drafts] + pp + [0]
+    out: list[int] = []
+    for n in range(k + 1):
+        c = ge[n] - ge[n + 1]
+        if c < 0:
+            raise SpecLensError(f"vLLM counters are not a chain's (per-position {pp}, drafts {stats.drafts}); "
+                                "tree speculation has no per-step histogram")
+        out += [n] * c
+    return out
+
+
+# ---------------------------------------------------------------------- generation (bench units)
+
+@dataclass
+class Gen:
+    tokens: list[int]
+    seconds: float
+    ttft: float | None
+    accepted: list[int]
+    counters: dict | None = None
+
+
+class OfflineEngine:
+    """One vLLM engine (target, optionally with an EAGLE-3 drafter) for bench units of one request each."""
+
+    engine_name = "vllm"
+
+    def __init__(self, target: str, opts: EngineOptions, drafter: str | None = None, num_spec_tokens: int = 4,
+                 eos: list[int] | None = None):
+        self.version = require()
+        self.k = num_spec_tokens if drafter else 0
+        self.eos = eos or []
+        self.llm = make_llm(target, opts, drafter=drafter, num_spec_tokens=num_spec_tokens, eager=False)
+        self.info = model_info(self.llm)
+
+    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> Gen:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sp = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, seed=seed if temperature > 0 else None,
+                            stop_token_ids=self.eos, detokenize=False)
+        before = snapshot(self.llm.get_metrics()) if self.k else {}
+        t0 = time.perf_counter()
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)[0]
+        seconds = time.perf_counter() - t0
+        after = snapshot(self.llm.get_metrics()) if self.k else {}
+        ttft = getattr(out.metrics, "first_token_latency", None) if out.metrics is not None else None
+        acc = accepted_lengths(metrics.from_vllm(before, after), self.k) if self.k else []
+        if RECORDING is not None and self.k:
+            RECORDING.append({"k": self.k, "before": before, "after": after, "output_tokens": len(out.outputs[0].token_ids)})
+        return Gen(list(out.outputs[0].token_ids), seconds, ttft or None, acc,
+                   {"before": before, "after": after} if self.k else None)
+
+    def aux_ids(self) -> list[int] | None:
+        return self.info.get("aux_layers") if self.k else None
+
+    def fed_boundaries(self, n_layers: int) -> list[str] | None:
+        return fed_boundaries(self.aux_ids(), n_layers)
+
+    def close(self) -> None:
+        shutdown(self.llm)
+
+
+class ServerEngine:
+    """A running `vllm serve` (OpenAI API): completions with token-id prompts, acceptance from `/metrics`
+    deltas around each request (run one request at a time so the deltas are that request's)."""
+
+    engine_name = "vllm-server"
+
+    def __init__(self, url: str, model: str | None = None, num_spec_tokens: int = 0, eos: list[int] | None = None,
+                 timeout: float = 300.0):
+        self.url = url.rstrip("/")
+        self.k, self.eos, self.timeout = num_spec_tokens, eos or [], timeout
+        models = self._get_json("/v1/models")
+        ids = [m.get("id") for m in models.get("data", [])]
+        self.model = model or (ids[0] if ids else None)
+        if self.model is None:
+            raise SpecLensError(f"vLLM server {self.url} serves no model; start it with `vllm serve MODEL`")
+        self.version = self._get_json("/version").get("version", "unknown")
+
+    def _request(self, path: str, body: dict | None = None, timeout: float | None = None) -> bytes:
+        req = urllib.request.Request(self.url + path, data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as r:
+                return r.read()
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:300].replace("\n", " ")
+            raise SpecLensError(f"vLLM server {self.url}{path} answered HTTP {e.code}: {detail}") from None
+        except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
+            raise SpecLensError(f"vLLM server {self.url} is unreachable ({reason}); start it (`vllm serve ...`) or fix "
+                                "--server-url") from None
+
+    def _get_json(self, path: str) -> dict:
+        return json.loads(self._request(path, timeout=10))
+
+    def counters(self) -> dict:
+        return parse_prometheus(self._request("/metrics", timeout=10).decode())
+
+    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> Gen:
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": temperature,
+                "stream": True, "stop_token_ids": self.eos, "return_token_ids": True}
+        if temperature > 0:
+            body["seed"] = seed
+        before = self.counters() if self.k else {}
+        req = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        t0 = time.perf_counter()
+        ttft, tokens = None, []
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                for raw in r:                       # server-sent events, one chunk per line
+                    line = raw.decode().strip()
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    for ch in json.loads(line[6:]).get("choices", []):
+                        new = ch.get("token_ids") or []
+                        if new and ttft is None:
+                            ttft = time.perf_counter() - t0
+                        tokens += new
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode(errors="replace")[:300].replace("\n", " ")
+            raise SpecLensError(f"vLLM server {self.url}/v1/completions answered HTTP {e.code}: {detail}") from None
+        except (urllib.error.URLError, OSError) as e:
+            raise SpecLensError(f"vLLM server {self.url}: request failed ({getattr(e, 'reason', e)}); check the "
+                                "server log, or raise --timeout") from None
+        seconds = time.perf_counter() - t0
+        after = self.counters() if self.k else {}
+        acc = accepted_lengths(metrics.from_vllm(before, after), self.k) if self.k else []
+        return Gen(tokens, seconds, ttft, acc, {"before": before, "after": after} if self.k else None)
+
+    def aux_ids(self) -> None:
+        return None            # a server does not expose its model; the run records the predicted boundaries
+
+    def fed_boundaries(self, n_layers: int) -> None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def make_engine(s, drafter: str | None, eos: list[int]):
+    """The engine for a bench (settings `s` from backend.bench.BenchSettings)."""
+    if s.server_url:
+        return ServerEngine(s.server_url, num_spec_tokens=s.num_spec_tokens if drafter else 0, eos=eos)
+    extra = dict(s.engine_options or {})
+    opts = EngineOptions(tensor_parallel_size=s.tensor_parallel_size,
+                         gpu_memory_utilization=float(extra.pop("gpu_memory_utilization", 0.3)),
+                         max_model_len=extra.pop("max_model_len", None),
+                         dtype={"fp32": "float32", "bf16": "bfloat16"}.get(s.dtype, s.dtype), extra=extra)
+    return OfflineEngine(s.target, opts, drafter=drafter, num_spec_tokens=s.num_spec_tokens, eos=eos)
+
+
+# ---------------------------------------------------------------------- captures
+
+def prefill(llm, seqs: list[list[int]]) -> float:
+    """Every sequence through the engine once (max_tokens=1: prefill only); seconds."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    sp = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    t0 = time.perf_counter()
+    llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs], sp, use_tqdm=False)
+    return time.perf_counter() - t0
+
+
+def install(llm, labels: list[str], sample_tokens: int = 4096, sample_per_prompt: int = 512,
+            state: dict | None = None, sample: dict | None = None) -> None:
+    llm.collective_rpc("speclens_install", args=(labels, sample_tokens, sample_per_prompt, state, sample))
+
+
+def collect(llm) -> dict:
+    """Rank 0's statistics and sample (after the all-reduce every rank holds the full hidden state)."""
+    return llm.collective_rpc("speclens_collect")[0]
+
+
+def _target_info(model: str, device: str = "cuda") -> SimpleNamespace:
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(model)
+    except Exception as e:
+        raise SpecLensError(f"{model}: not a model directory transformers can read ({short_error(e)})") from None
+    text = getattr(cfg, "text_config", None) or cfg
+    return SimpleNamespace(config=cfg, n_layers=int(text.num_hidden_layers), hidden_size=int(text.hidden_size),
+                           device=device)
+
+
+def run_capture(settings, name: str | None = None, root: Path | None = None, progress: bool = True,
+                opts: EngineOptions | None = None):
+    """`capture --engine vllm`: the same run directory as the HF engine's, boundaries read inside vLLM."""
+    import sys
+
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from backend import capture as cap
+    from backend.prompts import encode, load_prompts
+    from backend.store import catalog
+    from backend.store.rundir import new_run_id
+
+    version = require()
+    opts = opts or EngineOptions()
+    prompts = load_prompts(settings.prompts, settings.limit)
+    info = _target_info(settings.model)
+    tok = AutoTokenizer.from_pretrained(settings.model)
+    seqs = [encode(tok, p.text, settings.chat_template, settings.max_prompt_tokens) for p in prompts]
+    if any(len(x) == 0 for x in seqs):
+        bad = next(p for p, x in zip(prompts, seqs) if not x)
+        raise SpecLensError(f"{settings.prompts}: prompt {bad.id} encodes to zero tokens; remove or fix it")
+    labels = coords.labels(cap._boundaries(settings.boundaries, info.n_layers))
+    run_id = new_run_id("capture", name)
+    rd, start, state, sample_t = cap._open_or_resume(run_id, settings, info, labels, root, len(prompts),
+                                                     engine_version=f"vllm {version}")
+    llm = None
+    done, t0 = start, time.perf_counter()
+    try:
+        llm = make_llm(settings.model, opts, capture=True)
+        install(llm, labels, settings.sample_tokens, settings.sample_per_prompt,
+                {k: v.cpu() for k, v in state.tensors().items()} if state is not None else None, sample_t)
+        chunk = max(1, settings.checkpoint_every) * 4
+        bar = tqdm(total=len(seqs), initial=start, desc=f"capture {run_id} (vllm)", unit="prompt",
+                   disable=not progress, file=sys.stderr)
+        for i in range(start, len(seqs), chunk):
+            prefill(llm, seqs[i:i + chunk])
+            done = min(len(seqs), i + chunk)
+            bar.update(done - i)
+            if done < len(seqs):
+                stats, sample = _rebuild(collect(llm), info.hidden_size, settings)
+                cap._checkpoint(rd, stats, sample, done, len(seqs))
+        bar.close()
+        res = collect(llm)
+    except KeyboardInterrupt:
+        rd.fail(f"interrupted after {done}/{len(seqs)} prompts; run the same command again to resume")
+        catalog.refresh(root)
+        raise
+    except SpecLensError as e:
+        rd.fail(str(e))
+        catalog.refresh(root)
+        raise
+    except Exception as e:
+        rd.fail(f"vLLM: {short_error(e)}")
+        catalog.refresh(root)
+        raise SpecLensError(f"capture {run_id} failed in vLLM: {short_error(e)}") from e
+    finally:
+        if llm is not None:
+            shutdown(llm)
+    stats, sample = _rebuild(res, info.hidden_size, settings)
+    expected = sum(len(x) for x in seqs[start:])
+    rd.update(engine_check={"tokens_expected": expected, "tokens_seen_by_hooks": int(res["tokens_seen"]),
+                            "forward_passes": int(res["forwards"])})
+    if int(res["tokens_seen"]) != expected:
+        rd.fail(f"vLLM ran {res['tokens_seen']} tokens through the hooks, the prompts hold {expected} (prefix caching "
+                "or padding on?); the statistics would not be the prompts'")
+        catalog.refresh(root)
+        raise SpecLensError(f"capture {run_id}: token count mismatch inside vLLM ({res['tokens_seen']} != {expected})")
+    return cap._finish(rd, stats, sample, labels, sum(len(x) for x in seqs), len(seqs),
+                       time.perf_counter() - t0, root)
+
+
+def _rebuild(res: dict, hidden: int, settings):
+    import torch
+
+    from backend.stats import StatsState, StreamingStats, TokenSample
+
+    stats = StreamingStats(res["labels"], hidden, "cpu", StatsState.from_tensors(res["state"], "cpu"), compile=False)
+    dt = res["sample"][res["labels"][0]].dtype if res["labels"] else torch.float32
+    sample = TokenSample(res["labels"], hidden, settings.sample_tokens, settings.sample_per_prompt, dtype=dt)
+    sample.load(res["sample"])
+    return stats, sample

@@ -1,0 +1,197 @@
+"""Runs inside vLLM's GPU workers: forward hooks that reduce boundaries to streaming statistics on the GPU.
+
+Installed with `LLM(..., worker_extension_cls="backend.engines.vllm_worker.SpecLensWorker")` and driven by
+`llm.collective_rpc("speclens_install", ...)`; needs `enforce_eager=True` (hooks do not fire inside CUDA
+graphs or compiled regions) and `enable_prefix_caching=False` (cached prefixes are never recomputed, so
+their tokens would pass no hook). Nothing here imports vLLM: the hooks sit on plain torch modules.
+
+Where each boundary is read (REFERENCE section 1; vLLM's decoder layers return `(hidden, residual)` with the
+residual add fused into the next norm):
+  S_0      input of decoder layer 0 (the embeddings; residual is None there)
+  S_{b+1}  `hidden + residual` of decoder layer b's output (what vLLM's own aux capture adds up)
+  F        first output of the final norm (`norm(hidden, residual)` returns `(normed, residual_sum)`)
+
+Memory: one StatsState (boundaries x 4 x hidden floats) plus the bounded raw sample; never per token.
+The sample keeps the first tokens of sequences that start (position 0) inside a forward pass, with their
+context hashes, so captures by different engines of the same prompts line up token by token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backend import coords
+from backend.stats import StatsState, StreamingStats, TokenSample
+
+
+def decoder_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.ModuleList, torch.nn.Module | None]:
+    """(inner model, decoder layers, final norm) of a vLLM or HF causal LM."""
+    inner = model
+    for attr in ("model", "language_model", "transformer"):
+        cand = getattr(inner, attr, None)
+        if isinstance(cand, torch.nn.Module) and hasattr(cand, "layers"):
+            inner = cand
+            break
+        if isinstance(cand, torch.nn.Module) and hasattr(cand, "model") and hasattr(cand.model, "layers"):
+            inner = cand.model
+            break
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise RuntimeError(f"no decoder layer list found in {type(model).__name__}")
+    return inner, layers, getattr(inner, "norm", None)
+
+
+def aux_layers_of(model: torch.nn.Module) -> list[int] | None:
+    """The ids vLLM's model adds up for the drafter (`aux_hidden_state_layers`), read from the live model."""
+    for m in model.modules():
+        v = getattr(m, "aux_hidden_state_layers", None)
+        if v is not None and len(v) > 0:
+            return [int(x) for x in v]
+    return None
+
+
+def _layer_out(out) -> torch.Tensor:
+    if isinstance(out, tuple):
+        h, r = out[0], out[1] if len(out) > 1 else None
+        return h if r is None else h + r
+    return out
+
+
+class BoundaryReducer:
+    """Hooks on one model that feed StreamingStats (every token) and a TokenSample (bounded)."""
+
+    def __init__(self, model: torch.nn.Module, labels: list[str], sample_tokens: int, sample_per_prompt: int,
+                 state: dict | None = None, sample: dict | None = None):
+        self.inner, self.layers, self.norm = decoder_parts(model)
+        n = len(self.layers)
+        self.bounds = [coords.parse(lbl, n) for lbl in labels]
+        self.labels = list(labels)
+        p = next(model.parameters())
+        self.device = p.device
+        hidden = int(getattr(getattr(model, "config", None), "hidden_size", 0) or p.shape[-1])
+        st = StatsState.from_tensors(state, self.device) if state else None
+        self.stats = StreamingStats(self.labels, hidden, self.device, st)
+        self.sample = TokenSample(self.labels, hidden, sample_tokens, sample_per_prompt,
+                                  dtype=torch.float32 if p.dtype == torch.float32 else torch.bfloat16,
+                                  pin=self.device.type == "cuda")
+        if sample:
+            self.sample.load(sample)
+        self.tokens = 0
+        self.forwards = 0
+        self._take: torch.Tensor | None = None   # rows of this forward that go to the sample
+        self._segs: list[tuple[torch.Tensor, int]] = []
+        self._handles = []
+        self._install(model)
+
+    # -------------------------------------------------------------- hooks
+    def _install(self, model: torch.nn.Module) -> None:
+        self._handles.append(self.inner.register_forward_pre_hook(self._begin, with_kwargs=True))
+        self._handles.append(self.inner.register_forward_hook(self._end))
+        for k, b in enumerate(self.bounds):
+            if b.final:
+                if self.norm is None:
+                    raise RuntimeError("no final norm found for boundary F")
+                self._handles.append(self.norm.register_forward_hook(self._post(k)))
+            elif b.index == 0:
+                self._handles.append(self.layers[0].register_forward_pre_hook(self._pre0(k), with_kwargs=True))
+            else:
+                self._handles.append(self.layers[b.index - 1].register_forward_hook(self._post(k)))
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _begin(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        pos = kwargs.get("positions", kwargs.get("position_ids", args[1] if len(args) > 1 else None))
+        if ids is not None and pos is None:      # HF called without position ids: one sequence from 0
+            pos = torch.arange(ids.shape[-1], device=ids.device)
+        self.forwards += 1
+        if ids is not None:
+            self.tokens += int(ids.numel())
+        self._take, self._segs = None, []
+        if ids is None or pos is None or self.sample.n >= self.sample.capacity:
+            return
+        pos_c, ids_c = pos.reshape(-1).cpu(), ids.reshape(-1).cpu()   # a sync only while the sample has room
+        starts = [0] + [i for i in range(1, len(pos_c)) if int(pos_c[i]) != int(pos_c[i - 1]) + 1]
+        ends = starts[1:] + [len(pos_c)]
+        take, room_left = [], self.sample.capacity - self.sample.n
+        for s, e in zip(starts, ends):
+            if int(pos_c[s]) != 0 or room_left <= 0:
+                continue
+            k = min(e - s, self.sample.per_seq, room_left)
+            take.append(torch.arange(s, s + k))
+            self._segs.append((ids_c[s:s + k], k))
+            room_left -= k
+        if take:
+            self._take = torch.cat(take).to(self.device, non_blocking=True)
+
+    def _end(self, module, args, out):
+        for ids, k in self._segs:
+            self.sample.commit(ids, k)
+        self._take, self._segs = None, []
+
+    def _sink(self, k: int, x: torch.Tensor) -> None:
+        x = x.reshape(-1, x.shape[-1])
+        self.stats.update(k, x)
+        if self._take is not None:
+            rows = x.index_select(0, self._take)
+            self.sample.data[k, self.sample.n:self.sample.n + rows.shape[0]].copy_(rows, non_blocking=self.sample.pinned)
+
+    def _post(self, k: int):
+        def hook(module, args, out):
+            x = out[0] if (self.bounds[k].final and isinstance(out, tuple)) else _layer_out(out)
+            self._sink(k, x)
+        return hook
+
+    def _pre0(self, k: int):
+        def hook(module, args, kwargs):
+            # vLLM: layer(positions, hidden_states, residual); HF: layer(hidden_states, ...)
+            floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+            h = kwargs.get("hidden_states", floats[0] if floats else None)
+            r = kwargs.get("residual", floats[1] if len(floats) > 1 else None)
+            self._sink(k, h if r is None else h + r)
+        return hook
+
+    # -------------------------------------------------------------- results
+    def collect(self) -> dict:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return {"labels": self.labels, "state": {k: v.detach().cpu() for k, v in self.stats.state.tensors().items()},
+                "sample": {k: v.clone() for k, v in self.sample.tensors().items()},
+                "tokens_seen": self.tokens, "forwards": self.forwards}
+
+
+class SpecLensWorker:
+    """vLLM worker extension (mixed into the GPU worker class by vLLM; `self.model_runner` is the worker's)."""
+
+    def _speclens_model(self) -> torch.nn.Module:
+        mr = self.model_runner
+        m = mr.get_model() if hasattr(mr, "get_model") else mr.model
+        return getattr(m, "module", m)
+
+    def speclens_install(self, labels: list[str], sample_tokens: int = 4096, sample_per_prompt: int = 512,
+                         state: dict | None = None, sample: dict | None = None) -> int:
+        old = getattr(self, "_speclens", None)
+        if old is not None:
+            old.remove()
+        self._speclens = BoundaryReducer(self._speclens_model(), labels, sample_tokens, sample_per_prompt,
+                                         state, sample)
+        return len(self._speclens.layers)
+
+    def speclens_collect(self) -> dict:
+        return self._speclens.collect()
+
+    def speclens_remove(self) -> None:
+        r = getattr(self, "_speclens", None)
+        if r is not None:
+            r.remove()
+        self._speclens = None
+
+    def speclens_model_info(self) -> dict:
+        """What the running engine really does: decoder layers, hidden size, and the aux layer ids it adds
+        up for an EAGLE-3 drafter (None without one)."""
+        m = self._speclens_model()
+        _, layers, _ = decoder_parts(m)
+        return {"n_layers": len(layers), "aux_layers": aux_layers_of(m), "model_class": type(m).__name__}

@@ -1,0 +1,176 @@
+"""The vLLM adapter's logic on CPU (vLLM itself runs only on the GPU node: gpu/vllm_suite.py).
+
+- The worker-side reducer (backend/engines/vllm_worker.py) is the same code that runs inside vLLM's workers;
+  here it hooks a real HF model and must give the statistics and sample of the HF capture.
+- Metric plumbing is checked against output RECORDED from vLLM 0.24.0 on the H200 (tests/data/recorded/vllm_*),
+  labelled as such: get_metrics() snapshots around single requests, /metrics text, engine info.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from backend import coords, metrics
+from backend.engines import vllm as V
+from backend.engines.vllm_worker import BoundaryReducer, aux_layers_of
+from backend.errors import SpecLensError
+
+RECORDED = Path(__file__).parent / "data" / "recorded"
+
+
+def test_reducer_matches_hf_capture(tiny_llama, one_torch_thread):
+    """Hooks placed the vLLM way (layer outputs, pre-hook for S_0, final norm's first output for F) on a real
+    HF model give exactly the HF engine's boundaries: moments and sampled states."""
+    from backend.engines import hf
+    from backend.stats import StreamingStats, TokenSample
+
+    lm = hf.load(tiny_llama, "cpu", "fp32")
+    labels = coords.labels(coords.all_boundaries(lm.n_layers))
+    red = BoundaryReducer(lm.model, labels, sample_tokens=64, sample_per_prompt=16)
+    seqs = [[5, 6, 7, 8, 9, 10, 11], [3, 4, 5, 100, 200]]
+    with torch.no_grad():
+        for s in seqs:
+            hf.forward(lm, s)
+    red.remove()
+    got = red.collect()
+    assert got["tokens_seen"] == sum(map(len, seqs)) and got["forwards"] == 2
+
+    ref_stats = StreamingStats(labels, lm.hidden_size, "cpu")
+    ref_sample = TokenSample(labels, lm.hidden_size, 64, 16)
+    with torch.no_grad():
+        for s in seqs:
+            states = {}
+            with hf.BoundaryHooks(lm, coords.all_boundaries(lm.n_layers), lambda k, x: states.__setitem__(k, x[0] if x.dim() == 3 else x)):
+                hf.forward(lm, s)
+            for k in range(len(labels)):
+                ref_stats.update(k, states[k])
+            ref_sample.add(torch.tensor(s), states)
+    for key, v in ref_stats.state.tensors().items():
+        assert torch.allclose(got["state"][key], v, atol=1e-5, rtol=1e-5), key
+    for key, v in ref_sample.tensors().items():
+        assert torch.allclose(got["sample"][key].float(), v.float(), atol=1e-6), key
+    assert red.sample.n == 12
+
+
+def test_reducer_splits_a_flat_batch_into_sequences():
+    """vLLM runs several requests in one flat batch: the sample must keep only sequences that start in it
+    (position 0), with their own context hashes, and the statistics must count every token."""
+    from backend.stats import context_hashes
+
+    class Layer(torch.nn.Module):
+        def forward(self, positions, hidden_states, residual):
+            res = hidden_states if residual is None else hidden_states + residual
+            return hidden_states * 0.5, res
+
+    class Inner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(50, 4)
+            self.layers = torch.nn.ModuleList([Layer(), Layer()])
+
+        def forward(self, input_ids, positions):
+            h, r = self.embed(input_ids), None
+            for layer in self.layers:
+                h, r = layer(positions, h, r)
+            return h + r
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = Inner()
+
+        def forward(self, input_ids, positions):
+            return self.model(input_ids=input_ids, positions=positions)
+
+    m = Outer()
+    red = BoundaryReducer(m, ["S_0", "S_1", "S_2"], sample_tokens=100, sample_per_prompt=3)
+    ids = torch.tensor([7, 8, 9, 10, 11, 1, 2, 3, 4, 20, 21])
+    pos = torch.tensor([5, 6, 7, 8, 9, 0, 1, 2, 3, 0, 1])      # a continuing chunk, then two new sequences
+    with torch.no_grad():
+        m(ids, pos)
+    got = red.collect()
+    assert got["tokens_seen"] == 11
+    assert got["sample"]["token_ids"].tolist() == [1, 2, 3, 20, 21]
+    assert got["sample"]["position"].tolist() == [0, 1, 2, 0, 1]
+    assert got["sample"]["ctx_hash"].tolist() == context_hashes([1, 2, 3]).tolist() + context_hashes([20, 21]).tolist()
+    emb = m.model.embed(torch.tensor([1, 2, 3, 20, 21]))
+    assert torch.allclose(got["sample"]["S_0"], emb.detach())
+    assert int(got["state"]["scalars"][0, 0]) == 11          # every token counted at S_0
+    assert aux_layers_of(m) is None
+
+
+def test_accepted_lengths_from_per_position_counts():
+    st = metrics.AcceptanceStats(drafts=10, draft_tokens=40, accepted=17, per_pos=[7, 5, 3, 2])
+    lens = V.accepted_lengths(st, 4)
+    assert lens == [0, 0, 0, 1, 1, 2, 2, 3, 4, 4] and sum(lens) == 17
+    again = metrics.from_accepted_lengths(lens, 4)
+    assert again.per_pos == [7, 5, 3, 2] and again.drafts == 10
+    with pytest.raises(SpecLensError, match="chain"):
+        V.accepted_lengths(metrics.AcceptanceStats(drafts=2, draft_tokens=8, accepted=3, per_pos=[1, 2, 0, 0]), 4)
+
+
+def test_prometheus_text_and_snapshot_agree():
+    text = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="t"} 12.0
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="t"} 48.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="t"} 20.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="t",position="0"} 9.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="t",position="1"} 6.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="t",position="2"} 3.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="t",position="3"} 2.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="t"} 1.7e9
+"""
+    d = V.parse_prometheus(text)
+    assert d == {"vllm:spec_decode_num_drafts": 12, "vllm:spec_decode_num_draft_tokens": 48,
+                 "vllm:spec_decode_num_accepted_tokens": 20,
+                 "vllm:spec_decode_num_accepted_tokens_per_pos": [9, 6, 3, 2]}
+    st = metrics.from_vllm({}, d)
+    assert st.tau == pytest.approx(1 + 20 / 12) and st.per_pos == [9, 6, 3, 2]
+
+
+def test_unreachable_server_is_one_line():
+    with pytest.raises(SpecLensError) as e:
+        V.ServerEngine("http://127.0.0.1:9", timeout=2)
+    assert "unreachable" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_engine_errors_are_one_line():
+    e = RuntimeError("Engine core initialization failed.\nValueError: No available memory for the cache blocks. "
+                     "Try increasing `gpu_memory_utilization`")
+    msg = V.short_error(e)
+    assert "\n" not in msg and "GPU memory too small" in msg
+
+
+def test_vllm_absent_on_cpu_path_says_where_it_runs():
+    pytest.importorskip("torch")
+    try:
+        import vllm  # noqa: F401
+        pytest.skip("vLLM installed here")
+    except ImportError:
+        pass
+    with pytest.raises(SpecLensError, match="GPU node"):
+        V.require()
+
+
+@pytest.mark.skipif(not (RECORDED / "vllm_metrics.json").exists(), reason="no recorded vLLM output")
+def test_recorded_vllm_metric_snapshots():
+    """RECORDED on the H200 (vLLM 0.24.0, toy pair, K=4): get_metrics() snapshots before/after single
+    requests. The snapshot parser must turn them into a valid chain histogram that sums to the counters."""
+    rec = json.loads((RECORDED / "vllm_metrics.json").read_text())
+    assert rec["units"], "recording holds no requests"
+    for u in rec["units"]:
+        st = metrics.from_vllm(u["before"], u["after"])
+        lens = V.accepted_lengths(st, rec["k"])
+        assert len(lens) == st.drafts and sum(lens) == st.accepted
+        assert st.draft_tokens == rec["k"] * st.drafts
+
+
+@pytest.mark.skipif(not (RECORDED / "vllm_engine_info.json").exists(), reason="no recorded vLLM output")
+def test_recorded_engine_aux_layers_map_to_boundaries():
+    """RECORDED: the aux layer ids vLLM's running model used for the toy pair (8 layers) and the log line."""
+    rec = json.loads((RECORDED / "vllm_engine_info.json").read_text())
+    for case in rec["cases"]:
+        assert V.fed_boundaries(case["aux_layers"], case["n_layers"]) == case["boundaries"]
