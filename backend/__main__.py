@@ -159,6 +159,10 @@ def parser() -> argparse.ArgumentParser:
 
     add_bench(sub)
 
+    from backend.jobs.cli import add_parsers as add_jobs
+
+    add_jobs(sub)
+
     b = sub.add_parser("build-demo-model", help="build a small random Llama-shaped target with its tokenizer")
     b.add_argument("--out", required=True)
     b.add_argument("--layers", type=int, default=8)

@@ -1,5 +1,6 @@
 """Where SpecLens keeps its files and what it may change. SPECLENS_DATA (default ./data) moves everything;
-SPECLENS_READONLY=1 makes the dashboard read-only (no annotation editing)."""
+SPECLENS_READONLY=1 makes the dashboard read-only (no annotation editing); SPECLENS_ALLOW_JOBS=1 lets it submit
+jobs and SPECLENS_MODEL_ROOTS confines the paths job specs may name."""
 
 from __future__ import annotations
 
@@ -45,3 +46,21 @@ def read_only() -> bool:
     """SPECLENS_READONLY=1 (or true/yes/on): the dashboard edits nothing. The one place this setting is read:
     backend/annotations.py refuses writes and the pages hide their edit widgets through it."""
     return os.environ.get("SPECLENS_READONLY", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def jobs_enabled() -> bool:
+    """SPECLENS_ALLOW_JOBS=1: the dashboard's New run page may submit jobs (still refused when read_only())."""
+    return _flag("SPECLENS_ALLOW_JOBS")
+
+
+def model_roots() -> list[Path]:
+    """Where job specs may read models, drafters and prompts from: SPECLENS_MODEL_ROOTS (paths separated by
+    os.pathsep), default the data root and <repo>/models. Prompts may also come from <repo>/datasets."""
+    env = os.environ.get("SPECLENS_MODEL_ROOTS", "").strip()
+    if env:
+        return [Path(p).expanduser().resolve() for p in env.split(os.pathsep) if p.strip()]
+    return [data_root(), REPO_ROOT / "models"]

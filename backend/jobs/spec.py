@@ -1,0 +1,262 @@
+"""Job specs: a YAML or JSON mapping with `kind: capture | bench | sweep`, checked field by field with one-line
+errors, paths confined to the configured roots (backend.config.model_roots), a sweep expanded into bench jobs.
+
+    kind: capture                      kind: bench                       kind: sweep (bench fields, and lists)
+    model: models/toy                  target: models/toy                target: models/toy
+    prompts: datasets/.../q.jsonl      drafter: models/toy-drafter       drafters: [models/d1, models/d2]
+    limit: 12                          prompts: ...                      num_spec_tokens: [1, 2, 4]
+    device: cpu                        num_spec_tokens: 4                temperature: [0, 0.7]
+    name: my-capture  (run name)       temperature: 0                    batch_size: [1]
+    num_gpus: 0 (Ray; default 1 on     repeats: 3                        prompts: ...
+      cuda devices, else 0)            max_new_tokens: 64
+    num_cpus: 1 (Ray; torch threads)
+
+Relative paths are taken from `base` (the spec file's directory for `submit`, the repo root otherwise) and
+stored absolute. The settings map one to one onto CaptureSettings / BenchSettings.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from backend.config import REPO_ROOT, data_root, model_roots
+from backend.errors import SpecLensError
+from backend.store.rundir import valid_run_id
+
+KINDS = ("capture", "bench", "sweep")
+COMMON = {"kind", "name", "num_gpus", "num_cpus", "max_attempts"}
+CAPTURE = {"model": str, "prompts": str, "engine": str, "limit": int, "device": str, "dtype": str,
+           "boundaries": list, "sample_tokens": int, "sample_per_prompt": int, "max_prompt_tokens": int, "chat_template": bool,
+           "checkpoint_every": int}
+BENCH = {"target": str, "prompts": str, "drafter": str, "num_spec_tokens": int, "temperature": float,
+         "repeats": int, "limit": int, "max_new_tokens": int, "device": str, "dtype": str, "seed": int,
+         "chat_template": bool, "max_prompt_tokens": int, "producer": str, "producer_version": str, "runner": str,
+         "draft_sampling": str, "batch_size": int}
+SWEEP_LISTS = {"num_spec_tokens": "num_spec_tokens", "temperature": "temperature", "batch_size": "batch_size",
+               "drafters": "drafter"}
+REQUIRED = {"capture": ("model", "prompts"), "bench": ("target", "prompts"), "sweep": ("target", "prompts")}
+CHOICES = {"engine": ("hf", "vllm", "sglang"), "dtype": ("fp32", "bf16"), "draft_sampling": ("sample", "argmax"),
+           "runner": ("v1", "v2")}
+MODEL_FIELDS = ("model", "target", "drafter")
+MAX_SWEEP = 256
+
+
+def load_spec_file(path: str | Path) -> dict:
+    """Read a YAML or JSON spec file into a mapping (one-line errors)."""
+    import yaml
+
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise SpecLensError(f"{p}: cannot read the job spec ({e.strerror or e})") from None
+    try:
+        obj = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise SpecLensError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'} ({first})") from None
+    if not isinstance(obj, dict):
+        raise SpecLensError(f"{p}: a job spec is a mapping with a 'kind' (capture, bench or sweep)")
+    return obj
+
+
+def input_roots() -> list[Path]:
+    """Roots prompts files may come from: the model roots, the data root and <repo>/datasets."""
+    out = []
+    for r in [*model_roots(), data_root(), REPO_ROOT / "datasets"]:
+        if r not in out:
+            out.append(r)
+    return out
+
+
+def confine(value: str, field: str, roots: list[Path], base: Path) -> str:
+    """The absolute, symlink-resolved path of `value` if it lies under one of `roots`, else a one-line error."""
+    if not isinstance(value, str) or not value.strip() or "\x00" in value:
+        raise SpecLensError(f"{field}: expected a path")
+    p = Path(value).expanduser()
+    p = (p if p.is_absolute() else base / p).resolve()
+    for r in roots:
+        try:
+            p.relative_to(r.resolve())
+        except ValueError:
+            continue
+        if not p.exists():
+            raise SpecLensError(f"{field}: {p} does not exist")
+        return str(p)
+    raise SpecLensError(f"{field}: {value} is outside the allowed roots ({', '.join(map(str, roots))}); "
+                        "set SPECLENS_MODEL_ROOTS to allow another directory")
+
+
+def _typed(field: str, value: Any, want: type) -> Any:
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if want is int and isinstance(value, bool) or not isinstance(value, want):
+        raise SpecLensError(f"{field}: expected {want.__name__}, got {type(value).__name__} {value!r}"[:200])
+    return value
+
+
+def _check_values(d: dict, where: str) -> None:
+    for k, opts in CHOICES.items():
+        if d.get(k) is not None and d[k] not in opts:
+            raise SpecLensError(f"{where}{k}: {d[k]!r} is not one of {', '.join(opts)}")
+    for k in ("limit", "repeats", "max_new_tokens", "num_spec_tokens", "sample_tokens", "checkpoint_every",
+              "batch_size", "max_prompt_tokens"):
+        if d.get(k) is not None and d[k] < (0 if k == "sample_tokens" else 1):
+            raise SpecLensError(f"{where}{k}: {d[k]} must be >= {0 if k == 'sample_tokens' else 1}")
+    if d.get("temperature") is not None and not 0 <= d["temperature"] <= 100:
+        raise SpecLensError(f"{where}temperature: {d['temperature']} must be >= 0 (0 = greedy)")
+    if d.get("batch_size", 1) != 1:
+        raise SpecLensError(f"{where}batch_size: {d['batch_size']}: the hf bench decodes one sequence at a time; "
+                            "use 1 (batched benches run on vLLM or SGLang)")
+    if d.get("engine", "hf") != "hf":
+        raise SpecLensError(f"{where}engine: {d['engine']} is not available to the worker yet; use hf")
+    dev = d.get("device", "auto")
+    if not isinstance(dev, str) or not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+        raise SpecLensError(f"{where}device: {dev!r} is not auto, cpu, cuda or cuda:N")
+    if "boundaries" in d and not all(isinstance(b, str) for b in d["boundaries"]):
+        raise SpecLensError(f"{where}boundaries: expected a list of names like [S_2, S_4, F]")
+
+
+def _resources(spec: dict, settings: dict) -> dict:
+    dev = str(settings.get("device", "auto"))
+    out = {"num_gpus": 1.0 if dev.startswith("cuda") else 0.0, "num_cpus": 1.0, "max_attempts": 3}
+    for k in ("num_gpus", "num_cpus"):
+        if k in spec:
+            v = spec[k]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v > 1024:
+                raise SpecLensError(f"{k}: expected a number >= 0, got {v!r}"[:200])
+            out[k] = float(v)
+    if "max_attempts" in spec:
+        v = spec["max_attempts"]
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 10:
+            raise SpecLensError(f"max_attempts: expected an integer 1..10, got {v!r}"[:200])
+        out["max_attempts"] = v
+    return out
+
+
+def validate(spec: Any, base: Path | str | None = None) -> list[dict]:
+    """Check a spec and return its jobs: [{kind: capture|bench, name, settings, num_gpus, num_cpus, max_attempts,
+    sweep}]; a sweep gives one bench job per combination. Raises SpecLensError with a one-line message."""
+    base = Path(base) if base is not None else REPO_ROOT
+    if not isinstance(spec, dict):
+        raise SpecLensError("a job spec is a mapping with a 'kind' (capture, bench or sweep)")
+    kind = spec.get("kind")
+    if kind not in KINDS:
+        raise SpecLensError(f"kind: {kind!r} is not one of capture, bench, sweep")
+    fields = CAPTURE if kind == "capture" else BENCH
+    allowed = COMMON | set(fields) | (set(SWEEP_LISTS) if kind == "sweep" else set())
+    unknown = sorted(set(map(str, spec)) - allowed)
+    if unknown:
+        raise SpecLensError(f"{unknown[0]}: unknown field for a {kind} job (known: {', '.join(sorted(allowed - {'kind'}))})")
+    for k in REQUIRED[kind]:
+        if spec.get(k) in (None, ""):
+            raise SpecLensError(f"{k}: required for a {kind} job")
+    name = spec.get("name")
+    if name is not None and (not isinstance(name, str) or not valid_run_id(name) or len(name) > 96):
+        raise SpecLensError(f"name: {name!r} is not a valid run name; use letters, digits, '.', '_' or '-' "
+                            "(at most 96)"[:200])
+    settings: dict = {}
+    for k, v in spec.items():
+        if k in fields and v is not None and not (kind == "sweep" and k in SWEEP_LISTS):
+            settings[k] = _typed(k, v, fields[k])
+    roots, iroots = model_roots(), input_roots()
+    for k in MODEL_FIELDS:
+        if k in settings:
+            settings[k] = confine(settings[k], k, roots, base)
+    settings["prompts"] = confine(settings["prompts"], "prompts", iroots, base)
+    res = _resources(spec, settings)
+    if kind != "sweep":
+        _check_values(settings, "")
+        return [{"kind": kind, "name": name, "settings": settings, "sweep": None, **res}]
+
+    axes: dict[str, list] = {}
+    for key, field in SWEEP_LISTS.items():
+        if key not in spec:
+            continue
+        vals = spec[key] if isinstance(spec[key], list) else [spec[key]]
+        if not vals:
+            raise SpecLensError(f"{key}: an empty list sweeps nothing")
+        want = BENCH[field]
+        vals = [_typed(key, v, want) for v in vals]
+        if field == "drafter":
+            vals = [confine(v, "drafters", roots, base) for v in vals]
+        axes[field] = vals
+    if "drafter" in settings and "drafter" in axes:
+        raise SpecLensError("drafter: give either drafter or drafters in a sweep, not both")
+    combos = list(itertools.product(*axes.values())) if axes else [()]
+    if len(combos) > MAX_SWEEP:
+        raise SpecLensError(f"sweep: {len(combos)} jobs is more than {MAX_SWEEP}; split the sweep")
+    jobs = []
+    for i, combo in enumerate(combos):
+        s = {**settings, **dict(zip(axes, combo))}
+        _check_values(s, f"sweep job {i}: ")
+        tag = "".join(f"-{_short(f, v, axes[f])}" for f, v in zip(axes, combo) if len(axes[f]) > 1)
+        jobs.append({"kind": "bench", "name": f"{i:02d}{tag}", "settings": s, "sweep": name or "", **res})
+    return jobs
+
+
+def _short(field: str, v: Any, vals: list) -> str:
+    if field == "drafter":
+        return f"d{vals.index(v)}"
+    prefix = {"num_spec_tokens": "k", "temperature": "t", "batch_size": "b"}[field]
+    return f"{prefix}{v:g}" if isinstance(v, float) else f"{prefix}{v}"
+
+
+def settings_object(job: dict):
+    """The CaptureSettings or BenchSettings of a job (the objects `python -m backend capture|bench` build)."""
+    s = dict(job["settings"])
+    s.pop("batch_size", None)
+    if job["kind"] == "capture":
+        from backend.capture import CaptureSettings
+        return CaptureSettings(**s)
+    from backend.bench import BenchSettings
+    return BenchSettings(**s)
+
+
+_SKIP = {"runs", "queue", "alignments", ".git", "__pycache__", "node_modules", ".venv"}
+
+
+def discover_models(roots: list[Path] | None = None, depth: int = 3, cap: int = 200) -> list[str]:
+    """Directories holding a config.json under the model roots (depth-limited; run and queue folders skipped)."""
+    out: list[str] = []
+
+    def walk(d: Path, left: int) -> None:
+        if len(out) >= cap or left < 0:
+            return
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError:
+            return
+        if any(e.name == "config.json" and e.is_file() for e in entries):
+            out.append(str(d))
+            return
+        for e in entries:
+            if e.is_dir(follow_symlinks=False) and e.name not in _SKIP and not e.name.startswith("."):
+                walk(Path(e.path), left - 1)
+
+    for r in roots if roots is not None else model_roots():
+        walk(r, depth)
+    return out
+
+
+def discover_prompts(roots: list[Path] | None = None, depth: int = 3, cap: int = 200) -> list[str]:
+    """Prompt files (*.jsonl, *.txt) under the input roots (depth-limited)."""
+    out: list[str] = []
+    for r in roots if roots is not None else input_roots():
+        stack = [(r, depth)]
+        while stack and len(out) < cap:
+            d, left = stack.pop()
+            try:
+                entries = sorted(os.scandir(d), key=lambda e: e.name, reverse=True)
+            except OSError:
+                continue
+            for e in entries:
+                if e.is_file() and e.name.endswith((".jsonl", ".txt")) and e.name not in ("journal.jsonl",):
+                    out.append(e.path)
+                elif left > 0 and e.is_dir(follow_symlinks=False) and e.name not in _SKIP and not e.name.startswith("."):
+                    stack.append((Path(e.path), left - 1))
+    return sorted(dict.fromkeys(out))[:cap]

@@ -1,0 +1,363 @@
+"""The worker: runs queued jobs one at a time (each in a child process), or hands them to Ray as tasks.
+
+Local mode (`run_worker`): recover orphaned jobs, claim the oldest pending job, run
+`python -m backend.jobs.child ROOT JOB_ID` (which calls run_capture / run_bench exactly as the CLI does, with
+the job id as run name), heartbeat and watch for a cancel flag while it runs, then move the job to done/,
+failed/, cancelled/ or back to pending/. The child dies with the worker (PR_SET_PDEATHSIG), so a killed worker
+never leaves a second writer behind; the next worker resumes the same run by its name.
+
+Ray mode (`run_ray`): the same claim and recovery, but each job becomes a Ray task with the job's num_gpus and
+num_cpus that calls the same `execute` in the Ray worker and writes to the shared run root.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable
+
+from backend.config import REPO_ROOT, data_root
+from backend.errors import SpecLensError
+from backend.jobs import queue as q
+from backend.store.rundir import COMPLETE, RUNNING, RunDir, _pid_alive, now
+
+CANCEL_GRACE_S = 30.0
+HEARTBEAT_S = 2.0
+
+
+def _root(root: Path | str | None) -> Path:
+    return Path(root).resolve() if root is not None else data_root()
+
+
+# ---------------------------------------------------------------------- one job, in this process
+
+
+def run_status(run_name: str, root: Path) -> dict | None:
+    return q.read(root / "runs" / run_name / "manifest.json")
+
+
+@contextmanager
+def _tag_runs(job: dict):
+    """Runs created while this job runs carry `job: {id, sweep}` in their manifest (dashboard, tests)."""
+    orig = RunDir.__dict__["create"].__func__
+    tag = {"id": job["job_id"], "sweep": job.get("sweep"), "kind": job.get("kind")}
+
+    def create(cls, run_id, manifest, root=None):
+        return orig(cls, run_id, {**manifest, "job": tag}, root)
+
+    RunDir.create = classmethod(create)
+    try:
+        yield
+    finally:
+        RunDir.create = classmethod(orig)
+
+
+def execute(job: dict, root: Path | str) -> dict:
+    """Run one job here and now: run_capture or run_bench with the job's settings and run name. A run that is
+    already complete is not run again (a job retried after its run finished). Returns a small result dict."""
+    from backend.jobs.spec import settings_object
+
+    root = Path(root)
+    name = job["run_name"]
+    m = run_status(name, root)
+    if m is None or m.get("status") != COMPLETE:
+        threads = int(job.get("num_cpus") or 0)
+        if threads >= 1:
+            import torch
+            torch.set_num_threads(threads)
+        s = settings_object(job)
+        with _tag_runs(job):
+            if job["kind"] == "capture":
+                from backend.capture import run_capture
+                run_capture(s, name=name, root=root, progress=False)
+            else:
+                from backend.bench import run_bench
+                r = run_bench(s, name=name, root=root, progress=False)
+                if r.status != COMPLETE:
+                    raise SpecLensError(f"baseline {r.run_id} of {name} ended {r.status}")
+        m = run_status(name, root) or {}
+    return {"run": name, "status": m.get("status"), "headline": m.get("headline"), "bench": m.get("bench"),
+            "baseline_run": m.get("baseline_run"), "host": socket.gethostname()}
+
+
+def fail_runs(job: dict, msg: str, root: Path) -> list[str]:
+    """Mark the job's unfinished runs (its run and its own baseline) failed with `msg`; never touches a complete
+    run or one another live process is writing."""
+    out = []
+    for rid in (job["run_name"], f"{job['run_name']}-baseline"):
+        p = root / "runs" / rid
+        if not (p / "manifest.json").exists():
+            continue
+        rd = RunDir(p)
+        try:
+            m = rd.manifest()
+        except SpecLensError:
+            continue
+        if m.get("status") == COMPLETE or (m.get("job") or {}).get("id") not in (None, job["job_id"]):
+            continue
+        if rd.effective_status(m) == RUNNING and m.get("pid") != os.getpid():
+            continue
+        rd.fail(msg)
+        out.append(rid)
+    if out:
+        from backend.store import catalog
+        catalog.refresh(root)
+    return out
+
+
+# ---------------------------------------------------------------------- recovery
+
+
+def _is_our_child(pid: int, job_id: str) -> bool:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"backend.jobs.child" in cmd and job_id.encode() in cmd
+
+
+def recover(root: Path, log: Callable[[str], None] = print) -> int:
+    """Handle running jobs whose worker died: stop a leftover child, then requeue the job (the next claim resumes
+    its run) or, past max_attempts or when cancelled, fail its runs and move it to failed/ or cancelled/."""
+    n = 0
+    for j in list(q.orphans(root)):
+        o = j.get("owner") or {}
+        child = o.get("child_pid")
+        if child and o.get("host") == socket.gethostname() and _is_our_child(int(child), j["job_id"]):
+            os.kill(int(child), signal.SIGKILL)
+            for _ in range(100):
+                if not _pid_alive(int(child)) or not _is_our_child(int(child), j["job_id"]):
+                    break
+                time.sleep(0.05)
+        got = q.release(j, root)
+        if got is None:
+            continue
+        n += 1
+        if got["state"] != "pending":
+            fail_runs(got, f"job {j['job_id']} {got['state']}: {got.get('error')}", root)
+        log(f"recovered job {j['job_id']} (worker {o.get('host')}:{o.get('pid')} gone) -> {got['state']}")
+    return n
+
+
+# ---------------------------------------------------------------------- local worker
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    os.setpgrp()   # ^C in the worker's terminal reaches the worker, which forwards it
+
+
+def _last_error(log: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    for ln in reversed(lines):
+        if ln.startswith("error:"):
+            return ln[len("error:"):].strip()
+    return lines[-1][:300] if lines else "no output"
+
+
+class Worker:
+    """`python -m backend worker`: one job at a time. Stop it with SIGTERM/SIGINT (the running job is interrupted,
+    checkpointed and requeued) or kill -9 (the next worker resumes the job)."""
+
+    def __init__(self, root: Path | str | None = None, poll_s: float = 1.0, log: Callable[[str], None] = print):
+        self.root = _root(root)
+        self.poll_s, self.log = poll_s, log
+        self.stopping = False
+        self.proc: subprocess.Popen | None = None
+
+    def _stop(self, signum, frame) -> None:
+        self.stopping = True
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+
+    def run(self, once: bool = False, max_jobs: int | None = None) -> int:
+        """Process jobs; `once`: until the queue is empty; `max_jobs`: at most that many. Returns jobs finished."""
+        q.ensure(self.root)
+        (q.qdir(self.root) / "logs").mkdir(exist_ok=True)
+        old = [signal.signal(s, self._stop) for s in (signal.SIGTERM, signal.SIGINT)]
+        done = 0
+        try:
+            while not self.stopping and (max_jobs is None or done < max_jobs):
+                recover(self.root, self.log)
+                job = q.claim(self.root, owner=q.me(worker="local"))
+                if job is None:
+                    if once:
+                        break
+                    time.sleep(self.poll_s)
+                    continue
+                self.run_job(job)
+                done += 1
+        finally:
+            for s, h in zip((signal.SIGTERM, signal.SIGINT), old):
+                signal.signal(s, h)
+        return done
+
+    def run_job(self, job: dict) -> str:
+        job_id, root = job["job_id"], self.root
+        log_path = q.qdir(root) / "logs" / f"{job_id}.log"
+        env = {**os.environ, "SPECLENS_DATA": str(root), "SPECLENS_JOB_PARENT": str(os.getpid()),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+        with open(log_path, "a") as lf:
+            lf.write(f"--- {now()} attempt {job.get('attempts')} on {socket.gethostname()} pid {os.getpid()}\n")
+            lf.flush()
+            self.proc = subprocess.Popen([sys.executable, "-m", "backend.jobs.child", str(root), job_id],
+                                         cwd=REPO_ROOT, env=env, stdout=lf, stderr=subprocess.STDOUT,
+                                         preexec_fn=_die_with_parent)
+        running = q.job_path(job_id, "running", root)
+        cur = q.read(running) or job
+        cur["owner"] = {**(cur.get("owner") or {}), "child_pid": self.proc.pid}
+        q.write(running, cur)
+        self.log(f"job {job_id} ({job['kind']}) -> run {job['run_name']} (child {self.proc.pid})")
+        cancel_at, beat = None, 0.0
+        while (rc := self.proc.poll()) is None:
+            if time.monotonic() - beat > HEARTBEAT_S:
+                q.heartbeat(job_id, root)
+                beat = time.monotonic()
+            if cancel_at is None and q.cancel_flag(job_id, root).exists():
+                cancel_at = time.monotonic()
+                self.proc.send_signal(signal.SIGINT)
+            if cancel_at is not None and time.monotonic() - cancel_at > CANCEL_GRACE_S:
+                self.proc.kill()
+            time.sleep(0.1)
+        self.proc = None
+        cancelled = cancel_at is not None or q.cancel_flag(job_id, root).exists()
+        return self.finish(job, rc, cancelled, log_path)
+
+    def finish(self, job: dict, rc: int, cancelled: bool, log_path: Path) -> str:
+        job_id, root = job["job_id"], self.root
+        m = run_status(job["run_name"], root) or {}
+        if rc == 0 and m.get("status") == COMPLETE:
+            q.move(job_id, "running", "done", root, finished=now(), error=None,
+                   result={"run": job["run_name"], "status": COMPLETE, "headline": m.get("headline")})
+            state = "done"
+        elif cancelled:
+            fail_runs(job, f"cancelled: job {job_id} was cancelled", root)
+            q.move(job_id, "running", "cancelled", root, finished=now(), error="cancelled")
+            state = "cancelled"
+        elif self.stopping:
+            cur = q.read(q.job_path(job_id, "running", root)) or job
+            q.move(job_id, "running", "pending", root, owner=None, attempts=max(0, int(cur.get("attempts", 1)) - 1))
+            state = "pending"
+        elif rc < 0 and int(job.get("attempts", 1)) < int(job.get("max_attempts", 3)):
+            q.move(job_id, "running", "pending", root, owner=None, error=f"child killed by signal {-rc}; retrying")
+            state = "pending"
+        else:
+            err = _last_error(log_path) if rc != 0 else f"run {job['run_name']} ended {m.get('status')}"
+            if rc < 0:
+                err = f"killed by signal {-rc} ({err})"
+            fail_runs(job, f"job {job_id} failed: {err}", root)
+            q.move(job_id, "running", "failed", root, finished=now(), error=err, exit_code=rc)
+            state = "failed"
+        from backend.store import catalog
+        catalog.refresh(root)
+        self.log(f"job {job_id} -> {state}")
+        return state
+
+
+def run_worker(root: Path | str | None = None, once: bool = False, max_jobs: int | None = None,
+               ray_address: str | None = None, poll_s: float = 1.0, log: Callable[[str], None] = print) -> int:
+    if ray_address:
+        return run_ray(ray_address, root, once=once, poll_s=poll_s, log=log)
+    return Worker(root, poll_s, log).run(once=once, max_jobs=max_jobs)
+
+
+# ---------------------------------------------------------------------- Ray
+
+
+def _ray_task(job: dict, root: str) -> dict:
+    """The body of a Ray task: the same `execute` the local child runs, on whichever node Ray picked."""
+    os.environ["SPECLENS_DATA"] = root
+    return execute(job, root)
+
+
+def run_ray(address: str, root: Path | str | None = None, once: bool = False, only: set[str] | None = None,
+            poll_s: float = 1.0, log: Callable[[str], None] = print) -> int:
+    """Claim pending jobs (all, or the ids in `only`) and run each as a Ray task with the job's num_gpus/num_cpus,
+    all writing to `root` (which every node must see at the same path: local disk of a one-host cluster, NFS, a
+    mounted bucket). `once`: return when nothing is pending or running for this driver. Returns jobs finished."""
+    import ray
+    from ray.exceptions import RayTaskError, TaskCancelledError
+
+    root = _root(root)
+    q.ensure(root)
+    if not ray.is_initialized():
+        ray.init(address=address, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
+                     filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}})
+    task = ray.remote(_ray_task)
+    inflight: dict = {}
+    cancelling: set[str] = set()
+    finished, beat = 0, 0.0
+    while True:
+        recover(root, log)
+        while True:
+            pend = [j for j in q.jobs("pending", root) if only is None or j["job_id"] in only]
+            if not pend:
+                break
+            j = pend[0]
+            job = q.move(j["job_id"], "pending", "running", root, owner=q.me(worker=f"ray {address}"),
+                         started=now(), attempts=int(j.get("attempts", 0)) + 1)
+            if job is None:
+                continue
+            ref = task.options(num_gpus=float(job.get("num_gpus", 0)), num_cpus=float(job.get("num_cpus", 1)),
+                               max_retries=0, name=f"speclens-{job['job_id']}").remote(job, str(root))
+            inflight[ref] = job
+            log(f"job {job['job_id']} ({job['kind']}) -> Ray task (gpus {job.get('num_gpus', 0)})")
+        if not inflight:
+            if once:
+                return finished
+            time.sleep(poll_s)
+            continue
+        ready, _ = ray.wait(list(inflight), num_returns=1, timeout=min(poll_s, 1.0))
+        if time.monotonic() - beat > HEARTBEAT_S:
+            for job in inflight.values():
+                q.heartbeat(job["job_id"], root)
+            beat = time.monotonic()
+        for ref, job in inflight.items():
+            if job["job_id"] not in cancelling and q.cancel_flag(job["job_id"], root).exists():
+                cancelling.add(job["job_id"])
+                ray.cancel(ref, force=True)
+        for ref in ready:
+            job = inflight.pop(ref)
+            jid = job["job_id"]
+            try:
+                res = ray.get(ref)
+                q.move(jid, "running", "done", root, finished=now(), error=None, result=res)
+                state = "done"
+            except (TaskCancelledError, RayTaskError, Exception) as e:  # noqa: B014 - every failure ends the job
+                if jid in cancelling or isinstance(e, TaskCancelledError):
+                    fail_runs(job, f"cancelled: job {jid} was cancelled", root)
+                    q.move(jid, "running", "cancelled", root, finished=now(), error="cancelled")
+                    state = "cancelled"
+                else:
+                    cause = getattr(e, "cause", None) or e
+                    msg = str(cause).strip().splitlines()
+                    err = f"{type(cause).__name__}: {msg[-1] if msg else ''}"[:300]
+                    if isinstance(cause, SpecLensError):
+                        err = str(cause).splitlines()[0][:300]
+                    fail_runs(job, f"job {jid} failed: {err}", root)
+                    q.move(jid, "running", "failed", root, finished=now(), error=err)
+                    state = "failed"
+            cancelling.discard(jid)
+            finished += 1
+            from backend.store import catalog
+            catalog.refresh(root)
+            log(f"job {jid} -> {state}")
+
+
+def result_json(job: dict) -> str:
+    return json.dumps({k: job.get(k) for k in ("job_id", "state", "run_name", "error", "result")})

@@ -1,0 +1,248 @@
+"""The job worker: submit -> worker -> complete run in the catalog, spec validation (one-line errors, paths
+confined to the model roots), cancel, and a job whose worker died resumed by the next worker with the same
+result as an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from backend.__main__ import main as cli
+from backend.config import REPO_ROOT
+from backend.errors import SpecLensError
+from backend.jobs import queue, spec as specs
+from backend.jobs.cli import submit_spec
+from backend.jobs.worker import _tag_runs, run_worker
+from backend.store import catalog
+from backend.store.rundir import RunDir
+
+PROMPTS = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
+DEAD_PID = 2**22 + 12345            # beyond pid_max: never alive
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture
+def env(data_root: Path, tiny_llama: Path, monkeypatch) -> dict:
+    """Model roots = the directory of the tiny target; the data root from the data_root fixture."""
+    monkeypatch.setenv("SPECLENS_MODEL_ROOTS", str(tiny_llama.parent))
+    return {**os.environ, "SPECLENS_DATA": str(data_root), "SPECLENS_MODEL_ROOTS": str(tiny_llama.parent)}
+
+
+def capture_spec(model: Path, **kw) -> dict:
+    return {"kind": "capture", "model": str(model), "prompts": str(PROMPTS), "limit": 4, "device": "cpu",
+            "num_cpus": 1, **kw}
+
+
+def state_of(job_id: str, root: Path) -> str:
+    got = queue.find(job_id, root)
+    return got[0] if got else "missing"
+
+
+def test_submit_then_worker_once_gives_a_complete_run(env, data_root, tiny_llama, tmp_path):
+    spec = tmp_path / "cap.yaml"
+    spec.write_text(f"kind: capture\nname: cap-one\nmodel: {tiny_llama}\nprompts: {PROMPTS}\nlimit: 4\n"
+                    "device: cpu\nnum_cpus: 1\n")
+    sub = subprocess.run([sys.executable, "-m", "backend", "submit", str(spec)], cwd=REPO_ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert sub.returncode == 0 and "queued cap-one" in sub.stdout, sub.stderr
+    assert state_of("cap-one", data_root) == "pending"
+    assert catalog.list_runs(root=data_root).empty                          # nothing ran yet
+    w = subprocess.run([sys.executable, "-m", "backend", "worker", "--once"], cwd=REPO_ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert w.returncode == 0, w.stderr
+    assert state_of("cap-one", data_root) == "done"
+    catalog.refresh(data_root)
+    runs = catalog.list_runs(root=data_root).set_index("run_id")
+    assert list(runs.index) == ["cap-one"] and runs.loc["cap-one", "status"] == "complete"
+    m = json.loads((data_root / "runs" / "cap-one" / "manifest.json").read_text())
+    assert m["job"]["id"] == "cap-one" and m["progress"] == {"done": 4, "total": 4}
+    job = queue.find("cap-one", data_root)[1]
+    assert job["attempts"] == 1 and job["result"]["status"] == "complete" and job["error"] is None
+    rows = queue.table(data_root)
+    assert rows[0]["job_id"] == "cap-one" and rows[0]["state"] == "done" and rows[0]["done"] == 4
+
+
+BAD = [
+    ("kind: nope\n", "kind: 'nope' is not one of"),
+    ("kind: capture\nprompts: x\n", "model: required"),
+    ("kind: bench\ntarget: {m}\nprompts: {p}\nrepeats: 0\n", "repeats: 0 must be >= 1"),
+    ("kind: bench\ntarget: {m}\nprompts: {p}\nnum_spec_tokens: four\n", "num_spec_tokens: expected int"),
+    ("kind: capture\nmodel: {m}\nprompts: {p}\nfoo: 1\n", "foo: unknown field"),
+    ("kind: sweep\ntarget: {m}\nprompts: {p}\ntemperature: []\n", "temperature: an empty list"),
+    ("kind: capture\nmodel: {m}\nprompts: {p}\nname: ../escape\n", "name: '../escape' is not a valid run name"),
+    ("kind: [unclosed\n", "not valid YAML"),
+    ("- just\n- a list\n", "a job spec is a mapping"),
+]
+
+
+@pytest.mark.parametrize("text,msg", BAD)
+def test_invalid_spec_is_one_line_error(env, data_root, tiny_llama, tmp_path, capsys, text, msg):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text.format(m=tiny_llama, p=PROMPTS))
+    assert cli(["submit", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and msg in err and err.count("\n") == 1, err
+    assert not any((data_root / "queue" / "pending").glob("*.json"))
+
+
+def test_paths_outside_the_model_roots_are_refused(env, data_root, tiny_llama, tmp_path, monkeypatch):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    link = tiny_llama.parent / "sneaky-link"
+    link.symlink_to(outside, target_is_directory=True)
+    for model, why in [(outside, "outside the allowed roots"),
+                       (f"{tiny_llama}/../../../etc", "outside the allowed roots"),
+                       (link, "outside the allowed roots"),                 # a symlink out of the root
+                       (tiny_llama.parent / "missing", "does not exist")]:
+        with pytest.raises(SpecLensError, match=why) as e:
+            submit_spec(capture_spec(Path(model)), root=data_root)
+        assert "\n" not in str(e.value)
+    with pytest.raises(SpecLensError, match="prompts: /etc/passwd is outside"):
+        submit_spec(capture_spec(tiny_llama, prompts="/etc/passwd"), root=data_root)
+    with pytest.raises(SpecLensError, match="drafters: .* is outside"):
+        submit_spec({"kind": "sweep", "target": str(tiny_llama), "prompts": str(PROMPTS), "drafters": [str(outside)]},
+                    root=data_root)
+    assert queue.jobs("pending", data_root) == []
+    # the default roots: the data root and <repo>/models
+    monkeypatch.delenv("SPECLENS_MODEL_ROOTS")
+    from backend.config import model_roots
+    assert model_roots() == [data_root.resolve(), REPO_ROOT / "models"]
+    with pytest.raises(SpecLensError, match="outside the allowed roots"):
+        submit_spec(capture_spec(tiny_llama), root=data_root)
+
+
+def test_sweep_expands_into_named_bench_jobs(env, data_root, tiny_llama):
+    sweep = {"kind": "sweep", "name": "sw", "target": str(tiny_llama), "prompts": str(PROMPTS),
+             "num_spec_tokens": [1, 2, 4], "temperature": [0, 0.7], "batch_size": [1],
+             "drafters": [str(tiny_llama)], "repeats": 1}
+    jobs = submit_spec(sweep, root=data_root)
+    assert [j["job_id"] for j in jobs] == [f"sw-{i:02d}-k{k}-t{t}" for i, (k, t) in
+                                           enumerate((k, t) for k in (1, 2, 4) for t in ("0", "0.7"))]
+    assert {(j["settings"]["num_spec_tokens"], j["settings"]["temperature"]) for j in jobs} == \
+        {(k, t) for k in (1, 2, 4) for t in (0.0, 0.7)}
+    assert all(j["kind"] == "bench" and j["num_gpus"] == 0 for j in jobs)
+    with pytest.raises(SpecLensError, match="exists already"):
+        submit_spec(sweep, root=data_root)
+    assert len(queue.jobs("pending", data_root)) == 6
+    with pytest.raises(SpecLensError, match="batch_size: 4"):
+        specs.validate({"kind": "sweep", "target": str(tiny_llama), "prompts": str(PROMPTS), "batch_size": [1, 4]})
+
+
+def _wait(cond, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_cancel_pending_and_running_jobs(env, data_root, tiny_llama):
+    long = {"kind": "bench", "target": str(tiny_llama), "prompts": str(PROMPTS), "limit": 20, "repeats": 5,
+            "max_new_tokens": 64, "device": "cpu", "num_cpus": 1}
+    submit_spec({**long, "name": "long"}, root=data_root)
+    submit_spec({**long, "name": "never", "repeats": 1}, root=data_root)
+    assert queue.cancel("never", data_root) == "cancelled" and state_of("never", data_root) == "cancelled"
+    w = subprocess.Popen([sys.executable, "-m", "backend", "worker", "--once", "--poll", "0.2"], cwd=REPO_ROOT,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        man = data_root / "runs" / "long" / "manifest.json"
+        _wait(lambda: man.exists() and json.loads(man.read_text())["status"] == "running", 120, "run 'long' to start")
+        assert queue.table(data_root)[-1]["state"] in ("running",) or state_of("long", data_root) == "running"
+        assert queue.cancel("long", data_root) == "cancelling"
+        assert w.wait(timeout=90) == 0
+    finally:
+        if w.poll() is None:
+            w.kill()
+    assert state_of("long", data_root) == "cancelled", w.stdout.read()
+    m = json.loads(man.read_text())
+    assert m["status"] == "failed" and "cancelled" in m["error"]
+    assert m["progress"]["done"] < m["progress"]["total"] == 100
+    assert not (data_root / "runs" / "never").exists()
+    catalog.refresh(data_root)
+    assert catalog.list_runs(root=data_root).set_index("run_id").loc["long", "status"] == "failed"
+    assert not (data_root / "queue" / "running" / "long.cancel").exists()
+
+
+def test_a_failing_job_ends_failed_with_its_one_line_error(env, data_root, tiny_llama):
+    submit_spec(capture_spec(tiny_llama, name="oob", boundaries=["S_99"]), root=data_root)
+    assert run_worker(data_root, once=True, log=lambda s: None) == 1
+    st, job = queue.find("oob", data_root)
+    assert st == "failed" and "S_99: out of range" in job["error"] and "\n" not in job["error"]
+
+
+def _interrupted(job_id: str, root: Path, stop_after: int) -> None:
+    """What a worker killed mid-job leaves: the job in running/ owned by a dead pid, its run part-way (checkpoint
+    or journal) and still marked running by that dead pid."""
+    from backend.bench import run_bench
+    from backend.capture import run_capture
+
+    job = queue.move(job_id, "pending", "running", root, owner={"host": socket.gethostname(), "pid": DEAD_PID,
+                                                                 "child_pid": DEAD_PID}, attempts=1)
+    s = specs.settings_object(job)
+    with _tag_runs(job):
+        if job["kind"] == "capture":
+            run_capture(s, name=job["run_name"], root=root, progress=False, stop_after=stop_after)
+        else:
+            run_bench(s, name=job["run_name"], root=root, progress=False, stop_after=stop_after)
+    RunDir.open(job["run_name"], root).update(status="running", pid=DEAD_PID, error=None)
+
+
+def test_job_of_a_dead_worker_is_resumed_and_equals_an_uninterrupted_run(env, data_root, tiny_llama, tmp_path):
+    from backend.bench import run_bench
+    from backend.capture import run_capture
+
+    cap = capture_spec(tiny_llama, limit=10, sample_tokens=300, sample_per_prompt=64, checkpoint_every=3)
+    ben = {"kind": "bench", "target": str(tiny_llama), "prompts": str(PROMPTS), "limit": 3, "repeats": 2,
+           "max_new_tokens": 12, "temperature": 0.8, "device": "cpu", "num_cpus": 1}
+    submit_spec({**cap, "name": "cap-crash"}, root=data_root)
+    submit_spec({**ben, "name": "ben-crash"}, root=data_root)
+    _interrupted("cap-crash", data_root, stop_after=4)
+    _interrupted("ben-crash", data_root, stop_after=2)
+    assert RunDir.open("cap-crash", data_root).effective_status() == "interrupted"
+    assert len(queue.jobs("running", data_root)) == 2
+
+    ref = tmp_path / "ref"                               # the same jobs, never interrupted, elsewhere
+    full_cap = run_capture(specs.settings_object(specs.validate(cap)[0]), name="ref-cap", root=ref, progress=False)
+    full_ben = run_bench(specs.settings_object(specs.validate(ben)[0]), name="ref-ben", root=ref, progress=False)
+
+    assert run_worker(data_root, once=True, log=lambda s: None) == 2
+    for jid in ("cap-crash", "ben-crash"):
+        st, job = queue.find(jid, data_root)
+        assert st == "done" and job["attempts"] == 2 and job["previous_owner"]["pid"] == DEAD_PID
+    assert queue.jobs("running", data_root) == [] and queue.jobs("pending", data_root) == []
+    a = pd.read_parquet(full_cap.path / "stats.parquet").drop(columns="run_id")
+    b = pd.read_parquet(data_root / "runs" / "cap-crash" / "stats.parquet").drop(columns="run_id")
+    pd.testing.assert_frame_equal(a, b, rtol=1e-9)
+    sa, sb = load_file(str(full_cap.path / "sample.safetensors")), load_file(str(data_root / "runs" / "cap-crash" /
+                                                                                 "sample.safetensors"))
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    pa = pd.read_parquet(full_ben.path / "prompts.parquet")
+    pb = pd.read_parquet(data_root / "runs" / "ben-crash" / "prompts.parquet")
+    assert list(pa["output_hash"]) == list(pb["output_hash"]) and len(pb) == 6     # same samples at T = 0.8
+    catalog.refresh(data_root)
+    runs = catalog.list_runs(root=data_root)
+    assert sorted(runs["run_id"]) == ["ben-crash", "cap-crash"]                   # resumed, not duplicated
+    assert (runs["status"] == "complete").all()
+
+
+def test_orphan_past_max_attempts_fails_cleanly(env, data_root, tiny_llama):
+    submit_spec(capture_spec(tiny_llama, name="poison", max_attempts=1, limit=10, checkpoint_every=3), root=data_root)
+    _interrupted("poison", data_root, stop_after=4)
+    assert run_worker(data_root, once=True, log=lambda s: None) == 0
+    st, job = queue.find("poison", data_root)
+    assert st == "failed" and "worker died" in job["error"]
+    m = RunDir.open("poison", data_root).manifest()
+    assert m["status"] == "failed" and "poison" in m["error"]
