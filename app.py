@@ -6,6 +6,7 @@ Pages (each view is addressable by its URL query parameters):
   /compare    bench runs side by side        ?runs=a,b,c&baseline=paired|pinned
   /alignment  which boundary of run A matches which of run B  ?a=&b=&metric=cosine|rel_l2|cka
   /stats      per-boundary hidden-state statistics            ?runs=a,b&stat=&run=
+  /new        queue a capture or bench job (SPECLENS_ALLOW_JOBS=1, not read-only) and watch the queue
 `/` forwards to /runs (streamlit serves its default page at `/` only, so the default is a hidden forwarder).
 """
 
@@ -17,6 +18,7 @@ RUNS = st.Page("pages/runs.py", title="Runs", url_path="runs", icon=":material/l
 ALIGNMENT = st.Page("pages/alignment.py", title="Layer alignment", url_path="alignment", icon=":material/grid_on:")
 STATS = st.Page("pages/stats.py", title="Hidden-state stats", url_path="stats", icon=":material/show_chart:")
 COMPARE = st.Page("pages/compare.py", title="Compare", url_path="compare", icon=":material/compare_arrows:")
+NEW_RUN = st.Page("pages/new_run.py", title="New run", url_path="new", icon=":material/add_circle:")
 
 
 def home() -> None:
@@ -25,4 +27,4 @@ def home() -> None:
 
 HOME = st.Page(home, title="SpecLens", url_path="home", default=True, visibility="hidden")
 
-st.navigation([HOME, RUNS, COMPARE, ALIGNMENT, STATS], position="top").run()
+st.navigation([HOME, RUNS, COMPARE, ALIGNMENT, STATS, NEW_RUN], position="top").run()

@@ -246,3 +246,47 @@ def test_orphan_past_max_attempts_fails_cleanly(env, data_root, tiny_llama):
     assert st == "failed" and "worker died" in job["error"]
     m = RunDir.open("poison", data_root).manifest()
     assert m["status"] == "failed" and "poison" in m["error"]
+
+
+# ---------------------------------------------------------------------- the New run page
+
+
+def _new_run_page():
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(str(REPO_ROOT / "app.py"), default_timeout=120)
+    at.switch_page("pages/new_run.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+@pytest.mark.parametrize("readonly,allow,why", [("1", "1", "read-only"), ("0", "", "SPECLENS_ALLOW_JOBS=1")])
+def test_new_run_page_is_disabled_unless_enabled(env, monkeypatch, readonly, allow, why):
+    monkeypatch.setenv("SPECLENS_READONLY", readonly)
+    monkeypatch.setenv("SPECLENS_ALLOW_JOBS", allow)
+    at = _new_run_page()
+    assert why in "\n".join(w.value for w in at.warning)
+    assert at.button[0].disabled                                    # the form's "Queue job"
+
+
+def test_new_run_page_queues_a_job_and_lists_it(env, data_root, tiny_llama, monkeypatch):
+    monkeypatch.setenv("SPECLENS_READONLY", "0")
+    monkeypatch.setenv("SPECLENS_ALLOW_JOBS", "1")
+    at = _new_run_page()
+    assert not at.warning and not at.button[0].disabled
+    assert at.selectbox[0].options == [str(tiny_llama)]            # models found under the roots, nothing else
+    at.number_input[0].set_value(3)
+    at.text_input[0].input("from-page")
+    at.button[0].click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "Queued `from-page`" in "\n".join(s.value for s in at.success)
+    st, job = queue.find("from-page", data_root)
+    assert st == "pending" and job["kind"] == "capture" and job["settings"]["model"] == str(tiny_llama)
+    assert job["settings"]["limit"] == 3 and job["settings"]["prompts"].endswith(".jsonl")
+    assert "from-page" in at.dataframe[0].value["job_id"].tolist()
+    # the same name again: refused with its one-line reason, nothing queued twice
+    at.text_input[0].input("from-page")
+    at.button[0].click().run()
+    assert "exists already" in "\n".join(e.value for e in at.error)
+    assert len(queue.jobs("pending", data_root)) == 1

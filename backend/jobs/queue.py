@@ -234,6 +234,15 @@ def table(root: Path | None = None, limit: int = 100) -> list[dict]:
             st = "cancelling"
         out.append({"job_id": j["job_id"], "state": st, "kind": j.get("kind"), "run": j.get("run_name"),
                     "run_status": m.get("status"), "done": prog.get("done"), "total": prog.get("total"),
+                    "progress": _fraction(prog.get("done"), prog.get("total"), st),
                     "submitted": j.get("submitted"), "attempts": j.get("attempts"),
                     "error": (j.get("error") or "")[:200] or None})
     return out
+
+
+def _fraction(done, total, state: str | None) -> float | None:
+    if state == "done":
+        return 1.0
+    if isinstance(done, int) and isinstance(total, int) and total > 0:
+        return max(0.0, min(1.0, done / total))
+    return None

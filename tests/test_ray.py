@@ -1,0 +1,80 @@
+"""Jobs on a real multi-node Ray cluster on this machine: a sweep of 8 bench jobs (2 drafters x K in {1, 2} x
+T in {0, 0.7}) over two one-CPU nodes of ray.cluster_utils.Cluster, every run complete in the catalog."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from backend.config import REPO_ROOT
+
+ray = pytest.importorskip("ray")
+
+PROMPTS = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
+
+
+@pytest.fixture(scope="module")
+def drafters(tmp_path_factory, tiny_llama) -> list[Path]:
+    """Two random EAGLE-3 drafters for the tiny target (hidden 64, vocab 512), aux layers 1, 2, 3."""
+    from backend.drafter import DrafterConfig, Eagle3Drafter, init_random
+
+    cfg = DrafterConfig(hidden_size=64, target_hidden_size=64, num_aux=3, vocab_size=512, draft_vocab_size=512,
+                        num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128, aux_layer_ids_nested=[1, 2, 3])
+    d = tmp_path_factory.mktemp("ray-drafters")
+    return [init_random(Eagle3Drafter(cfg), i).save(d / f"d{i}", "eagle") for i in range(2)]
+
+
+@pytest.fixture
+def cluster(monkeypatch):
+    from ray.cluster_utils import Cluster
+
+    # the nodes' Ray workers import backend.*: they inherit this environment
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                      "object_store_memory": 80 * 2**20})
+    c.add_node(num_cpus=1, object_store_memory=80 * 2**20)
+    c.wait_for_nodes()
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def test_ray_sweep_of_8_jobs_over_2_nodes(cluster, data_root, tiny_llama, drafters, monkeypatch):
+    from backend.jobs import queue
+    from backend.jobs.cli import submit_spec
+    from backend.jobs.worker import run_ray
+    from backend.store import catalog
+
+    monkeypatch.setenv("SPECLENS_MODEL_ROOTS", os.pathsep.join([str(tiny_llama.parent), str(drafters[0].parent)]))
+    jobs = submit_spec({"kind": "sweep", "name": "rs", "target": str(tiny_llama), "drafters": [str(d) for d in drafters],
+                        "num_spec_tokens": [1, 2], "temperature": [0, 0.7], "prompts": str(PROMPTS), "limit": 2,
+                        "repeats": 1, "max_new_tokens": 8, "device": "cpu", "num_cpus": 1, "num_gpus": 0},
+                       root=data_root)
+    assert len(jobs) == 8
+    t0 = time.monotonic()
+    logs: list[str] = []
+    assert run_ray(cluster.address, data_root, once=True, log=logs.append) == 8
+    took = time.monotonic() - t0
+    assert len(ray.nodes()) == 2 and all(n["Alive"] for n in ray.nodes())
+    states = {j["job_id"]: queue.find(j["job_id"], data_root)[0] for j in jobs}
+    assert set(states.values()) == {"done"}, (states, logs)
+    # the tasks ran in Ray workers spread over both nodes (one CPU each), not in this process
+    results = [queue.find(j["job_id"], data_root)[1]["result"] for j in jobs]
+    pids = {json.loads((data_root / "runs" / r["run"] / "manifest.json").read_text())["pid"] for r in results}
+    assert os.getpid() not in pids and len(pids) >= 2
+    catalog.refresh(data_root)
+    runs = catalog.list_runs(root=data_root)
+    ours = runs[runs["run_id"].str.startswith("rs-")]
+    assert len(ours) >= 8 + 2                                   # 8 sweep runs + their paired baselines (T=0, T=0.7)
+    assert (runs["status"] == "complete").all(), runs[["run_id", "status"]]
+    bench = catalog.bench_runs(root=data_root).set_index("run_id")
+    for j in jobs:
+        assert bench.loc[j["job_id"], "baseline_run"] in set(runs["run_id"])
+    greedy = [j["job_id"] for j in jobs if j["settings"]["temperature"] == 0.0]
+    assert all(bench.loc[g, "lossless"] for g in greedy)       # greedy speculative == plain decoding, per job
+    print(f"ray sweep: 8 jobs, {len(runs)} runs, {took:.1f} s on 2 nodes")
