@@ -124,12 +124,13 @@ class SGLangRequest:
 def sglang_request(meta: Mapping[str, object], k: int | None = None) -> SGLangRequest:
     """meta_info keys: spec_verify_ct, spec_num_correct_drafts, spec_correct_drafts_histogram
     ([n] = verify steps with n correct drafts, n = 0..K), spec_accept_length (kept raw).
-    K is the histogram length - 1 (chain: --speculative-num-steps K), or `k` when there is no histogram."""
+    K is `k` when given (chain: --speculative-num-steps K); the histogram only runs up to the largest count
+    seen (H200, 0.5.15: `[63]` for 63 steps with no correct draft), so its length - 1 is only a fallback."""
     verify = int(meta.get("spec_verify_ct") or 0)
     correct = int(meta.get("spec_num_correct_drafts") or 0)
     hist = meta.get("spec_correct_drafts_histogram")
     hist = [int(h) for h in hist] if hist is not None else None
-    kk = len(hist) - 1 if hist else k
+    kk = k if k is not None else (len(hist) - 1 if hist else None)
     stats = AcceptanceStats(drafts=verify, draft_tokens=(kk or 0) * verify, accepted=correct,
                             per_pos=per_position_counts(hist) if hist else None, hist=hist)
     raw = meta.get("spec_accept_length")

@@ -1,0 +1,398 @@
+"""SGLang 0.5.x adapter: server lifecycle, captures through `--forward-hooks`, benches through `/generate`.
+
+SGLang itself is never imported here: the server is a child process (`python -m sglang.launch_server`) started
+in its own process group and torn down with it (SIGTERM, then SIGKILL), or a running server given by URL.
+The hooks that run inside it live in backend/engines/sglang_hooks.py.
+
+- capture: a server with `--forward-hooks` (capture factory), `--disable-cuda-graph --disable-radix-cache
+  --skip-tokenizer-init`; prompts go in as token ids with max_new_tokens=1; a reset before and a collect after
+  (files dropped into the hook directory, each carried out by a one-token trigger request that is left out).
+- bench: one `/generate` request at a time with token ids; acceptance from each response's `meta_info`
+  (tau = 1 + spec_num_correct_drafts / spec_verify_ct, REFERENCE section 5; SGLang's own spec_accept_length
+  kept raw), per-step accepted lengths from `spec_correct_drafts_histogram`; chains by default
+  (`--speculative-num-steps K --speculative-eagle-topk 1 --speculative-num-draft-tokens K+1`, comparable
+  with vLLM's num_speculative_tokens=K), trees when `engine_options` ask for them (recorded as given).
+- what SGLang feeds the drafter: `layers_to_capture` read from the running target model by an info hook
+  (input of layer i for each entry i, so entry i is boundary S_i).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from backend import coords, metrics
+from backend.errors import SpecLensError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_LIVE: list["Server"] = []
+
+
+def require() -> str:
+    """The installed SGLang version (without importing it), or a one-line error saying where it runs."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        raise SpecLensError("SGLang is not installed here; run this on the GPU node (pip install sglang==0.5.15, see "
+                            "README 'GPU node'), pass --server-url of a running server, or use --engine hf") from None
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _http(url: str, body: dict | None = None, timeout: float = 30.0) -> dict:
+    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read()
+    except urllib.error.HTTPError as e:
+        detail = e.read().decode(errors="replace")[:300].replace("\n", " ")
+        raise SpecLensError(f"SGLang server {url} answered HTTP {e.code}: {detail}") from None
+    except socket.timeout:
+        raise SpecLensError(f"SGLang server {url}: no answer within {timeout:.0f} s; raise the timeout or check the "
+                            "server log") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, socket.timeout) or "timed out" in str(reason):
+            raise SpecLensError(f"SGLang server {url}: no answer within {timeout:.0f} s; raise the timeout or check "
+                                "the server log") from None
+        raise SpecLensError(f"SGLang server {url} is unreachable ({reason}); start it or fix --server-url") from None
+    return json.loads(raw) if raw.strip() else {}
+
+
+@dataclass
+class ServerSpec:
+    model: str
+    drafter: str | None = None
+    num_spec_tokens: int = 4
+    tp: int = 1
+    dtype: str = "bfloat16"
+    mem_fraction: float = 0.2
+    hooks: list | None = None
+    capture: bool = False                      # hooks need eager mode and no prefix cache
+    extra: dict | None = None                  # more flags: {"speculative-eagle-topk": 4, ...}
+    host: str = "127.0.0.1"
+    port: int | None = None
+
+    def argv(self, port: int) -> list[str]:
+        a = [sys.executable, "-m", "sglang.launch_server", "--model-path", self.model, "--host", self.host,
+             "--port", str(port), "--tp-size", str(self.tp), "--dtype", self.dtype, "--mem-fraction-static",
+             str(self.mem_fraction), "--skip-tokenizer-init", "--sampling-backend", "pytorch"]
+        if self.capture:
+            a += ["--disable-cuda-graph", "--disable-radix-cache"]
+        if self.drafter:
+            extra = self.extra or {}
+            topk = int(extra.get("speculative-eagle-topk", 1))
+            a += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", self.drafter,
+                  "--speculative-num-steps", str(self.num_spec_tokens), "--speculative-eagle-topk", str(topk),
+                  "--speculative-num-draft-tokens", str(extra.get("speculative-num-draft-tokens",
+                                                                  self.num_spec_tokens + 1 if topk == 1 else 8))]
+        if self.hooks:
+            a += ["--forward-hooks", json.dumps(self.hooks)]
+        for k, v in (self.extra or {}).items():
+            if k in ("speculative-eagle-topk", "speculative-num-draft-tokens"):
+                continue
+            a += [f"--{k}"] if v is True else [f"--{k}", str(v)]
+        return a
+
+
+class Server:
+    """A launched SGLang server; a context manager that always tears its whole process group down."""
+
+    def __init__(self, spec: ServerSpec, log: Path | None = None, start_timeout: float = 600.0):
+        self.spec = spec
+        port = spec.port or free_port(spec.host)
+        if not port_free(spec.host, port):
+            raise SpecLensError(f"port {port} on {spec.host} is in use; stop what listens there or pick another port")
+        self.port, self.url = port, f"http://{spec.host}:{port}"
+        self.log = log or Path(tempfile.mkdtemp(prefix="speclens-sglang-")) / "server.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        t0 = time.perf_counter()
+        self._fh = open(self.log, "w")
+        self.proc = subprocess.Popen(spec.argv(port), stdout=self._fh, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        _LIVE.append(self)
+        try:
+            self._wait(start_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.perf_counter() - t0
+
+    def log_tail(self, n: int = 6) -> str:
+        try:
+            lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return ""
+        return " | ".join(ln.strip()[:200] for ln in lines[-n:])
+
+    def _wait(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise SpecLensError(f"SGLang server exited with code {self.proc.returncode} while starting "
+                                    f"(log {self.log}): {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(1.0)
+        raise SpecLensError(f"SGLang server did not become healthy within {timeout:.0f} s (log {self.log}): "
+                            f"{self.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)      # children of the server (scheduler, detokenizer)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        self._fh.close()
+        if self in _LIVE:
+            _LIVE.remove(self)
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def stop_all() -> None:
+    for s in list(_LIVE):
+        s.stop()
+
+
+import atexit  # noqa: E402
+
+atexit.register(stop_all)
+
+
+# ---------------------------------------------------------------------- requests
+
+def generate(url: str, ids: list[int], max_new_tokens: int, temperature: float = 0.0, eos: list[int] | None = None,
+             seed: int | None = None, timeout: float = 300.0) -> dict:
+    sp = {"max_new_tokens": max_new_tokens, "temperature": temperature}
+    if eos:
+        sp["stop_token_ids"] = eos
+    if seed is not None and temperature > 0:
+        sp["sampling_seed"] = seed
+    return _http(url + "/generate", {"input_ids": ids, "sampling_params": sp}, timeout)
+
+
+def accepted_lengths(meta: dict, k: int) -> list[int]:
+    """Per verify step, how many drafts were accepted, from `spec_correct_drafts_histogram` ([n] = steps with n
+    correct drafts); the order of steps is not reported, only their counts."""
+    hist = meta.get("spec_correct_drafts_histogram")
+    if hist is None:
+        return []
+    out: list[int] = []
+    for n, c in enumerate(hist):
+        if n > k and c:
+            raise SpecLensError(f"SGLang reports {c} steps with {n} correct drafts but K = {k}: a tree "
+                                "(--speculative-eagle-topk > 1) or a K mismatch; pass the server's K")
+        out += [n] * int(c)
+    return out
+
+
+@dataclass
+class Gen:
+    tokens: list[int]
+    seconds: float
+    ttft: float | None
+    accepted: list[int]
+    meta: dict | None = None
+
+
+class ServerEngine:
+    """Bench units through one SGLang server (launched here, or attached by URL)."""
+
+    engine_name = "sglang"
+
+    def __init__(self, s, drafter: str | None, eos: list[int], log_dir: Path | None = None):
+        self.k = s.num_spec_tokens if drafter else 0
+        self.eos, self.server, self.hook_dir = eos, None, None
+        if s.server_url:
+            self.url = s.server_url.rstrip("/")
+            info = _http(self.url + "/server_info", timeout=10)
+            self.version = str(info.get("version", "unknown"))
+        else:
+            self.version = require()
+            self.hook_dir = Path(tempfile.mkdtemp(prefix="speclens-sglang-info-"))
+            from transformers import AutoConfig
+            n = int(AutoConfig.from_pretrained(s.target).num_hidden_layers)
+            extra = dict(s.engine_options or {})
+            mem = float(extra.pop("mem-fraction-static", 0.2))
+            spec = ServerSpec(model=s.target, drafter=drafter, num_spec_tokens=s.num_spec_tokens,
+                              tp=s.tensor_parallel_size, dtype={"fp32": "float32", "bf16": "bfloat16"}.get(s.dtype, s.dtype),
+                              mem_fraction=mem, extra=extra,
+                              hooks=__import__("backend.engines.sglang_hooks", fromlist=["hook_specs"]).hook_specs(
+                                  str(self.hook_dir), None, n) if drafter else None)
+            self.server = Server(spec, log=(log_dir / "server.log") if log_dir else None)
+            self.url = self.server.url
+        self.start_seconds = getattr(self.server, "start_seconds", None)
+
+    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> Gen:
+        t0 = time.perf_counter()
+        r = generate(self.url, prompt, max_new_tokens, temperature, self.eos, seed)
+        seconds = time.perf_counter() - t0
+        meta = r.get("meta_info", {})
+        acc = accepted_lengths(meta, self.k) if self.k else []
+        ttft = None
+        return Gen(list(r.get("output_ids", [])), seconds, ttft, acc, meta)
+
+    def aux_ids(self) -> list[int] | None:
+        if not self.k or self.hook_dir is None:
+            return None
+        f = self.hook_dir / "info.rank0.json"
+        for _ in range(20):
+            if f.exists():
+                return json.loads(f.read_text())["layers_to_capture"]
+            time.sleep(0.1)
+        return None
+
+    def fed_boundaries(self, n_layers: int) -> list[str] | None:
+        ids = self.aux_ids()
+        if not ids:
+            return None
+        return coords.labels(sorted({coords.Boundary(int(i)) for i in ids}, key=lambda b: b.sort_key()))
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        if self.hook_dir is not None:
+            shutil.rmtree(self.hook_dir, ignore_errors=True)
+
+
+def make_engine(s, drafter: str | None, eos: list[int]):
+    return ServerEngine(s, drafter, eos)
+
+
+# ---------------------------------------------------------------------- captures
+
+def _trigger(url: str, hook_dir: Path, what: str, timeout: float = 120.0) -> None:
+    (hook_dir / f"{what}.request").write_text("1")
+    generate(url, [1], 1)
+    deadline = time.time() + timeout
+    while (hook_dir / f"{what}.request").exists():
+        if time.time() > deadline:
+            raise SpecLensError(f"SGLang server did not run the SpecLens hooks ({hook_dir}); was it started with "
+                                "--forward-hooks and --disable-cuda-graph?")
+        time.sleep(0.05)
+
+
+def collect_state(url: str, hook_dir: Path) -> dict:
+    import torch
+
+    _trigger(url, hook_dir, "collect")
+    f = hook_dir / "state.rank0.pt"
+    return torch.load(f, weights_only=False)
+
+
+def run_capture(settings, name: str | None = None, root: Path | None = None, progress: bool = True,
+                log_dir: Path | None = None):
+    """`capture --engine sglang`: the HF capture's run directory, boundaries read inside an SGLang server."""
+    from tqdm import tqdm
+
+    from backend import capture as cap
+    from backend.engines.serving import target_info
+    from backend.engines.sglang_hooks import hook_specs
+    from backend.engines.vllm import _rebuild
+    from backend.prompts import encode, load_prompts
+    from backend.store import catalog
+    from backend.store.rundir import new_run_id
+
+    version = require()
+    prompts = load_prompts(settings.prompts, settings.limit)
+    info = target_info(settings.model)
+    seqs = [encode(info.tokenizer, p.text, settings.chat_template, settings.max_prompt_tokens) for p in prompts]
+    if any(len(x) == 0 for x in seqs):
+        bad = next(p for p, x in zip(prompts, seqs) if not x)
+        raise SpecLensError(f"{settings.prompts}: prompt {bad.id} encodes to zero tokens; remove or fix it")
+    labels = coords.labels(cap._boundaries(settings.boundaries, info.n_layers))
+    run_id = new_run_id("capture", name)
+    rd, start, state, sample_t = cap._open_or_resume(run_id, settings, info, labels, root, len(prompts),
+                                                     engine_version=f"sglang {version}")
+    if start:
+        rd.fail("an SGLang capture cannot resume inside a new server; run it again with another --name")
+        catalog.refresh(root)
+        raise SpecLensError(f"capture {run_id}: SGLang captures restart from the beginning; use another --name")
+    hook_dir = Path(tempfile.mkdtemp(prefix="speclens-sglang-cap-"))
+    spec = ServerSpec(model=settings.model, capture=True,
+                      dtype={"fp32": "float32", "bf16": "bfloat16"}.get(settings.dtype, settings.dtype),
+                      hooks=hook_specs(str(hook_dir), labels, info.n_layers, settings.sample_tokens,
+                                       settings.sample_per_prompt))
+    t0 = time.perf_counter()
+    server = None
+    try:
+        server = Server(spec, log=(log_dir / "server.log") if log_dir else None)
+        rd.update(server={"start_seconds": round(server.start_seconds, 1), "argv": spec.argv(server.port)[1:]})
+        _trigger(server.url, hook_dir, "reset")
+        bar = tqdm(total=len(seqs), desc=f"capture {run_id} (sglang)", unit="prompt", disable=not progress,
+                   file=sys.stderr)
+        for s in seqs:
+            generate(server.url, s, 1)
+            bar.update(1)
+        bar.close()
+        res = collect_state(server.url, hook_dir)
+    except SpecLensError as e:
+        rd.fail(str(e))
+        catalog.refresh(root)
+        raise
+    except BaseException as e:
+        rd.fail(f"SGLang capture stopped: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        catalog.refresh(root)
+        raise
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(hook_dir, ignore_errors=True)
+    stats, sample = _rebuild(res, info.hidden_size, settings)
+    expected = sum(len(x) for x in seqs)
+    rd.update(engine_check={"tokens_expected": expected, "tokens_seen_by_hooks": int(res["tokens_seen"]),
+                            "forward_passes": int(res["forwards"]), "layers_to_capture": res.get("layers_to_capture")})
+    if int(res["tokens_seen"]) != expected:
+        rd.fail(f"SGLang ran {res['tokens_seen']} tokens through the hooks, the prompts hold {expected}")
+        catalog.refresh(root)
+        raise SpecLensError(f"capture {run_id}: token count mismatch inside SGLang ({res['tokens_seen']} != {expected})")
+    return cap._finish(rd, stats, sample, labels, expected, len(seqs), time.perf_counter() - t0, root)
+
+
+__all__ = ["Server", "ServerSpec", "ServerEngine", "run_capture", "accepted_lengths", "metrics"]

@@ -1,0 +1,227 @@
+"""Runs inside an SGLang server: `--forward-hooks` factories (sglang/srt/model_executor/hook_manager.py).
+
+SGLang registers `factory(config)`'s hook as a forward hook on every module whose name matches the spec's
+fnmatch patterns; the hook sees (module, inputs, output) but not the module's name, so one reducer object per
+server tells the calls apart by order: `model.embed_tokens` fires first in every forward pass (S_0, and the
+start of a pass), then `model.layers.i` in order (S_{i+1} = hidden + residual), then `model.norm` (F, first
+output), then `model` (the LlamaModel: the end of the pass, and where SGLang keeps `layers_to_capture`, the
+layers whose *input* it feeds an EAGLE-3 drafter). Hooks fire only outside CUDA graphs
+(`--disable-cuda-graph`); cached prefixes are never recomputed (`--disable-radix-cache`).
+
+Control without an API: the client drops `reset.request` or `collect.request` into `config["dir"]`; the next
+forward pass (a one-token trigger request) resets or writes `state.rank{r}.pt` (atomically) and is itself left
+out of the figures. `info` hooks only record `layers_to_capture` into `info.rank{r}.json` (cheap; for benches).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from backend import coords
+from backend.engines.vllm_worker import _layer_out
+from backend.stats import StreamingStats, TokenSample
+
+_REDUCERS: dict[str, "ServerReducer"] = {}
+
+
+def _rank() -> int:
+    try:
+        import torch.distributed as dist
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    except Exception:
+        return 0
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+class ServerReducer:
+    def __init__(self, config: dict):
+        self.dir = Path(config["dir"])
+        self.labels = list(config["labels"])
+        self.n_layers = int(config["n_layers"])
+        self.sample_tokens = int(config.get("sample_tokens", 4096))
+        self.per_prompt = int(config.get("sample_per_prompt", 512))
+        b = [coords.parse(lbl, self.n_layers) for lbl in self.labels]
+        self.slot = {("F" if x.final else x.index): k for k, x in enumerate(b)}   # boundary -> stats row
+        self.stats: StreamingStats | None = None
+        self.sample: TokenSample | None = None
+        self.layer = 0
+        self.skip = False
+        self.tokens = 0
+        self.forwards = 0
+        self.layers_to_capture: list[int] | None = None
+        self._emb: torch.Tensor | None = None
+        self._take: torch.Tensor | None = None
+        self._segs: list = []
+
+    def _init(self, x: torch.Tensor) -> None:
+        self.stats = StreamingStats(self.labels, x.shape[-1], x.device)
+        self.sample = TokenSample(self.labels, x.shape[-1], self.sample_tokens, self.per_prompt,
+                                  dtype=torch.float32 if x.dtype == torch.float32 else torch.bfloat16,
+                                  pin=x.device.type == "cuda")
+
+    # ---- the forward pass, in hook order
+    def embed(self, ids: torch.Tensor, out: torch.Tensor) -> None:
+        self.layer, self._take, self._segs, self._emb = 0, None, [], None
+        if self.stats is None:
+            self._init(out)
+        self.skip = False
+        for what in ("reset", "collect"):
+            req = self.dir / f"{what}.request"
+            if req.exists():
+                if what == "collect":
+                    self._write()
+                else:
+                    self._init(out)
+                    self.tokens = self.forwards = 0
+                try:
+                    req.unlink()
+                except FileNotFoundError:
+                    pass
+                self.skip = True       # the trigger request is not part of the capture
+        if self.skip:
+            return
+        self.tokens += int(ids.numel())
+        self.forwards += 1
+        if 0 in self.slot:
+            self.stats.update(self.slot[0], out)
+            if self.sample.n < self.sample.capacity:
+                self._emb = out.detach().clone()    # layer 0 updates this buffer in place (fused residual add)
+
+    def layer_out(self, inputs: tuple, out) -> None:
+        i = self.layer
+        self.layer += 1
+        if self.skip or self.stats is None:
+            return
+        if i == 0 and self.sample.n < self.sample.capacity:
+            self._plan(inputs[0] if inputs else None)
+            if self._take is not None and self._emb is not None:
+                self._stage(self.slot[0], self._emb)
+            self._emb = None
+        if i + 1 in self.slot:
+            x = _layer_out(out)
+            self.stats.update(self.slot[i + 1], x)
+            if self._take is not None:
+                self._stage(self.slot[i + 1], x)
+
+    def norm_out(self, out) -> None:
+        if self.skip or self.stats is None or "F" not in self.slot:
+            return
+        x = out[0] if isinstance(out, tuple) else out
+        self.stats.update(self.slot["F"], x)
+        if self._take is not None:
+            self._stage(self.slot["F"], x)
+
+    def model_out(self, module) -> None:
+        ltc = getattr(module, "layers_to_capture", None)
+        if ltc is not None and self.layers_to_capture is None:
+            self.layers_to_capture = [int(v) for v in ltc]
+        if not self.skip and self.sample is not None:
+            for ids, k in self._segs:
+                self.sample.commit(ids, k)
+        self._take, self._segs = None, []
+
+    # ---- sample: sequences that start (position 0) in this pass, first tokens of each
+    def _plan(self, positions) -> None:
+        self._take, self._segs = None, []
+        if positions is None or not torch.is_tensor(positions) or self._ids is None:
+            return
+        pos, ids = positions.reshape(-1).cpu(), self._ids
+        if pos.numel() != ids.numel():
+            return
+        starts = [0] + [j for j in range(1, len(pos)) if int(pos[j]) != int(pos[j - 1]) + 1]
+        ends = starts[1:] + [len(pos)]
+        take, room = [], self.sample.capacity - self.sample.n
+        for s, e in zip(starts, ends):
+            if int(pos[s]) != 0 or room <= 0:
+                continue
+            k = min(e - s, self.sample.per_seq, room)
+            take.append(torch.arange(s, s + k))
+            self._segs.append((ids[s:s + k], k))
+            room -= k
+        if take:
+            self._take = torch.cat(take).to(positions.device)
+
+    def _stage(self, k: int, x: torch.Tensor) -> None:
+        rows = x.reshape(-1, x.shape[-1]).index_select(0, self._take)
+        n = self.sample.n
+        self.sample.data[k, n:n + rows.shape[0]].copy_(rows, non_blocking=self.sample.pinned)
+
+    _ids: torch.Tensor | None = None
+
+    def _write(self) -> None:
+        if self.stats is None:
+            return
+        torch.cuda.synchronize() if torch.cuda.is_available() else None
+        d = {"labels": self.labels, "state": {k: v.detach().cpu() for k, v in self.stats.state.tensors().items()},
+             "sample": {k: v.clone() for k, v in self.sample.tensors().items()}, "tokens_seen": self.tokens,
+             "forwards": self.forwards, "layers_to_capture": self.layers_to_capture}
+        _atomic_write(self.dir / f"state.rank{_rank()}.pt", lambda p: torch.save(d, p))
+
+
+def _reducer(config: dict) -> ServerReducer:
+    key = str(config["dir"])
+    if key not in _REDUCERS:
+        _REDUCERS[key] = ServerReducer(config)
+    return _REDUCERS[key]
+
+
+def capture(config: dict):
+    """Hook factory for boundary statistics: register on model.embed_tokens, model.layers.N, model.norm, model."""
+    r = _reducer(config)
+
+    def hook(module, inputs, output):
+        name = type(module).__name__
+        if "Embedding" in name:
+            r._ids = inputs[0].reshape(-1).cpu() if (inputs and torch.is_tensor(inputs[0])
+                                                    and r.sample is not None and r.sample.n < r.sample.capacity) else None
+            r.embed(inputs[0] if inputs else torch.empty(0), output)
+        elif "Norm" in name:
+            r.norm_out(output)
+        elif hasattr(module, "layers"):
+            r.model_out(module)
+        else:
+            r.layer_out(inputs, output)
+    return hook
+
+
+def info(config: dict):
+    """Hook factory that only records what SGLang feeds the drafter (`layers_to_capture` of the target model)."""
+    out = Path(config["dir"])
+    done = {"v": False}
+
+    def hook(module, inputs, output):
+        if done["v"]:
+            return
+        ltc = getattr(module, "layers_to_capture", None)
+        if ltc is None:
+            return                 # the draft model's `model` module: nothing to record
+        done["v"] = True
+        rec = {"layers_to_capture": [int(v) for v in ltc], "n_layers": len(getattr(module, "layers", [])),
+               "model_class": type(module).__name__}
+        _atomic_write(out / f"info.rank{_rank()}.json", lambda p: p.write_text(json.dumps(rec)))
+    return hook
+
+
+def hook_specs(dir: str, labels: list[str] | None, n_layers: int, sample_tokens: int = 4096,
+               sample_per_prompt: int = 512) -> list[dict]:
+    """The `--forward-hooks` JSON for a capture (labels) or for a bench (labels None: info only)."""
+    if labels is None:
+        return [{"name": "speclens-info", "target_modules": ["model"],
+                 "hook_factory": "backend.engines.sglang_hooks:info", "config": {"dir": dir}}]
+    digits = ["model.layers." + "[0-9]" * n for n in (1, 2, 3)]   # the layers themselves, not their children
+    return [{"name": "speclens-capture", "target_modules": ["model.embed_tokens", *digits, "model.norm", "model"],
+             "hook_factory": "backend.engines.sglang_hooks:capture",
+             "config": {"dir": dir, "labels": labels, "n_layers": n_layers, "sample_tokens": sample_tokens,
+                        "sample_per_prompt": sample_per_prompt}}]
+
+
+__all__ = ["capture", "info", "hook_specs", "ServerReducer"]

@@ -1,0 +1,144 @@
+"""The SGLang adapter's logic on CPU (SGLang itself runs only on the GPU node: gpu/sglang_suite.py).
+
+Real here: the server lifecycle against a real child process (SGLang absent: `python -m sglang.launch_server`
+exits at once, which is exactly a server that fails to start), a real port held by a real socket, a real HTTP
+server that never answers. The hook factory is run on a real HF model in SGLang's hook order. Response parsing
+is checked against meta_info RECORDED from SGLang 0.5.15 on the H200 (tests/data/recorded/sglang_*), labelled.
+"""
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from backend import coords, metrics
+from backend.engines import sglang as S
+from backend.engines.sglang_hooks import capture, hook_specs
+from backend.errors import SpecLensError
+
+RECORDED = Path(__file__).parent / "data" / "recorded"
+
+
+def test_server_that_fails_to_start_shows_its_log_and_leaves_nothing(tmp_path):
+    spec = S.ServerSpec(model=str(tmp_path / "no-model"))
+    t0 = time.time()
+    with pytest.raises(SpecLensError) as e:
+        S.Server(spec, log=tmp_path / "server.log", start_timeout=60)
+    msg = str(e.value)
+    assert "exited with code" in msg and "\n" not in msg
+    assert "sglang" in msg.lower()            # the log tail names what went wrong (no module / bad model)
+    assert time.time() - t0 < 60 and S._LIVE == []
+
+
+def test_port_in_use_is_one_line(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(SpecLensError, match=f"port {port} .* in use"):
+            S.Server(S.ServerSpec(model="m", port=port), log=tmp_path / "log")
+
+
+def test_request_timeout_and_unreachable_are_one_line():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    conns = []
+    threading.Thread(target=lambda: conns.append(srv.accept()), daemon=True).start()   # accepts, never answers
+    with pytest.raises(SpecLensError, match="no answer within 1 s"):
+        S.generate(f"http://127.0.0.1:{port}", [1, 2, 3], 4, timeout=1)
+    srv.close()
+    with pytest.raises(SpecLensError, match="unreachable"):
+        S.generate("http://127.0.0.1:9", [1], 1, timeout=2)
+
+
+def test_chain_flags_and_tree_flags():
+    a = S.ServerSpec(model="t", drafter="d", num_spec_tokens=4).argv(30000)
+    i = a.index("--speculative-num-steps")
+    assert a[i + 1] == "4" and a[a.index("--speculative-eagle-topk") + 1] == "1"
+    assert a[a.index("--speculative-num-draft-tokens") + 1] == "5"      # chain: K + 1
+    t = S.ServerSpec(model="t", drafter="d", num_spec_tokens=3,
+                     extra={"speculative-eagle-topk": 4, "speculative-num-draft-tokens": 8}).argv(1)
+    assert t[t.index("--speculative-eagle-topk") + 1] == "4" and t[t.index("--speculative-num-draft-tokens") + 1] == "8"
+    c = S.ServerSpec(model="t", capture=True, hooks=hook_specs("/x", ["S_0", "F"], 8)).argv(1)
+    assert "--disable-cuda-graph" in c and "--disable-radix-cache" in c
+    hooks = json.loads(c[c.index("--forward-hooks") + 1])
+    assert hooks[0]["hook_factory"] == "backend.engines.sglang_hooks:capture"
+
+
+def test_accepted_lengths_from_histogram():
+    meta = {"spec_verify_ct": 6, "spec_num_correct_drafts": 13, "spec_correct_drafts_histogram": [1, 2, 0, 1, 2],
+            "spec_accept_length": 20 / 6, "completion_tokens": 20}
+    lens = S.accepted_lengths(meta, 4)
+    assert lens == [0, 1, 1, 3, 4, 4] and sum(lens) == meta["spec_num_correct_drafts"]
+    r = metrics.sglang_request(meta, 4)
+    assert r.tau == pytest.approx(1 + 13 / 6) and r.raw_accept_length == pytest.approx(20 / 6)
+    assert r.stats.per_pos == [5, 3, 3, 2]
+    with pytest.raises(SpecLensError, match="tree"):
+        S.accepted_lengths({"spec_correct_drafts_histogram": [0, 0, 0, 1]}, 2)
+
+
+def test_hook_factory_in_sglang_order_matches_hf(tiny_llama, tmp_path, one_torch_thread):
+    """SGLang calls the factory's hook on embed_tokens, each layer, norm, then the model. Driven in that order by a
+    real HF model's own forward hooks, the reducer must give the HF boundaries; reset/collect files work."""
+    from backend.engines import hf
+    from backend.stats import StreamingStats
+
+    lm = hf.load(tiny_llama, "cpu", "fp32")
+    labels = coords.labels(coords.all_boundaries(lm.n_layers))
+    cfg = {"dir": str(tmp_path), "labels": labels, "n_layers": lm.n_layers, "sample_tokens": 32, "sample_per_prompt": 8}
+    h = capture(cfg)
+    inner = lm.model.model
+    mods = [inner.embed_tokens, *inner.layers, inner.norm, inner]
+    handles = [m.register_forward_hook(h) for m in mods]
+    try:
+        seqs = [[5, 6, 7, 8], [9, 10, 11]]
+        with torch.no_grad():
+            (tmp_path / "reset.request").write_text("1")
+            hf.forward(lm, [1])                      # the trigger: left out
+            for s in seqs:
+                hf.forward(lm, s)
+            (tmp_path / "collect.request").write_text("1")
+            hf.forward(lm, [1])
+    finally:
+        for x in handles:
+            x.remove()
+    got = torch.load(tmp_path / "state.rank0.pt", weights_only=False)
+    assert got["tokens_seen"] == 7 and got["forwards"] == 2
+    ref = StreamingStats(labels, lm.hidden_size, "cpu")
+    with torch.no_grad():
+        for s in seqs:
+            states = {}
+            with hf.BoundaryHooks(lm, coords.all_boundaries(lm.n_layers), lambda k, x: states.__setitem__(k, x)):
+                hf.forward(lm, s)
+            for k in range(len(labels)):
+                ref.update(k, states[k])
+    for key, v in ref.state.tensors().items():
+        assert torch.allclose(got["state"][key], v, atol=1e-5, rtol=1e-5), key
+
+
+@pytest.mark.skipif(not (RECORDED / "sglang_meta_info.json").exists(), reason="no recorded SGLang output")
+def test_recorded_sglang_meta_info():
+    """RECORDED on the H200 (SGLang 0.5.15, toy pair, chain K=4): per-request meta_info. Our tau is
+    1 + correct/verify_ct; SGLang's spec_accept_length = completion/verify_ct is biased high."""
+    rec = json.loads((RECORDED / "sglang_meta_info.json").read_text())
+    assert rec["units"]
+    for u in rec["units"]:
+        m, k = u["meta_info"], u["k"]
+        lens = S.accepted_lengths(m, k)
+        assert len(lens) == m["spec_verify_ct"] and sum(lens) == m["spec_num_correct_drafts"]
+        r = metrics.sglang_request(m, k)
+        assert r.raw_accept_length == pytest.approx(m["completion_tokens"] / m["spec_verify_ct"])
+        assert r.raw_accept_length >= r.tau
+
+
+@pytest.mark.skipif(not (RECORDED / "sglang_engine_info.json").exists(), reason="no recorded SGLang output")
+def test_recorded_sglang_layers_to_capture():
+    rec = json.loads((RECORDED / "sglang_engine_info.json").read_text())
+    for c in rec["cases"]:
+        assert c["boundaries"] == [f"S_{i}" for i in sorted(c["layers_to_capture"])]
