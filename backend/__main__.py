@@ -26,7 +26,16 @@ def cmd_capture(a: argparse.Namespace) -> int:
                         dtype=a.dtype, boundaries=a.boundaries.split(",") if a.boundaries else None,
                         sample_tokens=a.sample_tokens, max_prompt_tokens=a.max_prompt_tokens,
                         chat_template=not a.no_chat_template)
-    r = run_capture(s, name=a.name, progress=not a.quiet)
+    opts = None
+    if a.engine == "vllm":
+        from backend.bench_cli import engine_options
+        from backend.engines.vllm import EngineOptions
+        extra = engine_options(a.engine_option)
+        opts = EngineOptions(tensor_parallel_size=a.tensor_parallel_size,
+                             gpu_memory_utilization=float(extra.pop("gpu_memory_utilization", 0.3)),
+                             max_model_len=extra.pop("max_model_len", None),
+                             dtype={"fp32": "float32", "bf16": "bfloat16"}[a.dtype], extra=extra)
+    r = run_capture(s, name=a.name, progress=not a.quiet, engine_options=opts)
     msg = f"capture {r.run_id}: {r.tokens} tokens from {r.prompts} prompts in {r.seconds:.1f} s -> {r.path}"
     print(msg)
     for lbl, k in r.nonfinite.items():
@@ -121,6 +130,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--sample-tokens", type=int, default=4096, help="raw tokens kept for alignment (default 4096)")
     c.add_argument("--max-prompt-tokens", type=int, default=2048)
     c.add_argument("--no-chat-template", action="store_true")
+    c.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs for the engine")
+    c.add_argument("--engine-option", action="append", metavar="KEY=VALUE",
+                   help="vllm: passed to vllm.LLM (e.g. gpu_memory_utilization=0.5)")
     c.add_argument("--quiet", action="store_true")
     c.set_defaults(fn=cmd_capture)
 
@@ -158,6 +170,10 @@ def parser() -> argparse.ArgumentParser:
     from backend.bench_cli import add_parser as add_bench
 
     add_bench(sub)
+
+    from backend.check_drafter import add_parser as add_check_drafter
+
+    add_check_drafter(sub)
 
     from backend.jobs.cli import add_parsers as add_jobs
 

@@ -58,13 +58,14 @@ class CaptureResult:
 
 
 def run_capture(settings: CaptureSettings, name: str | None = None, root: Path | None = None,
-                progress: bool = True, stop_after: int | None = None) -> CaptureResult:
-    """Capture (or resume) a run. `stop_after` stops after that many prompts (tests of resume)."""
+                progress: bool = True, stop_after: int | None = None, engine_options=None) -> CaptureResult:
+    """Capture (or resume) a run. `stop_after` stops after that many prompts (tests of resume);
+    `engine_options`: backend.engines.vllm.EngineOptions for --engine vllm."""
     from backend.engines import hf
 
     if settings.engine == "vllm":
         from backend.engines import vllm
-        return vllm.run_capture(settings, name, root, progress)
+        return vllm.run_capture(settings, name, root, progress, opts=engine_options)
     if settings.engine == "sglang":
         from backend.engines import sglang
         return sglang.run_capture(settings, name, root, progress)
