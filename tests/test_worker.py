@@ -290,3 +290,22 @@ def test_new_run_page_queues_a_job_and_lists_it(env, data_root, tiny_llama, monk
     at.button[0].click().run()
     assert "exists already" in "\n".join(e.value for e in at.error)
     assert len(queue.jobs("pending", data_root)) == 1
+
+
+def test_engine_fields_and_gpu_requests(env, tiny_llama):
+    base = {"target": str(tiny_llama), "prompts": str(PROMPTS)}
+    assert specs.validate({"kind": "bench", **base})[0]["num_gpus"] == 0
+    assert specs.validate({"kind": "bench", **base, "device": "cuda:1"})[0]["num_gpus"] == 1
+    j = specs.validate({"kind": "bench", **base, "engine": "vllm", "tensor_parallel_size": 2,
+                        "engine_options": {"gpu_memory_utilization": 0.5}})[0]
+    assert j["num_gpus"] == 2 and specs.settings_object(j).tensor_parallel_size == 2
+    assert specs.validate({"kind": "bench", **base, "engine": "sglang", "server_url": "http://gpu1:30000"})[0][
+        "num_gpus"] == 0                                          # a running server does the GPU work
+    assert specs.validate({"kind": "sweep", **base, "num_gpus": 0.5, "temperature": [0, 1]})[1]["num_gpus"] == 0.5
+    with pytest.raises(SpecLensError, match="server_url: expected an http"):
+        specs.validate({"kind": "bench", **base, "engine": "sglang", "server_url": "file:///etc/passwd"})
+    with pytest.raises(SpecLensError, match="engine: 'trt' is not one of"):
+        specs.validate({"kind": "bench", **base, "engine": "trt"})
+    cap = specs.validate({"kind": "capture", "model": str(tiny_llama), "prompts": str(PROMPTS), "engine": "vllm",
+                          "tensor_parallel_size": 4})[0]
+    assert cap["num_gpus"] == 4 and specs.settings_object(cap).engine == "vllm"

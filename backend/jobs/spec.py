@@ -31,11 +31,12 @@ KINDS = ("capture", "bench", "sweep")
 COMMON = {"kind", "name", "num_gpus", "num_cpus", "max_attempts"}
 CAPTURE = {"model": str, "prompts": str, "engine": str, "limit": int, "device": str, "dtype": str,
            "boundaries": list, "sample_tokens": int, "sample_per_prompt": int, "max_prompt_tokens": int, "chat_template": bool,
-           "checkpoint_every": int}
+           "checkpoint_every": int, "tensor_parallel_size": int, "engine_options": dict}
 BENCH = {"target": str, "prompts": str, "drafter": str, "num_spec_tokens": int, "temperature": float,
          "repeats": int, "limit": int, "max_new_tokens": int, "device": str, "dtype": str, "seed": int,
          "chat_template": bool, "max_prompt_tokens": int, "producer": str, "producer_version": str, "runner": str,
-         "draft_sampling": str, "batch_size": int}
+         "draft_sampling": str, "batch_size": int, "engine": str, "server_url": str, "tensor_parallel_size": int,
+         "engine_options": dict}
 SWEEP_LISTS = {"num_spec_tokens": "num_spec_tokens", "temperature": "temperature", "batch_size": "batch_size",
                "drafters": "drafter"}
 REQUIRED = {"capture": ("model", "prompts"), "bench": ("target", "prompts"), "sweep": ("target", "prompts")}
@@ -112,8 +113,11 @@ def _check_values(d: dict, where: str) -> None:
     if d.get("batch_size", 1) != 1:
         raise SpecLensError(f"{where}batch_size: {d['batch_size']}: the hf bench decodes one sequence at a time; "
                             "use 1 (batched benches run on vLLM or SGLang)")
-    if d.get("engine", "hf") != "hf":
-        raise SpecLensError(f"{where}engine: {d['engine']} is not available to the worker yet; use hf")
+    url = d.get("server_url")
+    if url is not None and not (url.startswith(("http://", "https://")) and len(url) < 512):
+        raise SpecLensError(f"{where}server_url: expected an http(s):// URL of a running vLLM or SGLang server")
+    if d.get("tensor_parallel_size") is not None and not 1 <= d["tensor_parallel_size"] <= 64:
+        raise SpecLensError(f"{where}tensor_parallel_size: {d['tensor_parallel_size']} must be 1..64")
     dev = d.get("device", "auto")
     if not isinstance(dev, str) or not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
         raise SpecLensError(f"{where}device: {dev!r} is not auto, cpu, cuda or cuda:N")
@@ -123,7 +127,9 @@ def _check_values(d: dict, where: str) -> None:
 
 def _resources(spec: dict, settings: dict) -> dict:
     dev = str(settings.get("device", "auto"))
-    out = {"num_gpus": 1.0 if dev.startswith("cuda") else 0.0, "num_cpus": 1.0, "max_attempts": 3}
+    engine_gpus = settings.get("engine", "hf") != "hf" and not settings.get("server_url")
+    gpus = float(settings.get("tensor_parallel_size") or 1) if engine_gpus else 1.0 if dev.startswith("cuda") else 0.0
+    out = {"num_gpus": gpus, "num_cpus": 1.0, "max_attempts": 3}
     for k in ("num_gpus", "num_cpus"):
         if k in spec:
             v = spec[k]
@@ -212,6 +218,8 @@ def settings_object(job: dict):
     s.pop("batch_size", None)
     if job["kind"] == "capture":
         from backend.capture import CaptureSettings
+        s.pop("tensor_parallel_size", None)
+        s.pop("engine_options", None)
         return CaptureSettings(**s)
     from backend.bench import BenchSettings
     return BenchSettings(**s)

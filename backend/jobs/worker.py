@@ -77,7 +77,7 @@ def execute(job: dict, root: Path | str) -> dict:
         with _tag_runs(job):
             if job["kind"] == "capture":
                 from backend.capture import run_capture
-                run_capture(s, name=name, root=root, progress=False)
+                run_capture(s, name=name, root=root, progress=False, engine_options=_capture_engine_options(job))
             else:
                 from backend.bench import run_bench
                 r = run_bench(s, name=name, root=root, progress=False)
@@ -86,6 +86,20 @@ def execute(job: dict, root: Path | str) -> dict:
         m = run_status(name, root) or {}
     return {"run": name, "status": m.get("status"), "headline": m.get("headline"), "bench": m.get("bench"),
             "baseline_run": m.get("baseline_run"), "host": socket.gethostname()}
+
+
+def _capture_engine_options(job: dict):
+    """EngineOptions for a vLLM capture, built as `python -m backend capture --engine vllm` builds them."""
+    st = job["settings"]
+    if st.get("engine") != "vllm":
+        return None
+    from backend.engines.vllm import EngineOptions
+
+    extra = dict(st.get("engine_options") or {})
+    return EngineOptions(tensor_parallel_size=int(st.get("tensor_parallel_size") or 1),
+                         gpu_memory_utilization=float(extra.pop("gpu_memory_utilization", 0.3)),
+                         max_model_len=extra.pop("max_model_len", None),
+                         dtype={"fp32": "float32", "bf16": "bfloat16"}[st.get("dtype", "fp32")], extra=extra)
 
 
 def fail_runs(job: dict, msg: str, root: Path) -> list[str]:
