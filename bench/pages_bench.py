@@ -158,7 +158,12 @@ import json, resource, sys, time
 from streamlit.testing.v1 import AppTest
 page, params = sys.argv[1], json.loads(sys.argv[2])
 out = {}
-for label in ("cold", "warm"):
+labels = ("cold", "warm")
+if len(sys.argv) > 4 and sys.argv[4] == "preload":      # what `python -m backend.serve` does before serving
+    from backend.serve import preload
+    out["preload_s"] = round(preload(), 3)
+    labels = ("after_start",)
+for label in labels:
     at = AppTest.from_file(sys.argv[3], default_timeout=300)
     for k, v in params.items():
         at.query_params[k] = v
@@ -197,12 +202,14 @@ def apptest_views(root: Path) -> dict:
     env = {**os.environ, "SPECLENS_DATA": str(root), "PYTHONPATH": str(REPO)}
     out = {}
     for name, page, params in VIEWS:
-        r = subprocess.run([sys.executable, "-c", _APPTEST, page, json.dumps(params), str(REPO / "app.py")], env=env,
-                           capture_output=True, text=True, cwd=REPO, timeout=600)
-        try:
-            out[name] = json.loads(r.stdout.strip().splitlines()[-1])
-        except (IndexError, json.JSONDecodeError):
-            out[name] = {"failed": r.stderr[-1500:]}
+        out[name] = {}
+        for mode in ("plain", "preload"):
+            r = subprocess.run([sys.executable, "-c", _APPTEST, page, json.dumps(params), str(REPO / "app.py"), mode],
+                               env=env, capture_output=True, text=True, cwd=REPO, timeout=600)
+            try:
+                out[name].update(json.loads(r.stdout.strip().splitlines()[-1]))
+            except (IndexError, json.JSONDecodeError):
+                out[name][f"failed_{mode}"] = r.stderr[-1500:]
     return out
 
 
@@ -237,7 +244,8 @@ def _serve(app: Path, cwd: Path, env: dict, log: Path) -> tuple[subprocess.Popen
     """`streamlit run` on a free port (no file watcher: on a big tree its inotify reconciling costs seconds)."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(app), "--server.headless", "true",
+    launcher = ["-m", "backend.serve"] if app == REPO / "app.py" else ["-m", "streamlit", "run", str(app)]
+    proc = subprocess.Popen([sys.executable, *launcher, "--server.headless", "true",
                              "--server.port", str(port), "--server.address", "127.0.0.1",
                              "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
                             cwd=cwd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)

@@ -49,13 +49,15 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float 
 
 
 @contextmanager
-def streamlit_server(data_root: Path, log_dir: Path) -> Iterator[str]:
-    """`streamlit run app.py` on a free port over `data_root`; yields its URL and stops it afterwards."""
+def streamlit_server(data_root: Path, log_dir: Path, extra_env: dict[str, str] | None = None) -> Iterator[str]:
+    """`streamlit run app.py` on a free port over `data_root` (read-only unless extra_env enables editing); yields
+    its URL and stops it afterwards."""
     port = _free_port()
     log = log_dir / "server.log"
     env = {**os.environ, "SPECLENS_DATA": str(data_root)}
     env.pop("SPECLENS_READONLY", None)
-    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port", str(port),
+    env.update(extra_env or {})
+    cmd = [sys.executable, "-m", "backend.serve", "--server.headless", "true", "--server.port", str(port),
            "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -1,0 +1,48 @@
+"""`python -m backend.serve [streamlit options]`: the dashboard server (what `make serve`, `make demo` and the
+container run).
+
+It is `streamlit run app.py` in this process, after importing the libraries every page needs (pandas, DuckDB,
+pyarrow, plotly, the backend modules) and bringing the catalog up to date. Streamlit runs page scripts in the
+server's process, so the first visitor after a restart no longer pays about 0.6 s of imports and a catalog
+refresh inside the first render (docs/PERFORMANCE.md, "first render after server start").
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+APP = Path(__file__).resolve().parent.parent / "app.py"
+PRELOAD = ("duckdb", "pandas", "pyarrow", "plotly.graph_objects", "backend.annotations", "backend.charts",
+           "backend.compare", "backend.exports", "backend.ui", "backend.store.catalog")
+
+
+def preload(refresh: bool = True) -> float:
+    """Import what pages import, and refresh the catalog once; seconds taken."""
+    import importlib
+
+    t = time.perf_counter()
+    for mod in PRELOAD:
+        importlib.import_module(mod)
+    from backend.store import catalog
+
+    if refresh:
+        try:
+            catalog.refresh()
+        except Exception as e:  # a broken data root is the pages' to report, not the server's to die of
+            print(f"speclens: catalog not refreshed at start ({e})", file=sys.stderr)
+    return time.perf_counter() - t
+
+
+def main(argv: list[str] | None = None) -> None:
+    from streamlit.web import cli
+
+    took = preload()
+    print(f"speclens: libraries and catalog ready in {took:.2f} s", file=sys.stderr)
+    sys.argv = ["streamlit", "run", str(APP), *(sys.argv[1:] if argv is None else argv)]
+    cli.main()
+
+
+if __name__ == "__main__":
+    main()
