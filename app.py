@@ -6,6 +6,7 @@ Pages (each view is addressable by its URL query parameters):
   /compare    bench runs side by side        ?runs=a,b,c&baseline=paired|pinned
   /alignment  which boundary of run A matches which of run B  ?a=&b=&metric=cosine|rel_l2|cka
   /stats      per-boundary hidden-state statistics            ?runs=a,b&stat=&run=
+  /drafter    drafter check: what each engine feeds a drafter, accuracy by candidate  ?run=&metric=
   /new        queue a capture or bench job (SPECLENS_ALLOW_JOBS=1, not read-only) and watch the queue
 `/` forwards to /runs (streamlit serves its default page at `/` only, so the default is a hidden forwarder).
 """
@@ -18,6 +19,7 @@ RUNS = st.Page("pages/runs.py", title="Runs", url_path="runs", icon=":material/l
 ALIGNMENT = st.Page("pages/alignment.py", title="Layer alignment", url_path="alignment", icon=":material/grid_on:")
 STATS = st.Page("pages/stats.py", title="Hidden-state stats", url_path="stats", icon=":material/show_chart:")
 COMPARE = st.Page("pages/compare.py", title="Compare", url_path="compare", icon=":material/compare_arrows:")
+DRAFTER = st.Page("pages/drafter_check.py", title="Drafter check", url_path="drafter", icon=":material/fact_check:")
 NEW_RUN = st.Page("pages/new_run.py", title="New run", url_path="new", icon=":material/add_circle:")
 
 
@@ -27,4 +29,4 @@ def home() -> None:
 
 HOME = st.Page(home, title="SpecLens", url_path="home", default=True, visibility="hidden")
 
-st.navigation([HOME, RUNS, COMPARE, ALIGNMENT, STATS, NEW_RUN], position="top").run()
+st.navigation([HOME, RUNS, COMPARE, ALIGNMENT, STATS, DRAFTER, NEW_RUN], position="top").run()

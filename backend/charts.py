@@ -228,6 +228,8 @@ def _view_link(run_id: str, kind, status, baseline) -> str | None:
     if kind == "bench":
         paired = isinstance(baseline, str) and baseline
         return f"compare?runs={run_id},{baseline}" if paired else f"compare?runs={run_id}"
+    if kind == "check":
+        return f"drafter?run={run_id}"
     return f"stats?runs={run_id}&run={run_id}"
 
 

@@ -1,0 +1,369 @@
+"""Static lint of an EAGLE-3 drafter against its target: what each engine will feed it, and what it will change.
+
+From the drafter's config.json, the weights' shapes (and `d2t`), the target's config.json and the conventions
+table (backend/conventions.yaml), without running anything:
+
+- `readings`: one row per engine reading (vLLM 0.24 V2 runner, V1 runner, SGLang 0.5.x): where it reads the aux
+  ids from, the ids it finds and the boundaries it will feed (or why it cannot).
+- `lint`: findings (severity error | warning | info | ok) about those readings (nested ids that vLLM's V2 runner
+  ignores, top-level ids that SGLang ignores, engines that disagree), flags whose meaning differs between engines,
+  `d2t` offsets that leave the target vocab, k other than 3 without the fields the engines need, embeddings and
+  LM head an engine will substitute.
+- `check_inputs`: the drafter-for-another-target errors (hidden size, vocab, ids out of range), one line each.
+
+REFERENCE.md sections 2-3 hold the facts; backend/drafter/config.py and model.py how each flag is read.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from backend import coords
+from backend.drafter.config import DrafterConfig, load_config
+from backend.errors import SpecLensError
+
+SEVERITIES = ("error", "warning", "info", "ok")
+# (producer, default version, runner) of each engine reading the lint reports
+ENGINE_READINGS = (("vllm", "0.24.0", "v2"), ("vllm", "0.24.0", "v1"), ("sglang", "0.5.23", None))
+DEFAULT_VERSION = {"vllm": "0.24.0", "sglang": "0.5.23"}
+_WHERE = {"top_level": "top-level ids only", "top_then_nested": "top-level ids, then eagle_config",
+          "nested": "eagle_config ids only"}
+IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+
+
+@dataclass
+class Finding:
+    severity: str                 # error | warning | info | ok
+    text: str
+    source: str = "lint"          # lint | finder | training_data
+
+
+@dataclass
+class Reading:
+    """What one engine (and runner) will feed this drafter."""
+    engine: str                   # "vllm" | "sglang"
+    version: str
+    runner: str | None            # "v1" | "v2" for vLLM
+    reads: str                    # where it reads ids from, in words
+    ids: list[int] | None         # the ids it finds (None: none, so its default)
+    ids_from: str | None          # "top level" | "eagle_config" | "<engine> default"
+    boundaries: list[str] | None  # what it feeds, ascending (None: it cannot serve this drafter, see error)
+    error: str | None = None
+
+    @property
+    def name(self) -> str:
+        eng = {"vllm": "vLLM", "sglang": "SGLang"}.get(self.engine, self.engine)
+        return f"{eng} {self.version}" + (f" ({self.runner.upper()} runner)" if self.runner else "")
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "name": self.name}
+
+
+@dataclass
+class TargetInfo:
+    path: str
+    n_layers: int
+    hidden_size: int
+    vocab_size: int
+    model_type: str | None
+    family: str
+    raw: dict = field(default_factory=dict, repr=False)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.pop("raw")
+        return d
+
+
+@dataclass
+class WeightInfo:
+    """What the checkpoint holds, read from the safetensors header (shapes) and the d2t tensor."""
+    file: str
+    shapes: dict[str, list[int]]
+    d2t: list[int] | None = None
+
+    def shape(self, key: str) -> list[int] | None:
+        for k, v in self.shapes.items():
+            if k == key or k.endswith("." + key) or k.removeprefix("model.") == key:
+                return v
+        return None
+
+    @property
+    def has_embed(self) -> bool:
+        return self.shape("embed_tokens.weight") is not None
+
+    @property
+    def has_lm_head(self) -> bool:
+        return self.shape("lm_head.weight") is not None
+
+
+# ---------------------------------------------------------------------------- inputs
+
+def target_info(path: str | Path) -> TargetInfo:
+    """The target's shape from its config.json (multimodal targets: the text_config)."""
+    from backend.engines.hf import model_config
+
+    raw = model_config(path)
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    f = Path(path) / "config.json"
+    try:
+        n, h, v = int(text["num_hidden_layers"]), int(text["hidden_size"]), int(text["vocab_size"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise SpecLensError(f"{f}: no {e.args[0] if isinstance(e, KeyError) else 'valid'} num_hidden_layers / "
+                            "hidden_size / vocab_size; pass --target a causal LM directory saved with "
+                            "save_pretrained") from None
+    mt = text.get("model_type") or raw.get("model_type")
+    return TargetInfo(str(path), n, h, v, mt, coords.family_of(mt), raw)
+
+
+def weight_info(drafter_dir: str | Path) -> WeightInfo:
+    """Tensor shapes from the safetensors header (no tensor is read) and the d2t offsets."""
+    f = Path(drafter_dir) / "model.safetensors"
+    if not f.is_file():
+        raise SpecLensError(f"{f}: no drafter weights; put model.safetensors next to config.json")
+    try:
+        with open(f, "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            header = json.loads(fh.read(n))
+    except (OSError, struct.error, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SpecLensError(f"{f}: not a safetensors file ({type(e).__name__}); re-download the weights") from None
+    shapes = {k: list(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    d2t = None
+    if any(k == "d2t" or k.endswith(".d2t") for k in shapes):
+        from safetensors import safe_open
+
+        with safe_open(str(f), "pt") as st:
+            key = next(k for k in st.keys() if k == "d2t" or k.endswith(".d2t"))
+            d2t = [int(x) for x in st.get_tensor(key).tolist()]
+    return WeightInfo(str(f), shapes, d2t)
+
+
+def _cfg_file(cfg: DrafterConfig) -> str:
+    return str(Path(cfg.name) / "config.json")
+
+
+def check_inputs(cfg: DrafterConfig, target: TargetInfo) -> None:
+    """One-line errors for a drafter that cannot belong to this target, naming the file and the fix."""
+    f, tf = _cfg_file(cfg), str(Path(target.path) / "config.json")
+    if cfg.target_hidden_size != target.hidden_size:
+        src = "target_hidden_size" if "target_hidden_size" in _raw(cfg) else "hidden_size (no target_hidden_size)"
+        raise SpecLensError(f"{f}: {src} {cfg.target_hidden_size} but the target {tf} has hidden_size "
+                            f"{target.hidden_size}: this drafter was built for another target; pass the drafter's "
+                            f"own target with --target, or a drafter trained for this one")
+    if cfg.vocab_size != target.vocab_size:
+        raise SpecLensError(f"{f}: vocab_size {cfg.vocab_size} but the target {tf} has vocab_size {target.vocab_size}: "
+                            f"this drafter was built for another tokenizer; pass the drafter's own target with "
+                            f"--target, or a drafter trained for this one")
+    n = target.n_layers
+    for where, ids in (("top-level", cfg.aux_layer_ids_top), ("eagle_config", cfg.aux_layer_ids_nested)):
+        if ids is None:
+            continue
+        if not isinstance(ids, list) or not all(isinstance(a, int) and not isinstance(a, bool) for a in ids):
+            raise SpecLensError(f"{f}: {where} {IDS_KEY} = {ids!r} is not a list of integers; write layer ids "
+                                f"like [2, {n // 2}, {n - 3}]")
+        bad = [a for a in ids if not -1 <= a <= n]
+        if bad:
+            raise SpecLensError(f"{f}: {where} {IDS_KEY} {ids} has id(s) {bad} out of range for the {n}-layer "
+                                f"target {target.path} (ids are 0..{n}, -1 = embeddings in SGLang); write ids of "
+                                f"this target's layers, or pass the drafter's own target with --target")
+
+
+def _raw(cfg: DrafterConfig) -> dict:
+    try:
+        return json.loads((Path(cfg.name) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+# ---------------------------------------------------------------------------- engine readings
+
+def engine_readings(cfg: DrafterConfig, target: TargetInfo, versions: dict[str, str] | None = None) -> list[Reading]:
+    """What vLLM (V2 and V1 runners) and SGLang will feed this drafter on this target."""
+    from backend.engines.hf_spec import drafter_aux_boundaries
+
+    versions = {**DEFAULT_VERSION, **(versions or {})}
+    out = []
+    for producer, _, runner in ENGINE_READINGS:
+        version = versions[producer]
+        conv = coords.convention_for(producer, version, target.family, runner)   # unknown version: one-line error
+        rule = (conv.ids_from.get(runner) if runner else None) or conv.ids_from.get("any") or "top_then_nested"
+        row = Reading(producer, version, runner, _WHERE.get(rule, rule), None, None, None)
+        try:
+            aux = drafter_aux_boundaries(cfg, target.n_layers, target.model_type, producer, version, runner)
+            row.ids, row.ids_from, row.boundaries = aux["ids"], aux["ids_from"], aux["boundaries"]
+        except SpecLensError as e:
+            row.error = str(e)
+            top, nested = cfg.aux_layer_ids_top, cfg.aux_layer_ids_nested
+            row.ids = {"top_level": top, "nested": nested}.get(rule, top or nested)
+        if producer == "sglang" and cfg.source_format != "eagle" and row.error is None:
+            row.error = (f"SGLang loads only the EAGLE/SpecForge format (LlamaForCausalLMEagle3); this is "
+                         f"{cfg.source_format}; it would feed {', '.join(row.boundaries or [])} once converted")
+        out.append(row)
+    return out
+
+
+def ids_for(reading: Reading, boundaries: list[str], target: TargetInfo) -> list[int] | None:
+    """The ids that make `reading`'s engine feed exactly `boundaries` (None: it cannot, e.g. F)."""
+    if any(b == "F" for b in boundaries):
+        return None
+    idx = [int(coords.label_index(b)) for b in boundaries]
+    for shift in (0, -1):
+        ids = [a + shift for a in idx]
+        try:
+            got = coords.resolve_ids(reading.engine, ids, target.n_layers, version=reading.version,
+                                     family=target.family, runner=reading.runner)
+        except SpecLensError:
+            continue
+        if sorted(coords.labels(got), key=coords.label_index) == list(boundaries):
+            return ids
+    return None
+
+
+def where_to_write(reading: Reading) -> str:
+    return f"eagle_config.{IDS_KEY}" if reading.engine == "sglang" else f"top-level {IDS_KEY}"
+
+
+# ---------------------------------------------------------------------------- findings
+
+def _b(labels: list[str] | None) -> str:
+    return ", ".join(labels) if labels else "-"
+
+
+def lint(cfg: DrafterConfig, target: TargetInfo, weights: WeightInfo, readings: list[Reading],
+         focus: Reading) -> list[Finding]:
+    """Findings about the config, the weights and the engine readings (most severe first)."""
+    out: list[Finding] = []
+    f = _cfg_file(cfg)
+    by = {(r.engine, r.runner): r for r in readings}
+    v2, v1, sg = by.get(("vllm", "v2")), by.get(("vllm", "v1")), by.get(("sglang", None))
+    top, nested = cfg.aux_layer_ids_top, cfg.aux_layer_ids_nested
+
+    for r in readings:
+        if r.error:
+            out.append(Finding("error" if r is focus else "warning", f"{r.name} cannot serve this drafter as "
+                               f"configured: {r.error}"))
+
+    # where the ids are written, against where each engine reads them
+    if nested and not top and v2 and v1 and v2.boundaries:
+        same = v1.boundaries == v2.boundaries
+        out.append(Finding("info" if same else "error" if focus is v2 else "warning", (
+            f"{f}: ids {nested} are written only in eagle_config; vLLM {v2.version}'s V2 model runner (the default "
+            f"for Llama, Qwen3, DeepSeek-V2, Mistral) reads only the top-level {IDS_KEY}, ignores them and feeds "
+            f"its default {_b(v2.boundaries)}" + (", which happens to be what the V1 runner reads them as" if same else
+                                                  f" (the V1 runner, VLLM_USE_V2_MODEL_RUNNER=0, feeds "
+                                                  f"{_b(v1.boundaries)})")
+            + f". Fix: also write top-level {IDS_KEY}: {nested}.")))
+    if top and not nested and sg and (sg.boundaries or sg.error):
+        vl = v2 or v1
+        same = bool(vl and vl.boundaries == sg.boundaries)
+        out.append(Finding("info" if same else "error" if focus is sg else "warning", (
+            f"{f}: ids {top} are written only at the top level; SGLang reads only eagle_config.{IDS_KEY}, ignores "
+            f"them and feeds its default {_b(sg.boundaries)}" + (f", where vLLM feeds {_b(vl.boundaries)}" if vl
+                                                                 and vl.boundaries else "")
+            + f". Fix: write eagle_config.{IDS_KEY} as SGLang numbers them (id a -> S_(a+1) for most families).")))
+    if top and nested and top != nested:
+        out.append(Finding("info", f"{f}: top-level ids {top} and eagle_config ids {nested} differ: vLLM reads the "
+                                   f"top-level ones, SGLang the eagle_config ones (fine when each is written in that "
+                                   f"engine's numbering)."))
+    fed = {r.name: tuple(r.boundaries) for r in readings if r.boundaries and not r.error}
+    if len(set(fed.values())) > 1:
+        out.append(Finding("warning", "The engines feed different boundaries: " + "; ".join(
+            f"{name} {_b(list(b))}" for name, b in fed.items()) + ". At most one of them is what the drafter was "
+            "trained on; the finder below says which."))
+    ids_any = top if top is not None else nested
+    if ids_any and any(a < 0 for a in ids_any):
+        out.append(Finding("warning", f"{f}: negative id(s) {[a for a in ids_any if a < 0]}: vLLM never captures "
+                                      f"them (silently), SGLang reads -1 as the embeddings (S_0)."))
+    if ids_any and list(ids_any) != sorted(ids_any):
+        out.append(Finding("info", f"{f}: ids {ids_any} are not ascending; vLLM concatenates aux states in "
+                                   f"ascending layer order whatever the order written."))
+
+    # k (aux count) against fc, and the fields vLLM/SGLang need for it
+    fc = weights.shape("fc.weight")
+    if fc is not None and cfg.target_hidden_size and fc[1] % cfg.target_hidden_size == 0:
+        k_w = fc[1] // cfg.target_hidden_size
+        if k_w != cfg.num_aux:
+            out.append(Finding("error", (
+                f"{weights.file}: fc.weight takes {k_w} aux states x {cfg.target_hidden_size} but vLLM and SGLang "
+                f"build fc for k={cfg.num_aux} (from {cfg.num_aux_source}; they assume 3 unless "
+                f"num_aux_hidden_states or eagle_config ids say otherwise). Fix: add num_aux_hidden_states: {k_w} "
+                f"to {f}.")))
+        elif k_w != 3 and cfg.num_aux_source != "num_aux_hidden_states":
+            out.append(Finding("warning", (
+                f"{f}: k={k_w} aux states is known only from the length of eagle_config ids ({cfg.num_aux_source}); "
+                f"vLLM's V2 runner takes ids from the top level only. Fix: add num_aux_hidden_states: {k_w}.")))
+    elif fc is not None:
+        out.append(Finding("error", f"{weights.file}: fc.weight {fc} does not take a multiple of the target hidden "
+                                    f"size {cfg.target_hidden_size}; use the drafter trained for this target."))
+
+    # d2t offsets
+    if weights.d2t is not None:
+        mapped = [i + o for i, o in enumerate(weights.d2t)]
+        bad = [i for i, t in enumerate(mapped) if not 0 <= t < target.vocab_size]
+        if bad:
+            out.append(Finding("error", (
+                f"{weights.file}: d2t maps {len(bad)} draft id(s) outside the target vocab 0..{target.vocab_size - 1} "
+                f"(e.g. draft id {bad[0]} -> {mapped[bad[0]]}): d2t holds offsets (target_id = draft_id + d2t), not "
+                f"target ids. Fix: save d2t[i] = target_id(i) - i.")))
+        elif len(set(mapped)) != len(mapped):
+            out.append(Finding("warning", f"{weights.file}: d2t maps {len(mapped) - len(set(mapped))} draft id(s) onto "
+                                          f"target ids already taken; those draft tokens can never be told apart."))
+        elif all(o == 0 for o in weights.d2t) and cfg.draft_vocab_size < target.vocab_size:
+            out.append(Finding("info", f"{weights.file}: d2t is all zeros with a draft vocab of {cfg.draft_vocab_size}: "
+                                       f"the draft vocab is the first {cfg.draft_vocab_size} target ids."))
+
+    # flags whose meaning differs between engines
+    if cfg.norm_before_residual:
+        why = (" (absent in this speculators config: vLLM's converter defaults it to True)"
+               if cfg.norm_before_residual_defaulted else "")
+        out.append(Finding("warning", f"{f}: norm_before_residual is true{why}: vLLM uses the normed fc output as "
+                                      f"the residual, SGLang ignores the flag; the two engines run different drafters."))
+    if cfg.norm_before_fc:
+        out.append(Finding("warning", f"{f}: norm_before_fc is true: vLLM applies input_norm before fc, SGLang has no "
+                                      f"input_norm and skips it."))
+    if cfg.tie_word_embeddings:
+        out.append(Finding("warning", f"{f}: tie_word_embeddings is true: SGLang uses the embedding as the LM head "
+                                      f"(logits over the whole vocab), vLLM ignores the flag and uses lm_head."))
+    if cfg.norm_output:
+        out.append(Finding("info", f"{f}: norm_output is true: vLLM and SGLang feed the normed state to the next "
+                                   f"draft step; SpecForge reads the flag as 'norm before lm_head'."))
+    if not cfg.draft_vocab_size_given:
+        out.append(Finding("warning", f"{f}: no draft_vocab_size: SGLang then takes the target's LM head, vLLM uses "
+                                      f"the drafter's own lm_head over the full vocab."))
+
+    # embeddings and LM head the engines substitute
+    if not weights.has_embed:
+        out.append(Finding("info", "The checkpoint has no embed_tokens: both engines use the target's embeddings."))
+    if not weights.has_lm_head and not cfg.tie_word_embeddings:
+        out.append(Finding("warning", f"{weights.file}: no lm_head.weight: vLLM would start from an uninitialised "
+                                      f"LM head; SGLang uses the target's only without draft_vocab_size."))
+    return sort_findings(out)
+
+
+def embedding_findings(own: "object | None", target_embed: "object", engine: str) -> list[Finding]:
+    """The drafter's own embed_tokens [V, H] against the target's: SGLang substitutes the target's."""
+    if own is None or tuple(own.shape) != tuple(target_embed.shape):
+        return []
+    a, b = own.detach().float(), target_embed.detach().float().to(own.device)
+    rel = float((a - b).norm() / b.norm().clamp_min(1e-12))
+    if rel < 1e-3:
+        return [Finding("ok", f"The drafter's embed_tokens equal the target's (relative difference {rel:.1e}): SGLang's "
+                              f"substitution changes nothing.")]
+    return [Finding("warning", f"The drafter's embed_tokens differ from the target's (relative difference {rel:.2f}): "
+                               f"vLLM uses the drafter's, SGLang substitutes the target's, so the engines draft "
+                               f"differently; the finder uses {engine}'s choice.")]
+
+
+def sort_findings(fs: list[Finding]) -> list[Finding]:
+    return sorted(fs, key=lambda x: SEVERITIES.index(x.severity))
+
+
+def load(drafter: str | Path, target: str | Path) -> tuple[DrafterConfig, TargetInfo, WeightInfo]:
+    """Config, target shape and weight header, with the drafter-for-another-target errors raised."""
+    cfg = load_config(drafter)
+    t = target_info(target)
+    check_inputs(cfg, t)
+    return cfg, t, weight_info(cfg.name)

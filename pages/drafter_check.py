@@ -1,0 +1,91 @@
+"""Drafter check (?run=&metric=): will the engine feed this drafter what it was trained on? The lint table, accuracy
+by candidate boundary set, the verdict and the findings of one stored check (`python -m backend check-drafter`).
+Numbers: backend/drafter/finder.py and lint.py; figures: backend/check_charts.py; data: the run's check.json."""
+
+import json
+
+import streamlit as st
+
+from backend import charts, check_charts, ui
+from backend.check_drafter import check_runs, load_check
+from backend.store import catalog
+
+HOW = ("`python -m backend check-drafter --drafter DRAFTER_DIR --target TARGET_DIR` stores a check here; "
+       "`make demo` unpacks the toy pair (data/models/toy-pair) to try it on.")
+BANNER = {"ok": (st.success, ":material/check_circle:"), "warning": (st.warning, ":material/warning:"),
+          "error": (st.error, ":material/error:"), "info": (st.info, ":material/info:")}
+
+st.title("Drafter check")
+ui.rescan()
+runs = ui.guarded(check_runs)
+ids = runs["run_id"].tolist()
+if not ids:
+    st.info(f"No drafter checks yet. {HOW}")
+    st.stop()
+ui.unknown_runs(["run"], ids, ui.guarded(catalog.run_states, ui.qp_list("run")), what="drafter check")
+names = {r.run_id: f"{r.run_id}  ({r.drafter or '?'} on {r.model or '?'})" for r in runs.itertuples()}
+
+c1, c2 = st.columns([3, 2])
+run = ui.select("Check", ui.capped(ids, [ui.qp_get("run") or "", ids[0]]), "run", ids[0], where=c1,
+                format_func=lambda r: names.get(r, r))
+metric = ui.select("Rank chart by", list(check_charts.METRICS), "metric", "step1_accuracy", where=c2,
+                   format_func=lambda m: check_charts.METRICS[m][0])
+rep = ui.guarded(load_check, run)
+
+s = rep["sample"]
+st.caption(f"Drafter `{rep['drafter']}` ({rep['drafter_info']['format']} format, k={rep['drafter_info']['num_aux']}) on "
+           f"target `{rep['target']}` ({rep['target_info']['n_layers']} layers); verdict for "
+           f"{rep['engine_feeds']['name']}, drafter run with {rep['semantics']}'s semantics. Sample: {s['prompts']} "
+           f"prompts from `{s['prompts_file'].rsplit('/', 1)[-1]}`, {s['scored_slots']} scored slots, K = "
+           f"{s['num_spec_tokens']} draft steps, {s['device']}; check took {rep['timing']['total']:.1f} s.")
+show, icon = BANNER.get(rep["verdict_severity"], BANNER["warning"])
+show(rep["verdict"], icon=icon)
+
+st.subheader("What each engine feeds")
+st.caption("From the drafter's config.json and the conventions table (backend/conventions.yaml): where each engine "
+           "reads the aux layer ids, and the target boundaries (S_b = input of layer b, F = after the final norm) "
+           "it will capture and feed.")
+st.dataframe(check_charts.lint_table(rep), hide_index=True, key="lint", column_config={
+    "verdict is about": st.column_config.CheckboxColumn("verdict"),
+    "problem": st.column_config.TextColumn(width="large")})
+
+if rep["candidates"]:
+    st.subheader("Accuracy by candidate")
+    st.caption("Each candidate boundary set fed to the drafter, teacher-forced over the target's own greedy answers: "
+               "top-1 agreement with the target's next token (step 1, and steps 2..K unrolled from the drafter's own "
+               "hidden), predicted tau, and the cross-entropy against the target's distribution that ranks them "
+               "(z: how many standard errors a candidate's cross-entropy lies above the best's, paired over slots).")
+    left, right = st.columns([3, 2])
+    with left:
+        ui.chart_with_downloads(check_charts.candidate_bars(rep, metric), check_charts.candidates_table(rep),
+                                f"drafter_check_{run}_{metric}")
+    with right:
+        ui.chart_with_downloads(check_charts.step_curves(rep), check_charts.step_frame(rep), f"drafter_check_{run}_steps")
+    st.dataframe(check_charts.candidates_table(rep), hide_index=True, key="candidates", column_config={
+        "cross_entropy": st.column_config.NumberColumn("cross-entropy", format="%.4f"),
+        "z vs best": st.column_config.NumberColumn(format="%.1f"),
+        "tau": st.column_config.NumberColumn(format="%.2f"),
+        **{c: st.column_config.NumberColumn(format="percent") for c in check_charts.candidates_table(rep).columns
+           if "accuracy" in c}})
+
+st.subheader("Findings")
+for severity, source, text in check_charts.findings(rep):
+    f, ic = BANNER.get(severity, BANNER["info"])
+    f(f"**{source.replace('_', ' ')}**: {text}", icon=ic)
+
+table = check_charts.training_table(rep)
+if table is not None:
+    td = rep["training_data"]
+    st.subheader("Training data against a fresh capture")
+    st.caption(f"{td['files']} of {td['files_total']} `{td['format']}` files from `{td['path']}` ({td['tokens']} tokens), "
+               f"{'ids ' + str(td['ids']) + ' from ' + td['ids_from'] if td['ids'] else 'the producer default ids'}; "
+               "each stored state's best match among the target's boundaries "
+               "on the same token ids.")
+    st.dataframe(table, hide_index=True, key="training", column_config={
+        "best cosine": st.column_config.NumberColumn(format="%.4f")})
+    al = check_charts.training_alignment(rep)
+    ui.chart_with_downloads(charts.alignment_heatmap(al, "cosine"), charts.alignment_long(al),
+                            f"drafter_check_{run}_training_data")
+
+st.download_button("check.json", data=json.dumps(rep, indent=1), file_name=f"{run}.json", mime="application/json",
+                   icon=":material/download:", key="dl_check_json", help="the whole stored result of this check")

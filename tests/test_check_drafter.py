@@ -1,0 +1,313 @@
+"""`python -m backend check-drafter` on the shipped toy pair (models/toy-pair.tar.gz), its lint on edited copies of
+the toy drafters' configs and weights, the training-data comparison on files written by backend/producers.py, and
+the Drafter check page (AppTest and a real browser)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from backend.check_drafter import CheckSettings, load_check, run_check
+from backend.demo import PAIR_TARBALL, toy_pair
+from backend.drafter import lint as L
+from backend.errors import SpecLensError
+
+pytestmark = pytest.mark.skipif(not PAIR_TARBALL.exists(), reason="needs the toy pair (models/toy-pair.tar.gz)")
+ALL = ["S_0", "S_1", "S_2", "S_3", "S_4", "S_5", "S_6", "S_7", "S_8", "F"]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> Path:
+    return toy_pair(tmp_path_factory.mktemp("toy"))
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("check-data")
+
+
+def drafter_copy(pair: Path, tmp: Path, name: str = "drafter-matched", edit=None, weights=None) -> Path:
+    out = tmp / f"{name}-edited"
+    shutil.copytree(pair / name, out)
+    if edit:
+        raw = json.loads((out / "config.json").read_text())
+        edit(raw)
+        (out / "config.json").write_text(json.dumps(raw))
+    if weights:
+        from safetensors.torch import load_file, save_file
+
+        sd = load_file(str(out / "model.safetensors"))
+        weights(sd)
+        save_file(sd, str(out / "model.safetensors"))
+    return out
+
+
+def static(drafter: Path, target: Path, engine: str = "vllm", runner: str | None = "v2"):
+    cfg, t, w = L.load(drafter, target)
+    rows = L.engine_readings(cfg, t)
+    focus = next(r for r in rows if r.engine == engine and r.runner == runner)
+    return {(r.engine, r.runner): r for r in rows}, L.lint(cfg, t, w, rows, focus)
+
+
+# ---------------------------------------------------------------------------- the finder on the toy pair
+
+def _heldout(pair: Path) -> Path:
+    from backend.demo import heldout_prompts
+
+    return heldout_prompts(pair)
+
+
+@pytest.fixture(scope="module")
+def checks(pair, root, one_torch_thread) -> dict:
+    """Both toy drafters checked and stored under `root`: the after-layer one through the command line (--json, with
+    speculators <= 0.4 training data written by backend/producers.py), the matched one through run_check."""
+    import contextlib
+    import io
+    import os
+
+    from backend.__main__ import main
+    from backend.producers import write_training_data
+
+    data = write_training_data(pair / "target", _heldout(pair), "speculators-legacy", root.parent / "train-legacy",
+                               limit=3)
+    old = os.environ.get("SPECLENS_DATA")
+    os.environ["SPECLENS_DATA"] = str(root)
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            rc = main(["check-drafter", "--drafter", str(pair / "drafter-after-layer"), "--target",
+                       str(pair / "target"), "--training-data", str(data.out_dir), "--training-format",
+                       "speculators-legacy", "--name", "chk-after", "--device", "cpu", "--json", "--quiet"])
+    finally:
+        if old is None:
+            os.environ.pop("SPECLENS_DATA")
+        else:
+            os.environ["SPECLENS_DATA"] = old
+    matched = run_check(CheckSettings(drafter=str(pair / "drafter-matched"), target=str(pair / "target"),
+                                      device="cpu"), name="chk-matched", root=root, progress=False)
+    return {"rc": rc, "after": json.loads(out.getvalue()), "matched": matched}
+
+
+def test_after_layer_drafter_via_cli_json(checks, root) -> None:
+    """Bar: the finder names S_3, S_5, S_6 ('after layer') for the after-layer drafter, vLLM feeds S_2, S_4, S_5; the
+    whole check (lint, finder, training data) takes at most 60 s on this CPU; --json has the promised keys."""
+    assert checks["rc"] == 0
+    rep = checks["after"]
+    assert rep["engine_feeds"]["boundaries"] == ["S_2", "S_4", "S_5"]
+    best = rep["best_candidate"]
+    assert best["boundaries"] == ["S_3", "S_5", "S_6"]
+    assert "'after layer' reading of the default ids [2, 4, 5]" in best["convention"]
+    fed = next(c for c in rep["candidates"] if c["boundaries"] == ["S_2", "S_4", "S_5"])
+    assert best["cross_entropy"] < fed["cross_entropy"] and fed["z_vs_best"] > 3
+    assert best["step1_accuracy"] > fed["step1_accuracy"]
+    assert len(rep["candidates"]) >= 6 and all(len(c["accuracy"]) == 3 for c in rep["candidates"])
+    assert rep["verdict_severity"] == "error" and rep["verdict"].startswith("Mismatch")
+    assert "top-level eagle_aux_hidden_state_layer_ids: [3, 5, 6]" in rep["verdict"]
+    assert all(set(f) >= {"severity", "text"} and f["severity"] in L.SEVERITIES for f in rep["findings"])
+    # training data (speculators <= 0.4 files: after layer, labelled so) against serving
+    td = rep["training_data"]
+    assert td["labels"] == ["S_3", "S_5", "S_6", "S_8"] and td["holds"] == td["labels"]
+    assert td["aux_holds"] == ["S_3", "S_5", "S_6"]
+    texts = [f["text"] for f in rep["findings"] if f["source"] == "training_data"]
+    assert any(t.startswith("Training data and serving disagree") for t in texts), texts
+    assert rep["timing"]["total"] <= 60, rep["timing"]
+    assert load_check("chk-after", root)["best_candidate"]["boundaries"] == ["S_3", "S_5", "S_6"]
+
+
+def test_matched_drafter_is_a_match(checks) -> None:
+    """Bar: the matched drafter's best candidate is S_2, S_4, S_5 ('before layer' reading of its ids [2, 4, 5]);
+    vLLM (V2) feeds exactly that, SGLang feeds S_3, S_5, S_6 and is told to write ids [1, 3, 4]."""
+    r = checks["matched"]
+    rep = r.report
+    assert rep["best_candidate"]["boundaries"] == ["S_2", "S_4", "S_5"]
+    assert "'before layer' reading of the eagle_config ids [2, 4, 5]" in rep["best_candidate"]["convention"]
+    assert rep["verdict_severity"] == "ok" and rep["verdict"].startswith("Match")
+    sg = next(x for x in rep["lint"] if x["engine"] == "sglang")
+    assert sg["boundaries"] == ["S_3", "S_5", "S_6"]
+    assert any("SGLang" in f["text"] and "eagle_config.eagle_aux_hidden_state_layer_ids: [1, 3, 4]" in f["text"]
+               for f in rep["findings"])
+    assert rep["timing"]["total"] <= 60, rep["timing"]
+    m = json.loads((r.path / "manifest.json").read_text())
+    assert m["kind"] == "check" and m["status"] == "complete" and m["boundaries"] == ["S_2", "S_4", "S_5"]
+
+
+def test_unrolled_scoring_equals_the_inference_path(pair) -> None:
+    """The finder's teacher-forced unrolled steps (ttt_forward) give the logits of Eagle3Drafter.prefill + step with the
+    same tokens: what it scores is what an engine's proposer would draft."""
+    from backend.drafter import Eagle3Drafter
+    from backend.toy.train_drafter import ttt_forward
+
+    d = Eagle3Drafter.load(pair / "drafter-after-layer")
+    g = torch.Generator().manual_seed(0)
+    T, K = 12, 3
+    aux = torch.randn(T, d.cfg.fc_in, generator=g) * 3
+    tok = torch.randint(d.cfg.vocab_size, (T,), generator=g)
+    with torch.no_grad():
+        out = ttt_forward(d, aux[None], tok[None], K)                     # K x [1, T, V_d]
+        for t in (0, 4, 7):
+            d.reset()
+            o = d.prefill(aux[: t + 1], tok[1: t + 2], torch.arange(t + 1))
+            assert torch.allclose(o.logits, out[0][0, t], atol=1e-4)
+            for j in range(1, K):
+                o = d.step(int(tok[t + 1 + j]), o.hidden, t + j)
+                assert torch.allclose(o.logits, out[j][0, t], atol=1e-4), (t, j)
+
+
+# ---------------------------------------------------------------------------- lint
+
+def test_lint_nested_ids_for_vllm_v2_runner(pair, tmp_path) -> None:
+    """Bar: nested ids only -> vLLM 0.24's V2 runner ignores them and feeds its default; the finding names it."""
+    def nested(raw):
+        raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [1, 4, 6]
+    rows, fs = static(drafter_copy(pair, tmp_path, edit=nested), pair / "target")
+    assert rows[("vllm", "v2")].boundaries == ["S_2", "S_4", "S_5"] and rows[("vllm", "v2")].ids is None
+    assert rows[("vllm", "v1")].boundaries == ["S_1", "S_4", "S_6"]
+    assert rows[("sglang", None)].boundaries == ["S_2", "S_5", "S_7"]
+    hit = [f for f in fs if "V2 model runner" in f.text]
+    assert hit and hit[0].severity == "error"
+    assert "feeds its default S_2, S_4, S_5" in hit[0].text and "S_1, S_4, S_6" in hit[0].text
+    assert "top-level eagle_aux_hidden_state_layer_ids: [1, 4, 6]" in hit[0].text
+
+
+def test_lint_top_level_ids_for_sglang(pair, tmp_path) -> None:
+    """Bar: top-level ids only -> SGLang reads only eagle_config and feeds its default; the finding names it."""
+    def top(raw):
+        raw["eagle_config"].pop("eagle_aux_hidden_state_layer_ids")
+        raw["eagle_aux_hidden_state_layer_ids"] = [1, 3, 6]
+    rows, fs = static(drafter_copy(pair, tmp_path, edit=top), pair / "target", engine="sglang", runner=None)
+    assert rows[("sglang", None)].boundaries == ["S_2", "S_4", "S_5"]
+    assert rows[("vllm", "v2")].boundaries == ["S_1", "S_3", "S_6"] == rows[("vllm", "v1")].boundaries
+    hit = [f for f in fs if "SGLang reads only eagle_config" in f.text]
+    assert hit and hit[0].severity == "error"
+    assert "feeds its default S_2, S_4, S_5" in hit[0].text and "vLLM feeds S_1, S_3, S_6" in hit[0].text
+
+
+def test_lint_flags_weights_and_engine_specific_flags(pair, tmp_path) -> None:
+    def cfg(raw):
+        raw.update(norm_before_residual=True, tie_word_embeddings=True, num_aux_hidden_states=4)
+        raw.pop("draft_vocab_size")
+
+    def w(sd):
+        sd["d2t"][7] = 5000                      # draft id 7 -> target id 5007: outside the 4096-token vocab
+    _, fs = static(drafter_copy(pair, tmp_path, edit=cfg, weights=w), pair / "target")
+    text = {f.severity: [] for f in fs}
+    for f in fs:
+        text[f.severity].append(f.text)
+    errors = " ".join(text.get("error", []))
+    assert "d2t maps 1 draft id(s) outside the target vocab" in errors and "7 -> 5007" in errors
+    assert "fc.weight takes 3 aux states" in errors and "num_aux_hidden_states: 3" in errors
+    warnings = " ".join(text.get("warning", []))
+    for needle in ("norm_before_residual is true", "tie_word_embeddings is true", "no draft_vocab_size"):
+        assert needle in warnings
+
+
+def test_clean_config_has_no_errors(pair) -> None:
+    _, fs = static(pair / "drafter-matched", pair / "target")
+    assert not [f for f in fs if f.severity == "error"], fs
+
+
+@pytest.mark.parametrize("case", ["other_target", "vocab", "no_architecture", "ids_out_of_range"])
+def test_bad_input_is_one_line_naming_file_and_fix(pair, tiny_llama, tmp_path, capsys, case) -> None:
+    from backend.__main__ import main
+
+    target = pair / "target"
+    drafter = pair / "drafter-matched"
+    if case == "other_target":
+        target = tiny_llama                                   # hidden 64, vocab 512
+        want = ["config.json", "target_hidden_size 256", "hidden_size 64", "--target"]
+    elif case == "vocab":
+        drafter = drafter_copy(pair, tmp_path, edit=lambda r: r.update(vocab_size=32000))
+        want = ["config.json", "vocab_size 32000", "--target"]
+    elif case == "no_architecture":
+        drafter = drafter_copy(pair, tmp_path, edit=lambda r: r.pop("architectures"))
+        want = [str(drafter / "config.json"), "no 'architectures'", "add \"architectures\""]
+    else:
+        drafter = drafter_copy(pair, tmp_path, edit=lambda r: r["eagle_config"].update(
+            eagle_aux_hidden_state_layer_ids=[2, 4, 40]))
+        want = [str(drafter / "config.json"), "[40] out of range for the 8-layer target", "write ids"]
+    rc = main(["check-drafter", "--drafter", str(drafter), "--target", str(target), "--device", "cpu"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: ") and "\n" not in err, err
+    for w in want:
+        assert w in err, (w, err)
+    with pytest.raises(SpecLensError):
+        L.load(drafter, target)
+
+
+# ---------------------------------------------------------------------------- training data
+
+def test_mislabelled_training_data_is_found(pair, tmp_path, one_torch_thread) -> None:
+    """speculators (>= 0.5) files captured 'after layer' but labelled S_a: the comparison names what they hold."""
+    from backend.drafter import training_data as td
+    from backend.engines import hf
+    from backend.producers import write_training_data
+
+    out = write_training_data(pair / "target", _heldout(pair), "speculators", tmp_path / "hs", limit=2,
+                              capture_rule="after", ids=[2, 4, 5])
+    lm = hf.load(pair / "target", "cpu")
+    dc = td.compare(lm, out.out_dir, "speculators", pair / "drafter-matched", pair / "target")
+    assert dc.labels == ["S_2", "S_4", "S_5", "S_8"]
+    assert dc.holds == ["S_3", "S_5", "S_6", "S_8"] and dc.aux_holds == ["S_3", "S_5", "S_6"]
+    fs = td.findings(dc, ["S_2", "S_4", "S_5"], "vLLM 0.24.0 (V2 runner)", ["S_2", "S_4", "S_5"])
+    assert fs[0].severity == "error" and "S_2 is really S_3" in fs[0].text
+    assert any(f.text.startswith("Training data and serving disagree") for f in fs)
+
+
+# ---------------------------------------------------------------------------- the page
+
+def _app(root: Path, monkeypatch, **params):
+    from streamlit.testing.v1 import AppTest
+
+    from backend.config import REPO_ROOT
+
+    monkeypatch.setenv("SPECLENS_DATA", str(root))
+    at = AppTest.from_file(str(REPO_ROOT / "app.py"), default_timeout=120)
+    for k, v in params.items():
+        at.query_params[k] = v
+    at.switch_page("pages/drafter_check.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_page_shows_a_stored_check(checks, root, monkeypatch) -> None:
+    at = _app(root, monkeypatch, run="chk-after", metric="tau")
+    assert at.error[0].value.startswith("Mismatch: the drafter was trained on S_3, S_5, S_6")
+    lint, cands, training = (d.value for d in at.dataframe)
+    assert list(lint["feeds"]) == ["S_2, S_4, S_5"] * 3
+    assert cands.iloc[0]["boundaries"] == "S_3, S_5, S_6" and cands.iloc[0]["role"] == "best"
+    assert list(training["really is"]) == ["S_3", "S_5", "S_6", "S_8"]
+    figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert len(figs) == 3 and "tau" in figs[0]["layout"]["title"]["text"]
+    assert at.query_params["run"] == "chk-after" and at.query_params["metric"] == "tau"
+    at.selectbox(key="qp_run").set_value("chk-matched").run()
+    assert at.query_params["run"] == "chk-matched" and at.success[0].value.startswith("Match")
+
+
+def test_page_without_checks_says_how(tmp_path, monkeypatch) -> None:
+    at = _app(tmp_path, monkeypatch)
+    assert "python -m backend check-drafter" in at.info[0].value
+
+
+def test_page_in_a_browser(checks, root, tmp_path) -> None:
+    """The page by its URL in Debian chromium: verdict, the charts drawn; a screenshot to look at."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_browser import CHROMIUM, browser_page, open_view, streamlit_server
+
+    if not CHROMIUM.exists():
+        pytest.skip("needs Debian chromium")
+    import os
+
+    shots = Path(os.environ.get("SPECLENS_SCREENSHOTS") or tmp_path)
+    with streamlit_server(root, tmp_path) as url, browser_page(url) as page:
+        page.set_viewport_size({"width": 1440, "height": 2600})
+        open_view(page, url, "/drafter?run=chk-after", charts=3)
+        assert "Mismatch" in page.locator('[data-testid="stAlert"]').first.inner_text()
+        page.screenshot(path=str(shots / "drafter_check.png"), full_page=True)
+        open_view(page, url, "/drafter?run=chk-matched&metric=cross_entropy", charts=2)
+        assert "Match" in page.locator('[data-testid="stAlert"]').first.inner_text()
