@@ -35,6 +35,13 @@ def cmd_capture(a: argparse.Namespace) -> int:
                              gpu_memory_utilization=float(extra.pop("gpu_memory_utilization", 0.3)),
                              max_model_len=extra.pop("max_model_len", None),
                              dtype={"fp32": "float32", "bf16": "bfloat16"}[a.dtype], extra=extra)
+    if a.extract_ids:
+        if a.engine != "vllm":
+            raise SpecLensError("--extract-ids needs --engine vllm (vLLM's own extract_hidden_states)")
+        from backend.engines.vllm import run_extract
+        r = run_extract(s, _ids(a.extract_ids), name=a.name, opts=opts, progress=not a.quiet)
+        print(f"capture {r.run_id}: {r.tokens} tokens from {r.prompts} prompts via vLLM extract_hidden_states -> {r.path}")
+        return 0
     r = run_capture(s, name=a.name, progress=not a.quiet, engine_options=opts)
     msg = f"capture {r.run_id}: {r.tokens} tokens from {r.prompts} prompts in {r.seconds:.1f} s -> {r.path}"
     print(msg)
@@ -131,6 +138,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--max-prompt-tokens", type=int, default=2048)
     c.add_argument("--no-chat-template", action="store_true")
     c.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs for the engine")
+    c.add_argument("--extract-ids", help="vllm: capture exactly these layer ids through vLLM's own "
+                                         "extract_hidden_states (what it feeds a drafter, e.g. 2,16,29,32)")
     c.add_argument("--engine-option", action="append", metavar="KEY=VALUE",
                    help="vllm: passed to vllm.LLM (e.g. gpu_memory_utilization=0.5)")
     c.add_argument("--quiet", action="store_true")

@@ -71,6 +71,18 @@ def toy(out: Path, root: Path, n_capture: int, n_bench: int, max_new: int) -> di
                       "verdict": [{"kind": f.kind, "text": f.text} for f in al.verdict], "offset": al.offset,
                       "per_boundary": al.per_boundary, "shared_tokens": al.tokens}
     print("capture verdict:", [f.text for f in al.verdict], flush=True)
+    from backend.engines import vllm as V
+    t = time.perf_counter()
+    ex = V.run_extract(CaptureSettings(model=target, prompts=prompts, engine="vllm", limit=n_capture, dtype="bf16"),
+                       [2, 4, 5, 8], name="h200-toy-extract-vllm", root=root,
+                       opts=V.EngineOptions(gpu_memory_utilization=0.2, max_model_len=2048, dtype="bfloat16"),
+                       progress=False)
+    al2 = align.get_alignment(hf_cap.run_id, ex.run_id, root)
+    res["extract"] = {"run": ex.run_id, "ids": [2, 4, 5, 8], "tokens": ex.tokens,
+                      "seconds_incl_engine_start": round(time.perf_counter() - t, 2),
+                      "verdict": [{"kind": f.kind, "text": f.text} for f in al2.verdict], "offset": al2.offset,
+                      "per_boundary": al2.per_boundary}
+    print("extract verdict:", [f.text for f in al2.verdict], flush=True)
 
     # 2. benches: HF reference and vLLM, same prompts, K=4, greedy, bf16
     from backend.engines import vllm as V

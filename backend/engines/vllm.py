@@ -451,3 +451,55 @@ def _rebuild(res: dict, hidden: int, settings):
     sample = TokenSample(res["labels"], hidden, settings.sample_tokens, settings.sample_per_prompt, dtype=dt)
     sample.load(res["sample"])
     return stats, sample
+
+
+def run_extract(settings, ids: list[int], name: str | None = None, root: Path | None = None,
+                opts: EngineOptions | None = None, progress: bool = True):
+    """vLLM's own `extract_hidden_states` (+ ExampleHiddenStatesConnector) for exactly the layers vLLM would feed
+    a drafter with aux ids `ids` (list the last layer N too for the teacher state): files land in a temporary
+    folder (/dev/shm when there is one), are imported as a capture run through the `vllm-extract` reader
+    (id a -> S_a) and deleted. Costs 2 bytes x len(ids) x hidden per token on the way; use `run_capture` for
+    statistics of many boundaries without per-token files."""
+    import shutil
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    from backend.importers import import_capture
+    from backend.prompts import encode, load_prompts
+
+    require()
+    opts = opts or EngineOptions()
+    prompts = load_prompts(settings.prompts, settings.limit)
+    info = _target_info(settings.model)
+    for i in ids:
+        if not 0 <= int(i) <= info.n_layers:
+            raise SpecLensError(f"--extract-ids {i}: vLLM captures ids 0..{info.n_layers} on this {info.n_layers}-layer "
+                                "target (0 = embeddings, N = last layer output)")
+    tok = AutoTokenizer.from_pretrained(settings.model)
+    seqs = [encode(tok, p.text, settings.chat_template, settings.max_prompt_tokens) for p in prompts]
+    shm = Path("/dev/shm")
+    tmp = Path(tempfile.mkdtemp(prefix="speclens-vllm-extract-", dir=str(shm) if shm.is_dir() else None))
+    llm = None
+    try:
+        from vllm import SamplingParams
+        from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import load_hidden_states
+        from vllm.inputs import TokensPrompt
+
+        llm = make_llm(settings.model, opts, extract={"ids": sorted(int(i) for i in ids), "path": str(tmp)})
+        outs = llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs],
+                            SamplingParams(max_tokens=1, detokenize=False), use_tqdm=progress)
+        for i, o in enumerate(outs):
+            path = (o.kv_transfer_params or {}).get("hidden_states_path")
+            if not path:
+                raise SpecLensError("vLLM returned no hidden_states_path; is the ExampleHiddenStatesConnector loaded?")
+            load_hidden_states(path)                  # waits for the connector's asynchronous write
+            os.replace(path, tmp / f"hs_{i}.safetensors")
+    finally:
+        if llm is not None:
+            shutdown(llm)
+    try:
+        return import_capture(tmp, "vllm-extract", producer_ids=sorted(int(i) for i in ids), num_layers=info.n_layers,
+                              name=name, model=settings.model, root=root, progress=progress)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
