@@ -28,20 +28,22 @@ def drafters(tmp_path_factory, tiny_llama) -> list[Path]:
     return [init_random(Eagle3Drafter(cfg), i).save(d / f"d{i}", "eagle") for i in range(2)]
 
 
-@pytest.fixture
-def cluster(monkeypatch):
+@pytest.fixture(scope="module")
+def cluster():
+    """Two Ray nodes of one CPU each on this machine (a head and a worker node), shared by this module's tests."""
     from ray.cluster_utils import Cluster
 
-    # the nodes' Ray workers import backend.*: they inherit this environment
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
-                                                      "object_store_memory": 80 * 2**20})
-    c.add_node(num_cpus=1, object_store_memory=80 * 2**20)
-    c.wait_for_nodes()
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    with pytest.MonkeyPatch.context() as mp:
+        # the nodes' Ray workers import backend.*: they inherit this environment
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+        mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                          "object_store_memory": 80 * 2**20})
+        c.add_node(num_cpus=1, object_store_memory=80 * 2**20)
+        c.wait_for_nodes()
+        yield c
+        ray.shutdown()
+        c.shutdown()
 
 
 def test_ray_sweep_of_8_jobs_over_2_nodes(cluster, data_root, tiny_llama, drafters, monkeypatch):
@@ -78,3 +80,36 @@ def test_ray_sweep_of_8_jobs_over_2_nodes(cluster, data_root, tiny_llama, drafte
     greedy = [j["job_id"] for j in jobs if j["settings"]["temperature"] == 0.0]
     assert all(bench.loc[g, "lossless"] for g in greedy)       # greedy speculative == plain decoding, per job
     print(f"ray sweep: 8 jobs, {len(runs)} runs, {took:.1f} s on 2 nodes")
+
+
+def test_ray_cancel_ends_the_task_and_fails_its_run(cluster, data_root, tiny_llama, monkeypatch):
+    import threading
+
+    from backend.jobs import queue
+    from backend.jobs.cli import submit_spec
+    from backend.jobs.worker import run_ray
+    from backend.store.rundir import RunDir
+
+    monkeypatch.setenv("SPECLENS_MODEL_ROOTS", str(tiny_llama.parent))
+    submit_spec({"kind": "bench", "name": "ray-long", "target": str(tiny_llama), "prompts": str(PROMPTS), "limit": 20,
+                 "repeats": 5, "max_new_tokens": 64, "device": "cpu", "num_cpus": 1}, root=data_root)
+    man = data_root / "runs" / "ray-long" / "manifest.json"
+    seen: list[str] = []
+
+    def cancel_when_running() -> None:
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            if man.exists() and json.loads(man.read_text())["status"] == "running":
+                seen.append(queue.cancel("ray-long", data_root))
+                return
+            time.sleep(0.1)
+
+    t = threading.Thread(target=cancel_when_running)
+    t.start()
+    assert run_ray(cluster.address, data_root, once=True, poll_s=0.2, log=lambda s: None) == 1
+    t.join()
+    assert seen == ["cancelling"]
+    st, job = queue.find("ray-long", data_root)
+    assert st == "cancelled" and job["error"] == "cancelled"
+    m = RunDir.open("ray-long", data_root).manifest()
+    assert m["status"] == "failed" and "cancelled" in m["error"] and m["progress"]["done"] < 100

@@ -27,7 +27,7 @@ from typing import Callable
 from backend.config import REPO_ROOT, data_root
 from backend.errors import SpecLensError
 from backend.jobs import queue as q
-from backend.store.rundir import COMPLETE, RUNNING, RunDir, _pid_alive, now
+from backend.store.rundir import COMPLETE, RunDir, _pid_alive, now
 
 CANCEL_GRACE_S = 30.0
 HEARTBEAT_S = 2.0
@@ -104,7 +104,7 @@ def _capture_engine_options(job: dict):
 
 def fail_runs(job: dict, msg: str, root: Path) -> list[str]:
     """Mark the job's unfinished runs (its run and its own baseline) failed with `msg`; never touches a complete
-    run or one another live process is writing."""
+    run or another job's. Called only once the job's writer is gone (child reaped, Ray task over, orphan killed)."""
     out = []
     for rid in (job["run_name"], f"{job['run_name']}-baseline"):
         p = root / "runs" / rid
@@ -116,8 +116,6 @@ def fail_runs(job: dict, msg: str, root: Path) -> list[str]:
         except SpecLensError:
             continue
         if m.get("status") == COMPLETE or (m.get("job") or {}).get("id") not in (None, job["job_id"]):
-            continue
-        if rd.effective_status(m) == RUNNING and m.get("pid") != os.getpid():
             continue
         rd.fail(msg)
         out.append(rid)
