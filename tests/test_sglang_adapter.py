@@ -142,3 +142,15 @@ def test_recorded_sglang_layers_to_capture():
     rec = json.loads((RECORDED / "sglang_engine_info.json").read_text())
     for c in rec["cases"]:
         assert c["boundaries"] == [f"S_{i}" for i in sorted(c["layers_to_capture"])]
+
+
+def test_recorded_reference_meta_info():
+    """RECORDED on the H200 (SGLang 0.5.15, 2026-11-30, REFERENCE section 7): a dummy-weight drafter, chain of 3
+    steps; each response's meta_info. SGLang's own spec_accept_length 1.0159 = 64/63 is the prefill-token bias;
+    SpecLens's tau is 1.0 (no draft accepted)."""
+    meta = {"spec_verify_ct": 63, "completion_tokens": 64, "spec_num_correct_drafts": 0, "spec_accept_length": 1.0159,
+            "spec_correct_drafts_histogram": [63], "spec_accept_histogram": [63]}
+    r = metrics.sglang_request(meta, 3)
+    assert r.tau == 1.0 and r.raw_accept_length == pytest.approx(64 / 63, abs=1e-4)
+    assert r.stats.draft_tokens == 3 * 63 and r.stats.accepted == 0 and not any(r.stats.per_pos or [])
+    assert S.accepted_lengths(meta, 3) == [0] * 63

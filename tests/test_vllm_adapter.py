@@ -174,3 +174,21 @@ def test_recorded_engine_aux_layers_map_to_boundaries():
     rec = json.loads((RECORDED / "vllm_engine_info.json").read_text())
     for case in rec["cases"]:
         assert V.fed_boundaries(case["aux_layers"], case["n_layers"]) == case["boundaries"]
+
+
+def test_aux_layers_from_recorded_log_line(tmp_path):
+    """RECORDED on the H200 (vLLM 0.24.0, 2026-11-30, REFERENCE section 2): a drafter config with nested ids
+    [1, 4, 6] on an 8-layer target made the V2 runner log this line: the nested ids were ignored."""
+    line = "(EngineCore_DP0 pid=4711) INFO 11-30 12:00:00 [eagle3_utils.py:31] Using Eagle3 auxiliary layers from model: (2, 4, 5)"
+    assert V.aux_layers_from_log("noise\n" + line + "\nmore") == [2, 4, 5]
+    assert V.fed_boundaries(V.aux_layers_from_log(line), 8) == ["S_2", "S_4", "S_5"]
+    assert V.aux_layers_from_log("INFO Using auxiliary layers from speculative config: (1, 3, 6)") == [1, 3, 6]
+    assert V.aux_layers_from_log("nothing here") is None
+    log = tmp_path / "serve.log"
+    log.write_text(line + "\n")
+    eng = V.ServerEngine.__new__(V.ServerEngine)
+    eng.k, eng.server_log = 4, str(log)
+    assert eng.fed_boundaries(8) == ["S_2", "S_4", "S_5"]
+    eng.server_log = str(tmp_path / "missing.log")
+    with pytest.raises(SpecLensError, match="missing.log"):
+        eng.aux_ids()

@@ -128,6 +128,18 @@ def fed_boundaries(aux_layers: list[int] | None, n_layers: int) -> list[str] | N
     return coords.labels(coords.resolve_ids("vllm", list(aux_layers), n_layers, version="0.24.0"))
 
 
+_AUX_LOG = re.compile(r"Using (?:Eagle3 )?auxiliary layers from (?:model|config|speculative config): \(([\d,\s]*)\)")
+
+
+def aux_layers_from_log(text: str) -> list[int] | None:
+    """What a running vLLM (engine core or `vllm serve`) logged it adds up for the drafter, e.g.
+    "Using Eagle3 auxiliary layers from model: (2, 4, 5)" (the last such line wins)."""
+    found = _AUX_LOG.findall(text)
+    if not found:
+        return None
+    return [int(x) for x in found[-1].replace(" ", "").split(",") if x]
+
+
 # ---------------------------------------------------------------------- metrics
 
 def snapshot(metric_list) -> dict:
@@ -250,8 +262,9 @@ class ServerEngine:
     engine_name = "vllm-server"
 
     def __init__(self, url: str, model: str | None = None, num_spec_tokens: int = 0, eos: list[int] | None = None,
-                 timeout: float = 300.0):
+                 timeout: float = 300.0, server_log: str | None = None):
         self.url = url.rstrip("/")
+        self.server_log = server_log
         self.k, self.eos, self.timeout = num_spec_tokens, eos or [], timeout
         models = self._get_json("/v1/models")
         ids = [m.get("id") for m in models.get("data", [])]
@@ -312,11 +325,18 @@ class ServerEngine:
         acc = accepted_lengths(metrics.from_vllm(before, after), self.k) if self.k else []
         return Gen(tokens, seconds, ttft, acc, {"before": before, "after": after} if self.k else None)
 
-    def aux_ids(self) -> None:
-        return None            # a server does not expose its model; the run records the predicted boundaries
+    def aux_ids(self) -> list[int] | None:
+        """From the server's log when given (engine option server_log=PATH): the API does not expose it."""
+        if not (self.k and self.server_log):
+            return None
+        try:
+            return aux_layers_from_log(Path(self.server_log).read_text(errors="replace"))
+        except OSError as e:
+            raise SpecLensError(f"{self.server_log}: cannot read the vLLM server log ({e.strerror}); fix the "
+                                "server_log engine option or leave it out") from None
 
-    def fed_boundaries(self, n_layers: int) -> None:
-        return None
+    def fed_boundaries(self, n_layers: int) -> list[str] | None:
+        return fed_boundaries(self.aux_ids(), n_layers)
 
     def close(self) -> None:
         pass
@@ -325,7 +345,8 @@ class ServerEngine:
 def make_engine(s, drafter: str | None, eos: list[int]):
     """The engine for a bench (settings `s` from backend.bench.BenchSettings)."""
     if s.server_url:
-        return ServerEngine(s.server_url, num_spec_tokens=s.num_spec_tokens if drafter else 0, eos=eos)
+        return ServerEngine(s.server_url, num_spec_tokens=s.num_spec_tokens if drafter else 0, eos=eos,
+                            server_log=(s.engine_options or {}).get("server_log"))
     extra = dict(s.engine_options or {})
     opts = EngineOptions(tensor_parallel_size=s.tensor_parallel_size,
                          gpu_memory_utilization=float(extra.pop("gpu_memory_utilization", 0.3)),
