@@ -9,7 +9,8 @@ DuckDB only as bound parameters or DataFrame cells, never as SQL text.
     notes   free text up to MAX_NOTES characters (no NUL)
     pinned  this bench run is *the* baseline of its target model: pinning one unpins the others of that target
 
-SPECLENS_READONLY=1 (backend.config.read_only) refuses every write.
+SPECLENS_READONLY=1 (backend.config.writes_refused) refuses every write; the dashboard edits only when
+SPECLENS_READONLY=0 (backend.config.read_only: read-only by default).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from backend.config import read_only
+from backend.config import read_only, writes_refused
 from backend.errors import SpecLensError
 from backend.store.rundir import RunDir, atomic_write_json, list_run_dirs, now
 
@@ -40,7 +41,8 @@ class Annotations:
 
 
 def editable() -> bool:
-    """Whether the dashboard may edit annotations (False under SPECLENS_READONLY=1)."""
+    """Whether the dashboard may edit annotations: only when enabled with SPECLENS_READONLY=0 (read-only by
+    default; backend.config.read_only)."""
     return not read_only()
 
 
@@ -83,7 +85,7 @@ def read_path(run_path: Path) -> Annotations | None:
         d = json.loads(f.read_text())
         return Annotations(tags=parse_tags(d.get("tags") or []), notes=check_notes(str(d.get("notes") or "")),
                            pinned=bool(d.get("pinned", False)), updated=d.get("updated"))
-    except (OSError, ValueError, SpecLensError, AttributeError, TypeError):
+    except (OSError, ValueError, SpecLensError, AttributeError, TypeError, RecursionError):
         return None
 
 
@@ -105,7 +107,7 @@ def save(run_id: str, *, tags: str | Iterable[str] | None = None, notes: str | N
          pinned: bool | None = None, root: Path | None = None) -> Annotations:
     """Validate and write the given fields (others keep their value). Pinning a bench run unpins every other
     run pinned for the same target model. Refreshing the catalog is the caller's job."""
-    if read_only():
+    if writes_refused():
         raise SpecLensError("the dashboard is read-only (SPECLENS_READONLY is set); annotations cannot be changed")
     rd = RunDir.open(run_id, root)                     # validates the id: no path outside the runs folder
     ann = read(run_id, root)

@@ -1,5 +1,6 @@
 """Where SpecLens keeps its files and what it may change. SPECLENS_DATA (default ./data) moves everything;
-SPECLENS_READONLY=1 makes the dashboard read-only (no annotation editing); SPECLENS_ALLOW_JOBS=1 lets it submit
+the dashboard is read-only unless SPECLENS_READONLY=0 (SPECLENS_READONLY=1 refuses annotation writes
+everywhere); SPECLENS_ALLOW_JOBS=1 lets it submit
 jobs and SPECLENS_MODEL_ROOTS confines the paths job specs may name."""
 
 from __future__ import annotations
@@ -43,8 +44,15 @@ def paths(root: Path | str | None = None) -> Paths:
 
 
 def read_only() -> bool:
-    """SPECLENS_READONLY=1 (or true/yes/on): the dashboard edits nothing. The one place this setting is read:
-    backend/annotations.py refuses writes and the pages hide their edit widgets through it."""
+    """The dashboard edits nothing unless SPECLENS_READONLY=0 (or false/no/off): read-only by default. Pages hide
+    their edit widgets through it (annotations.editable); with [auth] secrets editing also needs a login
+    (backend/auth.py)."""
+    return os.environ.get("SPECLENS_READONLY", "").strip().lower() not in ("0", "false", "no", "off")
+
+
+def writes_refused() -> bool:
+    """SPECLENS_READONLY=1 (or true/yes/on) set explicitly: annotation writes are refused everywhere, library and
+    scripts included (backend/annotations.py), not only hidden in the dashboard."""
     return os.environ.get("SPECLENS_READONLY", "").strip().lower() in ("1", "true", "yes", "on")
 
 

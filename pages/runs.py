@@ -1,14 +1,15 @@
 """Runs: every capture and bench run with its status, filterable by kind, status, engine and its version, target,
 drafter, dataset and tag (?kind=&status=&engine=&version=&target=&drafter=&dataset=&tag=). Tags, notes and the
-pinned baseline of a run (?run=) are edited below the table unless SPECLENS_READONLY=1."""
+pinned baseline of a run (?run=) are edited below the table when SPECLENS_READONLY=0 (read-only by default;
+with [auth] secrets only after a login, backend/auth.py)."""
 
 import streamlit as st
 
-from backend import annotations, charts, ui
+from backend import annotations, auth, charts, ui
 from backend.store import catalog
 
 LIVE_EVERY_S = 5
-STATUSES = ["complete", "running", "interrupted", "failed"]
+STATUSES = ["complete", "running", "interrupted", "failed", "quarantined"]
 FLASH = "runs_flash"
 
 st.title("Runs")
@@ -61,6 +62,11 @@ stalled = [f"`{r.run_id}` at {'/'.join(map(str, charts.progress(r.progress_done,
 if stalled:
     st.warning(f"Interrupted: {', '.join(stalled)}. Run the same capture command (same `--name`) to resume.",
                icon=":material/pause_circle:")
+quarantined = shown[shown["status"] == "quarantined"]["run_id"].tolist()
+if quarantined:
+    st.warning(f"Quarantined: {', '.join(f'`{r}`' for r in quarantined[:10])}{' ...' if len(quarantined) > 10 else ''}"
+               ": files the catalog cannot index (the reason is in the error column); left out of every view.",
+               icon=":material/block:")
 
 if shown.empty:
     st.info("No run matches these filters.")
@@ -99,6 +105,7 @@ elif ((table["kind"] == "bench") & (table["status"] == "complete")).sum() >= 2:
 
 if annotations.editable():
     st.subheader("Tags, notes and baseline")
+if annotations.editable() and auth.allowed("edit tags, notes and the pinned baseline"):
     if msg := st.session_state.pop(FLASH, None):
         st.success(msg, icon=":material/check_circle:")
     ids = table["run_id"].tolist()

@@ -33,11 +33,13 @@ def bench(bench_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def own(bench_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private copy of the bench data root (annotations change it), as SPECLENS_DATA."""
+    """A private copy of the bench data root (annotations change it), as SPECLENS_DATA, editing enabled
+    (SPECLENS_READONLY=0: the dashboard is read-only by default)."""
     root = tmp_path / "data"
     shutil.copytree(bench_root / "runs", root / "runs")
     catalog.refresh(root)
     monkeypatch.setenv("SPECLENS_DATA", str(root))
+    monkeypatch.setenv("SPECLENS_READONLY", "0")
     return root
 
 
@@ -115,13 +117,13 @@ def test_refresh_reads_only_what_changed(own: Path) -> None:
     assert whole == cat and len(catalog.bench_steps(["spec-oracle"], root=own)) == steps
 
 
-def test_unreadable_manifest_is_listed_as_failed_and_not_reread(own: Path) -> None:
+def test_unreadable_manifest_is_quarantined_and_not_reread(own: Path) -> None:
     bad = own / "runs" / "half-written"
     bad.mkdir()
     (bad / "manifest.json").write_text('{"run_id": "half-wr')
     catalog.refresh(own)
     row = catalog.get_run("half-written", own)
-    assert row["status"] == "failed" and "unreadable manifest" in row["error"]
+    assert row["status"] == "quarantined" and "unreadable manifest" in row["error"]
     stamp = (own / "speclens.duckdb").stat().st_mtime_ns
     catalog.refresh(own)
     assert (own / "speclens.duckdb").stat().st_mtime_ns == stamp
@@ -337,7 +339,7 @@ def test_compare_shows_a_failed_query_in_one_line(bench: Path, monkeypatch: pyte
 def bench_server(bench_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if not CHROMIUM.exists():
         pytest.skip("needs Debian chromium at /usr/bin/chromium")
-    with streamlit_server(bench_root, tmp_path_factory.mktemp("streamlit-bench")) as url:
+    with streamlit_server(bench_root, tmp_path_factory.mktemp("streamlit-bench"), {"SPECLENS_READONLY": "0"}) as url:
         yield url
 
 

@@ -31,6 +31,7 @@ import pandas as pd
 from backend import annotations
 from backend.config import paths
 from backend.errors import SpecLensError
+from backend.store import validate
 from backend.store.rundir import RUNNING, RunDir
 
 SCHEMA_VERSION = "2"
@@ -66,22 +67,32 @@ def _text(x) -> str | None:
 
 
 def _broken_row(rd: RunDir, sig: str, error: str) -> dict:
-    """A run directory whose manifest cannot be read: listed as failed with the reason (and its signature, so
-    that a refresh does not re-read it until the file changes)."""
+    """A run directory whose manifest cannot be read or indexed: listed as quarantined with the reason (and its
+    signature, so that a refresh does not re-read it until the file changes)."""
     row = dict.fromkeys(RUN_COLUMNS)
-    row.update(run_id=rd.run_id, status="failed", error=error.splitlines()[0][:300] if error else "unreadable manifest",
+    row.update(run_id=rd.run_id, status=validate.QUARANTINED,
+               error=_line(error) or "unreadable manifest",
                tags="", notes="", pinned=False, path=str(rd.path), sig=sig, boundaries="", n_boundaries=0,
                manifest="{}")
     return row
 
 
+def _line(text) -> str:
+    """The first line of a reason, at most 300 characters."""
+    return (str(text).splitlines() or [""])[0][:300]
+
+
 def _run_row(rd: RunDir, sig: str) -> dict:
     try:
         m = rd.manifest()
+        problem = validate.check_manifest(m)
+        return _broken_row(rd, sig, f"manifest.json: {problem}") if problem else _manifest_row(rd, sig, m)
     except Exception as e:  # noqa: BLE001 - one bad directory must not hide the others
-        return _broken_row(rd, sig, str(e))
-    if not isinstance(m, dict):
-        return _broken_row(rd, sig, f"{rd.manifest_path}: not a JSON object")
+        why = str(e).replace(f"{rd.manifest_path}: ", "") if isinstance(e, SpecLensError) else f"{type(e).__name__}: {e}"
+        return _broken_row(rd, sig, f"manifest.json: {why}")
+
+
+def _manifest_row(rd: RunDir, sig: str, m: dict) -> dict:
     head = m.get("headline") or {}
     model = m.get("model") or {}
     prog = m.get("progress") or {}
@@ -200,7 +211,7 @@ def _plan(root: Path | None) -> _Plan | None:
             try:
                 if RunDir(e.path).effective_status() != RUNNING:
                     changed.append(e)
-            except SpecLensError:
+            except Exception:  # noqa: BLE001 - unreadable now: re-read (and quarantine) it
                 changed.append(e)
     on_disk = {e.run_id for e in entries}
     return _Plan(entries, changed, [r for r in old if r not in on_disk])
@@ -272,19 +283,23 @@ def _insert_frame(con: duckdb.DuckDBPyConnection, table: str, df: pd.DataFrame) 
         con.unregister("_frame")
 
 
-def _insert_parquet(con: duckdb.DuckDBPyConnection, table: str, files: list[tuple[str, Path]]) -> None:
+def _insert_parquet(con: duckdb.DuckDBPyConnection, table: str, files: list[tuple[str, Path]]) -> dict[str, str]:
     """Append Parquet files (run_id, path) to a table in one statement; run_id comes from the run directory.
-    When that statement fails (an unreadable or odd file), each file is tried alone and bad ones are skipped."""
+    When that statement fails (an unreadable or odd file), each file is tried alone; returns {run_id: reason}
+    of the files that could not be read (their runs get quarantined)."""
     if not files:
-        return
+        return {}
     try:
         _insert_parquet_batch(con, table, files)
+        return {}
     except duckdb.Error:
+        bad = {}
         for f in files:
             try:
                 _insert_parquet_batch(con, table, [f])
-            except duckdb.Error:
-                continue
+            except duckdb.Error as e:
+                bad[f[0]] = f"{f[1].name}: {_line(str(e).replace(str(f[1]), f[1].name))}"
+        return bad
 
 
 def _insert_parquet_batch(con: duckdb.DuckDBPyConnection, table: str, files: list[tuple[str, Path]]) -> None:
@@ -309,14 +324,74 @@ def _ingest(con: duckdb.DuckDBPyConnection, entries: list[_Entry]) -> None:
     rows = [_run_row(RunDir(e.path), e.sig) for e in entries]
     _insert_frame(con, "runs", pd.DataFrame(rows, columns=RUN_COLUMNS))
     complete = [r for r in rows if r["status"] == "complete"]
-    _insert_parquet(con, "boundary_stats", [(r["run_id"], Path(r["path"]) / "stats.parquet") for r in complete
-                                            if (Path(r["path"]) / "stats.parquet").exists()])
+    bad: dict[str, str] = {}                 # run_id -> why its files cannot be indexed (quarantined below)
+    for r in complete:
+        if r["kind"] == "capture":
+            for name in ("stats.safetensors", "sample.safetensors"):
+                f = Path(r["path"]) / name
+                if f.exists() and (problem := validate.check_safetensors(f)):
+                    bad.setdefault(r["run_id"], problem)
+    complete = [r for r in complete if r["run_id"] not in bad]
+    bad.update(_insert_parquet(con, "boundary_stats", [(r["run_id"], Path(r["path"]) / "stats.parquet")
+                                                       for r in complete if (Path(r["path"]) / "stats.parquet").exists()]))
     bench = [r for r in rows if r["kind"] == "bench"]
     _insert_frame(con, "bench_runs", pd.DataFrame([_bench_run_row(r) for r in bench], columns=list(BENCH_RUN_COLUMNS)))
     done = [r for r in bench if r["status"] == "complete"]
     for table, name in (("bench_prompts", "prompts.parquet"), ("bench_steps", "steps.parquet")):
-        _insert_parquet(con, table, [(r["run_id"], Path(r["path"]) / name) for r in done
-                                     if (Path(r["path"]) / name).exists()])
+        for rid, why in _insert_parquet(con, table, [(r["run_id"], Path(r["path"]) / name) for r in done
+                                                     if (Path(r["path"]) / name).exists()]).items():
+            bad.setdefault(rid, why)
+    for rid, why in _check_tables(con, [r for r in rows if r["status"] == "complete" and r["run_id"] not in bad]).items():
+        bad.setdefault(rid, why)
+    _quarantine(con, bad)
+
+
+_KEYS = {"boundary_stats": ("stats.parquet", ("boundary", "ord")),
+         "bench_prompts": ("prompts.parquet", ("repeat", "prompt_index", "prompt_id")),
+         "bench_steps": ("steps.parquet", ("repeat", "prompt_id", "step", "accepted"))}
+
+
+def _check_tables(con: duckdb.DuckDBPyConnection, rows: list[dict]) -> dict[str, str]:
+    """Complete runs whose tables are readable but not whole: rows without their key columns, a capture with
+    another number of boundary rows than its manifest's boundaries, a bench run with another number of prompt
+    rows than its progress total."""
+    ids = [r["run_id"] for r in rows]
+    bad: dict[str, str] = {}
+    if not ids:
+        return bad
+    for table, (name, keys) in _KEYS.items():
+        null = " OR ".join(f'"{k}" IS NULL' for k in keys)
+        for (rid,) in con.execute(f"SELECT DISTINCT run_id FROM {table} WHERE list_contains(?, run_id) AND ({null})",
+                                  [ids]).fetchall():
+            bad.setdefault(rid, f"{name}: rows without {', '.join(keys)}")
+    counts = {"boundary_stats": dict(con.execute("SELECT run_id, count(*) FROM boundary_stats WHERE list_contains(?, "
+                                                 "run_id) GROUP BY run_id", [ids]).fetchall()),
+              "bench_prompts": dict(con.execute("SELECT run_id, count(*) FROM bench_prompts WHERE list_contains(?, "
+                                                "run_id) GROUP BY run_id", [ids]).fetchall())}
+    for r in rows:
+        path = Path(r["path"])
+        if r["kind"] == "capture" and r["n_boundaries"] and (path / "stats.parquet").exists():
+            n = counts["boundary_stats"].get(r["run_id"], 0)
+            if n != r["n_boundaries"]:
+                bad.setdefault(r["run_id"], f"stats.parquet: {n} rows for {r['n_boundaries']} boundaries")
+        if r["kind"] == "bench" and r["progress_total"] and (path / "prompts.parquet").exists():
+            n = counts["bench_prompts"].get(r["run_id"], 0)
+            if n != r["progress_total"]:
+                bad.setdefault(r["run_id"], f"prompts.parquet: {n} rows, the manifest counts {r['progress_total']}")
+    return bad
+
+
+def _quarantine(con: duckdb.DuckDBPyConnection, bad: dict[str, str]) -> None:
+    """Mark runs quarantined with their reason and drop their rows from the data tables (pages show complete
+    runs only; the Runs page lists these with the reason)."""
+    if not bad:
+        return
+    ids = list(bad)
+    for table in ("boundary_stats", "bench_prompts", "bench_steps"):
+        con.execute(f"DELETE FROM {table} WHERE list_contains(?, run_id)", [ids])
+    for rid, why in bad.items():
+        con.execute("UPDATE runs SET status = ?, error = ? WHERE run_id = ?", [validate.QUARANTINED, _line(why), rid])
+        con.execute("UPDATE bench_runs SET status = ? WHERE run_id = ?", [validate.QUARANTINED, rid])
 
 
 # ---------------------------------------------------------------------- bench tables (kind "bench")
