@@ -158,6 +158,21 @@ def build_bench_demo(root: Path | None = None, force: bool = False, progress: bo
     return made
 
 
+CHECK_RUN = "demo-check-after-layer"
+
+
+def build_check_demo(root: Path | None = None, force: bool = False, progress: bool = True) -> list[str]:
+    """The drafter check of the after-layer drafter against vLLM 0.24 (what the Drafter check page opens on)."""
+    from backend.check_drafter import CheckSettings, run_check
+
+    pair = toy_pair(root)
+    if pair is None or not _fresh(CHECK_RUN, root, force):
+        return []
+    r = run_check(CheckSettings(drafter=str(pair / "drafter-after-layer"), target=str(pair / "target"),
+                                device="cpu"), name=CHECK_RUN, root=root, progress=progress)
+    return [r.run_id]
+
+
 def run_demo(force: bool = False, progress: bool = True, root: Path | None = None) -> None:
     from backend.align import get_alignment
 
@@ -176,3 +191,6 @@ def run_demo(force: bool = False, progress: bool = True, root: Path | None = Non
               f"lossless {r.lossless}")
     print(f"benchmark demo ready in {time.perf_counter() - t1:.1f} s; open http://localhost:8501/compare?runs="
           f"{','.join(BENCH_RUNS)}")
+    t2 = time.perf_counter()
+    if build_check_demo(root, force, progress) or _complete(CHECK_RUN, root):
+        print(f"drafter check ready in {time.perf_counter() - t2:.1f} s; open http://localhost:8501/drafter?run={CHECK_RUN}")
