@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8501
 
-.PHONY: demo test install browser serve bench clean-data
+.PHONY: demo test install browser serve bench clean-data soak
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -37,3 +37,8 @@ test: $(STAMP) browser
 bench: $(STAMP)
 	$(BIN)/python bench/align_bench.py
 	$(BIN)/python bench/capture_overhead.py
+
+# longer fuzzing and kill -9 soak (random seeds; figures in docs/RELIABILITY.md)
+soak: $(STAMP) browser
+	SPECLENS_FUZZ_SOAK=1 SPECLENS_FUZZ_EXAMPLES=40 SPECLENS_RELIABILITY_TRIALS=25 SPECLENS_RELIABILITY_SEED=$$RANDOM \
+	  $(BIN)/python -m pytest -q tests/test_fuzz_ingest.py tests/test_reliability.py

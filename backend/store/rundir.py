@@ -80,13 +80,19 @@ def git_commit() -> str | None:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether a process with this pid runs. A zombie (dead, not yet reaped: a killed worker's child reparented to
+    a PID 1 that does not reap, as in a container without an init) counts as dead."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 @dataclass
