@@ -92,7 +92,7 @@ def main() -> int:
     def recording(self, prompt, max_new_tokens, temperature, seed):
         g = orig(self, prompt, max_new_tokens, temperature, seed)
         if self.k and len(recorded_meta) < 24:
-            recorded_meta.append({"k": self.k, "meta_info": g.meta, "output_tokens": len(g.tokens)})
+            recorded_meta.append({"k": self.k, "meta_info": g.raw, "output_tokens": len(g.tokens)})
         return g
     S.ServerEngine.generate = recording
 

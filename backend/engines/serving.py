@@ -9,10 +9,21 @@ running engine and recorded next to what SpecLens predicts from the config (`aux
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 from backend.errors import SpecLensError
+
+
+@dataclass
+class Generation:
+    """One request through a serving engine: what bench.py's loop records (as hf_spec.Generation)."""
+    tokens: list[int]
+    seconds: float
+    ttft: float | None
+    accepted: list[int]                  # per verify step, 0..K (only their counts are reported by the engines)
+    raw: dict | None = None              # the engine's own figures for the request (counter snapshots, meta_info)
 
 
 def _engine_module(name: str):

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backend import coords, metrics
+from backend.engines.serving import Generation
 from backend.errors import SpecLensError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -232,15 +233,6 @@ def accepted_lengths(meta: dict, k: int) -> list[int]:
     return out
 
 
-@dataclass
-class Gen:
-    tokens: list[int]
-    seconds: float
-    ttft: float | None
-    accepted: list[int]
-    meta: dict | None = None
-
-
 class ServerEngine:
     """Bench units through one SGLang server (launched here, or attached by URL)."""
 
@@ -269,14 +261,14 @@ class ServerEngine:
             self.url = self.server.url
         self.start_seconds = getattr(self.server, "start_seconds", None)
 
-    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> Gen:
+    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> Generation:
         t0 = time.perf_counter()
         r = generate(self.url, prompt, max_new_tokens, temperature, self.eos, seed)
         seconds = time.perf_counter() - t0
         meta = r.get("meta_info", {})
         acc = accepted_lengths(meta, self.k) if self.k else []
         ttft = None
-        return Gen(list(r.get("output_ids", [])), seconds, ttft, acc, meta)
+        return Generation(list(r.get("output_ids", [])), seconds, ttft, acc, meta)
 
     def aux_ids(self) -> list[int] | None:
         if not self.k or self.hook_dir is None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from backend import coords, metrics
+from backend.engines.serving import Generation
 from backend.errors import SpecLensError
 
 WORKER_EXT = "backend.engines.vllm_worker.SpecLensWorker"
@@ -205,15 +206,6 @@ def accepted_lengths(stats: metrics.AcceptanceStats, k: int) -> list[int]:
 
 # ---------------------------------------------------------------------- generation (bench units)
 
-@dataclass
-class Gen:
-    tokens: list[int]
-    seconds: float
-    ttft: float | None
-    accepted: list[int]
-    counters: dict | None = None
-
-
 class OfflineEngine:
     """One vLLM engine (target, optionally with an EAGLE-3 drafter) for bench units of one request each."""
 
@@ -227,7 +219,7 @@ class OfflineEngine:
         self.llm = make_llm(target, opts, drafter=drafter, num_spec_tokens=num_spec_tokens, eager=False)
         self.info = model_info(self.llm)
 
-    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> Gen:
+    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> Generation:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -242,7 +234,7 @@ class OfflineEngine:
         acc = accepted_lengths(metrics.from_vllm(before, after), self.k) if self.k else []
         if RECORDING is not None and self.k:
             RECORDING.append({"k": self.k, "before": before, "after": after, "output_tokens": len(out.outputs[0].token_ids)})
-        return Gen(list(out.outputs[0].token_ids), seconds, ttft or None, acc,
+        return Generation(list(out.outputs[0].token_ids), seconds, ttft or None, acc,
                    {"before": before, "after": after} if self.k else None)
 
     def aux_ids(self) -> list[int] | None:
@@ -293,7 +285,7 @@ class ServerEngine:
     def counters(self) -> dict:
         return parse_prometheus(self._request("/metrics", timeout=10).decode())
 
-    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> Gen:
+    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> Generation:
         body = {"model": self.model, "prompt": prompt, "max_tokens": max_new_tokens, "temperature": temperature,
                 "stream": True, "stop_token_ids": self.eos, "return_token_ids": True}
         if temperature > 0:
@@ -323,7 +315,7 @@ class ServerEngine:
         seconds = time.perf_counter() - t0
         after = self.counters() if self.k else {}
         acc = accepted_lengths(metrics.from_vllm(before, after), self.k) if self.k else []
-        return Gen(tokens, seconds, ttft, acc, {"before": before, "after": after} if self.k else None)
+        return Generation(tokens, seconds, ttft, acc, {"before": before, "after": after} if self.k else None)
 
     def aux_ids(self) -> list[int] | None:
         """From the server's log when given (engine option server_log=PATH): the API does not expose it."""
