@@ -1,7 +1,8 @@
 """`python -m backend.serve [streamlit options]`: the dashboard server (what `make serve`, `make demo` and the
 container run).
 
-It is `streamlit run app.py` in this process, after importing the libraries every page needs (pandas, DuckDB,
+It is `streamlit run app.py` in this process (in st.navigation mode from the first visitor on, see main), after
+importing the libraries every page needs (pandas, DuckDB,
 pyarrow, plotly, the backend modules) and bringing the catalog up to date. Streamlit runs page scripts in the
 server's process, so the first visitor after a restart no longer pays about 0.6 s of imports and a catalog
 refresh inside the first render (docs/PERFORMANCE.md, "first render after server start").
@@ -36,7 +37,13 @@ def preload(refresh: bool = True) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from streamlit.runtime.pages_manager import PagesManager
     from streamlit.web import cli
+
+    # app.py routes with st.navigation. Without this, a fresh server whose first visitor deep-links to /compare or
+    # /runs runs pages/compare.py as a legacy `pages/` page (no navigation bar, no page config) and keeps every
+    # later session in that mode until someone opens a URL that runs app.py (streamlit sets this flag only then).
+    PagesManager.uses_pages_directory = False
 
     took = preload()
     print(f"speclens: libraries and catalog ready in {took:.2f} s", file=sys.stderr)
