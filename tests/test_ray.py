@@ -1,5 +1,6 @@
-"""Jobs on a real multi-node Ray cluster on this machine: a sweep of 8 bench jobs (2 drafters x K in {1, 2} x
-T in {0, 0.7}) over two one-CPU nodes of ray.cluster_utils.Cluster, every run complete in the catalog."""
+"""Jobs on a real multi-node Ray cluster on this machine: a sweep of 8 bench jobs of the shipped toy pair (its two
+EAGLE-3 drafters x K in {1, 2} x T in {0, 0.7}) over two one-CPU nodes of ray.cluster_utils.Cluster, every run
+complete in the catalog."""
 
 from __future__ import annotations
 
@@ -18,14 +19,13 @@ PROMPTS = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
 
 
 @pytest.fixture(scope="module")
-def drafters(tmp_path_factory, tiny_llama) -> list[Path]:
-    """Two random EAGLE-3 drafters for the tiny target (hidden 64, vocab 512), aux layers 1, 2, 3."""
-    from backend.drafter import DrafterConfig, Eagle3Drafter, init_random
+def pair(tmp_path_factory) -> Path:
+    """The toy pair shipped in models/toy-pair.tar.gz (target 8 layers x 256, drafter-matched, drafter-after-layer)."""
+    from backend.demo import PAIR_TARBALL, toy_pair
 
-    cfg = DrafterConfig(hidden_size=64, target_hidden_size=64, num_aux=3, vocab_size=512, draft_vocab_size=512,
-                        num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128, aux_layer_ids_nested=[1, 2, 3])
-    d = tmp_path_factory.mktemp("ray-drafters")
-    return [init_random(Eagle3Drafter(cfg), i).save(d / f"d{i}", "eagle") for i in range(2)]
+    if not PAIR_TARBALL.exists():
+        pytest.skip(f"{PAIR_TARBALL} missing")
+    return toy_pair(tmp_path_factory.mktemp("ray-pair"))
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +46,15 @@ def cluster():
         c.shutdown()
 
 
-def test_ray_sweep_of_8_jobs_over_2_nodes(cluster, data_root, tiny_llama, drafters, monkeypatch):
+def test_ray_sweep_of_8_toy_pair_jobs_over_2_nodes(cluster, data_root, pair, monkeypatch):
     from backend.jobs import queue
     from backend.jobs.cli import submit_spec
     from backend.jobs.worker import run_ray
     from backend.store import catalog
 
-    monkeypatch.setenv("SPECLENS_MODEL_ROOTS", os.pathsep.join([str(tiny_llama.parent), str(drafters[0].parent)]))
-    jobs = submit_spec({"kind": "sweep", "name": "rs", "target": str(tiny_llama), "drafters": [str(d) for d in drafters],
+    monkeypatch.setenv("SPECLENS_MODEL_ROOTS", str(pair))
+    drafters = [pair / "drafter-matched", pair / "drafter-after-layer"]
+    jobs = submit_spec({"kind": "sweep", "name": "rs", "target": str(pair / "target"), "drafters": [str(d) for d in drafters],
                         "num_spec_tokens": [1, 2], "temperature": [0, 0.7], "prompts": str(PROMPTS), "limit": 2,
                         "repeats": 1, "max_new_tokens": 8, "device": "cpu", "num_cpus": 1, "num_gpus": 0},
                        root=data_root)
