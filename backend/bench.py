@@ -231,7 +231,22 @@ def _read_journal(rd: RunDir) -> list[dict]:
 
 
 def _ensure_baseline(lm, bs: BenchSettings, prompts, seqs, name, root, progress) -> BenchResult:
-    """Reuse a complete baseline with identical settings from this host, resume an unfinished one, or run one."""
+    """Reuse a complete baseline with identical settings from this host, resume an unfinished one, or run one.
+    One process at a time per settings (a file lock under the data root): jobs of a sweep that start together
+    share one baseline instead of each running its own."""
+    import fcntl
+
+    from backend.config import paths
+
+    key = hashlib.blake2b(json.dumps(bs.identity(), sort_keys=True).encode(), digest_size=8).hexdigest()
+    lock = paths(root).root / "locks" / f"baseline-{socket.gethostname()}-{key}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)          # released when the file closes, also if this process dies
+        return _find_or_run_baseline(lm, bs, prompts, seqs, name, root, progress)
+
+
+def _find_or_run_baseline(lm, bs: BenchSettings, prompts, seqs, name, root, progress) -> BenchResult:
     ident, host, unfinished = bs.identity(), socket.gethostname(), None
     for rd in list_run_dirs(root):
         try:

@@ -73,7 +73,8 @@ def test_ray_sweep_of_8_toy_pair_jobs_over_2_nodes(cluster, data_root, pair, mon
     catalog.refresh(data_root)
     runs = catalog.list_runs(root=data_root)
     ours = runs[runs["run_id"].str.startswith("rs-")]
-    assert len(ours) >= 8 + 2                                   # 8 sweep runs + their paired baselines (T=0, T=0.7)
+    # 8 sweep runs + one paired baseline per temperature, shared by the jobs that started together on two nodes
+    assert len(ours) == 8 + 2, sorted(ours["run_id"])
     assert (runs["status"] == "complete").all(), runs[["run_id", "status"]]
     bench = catalog.bench_runs(root=data_root).set_index("run_id")
     for j in jobs:
