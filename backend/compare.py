@@ -24,6 +24,7 @@ from backend import metrics
 from backend.store import catalog
 
 BASELINES = {"paired": "each run's paired baseline", "pinned": "the pinned baseline of the run's target"}
+VIEWS = ("Acceptance", "Speed", "Per category", "Settings that differ")   # the Compare page's tabs (?view=)
 CATEGORY_BOOT = 500          # bootstrap resamples per category (the whole-run interval uses metrics' default)
 # manifest keys that describe the outcome or the bookkeeping of a run, not what ran: left out of the diff
 NOT_CONFIG = {"run_id", "created", "updated", "finished", "pid", "status", "error", "progress", "headline", "bench",

@@ -1,4 +1,4 @@
-"""Compare bench runs (?runs=a,b,c&baseline=paired|pinned): accepted-length histograms, per-position acceptance,
+"""Compare bench runs (?runs=a,b,c&baseline=paired|pinned&view=Acceptance|Speed|...): accepted-length histograms, per-position acceptance,
 throughput and speedup with 95% CIs, per-category figures and the settings that differ. Numbers: backend/compare.py
 (from backend/metrics.py); data: catalog aggregates."""
 
@@ -27,16 +27,20 @@ if len(chosen) < 2:
     st.stop()
 
 headline, warnings = st.empty(), st.empty()           # filled once the speed figures are in
+# lazy tabs: only the open one runs and is sent (?view=Speed reproduces a view); the first paint stays light
+acc_tab, speed_tab, cat_tab, cfg_tab = st.tabs(list(compare.VIEWS), key="view", on_change="rerun",
+                                               bind="query-params")
 acc = ui.guarded(compare.load_acceptance, chosen)     # the first charts need only the histograms: draw them first
 stem = "_".join(acc.run_ids)
-st.subheader("Acceptance")
-left, right = st.columns(2)
-with left:
-    ui.chart_with_downloads(charts.accepted_histogram(acc.histogram, acc.run_ids), acc.histogram,
-                            f"accepted_hist_{stem}")
-with right:
-    ui.chart_with_downloads(charts.acceptance_curves(acc.positions, acc.run_ids), acc.positions,
-                            f"acceptance_per_position_{stem}")
+if acc_tab.open:
+    with acc_tab:
+        left, right = st.columns(2)
+        with left:
+            ui.chart_with_downloads(charts.accepted_histogram(acc.histogram, acc.run_ids), acc.histogram,
+                                    f"accepted_hist_{stem}")
+        with right:
+            ui.chart_with_downloads(charts.acceptance_curves(acc.positions, acc.run_ids), acc.positions,
+                                    f"acceptance_per_position_{stem}")
 
 with st.spinner(f"Speedups of {len(acc.run_ids)} runs ..."):
     cmp = ui.guarded(compare.compare, chosen, against, acceptance=acc)
@@ -44,31 +48,35 @@ headline.container(border=True).markdown(cmp.headline)
 with warnings.container():
     ui.warning_list(cmp.warnings)
 
-st.subheader("Speed")
-left, right = st.columns(2)
-speed = charts.speed_frame(cmp.figures)
-with left:
-    ui.chart_with_downloads(charts.throughput_bars(cmp.figures), speed, f"throughput_{stem}")
-with right:
-    ui.chart_with_downloads(charts.speedup_chart(cmp.figures, compare.BASELINES[against]), speed,
-                            f"speedup_{against}_{stem}")
-st.dataframe(charts.summary_table(cmp.figures), hide_index=True, key="summary", column_config={
-    "tau": st.column_config.NumberColumn(format="%.2f"),
-    "acceptance": st.column_config.NumberColumn(format="percent"),
-    "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.1f"),
-    **{c: st.column_config.NumberColumn(format="%.2f") for c in ("speedup", "CI low", "CI high")}})
+if speed_tab.open:
+    with speed_tab:
+        left, right = st.columns(2)
+        speed = charts.speed_frame(cmp.figures)
+        with left:
+            ui.chart_with_downloads(charts.throughput_bars(cmp.figures), speed, f"throughput_{stem}")
+        with right:
+            ui.chart_with_downloads(charts.speedup_chart(cmp.figures, compare.BASELINES[against]), speed,
+                                    f"speedup_{against}_{stem}")
+        st.dataframe(charts.summary_table(cmp.figures), hide_index=True, key="summary", column_config={
+            "tau": st.column_config.NumberColumn(format="%.2f"),
+            "acceptance": st.column_config.NumberColumn(format="percent"),
+            "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.1f"),
+            **{c: st.column_config.NumberColumn(format="%.2f") for c in ("speedup", "CI low", "CI high")}})
 
-st.subheader("Per category")
-st.caption("Spec-Bench categories: tau (mean acceptance length), mean per-prompt tokens/s, and the speedup over the "
-           "same baseline on that category's prompts with its 95% bootstrap interval.")
-categories = charts.category_table(cmp.categories, cmp.run_ids)
-st.dataframe(categories, hide_index=True, key="categories",
-             column_config={c: st.column_config.NumberColumn(format="%.2f") for c in categories.columns
-                            if c.endswith(("tau", "tokens/s", "speedup"))})
+if cat_tab.open:
+    with cat_tab:
+        st.caption("Spec-Bench categories: tau (mean acceptance length), mean per-prompt tokens/s, and the speedup "
+                   "over the same baseline on that category's prompts with its 95% bootstrap interval.")
+        categories = charts.category_table(cmp.categories, cmp.run_ids)
+        st.dataframe(categories, hide_index=True, key="categories",
+                     column_config={c: st.column_config.NumberColumn(format="%.2f") for c in categories.columns
+                                    if c.endswith(("tau", "tokens/s", "speedup"))})
 
-st.subheader("Settings that differ")
-if cmp.config.empty:
-    st.caption("The manifests of these runs record the same settings.")
-else:
-    st.caption("Manifest keys (flattened) whose values differ; results and bookkeeping (times, progress) left out.")
-    st.dataframe(cmp.config, hide_index=True, key="config_diff")
+if cfg_tab.open:
+    with cfg_tab:
+        if cmp.config.empty:
+            st.caption("The manifests of these runs record the same settings.")
+        else:
+            st.caption("Manifest keys (flattened) whose values differ; results and bookkeeping (times, progress) "
+                       "left out.")
+            st.dataframe(cmp.config, hide_index=True, key="config_diff")

@@ -281,21 +281,30 @@ def test_compare_page(bench: Path) -> None:
     assert params(at) == {"runs": RUNS, "baseline": "paired"}
     md = texts(at.markdown)
     assert "`spec-random`: tau 1.00" in md and "`spec-oracle`: tau 2.26" in md and "loses 1.26 in tau" in md
-    hist, pos, tput, speed = figures(at)
+    hist, pos = figures(at)                    # the Acceptance tab is open; the other tabs are not run
     assert [t["name"] for t in hist["data"]] == ["spec-random", "spec-oracle"] and hist["layout"]["barmode"] == "group"
     assert values(hist["data"][1]["y"]).sum() == pytest.approx(1.0), "normalised"
     rates = values(pos["data"][1]["y"])
     assert len(rates) == 3 and (np.diff(rates) <= 0).all()
+    assert not at.dataframe
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert labels.count("CSV") == 2 and labels.count("PNG") == 2 and labels.count("SVG") == 2
+
+    at = open_page("pages/compare.py", runs=RUNS, view="Speed")
+    tput, speed = figures(at)
     assert [t["name"] for t in tput["data"]] == ["run", "its baseline"]
     bar = speed["data"][0]
     assert list(bar["x"]) == ["spec-random", "spec-oracle"] and bar["error_y"]["symmetric"] is False
     assert "paired baseline" in speed["layout"]["title"]["text"]
-    summary, cats, diff = (d.value for d in at.dataframe)
+    (summary,) = (d.value for d in at.dataframe)
     assert summary["run_id"].tolist() == ["spec-random", "spec-oracle"]
+    assert "loses 1.26 in tau" in texts(at.markdown), "the headline stays above every tab"
+
+    (cats,) = (d.value for d in open_page("pages/compare.py", runs=RUNS, view="Per category").dataframe)
     assert cats["category"].tolist() == ["coding", "math", "writing"] and "spec-oracle · speedup" in cats
-    assert diff["setting"].tolist() == ["drafter.proposer"]
-    labels = [b.proto.label for b in at.get("download_button")]
-    assert labels.count("CSV") == 4 and labels.count("PNG") == 4 and labels.count("HTML") == 4
+    at = open_page("pages/compare.py", runs=RUNS, view="Settings that differ")
+    (diff,) = (d.value for d in at.dataframe)
+    assert diff["setting"].tolist() == ["drafter.proposer"] and not at.get("plotly_chart")
 
 
 def test_compare_default_view_and_baseline_switch(own: Path) -> None:
@@ -305,9 +314,10 @@ def test_compare_default_view_and_baseline_switch(own: Path) -> None:
     assert params(at)["baseline"] == "pinned" and "No pinned baseline" in texts(at.warning)
     annotations.save("spec-random-baseline", pinned=True, root=own)
     catalog.refresh(own)
-    at = open_page("pages/compare.py", runs="spec-oracle,spec-random,spec-random-baseline", baseline="pinned")
+    at = open_page("pages/compare.py", runs="spec-oracle,spec-random,spec-random-baseline", baseline="pinned",
+                   view="Speed")
     assert not at.warning or "plain decoding" in texts(at.warning)
-    assert "pinned baseline" in figures(at)[3]["layout"]["title"]["text"]
+    assert "pinned baseline" in figures(at)[1]["layout"]["title"]["text"]
 
 
 def test_compare_needs_two_bench_runs(bench: Path) -> None:
@@ -350,16 +360,24 @@ def bench_page(bench_server: str):
 
 
 def test_browser_compare(bench_page, bench_server: str, shots: Path) -> None:
-    open_view(bench_page, bench_server, f"/compare?runs={RUNS}&baseline=paired", charts=4)
+    open_view(bench_page, bench_server, f"/compare?runs={RUNS}&baseline=paired", charts=2)
     body = bench_page.locator('[data-testid="stMarkdownContainer"]').all_inner_texts()
     assert any("loses 1.26 in tau" in t for t in body)
-    assert bench_page.locator(f"{CHART}").count() >= 4
     bench_page.screenshot(path=str(shots / "compare.png"), full_page=True)
     button = bench_page.locator('[data-testid="stDownloadButton"] button').filter(has_text="CSV").first
     with bench_page.expect_download(timeout=TIMEOUT_MS) as dl:
         button.click()
     assert Path(dl.value.path()).read_bytes().startswith(b"run_id,accepted,steps,share")
     assert dl.value.suggested_filename == "accepted_hist_spec-random_spec-oracle.csv"
+    # another tab runs only when opened, and its view is in the URL
+    bench_page.get_by_role("tab", name="Speed").click()
+    bench_page.wait_for_url("**view=Speed**")
+    bench_page.wait_for_function(f"document.querySelectorAll('{CHART}').length >= 2", timeout=TIMEOUT_MS)
+    bench_page.wait_for_selector('[data-testid="stDataFrame"]')
+    bench_page.screenshot(path=str(shots / "compare-speed.png"), full_page=True)
+    open_view(bench_page, bench_server, f"/compare?runs={RUNS}&view=Per+category", charts=0)
+    bench_page.wait_for_selector('[data-testid="stDataFrame"]')
+    assert bench_page.get_by_role("tab", name="Per category").get_attribute("aria-selected") == "true"
 
 
 def test_browser_runs_bench_tag(bench_page, bench_server: str, shots: Path) -> None:
