@@ -5,7 +5,6 @@ the annotations module, the incremental catalog refresh and the comparison data 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Iterator
@@ -14,7 +13,6 @@ import numpy as np
 import pytest
 
 from backend import annotations, compare
-from backend.config import REPO_ROOT
 from backend.errors import SpecLensError
 from backend.store import catalog
 from test_browser import CHART, CHROMIUM, TIMEOUT_MS, alerts, browser_page, open_view, shots, streamlit_server  # noqa: F401 (shots: fixture)
