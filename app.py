@@ -3,7 +3,7 @@
 Pages (each view is addressable by its URL query parameters):
   /runs       captures and bench runs; tags, notes, pinned baseline
               ?kind=&status=&engine=&version=&target=&drafter=&dataset=&tag=&run=
-  /compare    bench runs side by side        ?runs=a,b,c&baseline=paired|pinned
+  /compare    bench runs side by side        ?runs=a,b,c&baseline=paired|pinned&view=Acceptance|Speed|Per category|...
   /alignment  which boundary of run A matches which of run B  ?a=&b=&metric=cosine|rel_l2|cka
   /stats      per-boundary hidden-state statistics            ?runs=a,b&stat=&run=
   /drafter    drafter check: what each engine feeds a drafter, accuracy by candidate  ?run=&metric=
