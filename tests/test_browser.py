@@ -189,20 +189,19 @@ def test_chart_downloads(page, server: str, fmt: str, magic: bytes) -> None:
     assert dl.value.suggested_filename == f"alignment_a1_vs_a2_cosine.{fmt.lower()}"
 
 
-def test_fresh_server_deep_link_uses_the_app_navigation(dash_root: Path, tmp_path: Path) -> None:
+def test_fresh_server_deep_link_uses_the_app_navigation(page, dash_root: Path, tmp_path: Path) -> None:
     """The first visitor of a fresh server opens /compare directly (a shared link): the page must run inside
     app.py's navigation (top bar, wide layout), not as streamlit's legacy `pages/` page, which would also leave
-    every later session without the navigation bar (backend/serve.py)."""
-    from playwright.sync_api import sync_playwright
-
-    with streamlit_server(dash_root, tmp_path) as url, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        pg = browser.new_page(viewport={"width": 1440, "height": 1000})
-        pg.set_default_timeout(TIMEOUT_MS)
+    every later session without the navigation bar (backend/serve.py). Uses the module's browser (one sync
+    Playwright per thread) against a server of its own."""
+    with streamlit_server(dash_root, tmp_path) as url:
+        ctx = page.context.browser.new_context(viewport={"width": 1440, "height": 1000})
+        ctx.set_default_timeout(TIMEOUT_MS)
+        pg = ctx.new_page()
         for path in ("/compare", "/stats"):          # the first and a later session, each on a deep link
             pg.goto(url + path)
             pg.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', state="attached")
             pg.wait_for_selector('[data-testid="stTopNavLink"]')
             assert pg.locator('[data-testid="stSidebarNav"]').count() == 0, f"{path}: legacy pages/ navigation"
             assert "Drafter check" in " ".join(pg.locator('[data-testid="stTopNavLink"]').all_inner_texts())
-        browser.close()
+        ctx.close()
