@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from backend import metrics
 from backend.errors import SpecLensError
-from backend.prompts import Prompt, encode, load_prompts
+from backend.prompts import Prompt, encode_all, load_prompts
 from backend.store import catalog
 from backend.store.rundir import (COMPLETE, RUNNING, RunDir, atomic_write_json, atomic_write_parquet,
                                   list_run_dirs, new_run_id)
@@ -145,11 +145,7 @@ def _encode_all(lm, prompts: list[Prompt], s: BenchSettings) -> list[list[int]]:
     if s.chat_template and not getattr(lm.tokenizer, "chat_template", None):
         raise SpecLensError(f"{s.target}: the tokenizer has no chat template but the prompts are chat turns; add a "
                             "chat_template to the tokenizer or pass --no-chat-template")
-    seqs = [encode(lm.tokenizer, p.text, s.chat_template, s.max_prompt_tokens) for p in prompts]
-    for p, ids in zip(prompts, seqs):
-        if not ids:
-            raise SpecLensError(f"{s.prompts}: prompt {p.id} encodes to zero tokens; remove or fix it")
-    return seqs
+    return encode_all(lm.tokenizer, prompts, s.prompts, s.chat_template, s.max_prompt_tokens)
 
 
 @dataclass

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from backend import coords
 from backend.errors import SpecLensError
-from backend.prompts import encode, load_prompts
+from backend.prompts import encode_all, load_prompts
 from backend.stats import StatsState, StreamingStats, TokenSample, norm_bin_edges
 from backend.store import catalog
 from backend.store.rundir import COMPLETE, RunDir, atomic_save_safetensors, atomic_write_json, atomic_write_parquet, new_run_id
@@ -77,10 +77,7 @@ def run_capture(settings: CaptureSettings, name: str | None = None, root: Path |
     lm = hf.load(settings.model, settings.device, settings.dtype)
     wanted = _boundaries(settings.boundaries, lm.n_layers)
     labels = coords.labels(wanted)
-    seqs = [encode(lm.tokenizer, p.text, settings.chat_template, settings.max_prompt_tokens) for p in prompts]
-    if any(len(s) == 0 for s in seqs):
-        bad = next(p for p, s in zip(prompts, seqs) if not s)
-        raise SpecLensError(f"{settings.prompts}: prompt {bad.id} encodes to zero tokens; remove or fix it")
+    seqs = encode_all(lm.tokenizer, prompts, settings.prompts, settings.chat_template, settings.max_prompt_tokens)
     total_tokens = sum(len(s) for s in seqs)
 
     run_id = new_run_id("capture", name)

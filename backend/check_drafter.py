@@ -404,7 +404,7 @@ def print_report(rep: dict, out=None) -> None:
     w("Findings:")
     for f in rep["findings"]:
         w(f"  [{f['severity']}] {f['text']}")
-    w(f"\ntiming: " + ", ".join(f"{k} {v:.1f} s" for k, v in rep["timing"].items()))
+    w("\ntiming: " + ", ".join(f"{k} {v:.1f} s" for k, v in rep["timing"].items()))
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -57,6 +57,17 @@ def _text_of(row: dict) -> str:
     return ""
 
 
+def encode_all(tokenizer, prompts: list[Prompt], source: str | Path, use_chat_template: bool = True,
+               max_tokens: int | None = None) -> list[list[int]]:
+    """Token ids of every prompt (see `encode`); a prompt that encodes to nothing is a one-line error naming
+    `source`, the prompts file."""
+    seqs = [encode(tokenizer, p.text, use_chat_template, max_tokens) for p in prompts]
+    for p, ids in zip(prompts, seqs):
+        if not ids:
+            raise SpecLensError(f"{source}: prompt {p.id} encodes to zero tokens; remove or fix it")
+    return seqs
+
+
 def encode(tokenizer, text: str, use_chat_template: bool = True, max_tokens: int | None = None) -> list[int]:
     """Token ids of one prompt, through the tokenizer's chat template when it has one."""
     if use_chat_template and getattr(tokenizer, "chat_template", None):

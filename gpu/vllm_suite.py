@@ -151,6 +151,7 @@ def speed(out: Path, root: Path, n_prompts: int, prompt_len: int, repeats: int) 
 
     from backend.capture import _finish
     from backend.engines import vllm as V
+    from backend.engines.serving import rebuild_capture
     from backend.store.rundir import RunDir
 
     mdir = root / "models" / "llama-3.1-8b-shape"
@@ -187,7 +188,6 @@ def speed(out: Path, root: Path, n_prompts: int, prompt_len: int, repeats: int) 
     eager = V.make_llm(str(mdir), opts, capture=True)
     timed(eager, "plain_prefill_eager")
     sets = {"eagle_set": ["S_2", "S_16", "S_29", "S_32"], "all_33": [f"S_{i}" for i in range(33)]}
-    from types import SimpleNamespace
     for name, labels in sets.items():
         V.install(eager, labels, sample_tokens=512, sample_per_prompt=64)
         t = timed(eager, f"capture_{name}")
@@ -197,7 +197,7 @@ def speed(out: Path, root: Path, n_prompts: int, prompt_len: int, repeats: int) 
         rd = RunDir.create(f"h200-speed-{name}", {"kind": "capture", "engine": "vllm", "boundaries": labels,
                                                   "model": {"path": str(mdir), "n_layers": 32, "hidden_size": 4096}},
                            root)
-        stats, sample = V._rebuild(got, 4096, SimpleNamespace(sample_tokens=512, sample_per_prompt=64))
+        stats, sample = rebuild_capture(got, 4096, 512, 64)
         _finish(rd, stats, sample, labels, int(got["tokens_seen"]), n_prompts * repeats + 4, t, root)
         size = sum(f.stat().st_size for f in rd.path.iterdir() if f.is_file())
         res[f"capture_{name}"].update({

@@ -189,3 +189,18 @@ def test_aux_layers_from_recorded_log_line(tmp_path):
     eng.server_log = str(tmp_path / "missing.log")
     with pytest.raises(SpecLensError, match="missing.log"):
         eng.aux_ids()
+
+
+def test_hook_token_count_mismatch_fails_the_run(data_root):
+    """An engine whose hooks saw other tokens than the prompts hold (prefix caching, padding) must not leave a
+    capture that looks complete: the run is failed with the counts, and the error names them."""
+    from backend.engines.serving import check_hook_tokens
+    from backend.store.rundir import RunDir
+
+    rd = RunDir.create("eng-cap", {"kind": "capture", "engine": "vllm"}, data_root)
+    check_hook_tokens(rd, {"tokens_seen": 12, "forwards": 2}, 12, "vLLM", data_root)
+    assert rd.manifest()["engine_check"] == {"tokens_expected": 12, "tokens_seen_by_hooks": 12, "forward_passes": 2}
+    with pytest.raises(SpecLensError, match=r"mismatch inside vLLM \(9 != 12\)"):
+        check_hook_tokens(rd, {"tokens_seen": 9, "forwards": 1}, 12, "vLLM", data_root, hint=" (prefix caching?)")
+    m = rd.manifest()
+    assert m["status"] == "failed" and "9 tokens" in m["error"] and "prefix caching" in m["error"]

@@ -211,8 +211,6 @@ def evaluate(d: "Eagle3Drafter", sample: TargetSample, labels: list[str], steps:
 
 def paired_z(worse: Candidate, better: Candidate) -> float:
     """z of mean(CE_worse - CE_better) over the same slots (large: `better` is really better)."""
-    import torch
-
     if worse.ce_tokens is None or better.ce_tokens is None or len(worse.ce_tokens) != len(better.ce_tokens):
         return float("nan")
     diff = worse.ce_tokens - better.ce_tokens

@@ -59,6 +59,33 @@ def target_info(model: str) -> SimpleNamespace:
                            model_type=getattr(cfg, "model_type", None))
 
 
+def rebuild_capture(res: dict, hidden: int, sample_tokens: int, sample_per_prompt: int):
+    """The (StreamingStats, TokenSample) of what an engine's hooks collected (`labels`, `state`, `sample`)."""
+    import torch
+
+    from backend.stats import StatsState, StreamingStats, TokenSample
+
+    stats = StreamingStats(res["labels"], hidden, "cpu", StatsState.from_tensors(res["state"], "cpu"), compile=False)
+    dt = res["sample"][res["labels"][0]].dtype if res["labels"] else torch.float32
+    sample = TokenSample(res["labels"], hidden, sample_tokens, sample_per_prompt, dtype=dt)
+    sample.load(res["sample"])
+    return stats, sample
+
+
+def check_hook_tokens(rd, res: dict, expected: int, engine: str, root, hint: str = "", **extra) -> None:
+    """Record how many tokens the engine ran through the hooks next to the prompts' count; a difference means
+    the statistics are not the prompts' (cached prefixes, padding): the run is failed and the error says so."""
+    seen = int(res["tokens_seen"])
+    rd.update(engine_check={"tokens_expected": expected, "tokens_seen_by_hooks": seen,
+                            "forward_passes": int(res["forwards"]), **extra})
+    if seen != expected:
+        from backend.store import catalog
+
+        rd.fail(f"{engine} ran {seen} tokens through the hooks, the prompts hold {expected}{hint}")
+        catalog.refresh(root)
+        raise SpecLensError(f"capture {rd.run_id}: token count mismatch inside {engine} ({seen} != {expected})")
+
+
 def predicted_aux(drafter: str, info: SimpleNamespace, engine: str) -> dict:
     """What SpecLens expects the engine to feed, from the drafter config and the conventions table; also the
     one-line checks (hidden size, vocab) before any GPU time is spent."""

@@ -324,20 +324,16 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
     from tqdm import tqdm
 
     from backend import capture as cap
-    from backend.engines.serving import target_info
+    from backend.engines.serving import check_hook_tokens, rebuild_capture, target_info
     from backend.engines.sglang_hooks import hook_specs
-    from backend.engines.vllm import _rebuild
-    from backend.prompts import encode, load_prompts
+    from backend.prompts import encode_all, load_prompts
     from backend.store import catalog
     from backend.store.rundir import new_run_id
 
     version = require()
     prompts = load_prompts(settings.prompts, settings.limit)
     info = target_info(settings.model)
-    seqs = [encode(info.tokenizer, p.text, settings.chat_template, settings.max_prompt_tokens) for p in prompts]
-    if any(len(x) == 0 for x in seqs):
-        bad = next(p for p, x in zip(prompts, seqs) if not x)
-        raise SpecLensError(f"{settings.prompts}: prompt {bad.id} encodes to zero tokens; remove or fix it")
+    seqs = encode_all(info.tokenizer, prompts, settings.prompts, settings.chat_template, settings.max_prompt_tokens)
     labels = coords.labels(cap._boundaries(settings.boundaries, info.n_layers))
     run_id = new_run_id("capture", name)
     rd, start, state, sample_t = cap._open_or_resume(run_id, settings, info, labels, root, len(prompts),
@@ -376,14 +372,9 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
         if server is not None:
             server.stop()
         shutil.rmtree(hook_dir, ignore_errors=True)
-    stats, sample = _rebuild(res, info.hidden_size, settings)
+    stats, sample = rebuild_capture(res, info.hidden_size, settings.sample_tokens, settings.sample_per_prompt)
     expected = sum(len(x) for x in seqs)
-    rd.update(engine_check={"tokens_expected": expected, "tokens_seen_by_hooks": int(res["tokens_seen"]),
-                            "forward_passes": int(res["forwards"]), "layers_to_capture": res.get("layers_to_capture")})
-    if int(res["tokens_seen"]) != expected:
-        rd.fail(f"SGLang ran {res['tokens_seen']} tokens through the hooks, the prompts hold {expected}")
-        catalog.refresh(root)
-        raise SpecLensError(f"capture {run_id}: token count mismatch inside SGLang ({res['tokens_seen']} != {expected})")
+    check_hook_tokens(rd, res, expected, "SGLang", root, layers_to_capture=res.get("layers_to_capture"))
     return cap._finish(rd, stats, sample, labels, expected, len(seqs), time.perf_counter() - t0, root)
 
 

@@ -27,7 +27,6 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 from backend import coords, metrics
 from backend.engines.serving import Generation
@@ -370,40 +369,24 @@ def collect(llm) -> dict:
     return llm.collective_rpc("speclens_collect")[0]
 
 
-def _target_info(model: str, device: str = "cuda") -> SimpleNamespace:
-    from transformers import AutoConfig
-
-    try:
-        cfg = AutoConfig.from_pretrained(model)
-    except Exception as e:
-        raise SpecLensError(f"{model}: not a model directory transformers can read ({short_error(e)})") from None
-    text = getattr(cfg, "text_config", None) or cfg
-    return SimpleNamespace(config=cfg, n_layers=int(text.num_hidden_layers), hidden_size=int(text.hidden_size),
-                           device=device)
-
-
 def run_capture(settings, name: str | None = None, root: Path | None = None, progress: bool = True,
                 opts: EngineOptions | None = None):
     """`capture --engine vllm`: the same run directory as the HF engine's, boundaries read inside vLLM."""
     import sys
 
     from tqdm import tqdm
-    from transformers import AutoTokenizer
 
     from backend import capture as cap
-    from backend.prompts import encode, load_prompts
+    from backend.engines.serving import check_hook_tokens, rebuild_capture, target_info
+    from backend.prompts import encode_all, load_prompts
     from backend.store import catalog
     from backend.store.rundir import new_run_id
 
     version = require()
     opts = opts or EngineOptions()
     prompts = load_prompts(settings.prompts, settings.limit)
-    info = _target_info(settings.model)
-    tok = AutoTokenizer.from_pretrained(settings.model)
-    seqs = [encode(tok, p.text, settings.chat_template, settings.max_prompt_tokens) for p in prompts]
-    if any(len(x) == 0 for x in seqs):
-        bad = next(p for p, x in zip(prompts, seqs) if not x)
-        raise SpecLensError(f"{settings.prompts}: prompt {bad.id} encodes to zero tokens; remove or fix it")
+    info = target_info(settings.model)
+    seqs = encode_all(info.tokenizer, prompts, settings.prompts, settings.chat_template, settings.max_prompt_tokens)
     labels = coords.labels(cap._boundaries(settings.boundaries, info.n_layers))
     run_id = new_run_id("capture", name)
     rd, start, state, sample_t = cap._open_or_resume(run_id, settings, info, labels, root, len(prompts),
@@ -422,7 +405,8 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
             done = min(len(seqs), i + chunk)
             bar.update(done - i)
             if done < len(seqs):
-                stats, sample = _rebuild(collect(llm), info.hidden_size, settings)
+                stats, sample = rebuild_capture(collect(llm), info.hidden_size, settings.sample_tokens,
+                                                settings.sample_per_prompt)
                 cap._checkpoint(rd, stats, sample, done, len(seqs))
         bar.close()
         res = collect(llm)
@@ -441,29 +425,11 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
     finally:
         if llm is not None:
             shutdown(llm)
-    stats, sample = _rebuild(res, info.hidden_size, settings)
-    expected = sum(len(x) for x in seqs[start:])
-    rd.update(engine_check={"tokens_expected": expected, "tokens_seen_by_hooks": int(res["tokens_seen"]),
-                            "forward_passes": int(res["forwards"])})
-    if int(res["tokens_seen"]) != expected:
-        rd.fail(f"vLLM ran {res['tokens_seen']} tokens through the hooks, the prompts hold {expected} (prefix caching "
-                "or padding on?); the statistics would not be the prompts'")
-        catalog.refresh(root)
-        raise SpecLensError(f"capture {run_id}: token count mismatch inside vLLM ({res['tokens_seen']} != {expected})")
+    stats, sample = rebuild_capture(res, info.hidden_size, settings.sample_tokens, settings.sample_per_prompt)
+    check_hook_tokens(rd, res, sum(len(x) for x in seqs[start:]), "vLLM", root,
+                      hint=" (prefix caching or padding on?); the statistics would not be the prompts'")
     return cap._finish(rd, stats, sample, labels, sum(len(x) for x in seqs), len(seqs),
                        time.perf_counter() - t0, root)
-
-
-def _rebuild(res: dict, hidden: int, settings):
-    import torch
-
-    from backend.stats import StatsState, StreamingStats, TokenSample
-
-    stats = StreamingStats(res["labels"], hidden, "cpu", StatsState.from_tensors(res["state"], "cpu"), compile=False)
-    dt = res["sample"][res["labels"][0]].dtype if res["labels"] else torch.float32
-    sample = TokenSample(res["labels"], hidden, settings.sample_tokens, settings.sample_per_prompt, dtype=dt)
-    sample.load(res["sample"])
-    return stats, sample
 
 
 def run_extract(settings, ids: list[int], name: str | None = None, root: Path | None = None,
@@ -476,21 +442,19 @@ def run_extract(settings, ids: list[int], name: str | None = None, root: Path | 
     import shutil
     import tempfile
 
-    from transformers import AutoTokenizer
-
+    from backend.engines.serving import target_info
     from backend.importers import import_capture
-    from backend.prompts import encode, load_prompts
+    from backend.prompts import encode_all, load_prompts
 
     require()
     opts = opts or EngineOptions()
     prompts = load_prompts(settings.prompts, settings.limit)
-    info = _target_info(settings.model)
+    info = target_info(settings.model)
     for i in ids:
         if not 0 <= int(i) <= info.n_layers:
             raise SpecLensError(f"--extract-ids {i}: vLLM captures ids 0..{info.n_layers} on this {info.n_layers}-layer "
                                 "target (0 = embeddings, N = last layer output)")
-    tok = AutoTokenizer.from_pretrained(settings.model)
-    seqs = [encode(tok, p.text, settings.chat_template, settings.max_prompt_tokens) for p in prompts]
+    seqs = encode_all(info.tokenizer, prompts, settings.prompts, settings.chat_template, settings.max_prompt_tokens)
     shm = Path("/dev/shm")
     tmp = Path(tempfile.mkdtemp(prefix="speclens-vllm-extract-", dir=str(shm) if shm.is_dir() else None))
     llm = None
