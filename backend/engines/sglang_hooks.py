@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from backend import coords
-from backend.engines.vllm_worker import _layer_out
+from backend.engines.vllm_worker import _layer_out, plan_sample, stage_rows
 from backend.stats import StreamingStats, TokenSample
 
 _REDUCERS: dict[str, "ServerReducer"] = {}
@@ -134,26 +134,15 @@ class ServerReducer:
         self._take, self._segs = None, []
         if positions is None or not torch.is_tensor(positions) or self._ids is None:
             return
-        pos, ids = positions.reshape(-1).cpu(), self._ids
-        if pos.numel() != ids.numel():
+        pos = positions.reshape(-1).cpu()
+        if pos.numel() != self._ids.numel():
             return
-        starts = [0] + [j for j in range(1, len(pos)) if int(pos[j]) != int(pos[j - 1]) + 1]
-        ends = starts[1:] + [len(pos)]
-        take, room = [], self.sample.capacity - self.sample.n
-        for s, e in zip(starts, ends):
-            if int(pos[s]) != 0 or room <= 0:
-                continue
-            k = min(e - s, self.sample.per_seq, room)
-            take.append(torch.arange(s, s + k))
-            self._segs.append((ids[s:s + k], k))
-            room -= k
-        if take:
-            self._take = torch.cat(take).to(positions.device)
+        take, self._segs = plan_sample(pos, self._ids, self.sample)
+        if take is not None:
+            self._take = take.to(positions.device)
 
     def _stage(self, k: int, x: torch.Tensor) -> None:
-        rows = x.reshape(-1, x.shape[-1]).index_select(0, self._take)
-        n = self.sample.n
-        self.sample.data[k, n:n + rows.shape[0]].copy_(rows, non_blocking=self.sample.pinned)
+        stage_rows(self.sample, k, x, self._take)
 
     _ids: torch.Tensor | None = None
 

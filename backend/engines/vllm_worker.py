@@ -57,6 +57,32 @@ def _layer_out(out) -> torch.Tensor:
     return out
 
 
+def plan_sample(pos: torch.Tensor, ids: torch.Tensor, sample: TokenSample) -> tuple[torch.Tensor | None, list]:
+    """Which rows of a flat batch go to the sample: the first tokens of each sequence that starts in it
+    (position 0; a continuing chunk of a longer prompt starts at a later position and is left out), at most
+    `per_seq` per sequence, while the sample has room. pos, ids: [T] on the CPU. Returns (row indices or None,
+    [(token ids, k)] to commit per sequence, in order)."""
+    if pos.numel() == 0:
+        return None, []
+    starts = [0] + (torch.nonzero(pos[1:] != pos[:-1] + 1).flatten() + 1).tolist()
+    ends = starts[1:] + [len(pos)]
+    take, segs, room = [], [], sample.capacity - sample.n
+    for s, e in zip(starts, ends):
+        if int(pos[s]) != 0 or room <= 0:
+            continue
+        k = min(e - s, sample.per_seq, room)
+        take.append(torch.arange(s, s + k))
+        segs.append((ids[s:s + k], k))
+        room -= k
+    return (torch.cat(take) if take else None), segs
+
+
+def stage_rows(sample: TokenSample, k: int, x: torch.Tensor, take: torch.Tensor) -> None:
+    """Copy rows `take` of boundary k's [.., H] into the sample's next free slots (asynchronous from a GPU)."""
+    rows = x.reshape(-1, x.shape[-1]).index_select(0, take)
+    sample.data[k, sample.n:sample.n + rows.shape[0]].copy_(rows, non_blocking=sample.pinned)
+
+
 class BoundaryReducer:
     """Hooks on one model that feed StreamingStats (every token) and a TokenSample (bounded)."""
 
@@ -113,19 +139,10 @@ class BoundaryReducer:
         self._take, self._segs = None, []
         if ids is None or pos is None or self.sample.n >= self.sample.capacity:
             return
-        pos_c, ids_c = pos.reshape(-1).cpu(), ids.reshape(-1).cpu()   # a sync only while the sample has room
-        starts = [0] + [i for i in range(1, len(pos_c)) if int(pos_c[i]) != int(pos_c[i - 1]) + 1]
-        ends = starts[1:] + [len(pos_c)]
-        take, room_left = [], self.sample.capacity - self.sample.n
-        for s, e in zip(starts, ends):
-            if int(pos_c[s]) != 0 or room_left <= 0:
-                continue
-            k = min(e - s, self.sample.per_seq, room_left)
-            take.append(torch.arange(s, s + k))
-            self._segs.append((ids_c[s:s + k], k))
-            room_left -= k
-        if take:
-            self._take = torch.cat(take).to(self.device, non_blocking=True)
+        # a host sync, only while the sample has room
+        take, self._segs = plan_sample(pos.reshape(-1).cpu(), ids.reshape(-1).cpu(), self.sample)
+        if take is not None:
+            self._take = take.to(self.device, non_blocking=True)
 
     def _end(self, module, args, out):
         for ids, k in self._segs:
@@ -136,8 +153,7 @@ class BoundaryReducer:
         x = x.reshape(-1, x.shape[-1])
         self.stats.update(k, x)
         if self._take is not None:
-            rows = x.index_select(0, self._take)
-            self.sample.data[k, self.sample.n:self.sample.n + rows.shape[0]].copy_(rows, non_blocking=self.sample.pinned)
+            stage_rows(self.sample, k, x, self._take)
 
     def _post(self, k: int):
         def hook(module, args, out):
