@@ -209,3 +209,17 @@ def test_chat_answers_quote_the_prompt_and_end_in_eos():
     chat = [d for d in corpus.docs if d.chat]
     assert chat and corpus.docs[: len(chat)] == chat               # chat documents first, then plain text
     assert {d.source for d in chat} == {"spec_bench", "echo"} and all(d.text.endswith("<|end|>\n<|eos|>") for d in chat)
+
+
+def test_stdlib_source_is_opt_in_chunked_code():
+    from backend.toy.corpus import EXTRA_SOURCES, SOURCES, build_corpus, stdlib_source_docs
+
+    assert "stdlib_source" in EXTRA_SOURCES and "stdlib_source" not in SOURCES
+    docs = stdlib_source_docs(max_chars=50_000)
+    assert docs and all(d.source == "stdlib_source" for d in docs)
+    assert sum(len(d.text) for d in docs) >= 50_000 and any("def " in d.text for d in docs)
+    assert all(len(d.text) >= 200 for d in docs)
+    c = build_corpus(20_000, ("spec_bench", "stdlib_source"), echo=5)
+    assert c.chars.get("stdlib_source", 0) > 0 and sum(d.source == "echo" for d in c.docs) == 5
+    with pytest.raises(ValueError, match="unknown corpus sources"):
+        build_corpus(1000, ("no_such_source",))

@@ -10,6 +10,7 @@ Sources, in this order (each is skipped quietly when absent on a machine):
 | `pydoc_topics`      | `pydoc_data.topics`: the Python language reference, shipped with Python       |
 | `stdlib_docstrings` | module/class/function docstrings of the stdlib, read with `ast` (no imports)  |
 | `debian_docs`       | `/usr/share/common-licenses/*` and `/usr/share/doc/*/README*`                |
+| `stdlib_source`     | the stdlib's own source code, in chunks cut at blank lines (opt-in: big)      |
 
 Why quoting answers: a small model's free answers to unseen prompts are high-entropy, so no drafter
 can predict them (measured: tau 1.3-1.4 at K=4 on held-out prompts with reference-style answers). An
@@ -39,7 +40,8 @@ from backend.config import REPO_ROOT
 
 SPEC_BENCH = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
 HOLDOUT_EVERY = 4
-SOURCES = ("spec_bench", "pydoc_topics", "stdlib_docstrings", "debian_docs")   # what build_corpus may read
+SOURCES = ("spec_bench", "pydoc_topics", "stdlib_docstrings", "debian_docs")   # the default corpus
+EXTRA_SOURCES = ("stdlib_source",)        # opt-in (--sources): several times the default corpus
 CHAT_SOURCES = ("spec_bench", "echo")     # documents in chat form (training windows start at their start)
 EOS = "<|eos|>"
 ANSWER_WORDS = 100
@@ -195,6 +197,38 @@ def stdlib_docstring_docs(max_chars: int | None = None, min_len: int = 60) -> li
     return _capped(docs, max_chars)
 
 
+def stdlib_source_docs(max_chars: int | None = None, chunk_chars: int = 2400) -> list[Doc]:
+    """The stdlib's source files (sorted, same skips as the docstrings), cut at blank lines into chunks
+    of about `chunk_chars` characters: plenty of text with long-range repeats (names, signatures)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    docs, total = [], 0
+    if not root.is_dir():
+        return docs
+    for p in sorted(root.rglob("*.py")):
+        rel = p.relative_to(root).parts
+        if any(part in _SKIP_DIRS or part.startswith("config-") for part in rel):
+            continue
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        chunk: list[str] = []
+        size = 0
+        for block in re.split(r"\n\s*\n", text):
+            chunk.append(block)
+            size += len(block) + 2
+            if size >= chunk_chars:
+                docs.append(Doc("stdlib_source", "\n\n".join(chunk).strip()))
+                total += size
+                chunk, size = [], 0
+        if chunk and size >= 200:
+            docs.append(Doc("stdlib_source", "\n\n".join(chunk).strip()))
+            total += size
+        if max_chars is not None and total >= max_chars:
+            break
+    return _capped(docs, max_chars)
+
+
 def debian_docs(max_chars: int | None = None, roots: tuple[str, ...] = ("/usr/share/common-licenses", "/usr/share/doc")) -> list[Doc]:
     """License texts and package READMEs, deduplicated by content, in sorted path order."""
     files: list[Path] = []
@@ -236,13 +270,14 @@ def build_corpus(max_offline_chars: int | None = None, sources: tuple[str, ...] 
     """The training corpus: chat documents first (Spec-Bench training turns, then `echo` offline
     documents as chat), then plain text (references, offline sources, each capped at
     `max_offline_chars` characters; None: everything found)."""
-    unknown = set(sources) - set(SOURCES)
+    unknown = set(sources) - set(SOURCES) - set(EXTRA_SOURCES)
     if unknown:
-        raise ValueError(f"unknown corpus sources {sorted(unknown)}; use some of {SOURCES}")
+        raise ValueError(f"unknown corpus sources {sorted(unknown)}; use some of {SOURCES + EXTRA_SOURCES}")
     train, _ = split_rows(path)
     makers = {"pydoc_topics": lambda: pydoc_topic_docs(max_offline_chars),
               "stdlib_docstrings": lambda: stdlib_docstring_docs(max_offline_chars),
-              "debian_docs": lambda: debian_docs(max_offline_chars)}
+              "debian_docs": lambda: debian_docs(max_offline_chars),
+              "stdlib_source": lambda: stdlib_source_docs(max_offline_chars)}
     plain: list[Doc] = reference_docs(train) if "spec_bench" in sources else []
     for s in sources:
         if s in makers:

@@ -264,10 +264,17 @@ def main(argv: list[str] | None = None) -> None:
                    help="stop training phases early so the whole run stays near this many minutes")
     p.add_argument("--reuse-target", action="store_true", help="keep OUT/target, retrain only the drafters")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy CPU)")
+    p.add_argument("--sources", default=None,
+                   help="comma-separated corpus sources (backend/toy/corpus.py), e.g. add stdlib_source for more text")
+    p.add_argument("--echo-docs", type=int, default=None, help="offline documents also used as quoting chat")
     a = p.parse_args(argv)
     cfg = tiny_config() if a.tiny else quick_config() if a.quick else full_config()
     if a.threads:
         cfg = replace(cfg, threads=a.threads)
+    if a.sources:
+        cfg = replace(cfg, target=replace(cfg.target, sources=tuple(s.strip() for s in a.sources.split(",") if s.strip())))
+    if a.echo_docs is not None:
+        cfg = replace(cfg, target=replace(cfg.target, echo_docs=a.echo_docs))
     cmd = "python -m backend.toy.pair " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
     build_toy_pair(a.out, a.device, a.steps_target, a.steps_drafter, a.seed, cfg, a.budget_minutes, command=cmd,
                    reuse_target=a.reuse_target)
