@@ -1,6 +1,6 @@
 """Train a few toy-pair variants side by side on one GPU and keep the one that tells the story best.
 
-    python gpu/toy_sweep.py --work /tmp/toy-sweep --out DIR [--budget-minutes 9] [--only A,B]
+    python gpu/toy_sweep.py --work /tmp/toy-sweep --out DIR [--budget-minutes 10] [--only A,B]
 
 Each variant is one `python -m backend.toy.pair` process (logs in WORK/NAME.log); they share the GPU.
 The pick: among variants whose matched drafter reaches held-out tau >= --min-tau (K=4, greedy,
@@ -25,7 +25,7 @@ CODE = "spec_bench,pydoc_topics,stdlib_docstrings,debian_docs,stdlib_source"
 VARIANTS = {   # name: extra arguments of backend.toy.pair
     "A": ["--steps-target", "1500"],
     "B": ["--steps-target", "1500", "--sources", CODE, "--echo-docs", "8000"],
-    "C": ["--steps-target", "2500", "--sources", CODE, "--echo-docs", "8000"],
+    "C": ["--steps-target", "3000", "--sources", CODE, "--echo-docs", "8000"],
 }
 
 
@@ -56,11 +56,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", type=Path, default=Path("/tmp/toy-sweep"))
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--budget-minutes", type=float, default=9.0)
+    p.add_argument("--budget-minutes", type=float, default=10.0)
     p.add_argument("--steps-drafter", type=int, default=2000)
     p.add_argument("--min-tau", type=float, default=2.2)
     p.add_argument("--only", default=None, help="comma-separated variant names")
-    p.add_argument("--threads", type=int, default=4)
+    p.add_argument("--threads", type=int, default=3)
     p.add_argument("--device", default="cuda")
     p.add_argument("--tiny", action="store_true", help="seconds-long variants (to try the sweep on a CPU)")
     a = p.parse_args()
