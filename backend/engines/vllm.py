@@ -339,6 +339,7 @@ def make_engine(s, drafter: str | None, eos: list[int]):
         return ServerEngine(s.server_url, num_spec_tokens=s.num_spec_tokens if drafter else 0, eos=eos,
                             server_log=(s.engine_options or {}).get("server_log"))
     extra = dict(s.engine_options or {})
+    extra.pop("server_log", None)                 # a ServerEngine option, never a vllm.LLM keyword
     opts = EngineOptions(tensor_parallel_size=s.tensor_parallel_size,
                          gpu_memory_utilization=float(extra.pop("gpu_memory_utilization", 0.3)),
                          max_model_len=extra.pop("max_model_len", None),
@@ -359,9 +360,25 @@ def prefill(llm, seqs: list[list[int]]) -> float:
     return time.perf_counter() - t0
 
 
+def _tensors_to_bytes(d: dict | None) -> bytes | None:
+    """collective_rpc's request side (msgpack) turns a tensor inside `args` into a bare [dtype, shape, data] list
+    in the worker (only results are decoded with type info, vllm/v1/serial_utils.py), so resume state travels as
+    torch.save bytes (vllm_worker.SpecLensWorker.speclens_install loads them)."""
+    if d is None:
+        return None
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({k: v.detach().cpu().contiguous() for k, v in d.items()}, buf)
+    return buf.getvalue()
+
+
 def install(llm, labels: list[str], sample_tokens: int = 4096, sample_per_prompt: int = 512,
             state: dict | None = None, sample: dict | None = None) -> None:
-    llm.collective_rpc("speclens_install", args=(labels, sample_tokens, sample_per_prompt, state, sample))
+    llm.collective_rpc("speclens_install", args=(list(labels), int(sample_tokens), int(sample_per_prompt),
+                                                 _tensors_to_bytes(state), _tensors_to_bytes(sample)))
 
 
 def collect(llm) -> dict:
@@ -457,6 +474,18 @@ def run_extract(settings, ids: list[int], name: str | None = None, root: Path | 
     seqs = encode_all(info.tokenizer, prompts, settings.prompts, settings.chat_template, settings.max_prompt_tokens)
     shm = Path("/dev/shm")
     tmp = Path(tempfile.mkdtemp(prefix="speclens-vllm-extract-", dir=str(shm) if shm.is_dir() else None))
+    try:
+        _extract_files(settings, opts, ids, seqs, tmp, progress)
+        return import_capture(tmp, "vllm-extract", producer_ids=sorted(int(i) for i in ids), num_layers=info.n_layers,
+                              name=name, model=settings.model, root=root, progress=progress)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _extract_files(settings, opts: EngineOptions, ids: list[int], seqs: list[list[int]], tmp: Path,
+                   progress: bool) -> None:
+    """One `hs_{i}.safetensors` per prompt in `tmp`, written by vLLM's ExampleHiddenStatesConnector
+    (`hidden_states [T, len(ids), H]` in ascending id order, `token_ids [T]`)."""
     llm = None
     try:
         from vllm import SamplingParams
@@ -470,13 +499,8 @@ def run_extract(settings, ids: list[int], name: str | None = None, root: Path | 
             path = (o.kv_transfer_params or {}).get("hidden_states_path")
             if not path:
                 raise SpecLensError("vLLM returned no hidden_states_path; is the ExampleHiddenStatesConnector loaded?")
-            load_hidden_states(path)                  # waits for the connector's asynchronous write
+            load_hidden_states(path)                  # waits for the connector's asynchronous write (flock)
             os.replace(path, tmp / f"hs_{i}.safetensors")
     finally:
         if llm is not None:
             shutdown(llm)
-    try:
-        return import_capture(tmp, "vllm-extract", producer_ids=sorted(int(i) for i in ids), num_layers=info.n_layers,
-                              name=name, model=settings.model, root=root, progress=progress)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -10,6 +10,13 @@ residual add fused into the next norm):
   S_0      input of decoder layer 0 (the embeddings; residual is None there)
   S_{b+1}  `hidden + residual` of decoder layer b's output (what vLLM's own aux capture adds up)
   F        first output of the final norm (`norm(hidden, residual)` returns `(normed, residual_sum)`)
+Each boundary value is computed inside the hook (`hidden + residual` is a new tensor), before the next layer's
+fused add-norm overwrites `hidden` and `residual` in place (vLLM's `fused_add_rms_norm` is in-place).
+
+Forward passes are bracketed (token count, sample plan) by hooks on the inner decoder stack for HF, but on the
+outer `*ForCausalLM` for vLLM: vLLM 0.24's `@support_torch_compile` replaces the inner stack's `__call__` with one
+that calls `forward` directly (vllm/compilation/decorators.py), so hooks on `LlamaModel` itself never fire; hooks
+on its layers and final norm do (`entry_module`).
 
 Memory: one StatsState (boundaries x 4 x hidden floats) plus the bounded raw sample; never per token.
 The sample keeps the first tokens of sequences that start (position 0) inside a forward pass, with their
@@ -39,6 +46,25 @@ def decoder_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Mod
     if not isinstance(layers, torch.nn.ModuleList):
         raise RuntimeError(f"no decoder layer list found in {type(model).__name__}")
     return inner, layers, getattr(inner, "norm", None)
+
+
+def bypasses_module_hooks(m: torch.nn.Module) -> bool:
+    """True for a module whose class replaces `nn.Module.__call__` with one that calls `forward` directly, so
+    hooks registered on the module itself never fire. vLLM 0.24's `@support_torch_compile` does this to the
+    inner decoder stack (e.g. `LlamaModel`, vllm/compilation/decorators.py: `cls.__call__ = __call__`, which in
+    eager mode returns `self.forward(*args, **kwargs)`); hooks on its children (layers, norm) still fire."""
+    call = getattr(type(m), "__call__", None)
+    return hasattr(m, "do_not_compile") or "_support_torch_compile" in getattr(call, "__qualname__", "")
+
+
+def entry_module(model: torch.nn.Module, inner: torch.nn.Module) -> torch.nn.Module | None:
+    """The module whose pre-/post-forward hooks bracket every forward pass of the decoder stack: the inner stack
+    (HF calls it directly) unless vLLM's compile decorator bypasses its hooks, then the outer *ForCausalLM (which
+    vLLM's model runners call with input_ids=, positions= keywords); None if both bypass hooks."""
+    for m in (inner, model):
+        if not bypasses_module_hooks(m):
+            return m
+    return None
 
 
 def aux_layers_of(model: torch.nn.Module) -> list[int] | None:
@@ -106,13 +132,23 @@ class BoundaryReducer:
         self.forwards = 0
         self._take: torch.Tensor | None = None   # rows of this forward that go to the sample
         self._segs: list[tuple[torch.Tensor, int]] = []
+        self._pending_ids: torch.Tensor | None = None
         self._handles = []
         self._install(model)
 
     # -------------------------------------------------------------- hooks
     def _install(self, model: torch.nn.Module) -> None:
-        self._handles.append(self.inner.register_forward_pre_hook(self._begin, with_kwargs=True))
-        self._handles.append(self.inner.register_forward_hook(self._end))
+        entry = entry_module(model, self.inner)
+        if entry is not None:
+            self._handles.append(entry.register_forward_pre_hook(self._begin, with_kwargs=True))
+            self._handles.append(entry.register_forward_hook(self._end))
+        else:
+            # fallback: token ids from the embedding's input, positions from decoder layer 0's first argument
+            # (vLLM: layer(positions, hidden_states, residual)); registered before any boundary hook on layer 0
+            embed = getattr(self.inner, "embed_tokens", None)
+            if isinstance(embed, torch.nn.Module):
+                self._handles.append(embed.register_forward_pre_hook(self._embed_ids))
+            self._handles.append(self.layers[0].register_forward_pre_hook(self._begin_layer0, with_kwargs=True))
         for k, b in enumerate(self.bounds):
             if b.final:
                 if self.norm is None:
@@ -129,22 +165,54 @@ class BoundaryReducer:
         self._handles = []
 
     def _begin(self, module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        pos = kwargs.get("positions", kwargs.get("position_ids", args[1] if len(args) > 1 else None))
+        ids = kwargs["input_ids"] if "input_ids" in kwargs else (args[0] if args else None)
+        pos = kwargs.get("positions")
+        if pos is None:
+            pos = kwargs.get("position_ids")
+        if pos is None and len(args) > 1 and isinstance(args[1], torch.Tensor):
+            pos = args[1]
+        embeds = kwargs.get("inputs_embeds")
+        self._start(ids, pos, embeds)
+
+    def _embed_ids(self, module, args):
+        self._pending_ids = args[0] if args and isinstance(args[0], torch.Tensor) else None
+
+    def _begin_layer0(self, module, args, kwargs):
+        pos = kwargs.get("positions", args[0] if args and isinstance(args[0], torch.Tensor)
+                         and not args[0].is_floating_point() else None)
+        floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        h = kwargs.get("hidden_states", floats[0] if floats else None)
+        ids, self._pending_ids = getattr(self, "_pending_ids", None), None
+        self._start(ids, pos, h)
+
+    def _start(self, ids, pos, embeds=None):
+        self._flush()                            # a forward whose end hook did not fire (fallback path)
+        if not isinstance(ids, torch.Tensor):
+            ids = None
+        if not isinstance(pos, torch.Tensor):
+            pos = None
         if ids is not None and pos is None:      # HF called without position ids: one sequence from 0
             pos = torch.arange(ids.shape[-1], device=ids.device)
         self.forwards += 1
         if ids is not None:
             self.tokens += int(ids.numel())
+        elif isinstance(embeds, torch.Tensor):   # prompt embeddings instead of ids: count their rows
+            self.tokens += int(embeds.reshape(-1, embeds.shape[-1]).shape[0])
         self._take, self._segs = None, []
         if ids is None or pos is None or self.sample.n >= self.sample.capacity:
             return
+        if pos.dim() > 1 and pos.shape[0] != ids.reshape(-1).shape[0]:
+            pos = pos[0]                          # M-RoPE [3, T]: the first row is the text position
         # a host sync, only while the sample has room
         take, self._segs = plan_sample(pos.reshape(-1).cpu(), ids.reshape(-1).cpu(), self.sample)
         if take is not None:
             self._take = take.to(self.device, non_blocking=True)
 
     def _end(self, module, args, out):
+        self._flush()
+
+    def _flush(self) -> None:
+        """Commit this forward's staged sample rows (their token ids, context hashes, positions)."""
         for ids, k in self._segs:
             self.sample.commit(ids, k)
         self._take, self._segs = None, []
@@ -172,11 +240,19 @@ class BoundaryReducer:
 
     # -------------------------------------------------------------- results
     def collect(self) -> dict:
+        self._flush()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return {"labels": self.labels, "state": {k: v.detach().cpu() for k, v in self.stats.state.tensors().items()},
                 "sample": {k: v.clone() for k, v in self.sample.tensors().items()},
                 "tokens_seen": self.tokens, "forwards": self.forwards}
+
+
+def _tensors(d: dict | bytes | None) -> dict | None:
+    if isinstance(d, (bytes, bytearray, memoryview)):
+        import io
+        return torch.load(io.BytesIO(bytes(d)), map_location="cpu", weights_only=True)
+    return d or None
 
 
 class SpecLensWorker:
@@ -188,16 +264,22 @@ class SpecLensWorker:
         return getattr(m, "module", m)
 
     def speclens_install(self, labels: list[str], sample_tokens: int = 4096, sample_per_prompt: int = 512,
-                         state: dict | None = None, sample: dict | None = None) -> int:
+                         state: dict | bytes | None = None, sample: dict | bytes | None = None) -> int:
+        """state / sample (resume): dicts of tensors, or their torch.save bytes (what backend.engines.vllm.install
+        sends, since collective_rpc does not rebuild tensors inside its arguments)."""
         old = getattr(self, "_speclens", None)
         if old is not None:
             old.remove()
-        self._speclens = BoundaryReducer(self._speclens_model(), labels, sample_tokens, sample_per_prompt,
-                                         state, sample)
+        self._speclens = None
+        self._speclens = BoundaryReducer(self._speclens_model(), list(labels), int(sample_tokens),
+                                         int(sample_per_prompt), _tensors(state), _tensors(sample))
         return len(self._speclens.layers)
 
     def speclens_collect(self) -> dict:
-        return self._speclens.collect()
+        r = getattr(self, "_speclens", None)
+        if r is None:
+            raise RuntimeError("speclens_collect before speclens_install: no SpecLens hooks in this worker")
+        return r.collect()
 
     def speclens_remove(self) -> None:
         r = getattr(self, "_speclens", None)
