@@ -155,7 +155,7 @@ def from_sglang(metas: Sequence[Mapping[str, object]], k: int | None = None) -> 
 class RequestTiming:
     output_tokens: int
     seconds: float           # first forward started -> last token out
-    ttft: float              # first forward started -> first output token
+    ttft: float | None       # first forward started -> first output token (None: the engine does not say)
 
     @property
     def tokens_per_s(self) -> float:
@@ -163,8 +163,10 @@ class RequestTiming:
 
     @property
     def tpot(self) -> float | None:
-        """Time per output token after the first: (seconds - ttft) / (tokens - 1)."""
-        return (self.seconds - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else None
+        """Time per output token after the first: (seconds - ttft) / (tokens - 1); None without a ttft."""
+        if self.output_tokens <= 1 or self.ttft is None:
+            return None
+        return (self.seconds - self.ttft) / (self.output_tokens - 1)
 
 
 def throughput(output_tokens: int, seconds: float) -> float:

@@ -5,8 +5,12 @@ in its own process group and torn down with it (SIGTERM, then SIGKILL), or a run
 The hooks that run inside it live in backend/engines/sglang_hooks.py.
 
 - capture: a server with `--forward-hooks` (capture factory), `--disable-cuda-graph --disable-radix-cache
-  --skip-tokenizer-init`; prompts go in as token ids with max_new_tokens=1; a reset before and a collect after
-  (files dropped into the hook directory, each carried out by a one-token trigger request that is left out).
+  --disable-overlap-schedule --skip-tokenizer-init`; prompts go in as token ids with max_new_tokens=1; a reset
+  before and a collect after (files dropped into the hook directory, each carried out by a one-token trigger
+  request that is left out). The overlap scheduler must be off: with it, SGLang 0.5.15 launches one more decode
+  step for a request before it processes the prefill's result (scheduler.py event_loop_overlap; the step's
+  output is dropped in batch_result_processor.process_batch_result_decode), so every max_new_tokens=1 request
+  would put one extra token through the hooks.
 - bench: one `/generate` request at a time with token ids; acceptance from each response's `meta_info`
   (tau = 1 + spec_num_correct_drafts / spec_verify_ct, REFERENCE section 5; SGLang's own spec_accept_length
   kept raw), per-step accepted lengths from `spec_correct_drafts_histogram`; chains by default
@@ -38,6 +42,8 @@ from backend.errors import SpecLensError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _LIVE: list["Server"] = []
+START_TIMEOUT_ENV = "SPECLENS_SGLANG_START_TIMEOUT"     # seconds a server may take to become healthy (default 600)
+LOG_DIR_ENV = "SPECLENS_SGLANG_LOG_DIR"                 # where servers started without an explicit log write theirs
 
 
 def require() -> str:
@@ -105,7 +111,7 @@ class ServerSpec:
              "--port", str(port), "--tp-size", str(self.tp), "--dtype", self.dtype, "--mem-fraction-static",
              str(self.mem_fraction), "--skip-tokenizer-init", "--sampling-backend", "pytorch"]
         if self.capture:
-            a += ["--disable-cuda-graph", "--disable-radix-cache"]
+            a += ["--disable-cuda-graph", "--disable-radix-cache", "--disable-overlap-schedule"]
         if self.drafter:
             extra = self.extra or {}
             topk = int(extra.get("speculative-eagle-topk", 1))
@@ -116,29 +122,42 @@ class ServerSpec:
         if self.hooks:
             a += ["--forward-hooks", json.dumps(self.hooks)]
         for k, v in (self.extra or {}).items():
-            if k in ("speculative-eagle-topk", "speculative-num-draft-tokens"):
+            if k in ("speculative-eagle-topk", "speculative-num-draft-tokens") or v is None or v is False:
                 continue
-            a += [f"--{k}"] if v is True else [f"--{k}", str(v)]
+            a += [f"--{k}"] if v is True else [f"--{k}", json.dumps(v) if isinstance(v, (dict, list)) else str(v)]
         return a
 
 
 class Server:
     """A launched SGLang server; a context manager that always tears its whole process group down."""
 
-    def __init__(self, spec: ServerSpec, log: Path | None = None, start_timeout: float = 600.0):
+    def __init__(self, spec: ServerSpec, log: Path | None = None, start_timeout: float | None = None):
         self.spec = spec
+        if start_timeout is None:
+            start_timeout = float(os.environ.get(START_TIMEOUT_ENV) or 600.0)
         port = spec.port or free_port(spec.host)
         if not port_free(spec.host, port):
             raise SpecLensError(f"port {port} on {spec.host} is in use; stop what listens there or pick another port")
         self.port, self.url = port, f"http://{spec.host}:{port}"
-        self.log = log or Path(tempfile.mkdtemp(prefix="speclens-sglang-")) / "server.log"
+        if log is None:
+            d = os.environ.get(LOG_DIR_ENV)
+            log = (Path(d) / f"server-{time.strftime('%H%M%S')}-{port}.log") if d else \
+                Path(tempfile.mkdtemp(prefix="speclens-sglang-")) / "server.log"
+        self.log = log
         self.log.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        # /health would otherwise run a one-token generation (input_ids [0]) through the model, and so through
+        # the hooks; with this off it only says whether the server is up (http_server.py health_generate).
+        env.setdefault("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "false")
         t0 = time.perf_counter()
         self._fh = open(self.log, "w")
-        self.proc = subprocess.Popen(spec.argv(port), stdout=self._fh, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(spec.argv(port), stdout=self._fh, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True)
+        except BaseException:
+            self._fh.close()
+            raise
         _LIVE.append(self)
         try:
             self._wait(start_timeout)
@@ -148,11 +167,13 @@ class Server:
         self.start_seconds = time.perf_counter() - t0
 
     def log_tail(self, n: int = 6) -> str:
-        try:
-            lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
-        except OSError:
+        return log_tail(self.log, n)
+
+    def death_note(self) -> str:
+        """' (the server exited with code C; log L: tail)' when the server process is gone, else ''."""
+        if self.proc.poll() is None:
             return ""
-        return " | ".join(ln.strip()[:200] for ln in lines[-n:])
+        return f" (the SGLang server exited with code {self.proc.returncode}; log {self.log}: {self.log_tail()})"
 
     def _wait(self, timeout: float) -> None:
         deadline = time.time() + timeout
@@ -175,7 +196,7 @@ class Server:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
                 self.proc.wait(30)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
+            except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
                 pass
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)      # children of the server (scheduler, detokenizer)
@@ -185,6 +206,13 @@ class Server:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
             pass
+        deadline = time.time() + 15                        # the scheduler holds the GPU until it is gone
+        while time.time() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.2)
         self._fh.close()
         if self in _LIVE:
             _LIVE.remove(self)
@@ -198,7 +226,19 @@ class Server:
 
 def stop_all() -> None:
     for s in list(_LIVE):
-        s.stop()
+        try:
+            s.stop()
+        except Exception:
+            pass
+
+
+def log_tail(path: Path | str, n: int = 6, sep: str = " | ") -> str:
+    """The last n non-empty lines of a server log, each cut to 200 characters."""
+    try:
+        lines = [ln for ln in Path(path).read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return sep.join(ln.strip()[:200] for ln in lines[-n:])
 
 
 import atexit  # noqa: E402
@@ -257,13 +297,24 @@ class ServerEngine:
                               mem_fraction=mem, extra=extra,
                               hooks=__import__("backend.engines.sglang_hooks", fromlist=["hook_specs"]).hook_specs(
                                   str(self.hook_dir), None, n) if drafter else None)
-            self.server = Server(spec, log=(log_dir / "server.log") if log_dir else None)
+            try:
+                self.server = Server(spec, log=(log_dir / "server.log") if log_dir else None)
+            except BaseException:
+                shutil.rmtree(self.hook_dir, ignore_errors=True)
+                raise
             self.url = self.server.url
         self.start_seconds = getattr(self.server, "start_seconds", None)
+        self._aux_ids: list[int] | None = None
+        self._aux_missing = False
 
     def generate(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> Generation:
         t0 = time.perf_counter()
-        r = generate(self.url, prompt, max_new_tokens, temperature, self.eos, seed)
+        try:
+            r = generate(self.url, prompt, max_new_tokens, temperature, self.eos, seed)
+        except SpecLensError as e:
+            if self.server is None:
+                raise
+            raise SpecLensError(str(e) + self.server.death_note()) from None
         seconds = time.perf_counter() - t0
         meta = r.get("meta_info", {})
         acc = accepted_lengths(meta, self.k) if self.k else []
@@ -271,13 +322,24 @@ class ServerEngine:
         return Generation(list(r.get("output_ids", [])), seconds, ttft, acc, meta)
 
     def aux_ids(self) -> list[int] | None:
+        """`layers_to_capture` of the running target model, written by the info hook on the first forward pass
+        (the server's own warm-up request runs before /health answers, so it is there once the server is up)."""
         if not self.k or self.hook_dir is None:
             return None
+        if self._aux_ids is not None:
+            return list(self._aux_ids)
+        if self._aux_missing:
+            return None
         f = self.hook_dir / "info.rank0.json"
-        for _ in range(20):
+        for _ in range(50):
             if f.exists():
-                return json.loads(f.read_text())["layers_to_capture"]
+                self._aux_ids = [int(v) for v in json.loads(f.read_text())["layers_to_capture"]]
+                return list(self._aux_ids)
             time.sleep(0.1)
+        self._aux_missing = True
+        err = hook_error(self.hook_dir)
+        print(f"speclens: SGLang's layers_to_capture could not be read ({err or 'the info hook never fired'}); "
+              "the run records the predicted boundaries", file=sys.stderr)
         return None
 
     def fed_boundaries(self, n_layers: int) -> list[str] | None:
@@ -299,15 +361,31 @@ def make_engine(s, drafter: str | None, eos: list[int]):
 
 # ---------------------------------------------------------------------- captures
 
+def hook_error(hook_dir: Path) -> str | None:
+    """The first error a SpecLens hook raised inside the server (sglang_hooks writes it instead of raising)."""
+    for f in sorted(Path(hook_dir).glob("error.rank*.txt")):
+        try:
+            return f.read_text(errors="replace").strip().splitlines()[-1][:500]
+        except (OSError, IndexError):
+            continue
+    return None
+
+
 def _trigger(url: str, hook_dir: Path, what: str, timeout: float = 120.0) -> None:
     (hook_dir / f"{what}.request").write_text("1")
     generate(url, [1], 1)
     deadline = time.time() + timeout
     while (hook_dir / f"{what}.request").exists():
+        err = hook_error(hook_dir)
+        if err:
+            raise SpecLensError(f"a SpecLens hook failed inside the SGLang server: {err}")
         if time.time() > deadline:
             raise SpecLensError(f"SGLang server did not run the SpecLens hooks ({hook_dir}); was it started with "
                                 "--forward-hooks and --disable-cuda-graph?")
         time.sleep(0.05)
+    err = hook_error(hook_dir)
+    if err:
+        raise SpecLensError(f"a SpecLens hook failed inside the SGLang server: {err}")
 
 
 def collect_state(url: str, hook_dir: Path) -> dict:
@@ -331,6 +409,8 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
     from backend.store.rundir import new_run_id
 
     version = require()
+    if settings.sample_tokens < 0:
+        raise SpecLensError("--sample-tokens must be >= 0")
     prompts = load_prompts(settings.prompts, settings.limit)
     info = target_info(settings.model)
     seqs = encode_all(info.tokenizer, prompts, settings.prompts, settings.chat_template, settings.max_prompt_tokens)
@@ -361,9 +441,10 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
         bar.close()
         res = collect_state(server.url, hook_dir)
     except SpecLensError as e:
-        rd.fail(str(e))
+        msg = str(e) + (server.death_note() if server is not None else "")
+        rd.fail(msg)
         catalog.refresh(root)
-        raise
+        raise SpecLensError(msg) from None
     except BaseException as e:
         rd.fail(f"SGLang capture stopped: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         catalog.refresh(root)

@@ -11,12 +11,27 @@ layers whose *input* it feeds an EAGLE-3 drafter). Hooks fire only outside CUDA 
 Control without an API: the client drops `reset.request` or `collect.request` into `config["dir"]`; the next
 forward pass (a one-token trigger request) resets or writes `state.rank{r}.pt` (atomically) and is itself left
 out of the figures. `info` hooks only record `layers_to_capture` into `info.rank{r}.json` (cheap; for benches).
+
+Checked against SGLang 0.5.15 (sglang/srt/model_executor/hook_manager.py, models/llama.py): the factory is
+resolved from "module:attr" with importlib and called once per matching spec *per model runner* (the target's
+and, with speculative decoding, the draft model's: both get the same `--forward-hooks`), in the scheduler
+(TP worker) process, after CUDA-graph capture; `register_forward_hook(hook)` gets positional inputs only.
+LlamaDecoderLayer returns `(hidden_states, residual)` and the next layer's fused add-RMSNorm updates both in
+place, so S_{i+1} = hidden + residual is computed inside the hook, before the next layer runs; layer 0 takes the
+embedding tensor itself as its residual and updates it in place, hence the clone of S_0. `model.norm` is called
+as `norm(hidden, residual)` and returns `(normed, residual_sum)`: F is its first output.
+`LlamaModel.layers_to_capture` holds the layers whose *input* (`hidden + residual` before layer i, so S_i) is fed
+to the drafter; `set_eagle3_layers_to_capture` stores `[id + 1 for id in eagle_aux_hidden_state_layer_ids]`, or
+`[2, N // 2, N - 3]` when the drafter config has no ids (no +1 on the default).
+A hook that raises would kill the scheduler (and the server) mid-request: every hook here catches its own
+exception, writes it to `error.rank{r}.txt` in the hook directory and goes quiet; the client reads that file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import traceback
 from pathlib import Path
 
 import torch
@@ -49,6 +64,9 @@ class ServerReducer:
         self.n_layers = int(config["n_layers"])
         self.sample_tokens = int(config.get("sample_tokens", 4096))
         self.per_prompt = int(config.get("sample_per_prompt", 512))
+        # torch.compile inside SGLang's scheduler process would compile during the server's warm-up request (and
+        # again for new shapes), with SGLang's own dynamo/inductor settings: eager unless asked for.
+        self.compile = bool(config.get("compile", False))
         b = [coords.parse(lbl, self.n_layers) for lbl in self.labels]
         self.slot = {("F" if x.final else x.index): k for k, x in enumerate(b)}   # boundary -> stats row
         self.stats: StreamingStats | None = None
@@ -63,7 +81,7 @@ class ServerReducer:
         self._segs: list = []
 
     def _init(self, x: torch.Tensor) -> None:
-        self.stats = StreamingStats(self.labels, x.shape[-1], x.device)
+        self.stats = StreamingStats(self.labels, x.shape[-1], x.device, compile=self.compile)
         self.sample = TokenSample(self.labels, x.shape[-1], self.sample_tokens, self.per_prompt,
                                   dtype=torch.float32 if x.dtype == torch.float32 else torch.bfloat16,
                                   pin=x.device.type == "cuda")
@@ -156,6 +174,26 @@ class ServerReducer:
         _atomic_write(self.dir / f"state.rank{_rank()}.pt", lambda p: torch.save(d, p))
 
 
+def _guard(dir: str | Path, fn):
+    """The hook `fn`, made unable to raise into SGLang: the first exception goes to error.rank{r}.txt."""
+    state = {"dead": False}
+
+    def hook(module, inputs, output):
+        if state["dead"]:
+            return None
+        try:
+            fn(module, inputs, output)
+        except Exception as e:          # noqa: BLE001 - anything raised here would take the server down
+            state["dead"] = True
+            try:
+                p = Path(dir) / f"error.rank{_rank()}.txt"
+                p.write_text(traceback.format_exc() + f"\n{type(e).__name__} in {type(module).__name__} hook: {e}\n")
+            except Exception:
+                pass
+        return None                    # never replace the module's output
+    return hook
+
+
 def _reducer(config: dict) -> ServerReducer:
     key = str(config["dir"])
     if key not in _REDUCERS:
@@ -179,7 +217,7 @@ def capture(config: dict):
             r.model_out(module)
         else:
             r.layer_out(inputs, output)
-    return hook
+    return _guard(config["dir"], hook)
 
 
 def info(config: dict):
@@ -197,7 +235,7 @@ def info(config: dict):
         rec = {"layers_to_capture": [int(v) for v in ltc], "n_layers": len(getattr(module, "layers", [])),
                "model_class": type(module).__name__}
         _atomic_write(out / f"info.rank{_rank()}.json", lambda p: p.write_text(json.dumps(rec)))
-    return hook
+    return _guard(out, hook)
 
 
 def hook_specs(dir: str, labels: list[str] | None, n_layers: int, sample_tokens: int = 4096,
