@@ -144,6 +144,12 @@ def _verdict(al) -> list[dict]:
 
 # ---------------------------------------------------------------------------------------------------- toy
 
+# KV cache sizes fixed up front (`kv_cache_memory_bytes`): vLLM then skips the memory profiling whose check fails
+# when another process on the same GPU (a training job, an SGLang server) frees memory meanwhile. 0 GiB: profile.
+KV_CACHE: dict = {}
+KV_CACHE_SPEED: dict = {}
+
+
 def toy(sec: Section, out: Path, root: Path, n_capture: int, n_bench: int, max_new: int) -> None:
     from backend import align
     from backend.bench import BenchSettings, run_bench
@@ -162,7 +168,7 @@ def toy(sec: Section, out: Path, root: Path, n_capture: int, n_bench: int, max_n
     sec.res.update({"pair": str(pair), "prompts": "held-out Spec-Bench rows (TRAINING.json)"})
     # the toy target allows 4096 positions; prompts are cut at 2048 tokens (+ max_new + K + 1 must fit)
     max_len = 4096
-    eng_opts = {"gpu_memory_utilization": 0.2, "max_model_len": max_len}
+    eng_opts = {"gpu_memory_utilization": 0.2, "max_model_len": max_len, **KV_CACHE}
     V.RECORDING = []
     st: dict = {}
 
@@ -179,7 +185,7 @@ def toy(sec: Section, out: Path, root: Path, n_capture: int, n_bench: int, max_n
         r = run_capture(CaptureSettings(model=target, prompts=prompts, engine="vllm", limit=n_capture, dtype="bf16"),
                         name="h200-toy-capture-vllm", root=root, progress=False,
                         engine_options=V.EngineOptions(gpu_memory_utilization=0.2, max_model_len=max_len,
-                                                       dtype="bfloat16"))
+                                                       dtype="bfloat16", extra=dict(KV_CACHE)))
         res = {"run": r.run_id, "tokens": r.tokens, "seconds_incl_engine_start": round(time.perf_counter() - t, 2)}
         if "hf_cap" not in st:
             res["alignment"] = "no HF capture to align with (capture_hf failed or was skipped)"
@@ -195,7 +201,8 @@ def toy(sec: Section, out: Path, root: Path, n_capture: int, n_bench: int, max_n
         ids = [2, 4, 5, 8]
         ex = V.run_extract(CaptureSettings(model=target, prompts=prompts, engine="vllm", limit=n_capture, dtype="bf16"),
                            ids, name="h200-toy-extract-vllm", root=root,
-                           opts=V.EngineOptions(gpu_memory_utilization=0.2, max_model_len=max_len, dtype="bfloat16"),
+                           opts=V.EngineOptions(gpu_memory_utilization=0.2, max_model_len=max_len, dtype="bfloat16",
+                                                extra=dict(KV_CACHE)),
                            progress=False)
         res = {"run": ex.run_id, "ids": ids, "tokens": ex.tokens,
                "seconds_incl_engine_start": round(time.perf_counter() - t, 2)}
@@ -328,7 +335,7 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
     tokens = n_prompts * prompt_len
     warm = seqs[:4]
     opts = V.EngineOptions(gpu_memory_utilization=0.4, max_model_len=prompt_len + 64, dtype="bfloat16",
-                           load_format="dummy", extra={"enable_prefix_caching": False})
+                           load_format="dummy", extra={"enable_prefix_caching": False, **KV_CACHE_SPEED})
     sec.res.update({"model": "Llama-3.1-8B shape, random bf16 (load_format=dummy)", "prompts": n_prompts,
                     "prompt_tokens": prompt_len, "tokens": tokens, "repeats": repeats})
 
@@ -494,7 +501,14 @@ def main() -> int:
     p.add_argument("--only", default=None, help="comma-separated step names: " +
                    ", ".join(STEPS["toy"] + STEPS["speed"]))
     p.add_argument("--budget-s", type=float, default=None, help="start no step after this many seconds")
+    p.add_argument("--kv-cache-gib", type=float, default=4.0,
+                   help="toy engines' KV cache (GiB) instead of vLLM's profiling; 0 = let vLLM profile")
+    p.add_argument("--kv-cache-gib-speed", type=float, default=24.0, help="the same for the 8B-shape engines")
     a = p.parse_args()
+    if a.kv_cache_gib > 0:
+        KV_CACHE["kv_cache_memory_bytes"] = int(a.kv_cache_gib * 2**30)
+    if a.kv_cache_gib_speed > 0:
+        KV_CACHE_SPEED["kv_cache_memory_bytes"] = int(a.kv_cache_gib_speed * 2**30)
     t0 = time.monotonic()
     if a.root is None:
         a.root = Path("/tmp/speclens-data") / datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
