@@ -65,10 +65,19 @@ def port_free(host: str, port: int) -> bool:
             return False
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def free_port(host: str = "127.0.0.1", low: int = 20000, high: int = 45000) -> int:
+    """A free port in [low, high): SGLang 0.5.15 derives more ports from the HTTP port (its gRPC port is
+    port + 10000, rejected above 65535), so an OS-chosen ephemeral port (up to 60999) can fail at start."""
+    import random
+
+    for port in random.Random().sample(range(low, high), 200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port in {low}-{high} on {host}")
 
 
 def _http(url: str, body: dict | None = None, timeout: float = 30.0) -> dict:
