@@ -204,3 +204,24 @@ def test_hook_token_count_mismatch_fails_the_run(data_root):
         check_hook_tokens(rd, {"tokens_seen": 9, "forwards": 1}, 12, "vLLM", data_root, hint=" (prefix caching?)")
     m = rd.manifest()
     assert m["status"] == "failed" and "9 tokens" in m["error"] and "prefix caching" in m["error"]
+
+
+def test_prediction_follows_the_runner(tmp_path):
+    """Nested ids only (the H200 run of gpu/vllm_suite.py nested_v1/nested_v2, 2026-12-01): V2 ignores them and
+    feeds its default S_2,S_4,S_5, V1 reads them (S_1,S_3,S_6). The prediction stored next to what the running
+    engine reported must follow the runner the bench asked for."""
+    from types import SimpleNamespace
+
+    from backend.engines.serving import predicted_aux
+
+    cfg = {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1,
+        "vocab_size": 512, "draft_vocab_size": 512, "target_hidden_size": 64, "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 1024}
+    cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 3, 6], "use_aux_hidden_state": True}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    info = SimpleNamespace(hidden_size=64, n_layers=8, model_type="llama", config=SimpleNamespace(vocab_size=512))
+    assert predicted_aux(str(tmp_path), info, "vllm")["aux"]["boundaries"] == ["S_2", "S_4", "S_5"]
+    assert predicted_aux(str(tmp_path), info, "vllm", "v2")["aux"]["boundaries"] == ["S_2", "S_4", "S_5"]
+    assert predicted_aux(str(tmp_path), info, "vllm", "v1")["aux"]["boundaries"] == ["S_1", "S_3", "S_6"]

@@ -86,7 +86,7 @@ def check_hook_tokens(rd, res: dict, expected: int, engine: str, root, hint: str
         raise SpecLensError(f"capture {rd.run_id}: token count mismatch inside {engine} ({seen} != {expected})")
 
 
-def predicted_aux(drafter: str, info: SimpleNamespace, engine: str) -> dict:
+def predicted_aux(drafter: str, info: SimpleNamespace, engine: str, runner: str | None = None) -> dict:
     """What SpecLens expects the engine to feed, from the drafter config and the conventions table; also the
     one-line checks (hidden size, vocab) before any GPU time is spent."""
     from backend.drafter.config import load_config
@@ -99,7 +99,7 @@ def predicted_aux(drafter: str, info: SimpleNamespace, engine: str) -> dict:
             raise SpecLensError(f"{drafter}/config.json: drafter built for {what} {mine}, the target has {theirs}; "
                                 "use a drafter trained for this target")
     version = "0.24.0" if engine == "vllm" else "0.5.15"
-    runner = "v2" if engine == "vllm" else None
+    runner = (runner or "v2") if engine == "vllm" else None     # vLLM 0.24's default runner is V2
     aux = drafter_aux_boundaries(dcfg, info.n_layers, info.model_type, engine, version, runner)
     return {"aux": aux, "format": dcfg.source_format, "draft_vocab_size": dcfg.draft_vocab_size}
 
@@ -122,7 +122,7 @@ def run_engine_bench(s, name: str | None, root: Path | None, progress: bool, sto
     prompts = load_prompts(s.prompts, s.limit)
     info = target_info(s.target)
     seqs = bench._encode_all(info, prompts, s)
-    pred = predicted_aux(s.drafter, info, s.engine) if s.drafter else None
+    pred = predicted_aux(s.drafter, info, s.engine, s.runner) if s.drafter else None
 
     base = None
     if s.drafter:
