@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from backend import metrics
 from backend.errors import SpecLensError
+from backend.model_id import fingerprint
 from backend.prompts import Prompt, encode_all, load_prompts
 from backend.store import catalog
 from backend.store.rundir import (COMPLETE, RUNNING, RunDir, atomic_write_json, atomic_write_parquet,
@@ -182,7 +183,7 @@ def _manifest(s: BenchSettings, lm, spec: _Spec | None, base: BenchResult | None
         "engine_version": getattr(lm, "engine_version", None) or _transformers_version(),
         "model": {"path": str(Path(s.target).resolve()), "model_type": getattr(lm.config, "model_type", None),
                   "n_layers": lm.n_layers, "hidden_size": lm.hidden_size,
-                  "vocab_size": int(getattr(lm.config, "vocab_size", 0))},
+                  "vocab_size": int(getattr(lm.config, "vocab_size", 0)), "fingerprint": fingerprint(s.target)},
         "drafter": spec.drafter_info if spec else None, "aux": spec.aux if spec else None,
         "dtype": s.dtype, "device": str(lm.device), "dataset": Path(s.prompts).name,
         "settings": s.identity(), "repeats": s.repeats, "num_spec_tokens": s.num_spec_tokens if spec else 0,

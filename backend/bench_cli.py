@@ -6,14 +6,16 @@ import argparse
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
+    from backend import coords
     from backend.bench import BenchSettings, run_bench
 
+    version = a.producer_version or coords.DEFAULT_VERSIONS.get(a.producer)
     s = BenchSettings(engine=a.engine, server_url=a.server_url, tensor_parallel_size=a.tensor_parallel_size,
                       engine_options=engine_options(a.engine_option) or None,
                       target=a.target, drafter=a.drafter, prompts=a.prompts, num_spec_tokens=a.num_spec_tokens,
                       temperature=a.temperature, repeats=a.repeats, limit=a.limit, max_new_tokens=a.max_new_tokens,
                       device=a.device, dtype=a.dtype, seed=a.seed, chat_template=not a.no_chat_template,
-                      producer=a.producer, producer_version=a.producer_version, runner=a.runner,
+                      producer=a.producer, producer_version=version, runner=a.runner,
                       draft_sampling=a.draft_sampling)
     r = run_bench(s, name=a.name, progress=not a.quiet)
     line = f"bench {r.run_id}: {r.tokens_per_s:.1f} tok/s"
@@ -64,7 +66,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--no-chat-template", action="store_true")
     b.add_argument("--producer", default="vllm", help="whose reading of the drafter's aux layer ids (default vllm)")
-    b.add_argument("--producer-version", default="0.24.0")
+    b.add_argument("--producer-version", default=None,
+                   help="that producer's release (default: the one SpecLens was checked against, e.g. vllm 0.24.0, "
+                        "sglang 0.5.15)")
     b.add_argument("--runner", choices=["v1", "v2"], help="vLLM model runner whose id reading to apply")
     b.add_argument("--draft-sampling", default="sample", choices=["sample", "argmax"],
                    help="at T > 0: draft from q (standard) or argmax (vLLM V1)")

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from backend import coords
 from backend.errors import SpecLensError
+from backend.model_id import fingerprint
 from backend.prompts import encode_all, load_prompts
 from backend.stats import StatsState, StreamingStats, TokenSample, norm_bin_edges
 from backend.store import catalog
@@ -175,7 +176,8 @@ def _open_or_resume(run_id, settings, lm, labels, root, n_prompts, engine_versio
         "name": run_id,
         "model": {"path": str(Path(settings.model).resolve()), "model_type": getattr(lm.config, "model_type", None),
                   "n_layers": lm.n_layers, "hidden_size": lm.hidden_size,
-                  "vocab_size": int(getattr(lm.config, "vocab_size", 0))},
+                  "vocab_size": int(getattr(lm.config, "vocab_size", 0)),
+                  "fingerprint": fingerprint(settings.model)},
         "dtype": settings.dtype, "device": str(lm.device), "boundaries": labels,
         "settings": settings.identity(), "progress": {"done": 0, "total": n_prompts},
         "dataset": Path(settings.prompts).name,

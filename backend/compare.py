@@ -58,7 +58,7 @@ def default_runs(bench: pd.DataFrame, n: int = 3) -> list[str]:
     spec = done[done["num_spec_tokens"].fillna(0) > 0]
     if spec.empty:
         return done["run_id"].head(2).tolist()
-    same = spec[spec["model_path"] == spec.iloc[0]["model_path"]] if "model_path" in spec else spec
+    same = spec[spec["model_key"] == spec.iloc[0]["model_key"]] if "model_key" in spec else spec
     ids = same["run_id"].head(n).tolist()
     for b in same["baseline_run"].head(n):
         if len(ids) >= 2:
@@ -154,10 +154,10 @@ def _baselines(ids: list[str], runs: pd.DataFrame, baseline: str, root, warnings
     out = {r: (runs.loc[r, "baseline_run"] if isinstance(runs.loc[r, "baseline_run"], str) else None) for r in ids}
     if baseline == "pinned":
         pinned = catalog.pinned_baselines(root=root)
-        by_target = dict(zip(pinned["model_path"][::-1], pinned["run_id"][::-1]))       # newest wins
+        by_target = dict(zip(pinned["model_key"][::-1], pinned["run_id"][::-1]))       # newest wins
         missing = []
         for r in ids:
-            p = by_target.get(runs.loc[r, "model_path"])
+            p = by_target.get(runs.loc[r, "model_key"])
             if p:
                 out[r] = p
             else:
@@ -284,7 +284,7 @@ def _categories(ids: list[str], bases: dict, by_run: dict, root) -> pd.DataFrame
 
 def _warnings(fig: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
     out = []
-    targets = runs.loc[fig["run_id"], "model_path"].dropna().unique()
+    targets = runs.loc[fig["run_id"], "model_key"].dropna().unique()     # weights, not paths (model_id.py)
     if len(targets) > 1:
         names = ", ".join(sorted(set(fig["model"].dropna())))
         out.append(f"These runs use {len(targets)} different targets ({names}): compare their speedups, not their "

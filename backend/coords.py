@@ -123,6 +123,8 @@ def conventions() -> tuple[Convention, ...]:
 
 
 PRODUCERS = ("vllm", "sglang", "speculators", "specforge", "hf", "eagle")
+# the release of each producer that SpecLens was checked against: what a bare `--producer X` means
+DEFAULT_VERSIONS = {"vllm": "0.24.0", "sglang": "0.5.15", "speculators": "0.5.0", "specforge": "0.2.0"}
 
 _FAMILY_ALIASES = {
     "llama": "llama", "mistral": "llama", "qwen2": "qwen", "qwen3": "qwen", "qwen3_moe": "qwen",

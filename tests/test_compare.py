@@ -409,3 +409,45 @@ def test_browser_tick_rows_then_compare(bench_page, bench_server: str) -> None:
     link.click()
     bench_page.wait_for_url("**/compare?runs=spec-oracle%2Cspec-random**")
     bench_page.wait_for_function(f"document.querySelectorAll('{CHART}').length >= 4", timeout=TIMEOUT_MS)
+
+
+def test_same_weights_at_another_path_are_the_same_target(tmp_path):
+    """A target read from two paths (a training box, a GPU node) has one fingerprint; other weights of the same
+    shape have another; the catalog's model_key follows the fingerprint."""
+    import torch
+    from safetensors.torch import save_file
+
+    from backend.model_id import fingerprint
+
+    a = tmp_path / "a"
+    a.mkdir()
+    (a / "config.json").write_text('{"model_type": "llama", "hidden_size": 8}')
+    save_file({"w": torch.arange(4096.0).reshape(64, 64)}, str(a / "model.safetensors"))
+    b = tmp_path / "elsewhere" / "a"
+    shutil.copytree(a, b)
+    c = tmp_path / "c"
+    shutil.copytree(a, c)
+    save_file({"w": torch.arange(4096.0).reshape(64, 64) + 1}, str(c / "model.safetensors"))
+    assert fingerprint(a) == fingerprint(b) is not None
+    assert fingerprint(c) != fingerprint(a)
+    assert fingerprint(tmp_path / "missing") is None
+
+
+def test_different_targets_warning_follows_the_weights_not_the_path(own: Path) -> None:
+    """The runs' manifests carry the target's fingerprint; a run whose target was read from another path is the
+    same target, one with other weights is not."""
+    ids = ["spec-random", "spec-oracle"]
+    fp = {r: json.loads((own / "runs" / r / "manifest.json").read_text())["model"].get("fingerprint") for r in ids}
+    assert all(v and v.startswith("sha256-sampled:") for v in fp.values()) and len(set(fp.values())) == 1
+
+    def edit(run: str, **model) -> None:
+        p = own / "runs" / run / "manifest.json"
+        m = json.loads(p.read_text())
+        m["model"].update(model)
+        p.write_text(json.dumps(m))
+        catalog.refresh(own)
+
+    edit("spec-oracle", path="/mnt/gpu-node/models/same-target")
+    assert not [w for w in compare.compare(ids, "paired", root=own).warnings if "different targets" in w]
+    edit("spec-oracle", fingerprint="sha256-sampled:other-weights")
+    assert [w for w in compare.compare(ids, "paired", root=own).warnings if "2 different targets" in w]

@@ -65,3 +65,11 @@ def test_unknown_producer_or_version():
         resolve_ids("tgi", [1], N)
     with pytest.raises(SpecLensError, match="no convention known"):
         resolve_ids("vllm", [1], N, version="0.30.0")
+
+
+def test_every_default_version_has_a_convention():
+    """A bare `bench --producer sglang` used vLLM's version (0.24.0) and failed: each producer now has its own."""
+    from backend.coords import DEFAULT_VERSIONS, convention_for
+
+    for producer, version in DEFAULT_VERSIONS.items():
+        assert convention_for(producer, version).producer == producer

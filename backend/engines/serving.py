@@ -98,7 +98,9 @@ def predicted_aux(drafter: str, info: SimpleNamespace, engine: str, runner: str 
         if theirs is not None and mine is not None and int(mine) != int(theirs):
             raise SpecLensError(f"{drafter}/config.json: drafter built for {what} {mine}, the target has {theirs}; "
                                 "use a drafter trained for this target")
-    version = "0.24.0" if engine == "vllm" else "0.5.15"
+    from backend.coords import DEFAULT_VERSIONS
+
+    version = DEFAULT_VERSIONS[engine]
     runner = (runner or "v2") if engine == "vllm" else None     # vLLM 0.24's default runner is V2
     aux = drafter_aux_boundaries(dcfg, info.n_layers, info.model_type, engine, version, runner)
     return {"aux": aux, "format": dcfg.source_format, "draft_vocab_size": dcfg.draft_vocab_size}

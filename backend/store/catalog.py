@@ -34,10 +34,10 @@ from backend.errors import SpecLensError
 from backend.store import validate
 from backend.store.rundir import RUNNING, RunDir
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 RUN_TYPES = {
     "run_id": "VARCHAR", "kind": "VARCHAR", "engine": "VARCHAR", "engine_version": "VARCHAR", "status": "VARCHAR",
-    "model": "VARCHAR", "model_path": "VARCHAR", "model_type": "VARCHAR", "n_layers": "BIGINT",
+    "model": "VARCHAR", "model_path": "VARCHAR", "model_key": "VARCHAR", "model_type": "VARCHAR", "n_layers": "BIGINT",
     "hidden_size": "BIGINT", "dtype": "VARCHAR", "dataset": "VARCHAR", "drafter": "VARCHAR",
     "baseline_run": "VARCHAR", "boundaries": "VARCHAR", "n_boundaries": "BIGINT", "tokens": "BIGINT",
     "sample_tokens": "BIGINT", "prompts": "BIGINT", "nonfinite_tokens": "BIGINT", "progress_done": "BIGINT",
@@ -107,6 +107,8 @@ def _manifest_row(rd: RunDir, sig: str, m: dict) -> dict:
         "model": (Path(model["path"]).name if model.get("path") else model.get("name")
                   or (f"import:{Path((m.get('source') or {}).get('path', '')).name}" if m.get("source") else None)),
         "model_path": _text(model.get("path")), "model_type": _text(model.get("model_type")),
+        # the target's identity across machines and paths (backend/model_id.py); its path where not recorded
+        "model_key": _text(model.get("fingerprint") or model.get("path")),
         "n_layers": _int(model.get("n_layers")), "hidden_size": _int(model.get("hidden_size")),
         "dtype": _text(m.get("dtype")), "dataset": _text(m.get("dataset")),
         "drafter": Path(drafter["path"]).name if isinstance(drafter, dict) and drafter.get("path") else None,
@@ -571,8 +573,9 @@ def run_manifests(run_ids: list[str], root: Path | None = None) -> dict[str, dic
 
 
 def pinned_baselines(root: Path | None = None) -> pd.DataFrame:
-    """Bench runs pinned as the baseline of their target (backend/annotations.py): run_id, model, model_path."""
-    return _df("""SELECT run_id, model, model_path FROM runs WHERE pinned AND kind = 'bench'
+    """Bench runs pinned as the baseline of their target (backend/annotations.py): run_id, model, model_path,
+    model_key."""
+    return _df("""SELECT run_id, model, model_path, model_key FROM runs WHERE pinned AND kind = 'bench'
                   ORDER BY created DESC, run_id""", [], root)
 
 
@@ -588,15 +591,15 @@ def bench_runs(status: str | None = None, root: Path | None = None, run_ids: lis
     """Bench runs with their headline figures (tau, acceptance, tokens/s, speedup and CI, lossless), the target's
     path and the pinned flag, newest first; only `run_ids` when given."""
     ids = None if run_ids is None else _ids(run_ids)
-    return _df("""SELECT b.*, r.model_path, r.pinned FROM bench_runs b JOIN runs r USING (run_id)
+    return _df("""SELECT b.*, r.model_path, r.model_key, r.pinned FROM bench_runs b JOIN runs r USING (run_id)
                   WHERE (? IS NULL OR b.status = ?) AND (?::VARCHAR[] IS NULL OR list_contains(?::VARCHAR[], b.run_id))
                   ORDER BY b.created DESC, b.run_id""", [status, status, ids, ids], root)
 
 
 def bench_index(root: Path | None = None) -> pd.DataFrame:
     """Every bench run, newest first, with what a run picker needs: run_id, status, num_spec_tokens, model_path,
-    baseline_run."""
-    return _df("""SELECT b.run_id, b.status, b.num_spec_tokens, r.model_path, b.baseline_run
+    model_key, baseline_run."""
+    return _df("""SELECT b.run_id, b.status, b.num_spec_tokens, r.model_path, r.model_key, b.baseline_run
                   FROM bench_runs b JOIN runs r USING (run_id) ORDER BY b.created DESC, b.run_id""", [], root)
 
 
