@@ -168,7 +168,8 @@ def _load_spec(lm, s: BenchSettings, proposer=None) -> _Spec:
     aux = drafter_aux_boundaries(drafter.cfg, lm.n_layers, getattr(lm.config, "model_type", None), s.producer,
                                  s.producer_version, s.runner)
     drafter.to(lm.device)
-    info = {"path": str(Path(s.drafter).resolve()), "format": drafter.cfg.source_format,
+    info = {"path": str(Path(s.drafter).resolve()), "fingerprint": fingerprint(s.drafter),
+            "format": drafter.cfg.source_format,
             "semantics": engine, "draft_vocab_size": drafter.cfg.draft_vocab_size,
             "proposer": "eagle3" if proposer is None else type(proposer).__name__}
     return _Spec(proposer or EagleProposer(drafter, s.draft_sampling), aux, info)

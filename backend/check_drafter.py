@@ -25,6 +25,7 @@ from pathlib import Path
 
 from backend.config import REPO_ROOT
 from backend.errors import SpecLensError
+from backend.model_id import fingerprint
 from backend.store.rundir import COMPLETE, RunDir, atomic_write_json, new_run_id
 
 RESULT = "check.json"
@@ -305,8 +306,10 @@ def _save(run_id: str, s: CheckSettings, report: dict, root: Path | None) -> Pat
     manifest = {
         "kind": "check", "engine": "hf", "engine_version": _transformers_version(),
         "model": {"path": report["target"], "model_type": t["model_type"], "n_layers": t["n_layers"],
-                  "hidden_size": t["hidden_size"], "vocab_size": t["vocab_size"]},
-        "drafter": {"path": report["drafter"], "format": report["drafter_info"]["format"]},
+                  "hidden_size": t["hidden_size"], "vocab_size": t["vocab_size"],
+                  "fingerprint": fingerprint(report["target"])},
+        "drafter": {"path": report["drafter"], "format": report["drafter_info"]["format"],
+                    "fingerprint": fingerprint(report["drafter"])},
         "dtype": s.dtype, "device": report["sample"]["device"], "dataset": Path(report["sample"]["prompts_file"]).name,
         "boundaries": best.get("boundaries") or [],
         "check": {"engine": s.engine, "engine_version": report["engine_version"], "runner": report["runner"],

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from backend import metrics
+from backend import coords, metrics
 from backend.store import catalog
 
 BASELINES = {"paired": "each run's paired baseline", "pinned": "the pinned baseline of the run's target"}
@@ -128,12 +128,56 @@ def _compare(ac: Acceptance, baseline: str, root: Path | None) -> Comparison:
             "speedup": sp[0], "speedup_ci_low": sp[1], "speedup_ci_high": sp[2], "ci_method": sp[3],
             "lossless": row["lossless"], "mismatched_prompts": row["mismatched_prompts"]})
     figures = pd.DataFrame(rows, columns=FIGURE_COLUMNS)
+    manifests = catalog.run_manifests(ids, root=root)
+    warnings += drafter_diagnosis(manifests, catalog.check_manifests(root=root))
     warnings += _warnings(figures, runs)
     return Comparison(
         run_ids=ids, baseline=baseline, figures=figures, histogram=ac.histogram,
         positions=ac.positions, categories=_categories(ids, bases, by_run, root),
-        config=config_diff(catalog.run_manifests(ids, root=root), ids), headline=headline(figures),
+        config=config_diff(manifests, ids), headline=headline(figures),
         warnings=warnings)
+
+
+def _same(a: dict, b: dict) -> bool:
+    """Same weights: by fingerprint when both have one (backend/model_id.py), else by path."""
+    if a.get("fingerprint") and b.get("fingerprint"):
+        return a["fingerprint"] == b["fingerprint"]
+    return bool(a.get("path")) and a.get("path") == b.get("path")
+
+
+def _relation(fed: list[str], trained: list[str]) -> str:
+    """'off by one (trained one boundary later)' and the like, for two boundary lists of the same length."""
+    try:
+        d = {coords.label_index(t) - coords.label_index(f) for f, t in zip(fed, trained)}
+    except Exception:
+        d = set()
+    if len(fed) == len(trained) and len(d) == 1:
+        k = d.pop()
+        if abs(k) == 1:
+            return f"off by one: it was trained one boundary {'later' if k > 0 else 'earlier'}"
+        return f"off by {abs(int(k))}: it was trained {abs(int(k))} boundaries {'later' if k > 0 else 'earlier'}"
+    return "a different set"
+
+
+def drafter_diagnosis(manifests: dict[str, dict], checks: dict[str, dict]) -> list[str]:
+    """In plain words, each drafter run whose engine fed other boundaries than the newest drafter check of the
+    same drafter and target found it was trained on (checks: catalog.check_manifests(), newest first)."""
+    out = []
+    for run, m in manifests.items():
+        drafter, fed = m.get("drafter") or {}, (m.get("aux") or {}).get("boundaries")
+        if not drafter or not fed:
+            continue
+        for chk, c in checks.items():
+            best = (c.get("check") or {}).get("best")
+            if best and _same(c.get("drafter") or {}, drafter) and _same(c.get("model") or {}, m.get("model") or {}):
+                if list(best) != list(fed):
+                    name = Path(drafter.get("path", "")).name or "the drafter"
+                    out.append(f"`{run}`: the engine fed {', '.join(fed)}, but drafter check `{chk}` finds {name} was "
+                               f"trained on {', '.join(best)} ({_relation(fed, list(best))}); its acceptance here is "
+                               f"below what it can reach. The check (/drafter?run={chk}) gives the config line that "
+                               "makes the engine feed what it was trained on.")
+                break
+    return out
 
 
 def _k(row) -> int:

@@ -451,3 +451,32 @@ def test_different_targets_warning_follows_the_weights_not_the_path(own: Path) -
     assert not [w for w in compare.compare(ids, "paired", root=own).warnings if "different targets" in w]
     edit("spec-oracle", fingerprint="sha256-sampled:other-weights")
     assert [w for w in compare.compare(ids, "paired", root=own).warnings if "2 different targets" in w]
+
+
+def test_drafter_diagnosis_in_plain_words() -> None:
+    """A bench run whose engine fed S_2,S_4,S_5 to a drafter that the newest check of the same drafter and target
+    finds trained on S_3,S_5,S_6 gets one line naming both sets and the offset; a matching run gets none."""
+    tgt = {"path": "/a/target", "fingerprint": "sha256-sampled:t"}
+    after = {"path": "/a/drafter-after-layer", "fingerprint": "sha256-sampled:d1"}
+    matched = {"path": "/a/drafter-matched", "fingerprint": "sha256-sampled:d2"}
+    benches = {
+        "b-after": {"model": tgt, "drafter": after, "aux": {"boundaries": ["S_2", "S_4", "S_5"]}},
+        "b-matched": {"model": tgt, "drafter": matched, "aux": {"boundaries": ["S_2", "S_4", "S_5"]}},
+        "b-other-node": {"model": {**tgt, "path": "/gpu/target"}, "drafter": {**after, "path": "/gpu/d"},
+                         "aux": {"boundaries": ["S_2", "S_4", "S_5"]}},
+        "b-base": {"model": tgt, "drafter": None, "aux": None},
+    }
+    checks = {   # newest first
+        "chk-new": {"model": tgt, "drafter": after, "check": {"best": ["S_3", "S_5", "S_6"]}},
+        "chk-old": {"model": tgt, "drafter": after, "check": {"best": ["S_2", "S_4", "S_5"]}},
+        "chk-m": {"model": tgt, "drafter": matched, "check": {"best": ["S_2", "S_4", "S_5"]}},
+    }
+    lines = compare.drafter_diagnosis(benches, checks)
+    assert len(lines) == 2 and all("`chk-new`" in x for x in lines)
+    assert lines[0].startswith("`b-after`: the engine fed S_2, S_4, S_5, but drafter check `chk-new` finds "
+                               "drafter-after-layer was trained on S_3, S_5, S_6 (off by one: it was trained one "
+                               "boundary later)")
+    assert lines[1].startswith("`b-other-node`")           # same weights elsewhere: same fingerprint
+    other_target = {"b-after": {**benches["b-after"], "model": {"path": "/x", "fingerprint": "sha256-sampled:u"}}}
+    assert compare.drafter_diagnosis(other_target, checks) == []
+    assert compare.drafter_diagnosis(benches, {}) == []

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from backend.errors import SpecLensError
+from backend.model_id import fingerprint
 
 
 @dataclass
@@ -159,6 +160,7 @@ def run_engine_bench(s, name: str | None, root: Path | None, progress: bool, sto
                 aux["warning"] = (f"{s.engine} feeds {','.join(live)}; SpecLens predicted "
                                   f"{','.join(pred['aux']['boundaries'])} from the config")
             spec = bench._Spec(None, aux, {"path": str(Path(s.drafter).resolve()), "format": pred["format"],
+                                           "fingerprint": fingerprint(s.drafter),
                                            "semantics": s.engine, "draft_vocab_size": pred["draft_vocab_size"],
                                            "proposer": f"{s.engine} eagle3"})
         run_id = new_run_id("bench", name)

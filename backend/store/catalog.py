@@ -572,6 +572,13 @@ def run_manifests(run_ids: list[str], root: Path | None = None) -> dict[str, dic
     return {r: json.loads(m) if m else {} for r, m in zip(df["run_id"], df["manifest"])}
 
 
+def check_manifests(root: Path | None = None) -> dict[str, dict]:
+    """run_id -> manifest of every complete drafter check run (backend/check_drafter.py), newest first."""
+    df = _df("""SELECT run_id, manifest FROM runs WHERE kind = 'check' AND status = 'complete'
+                ORDER BY created DESC, run_id""", [], root)
+    return {r: json.loads(m) if m else {} for r, m in zip(df["run_id"], df["manifest"])}
+
+
 def pinned_baselines(root: Path | None = None) -> pd.DataFrame:
     """Bench runs pinned as the baseline of their target (backend/annotations.py): run_id, model, model_path,
     model_key."""
