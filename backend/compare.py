@@ -174,8 +174,8 @@ def drafter_diagnosis(manifests: dict[str, dict], checks: dict[str, dict]) -> li
                     name = Path(drafter.get("path", "")).name or "the drafter"
                     out.append(f"`{run}`: the engine fed {', '.join(fed)}, but drafter check `{chk}` finds {name} was "
                                f"trained on {', '.join(best)} ({_relation(fed, list(best))}); its acceptance here is "
-                               f"below what it can reach. The check (/drafter?run={chk}) gives the config line that "
-                               "makes the engine feed what it was trained on.")
+                               f"below what it can reach. The [drafter check](/drafter?run={chk}) gives the config "
+                               "line that makes the engine feed what it was trained on.")
                 break
     return out
 

@@ -311,3 +311,20 @@ def test_page_in_a_browser(checks, root, tmp_path) -> None:
         page.screenshot(path=str(shots / "drafter_check.png"), full_page=True)
         open_view(page, url, "/drafter?run=chk-matched&metric=cross_entropy", charts=2)
         assert "Match" in page.locator('[data-testid="stAlert"]').first.inner_text()
+
+
+def test_compare_names_the_mismatch_from_the_check(pair, root, checks) -> None:
+    """Real benches of both toy drafters next to the stored checks: Compare says in plain words that the
+    after-layer drafter was fed S_2, S_4, S_5 but trained on S_3, S_5, S_6, and says nothing of the matched one."""
+    from backend import compare
+    from backend.bench import BenchSettings, run_bench
+
+    ids = []
+    for d in ("drafter-matched", "drafter-after-layer"):
+        s = BenchSettings(target=str(pair / "target"), drafter=str(pair / d), prompts=str(_heldout(pair)),
+                          num_spec_tokens=4, repeats=1, limit=1, max_new_tokens=8, device="cpu")
+        ids.append(run_bench(s, name=f"cmp-{d}", root=root, progress=False).run_id)
+    lines = [w for w in compare.compare(ids, root=root).warnings if "drafter check" in w]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("`cmp-drafter-after-layer`: the engine fed S_2, S_4, S_5, but drafter check "
+                               "`chk-after` finds drafter-after-layer was trained on S_3, S_5, S_6 (off by one")
