@@ -27,6 +27,11 @@ CKA_TOKENS = 1024          # CKA on an evenly spaced subset: its cost grows with
 MATCH_COS = 0.9            # below this best cosine a boundary "matches nothing"
 ALIGNED_COS = 0.999        # same-label pairs at least this close are numerically the same state
 DRIFT_REL_L2 = 0.01        # a same-label relative L2 above this is drift
+# ... unless both captures hold the same 16-bit dtype: two engines' kernels round differently (measured on the
+# H200, toy target, bf16: vLLM and SGLang hooks vs HF hooks 0.5% at S_1 growing to 1.05% at F, docs/PERFORMANCE.md);
+# a dtype or quantization change between the sides keeps the strict limit
+DRIFT_REL_L2_SAME_16BIT = 0.03
+SIXTEEN_BIT = {"bf16", "bfloat16", "fp16", "float16", "torch.bfloat16", "torch.float16"}
 ROTATION_COS, ROTATION_CKA = 0.5, 0.95
 _CHUNK = 512
 VERSION = 3                # bump when the figures change: cached alignments are recomputed
@@ -294,7 +299,9 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
         rels = np.array([rel[i, j] for i, j, _ in same])
         coss = np.array([cos[i, j] for i, j, _ in same])
         worst = int(np.nanargmax(rels))
-        if np.nanmax(rels) > DRIFT_REL_L2 or np.nanmin(coss) < ALIGNED_COS:
+        same16 = str(A.dtype).lower() == str(B.dtype).lower() and str(A.dtype).lower() in SIXTEEN_BIT
+        limit = DRIFT_REL_L2_SAME_16BIT if same16 else DRIFT_REL_L2
+        if np.nanmax(rels) > limit or np.nanmin(coss) < ALIGNED_COS:
             first, last = same[0][2], same[-1][2]
             s_only = [(lbl, r) for (_, _, lbl), r in zip(same, rels) if lbl != "F"]
             grow = len(s_only) >= 3 and np.corrcoef(np.arange(len(s_only)), [r for _, r in s_only])[0, 1] > 0.5
@@ -304,9 +311,11 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
                 f"A {A.dtype}, B {B.dtype}). Different dtype, quantization or kernels."),
                 [[lbl, lbl] for _, _, lbl in same]))
         else:
+            rounding = (f"; both {A.dtype}: that much is 16-bit rounding of different kernels"
+                        if np.nanmax(rels) > DRIFT_REL_L2 else "")
             findings.append(Finding("aligned", (
                 f"Aligned: all {len(same)} shared boundaries match their namesakes (cosine >= {np.nanmin(coss):.4f}, "
-                f"relative L2 <= {np.nanmax(rels):.2e})."), [[lbl, lbl] for _, _, lbl in same]))
+                f"relative L2 <= {np.nanmax(rels):.2e}{rounding})."), [[lbl, lbl] for _, _, lbl in same]))
         if offset is None:
             offset = 0
     if unmatched:
