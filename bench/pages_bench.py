@@ -25,7 +25,6 @@ import json
 import os
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from backend import annotations  # noqa: E402
+from backend.netutil import free_port  # noqa: E402
 from backend.store import catalog  # noqa: E402
 
 K = 4
@@ -225,10 +225,6 @@ def apptest_views(root: Path) -> dict:
 # ---------------------------------------------------------------------- browser first paint
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _peak_rss_mb(pid: int) -> int | None:
@@ -251,7 +247,7 @@ st.plotly_chart(go.Figure(go.Bar(x=[0, 1, 2, 3], y=[0.4, 0.2, 0.2, 0.2])))
 
 def _serve(app: Path, cwd: Path, env: dict, log: Path) -> tuple[subprocess.Popen, str]:
     """`streamlit run` on a free port (no file watcher: on a big tree its inotify reconciling costs seconds)."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     launcher = ["-m", "backend.serve"] if app == REPO / "app.py" else ["-m", "streamlit", "run", str(app)]
     proc = subprocess.Popen([sys.executable, *launcher, "--server.headless", "true",

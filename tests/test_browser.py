@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from typing import Iterator
 import pytest
 
 from backend.config import REPO_ROOT
+from backend.netutil import free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
@@ -28,10 +28,6 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chro
                                 "(apt-get install -y chromium chromium-driver)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 90) -> None:
@@ -52,7 +48,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float 
 def streamlit_server(data_root: Path, log_dir: Path, extra_env: dict[str, str] | None = None) -> Iterator[str]:
     """`streamlit run app.py` on a free port over `data_root` (read-only unless extra_env enables editing); yields
     its URL and stops it afterwards."""
-    port = _free_port()
+    port = free_port()
     log = log_dir / "server.log"
     env = {**os.environ, "SPECLENS_DATA": str(data_root)}
     env.pop("SPECLENS_READONLY", None)

@@ -39,6 +39,7 @@ from pathlib import Path
 from backend import coords, metrics
 from backend.engines.serving import Generation
 from backend.errors import SpecLensError
+from backend.netutil import free_port, port_free  # noqa: F401 (re-exported: tests, callers)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _LIVE: list["Server"] = []
@@ -54,30 +55,6 @@ def require() -> str:
     except PackageNotFoundError:
         raise SpecLensError("SGLang is not installed here; run this on the GPU node (pip install sglang==0.5.15, see "
                             "README 'GPU node'), pass --server-url of a running server, or use --engine hf") from None
-
-
-def port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-            return True
-        except OSError:
-            return False
-
-
-def free_port(host: str = "127.0.0.1", low: int = 20000, high: int = 45000) -> int:
-    """A free port in [low, high): SGLang 0.5.15 derives more ports from the HTTP port (its gRPC port is
-    port + 10000, rejected above 65535), so an OS-chosen ephemeral port (up to 60999) can fail at start."""
-    import random
-
-    for port in random.Random().sample(range(low, high), 200):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return port
-    raise OSError(f"no free port in {low}-{high} on {host}")
 
 
 def _http(url: str, body: dict | None = None, timeout: float = 30.0) -> dict:
