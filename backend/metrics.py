@@ -212,6 +212,21 @@ class Speedup:
                 "n_repeats": self.n_repeats, "n_prompts": self.n_prompts}
 
 
+def tau_difference(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], n_boot: int = 2000,
+                   seed: int = 0) -> tuple[float, float, float]:
+    """tau(a) - tau(b) and its 95% paired bootstrap interval over prompts. a[p], b[p] = (accepted, drafts) of
+    prompt p (summed over repeats), prompts paired by index; tau = 1 + sum(accepted) / sum(drafts)."""
+    A, B = np.asarray(a, dtype=np.float64).reshape(-1, 2), np.asarray(b, dtype=np.float64).reshape(-1, 2)
+    if len(A) == 0 or A.shape != B.shape or A[:, 1].sum() <= 0 or B[:, 1].sum() <= 0:
+        raise ValueError("tau_difference needs (accepted, drafts) of the same prompts for both runs, with drafts")
+    diff = float(A[:, 0].sum() / A[:, 1].sum() - B[:, 0].sum() / B[:, 1].sum())
+    idx = np.random.default_rng(seed).integers(0, len(A), size=(n_boot, len(A)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = np.sort(A[idx, 0].sum(1) / A[idx, 1].sum(1) - B[idx, 0].sum(1) / B[idx, 1].sum(1))
+    d = d[np.isfinite(d)]
+    return diff, float(d[int(0.025 * (len(d) - 1))]), float(d[int(math.ceil(0.975 * (len(d) - 1)))])
+
+
 def speedup(method_tps: Sequence[Sequence[float]], baseline_tps: Sequence[Sequence[float]],
             ci: str = "bootstrap", n_boot: int = 2000, seed: int = 0) -> Speedup:
     """Spec-Bench speedup. method_tps[r][p], baseline_tps[r][p]: per-prompt tokens/s, R repeats x P prompts,

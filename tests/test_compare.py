@@ -189,6 +189,11 @@ def test_config_diff_and_headline_words() -> None:
     assert compare.headline(fig) == ("`drafter-matched`: tau 2.61 (speedup 1.90x [1.70, 2.10]); `drafter-after-layer`: "
                                      "tau 1.35 (speedup 1.10x [1.00, 1.20]) — `drafter-after-layer` loses 1.26 in tau "
                                      "against `drafter-matched` (48% of its tau; 0.80x of speedup).")
+    with_ci = compare.headline(fig, lambda best, worst: (1.1, 1.4, 80) if (best, worst) == ("drafter-matched",
+                                                                                           "drafter-after-layer") else None)
+    assert with_ci.endswith("loses 1.26 in tau against `drafter-matched` (95% CI 1.10 to 1.40 over 80 shared prompts; "
+                            "48% of its tau; 0.80x of speedup).")
+    assert "not clearly lower" in compare.headline(fig, lambda b, w: (-0.1, 0.3, 8))
 
 
 # ---------------------------------------------------------------------------- Runs page (AppTest)

@@ -127,3 +127,15 @@ def test_speedup_shape_errors():
         M.speedup([[1.0]], [[1.0]], ci="t")     # one repeat: no t interval
     one = M.speedup([[3.0]], [[1.0]])
     assert one.mean == 3.0 and one.std == 0.0 and one.ci_low == one.ci_high == 3.0
+
+
+def test_tau_difference_hand_computed():
+    """Two prompts: tau(a) = 1 + (3 + 3) / (2 + 2) = 2.5, tau(b) = 1 + (1 + 1) / (2 + 2)
+    = 1.5: difference 1.0; every resample of identical prompt pairs gives the same, so the interval is [1, 1]."""
+    d, lo, hi = M.tau_difference([[3, 2], [3, 2]], [[1, 2], [1, 2]])
+    assert d == pytest.approx(1.0) and lo == pytest.approx(1.0) and hi == pytest.approx(1.0)
+    # prompts that disagree: the interval spans both signs and holds the point estimate
+    d, lo, hi = M.tau_difference([[4, 2], [0, 2], [2, 2], [1, 2]], [[0, 2], [4, 2], [2, 2], [1, 2]])
+    assert d == pytest.approx(0.0) and lo < 0 < hi
+    with pytest.raises(ValueError, match="same prompts"):
+        M.tau_difference([[1, 2]], [[1, 2], [1, 2]])

@@ -619,9 +619,10 @@ def bench_prompts(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
 
 
 def bench_prompt_speeds(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
-    """Tokens/s of every repeat x prompt of the given bench runs, with the prompt's category: what a speedup
-    and its bootstrap interval are computed from (backend/metrics.py)."""
-    cols = ["run_id", "repeat", "prompt_index", "prompt_id", "category", "tokens_per_s"]
+    """Tokens/s, accepted draft tokens and drafts of every repeat x prompt of the given bench runs, with the
+    prompt's category: what a speedup, a tau difference and their bootstrap intervals are computed from
+    (backend/metrics.py)."""
+    cols = ["run_id", "repeat", "prompt_index", "prompt_id", "category", "tokens_per_s", "accepted", "drafts"]
     if not run_ids:
         return pd.DataFrame(columns=cols)
     return _df(f"""SELECT {', '.join(cols)} FROM bench_prompts WHERE list_contains(?, run_id)
