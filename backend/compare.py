@@ -400,7 +400,8 @@ def headline(fig: pd.DataFrame, gap=None) -> str:
                          + (", so not clearly lower; " if lo <= 0 else "; "))
             text += f"{100 * loss / best['tau']:.0f}% of its tau"
             if not math.isnan(_num(best["speedup"])) and not math.isnan(_num(worst["speedup"])):
-                text += f"; {_x(best['speedup'] - worst['speedup'])} of speedup"
+                ds = best["speedup"] - worst["speedup"]
+                text += f"; {_x(ds)} of speedup" if ds >= 0 else f"; yet {_x(-ds)} more speedup"
             text += ")."
     return text
 
