@@ -34,7 +34,7 @@ DRIFT_REL_L2_SAME_16BIT = 0.03
 SIXTEEN_BIT = {"bf16", "bfloat16", "fp16", "float16", "torch.bfloat16", "torch.float16"}
 ROTATION_COS, ROTATION_CKA = 0.5, 0.95
 _CHUNK = 512
-VERSION = 3                # bump when the figures change: cached alignments are recomputed
+VERSION = 4                # bump when the figures or verdicts change: cached alignments are recomputed
 
 
 @dataclass
