@@ -172,16 +172,19 @@ def pydoc_topic_docs(max_chars: int | None = None) -> list[Doc]:
     return _capped([Doc("pydoc_topics", topics[k].strip()) for k in sorted(topics)], max_chars)
 
 
+def _stdlib_files() -> list[Path]:
+    """The running interpreter's stdlib .py files in sorted order, without tests, site-packages and the like."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    if not root.is_dir():
+        return []
+    return [p for p in sorted(root.rglob("*.py"))
+            if not any(part in _SKIP_DIRS or part.startswith("config-") for part in p.relative_to(root).parts)]
+
+
 def stdlib_docstring_docs(max_chars: int | None = None, min_len: int = 60) -> list[Doc]:
     """Docstrings of the running interpreter's stdlib, parsed (never imported), in sorted file order."""
-    root = Path(sysconfig.get_paths()["stdlib"])
     docs, total = [], 0
-    if not root.is_dir():
-        return docs
-    for p in sorted(root.rglob("*.py")):
-        rel = p.relative_to(root).parts
-        if any(part in _SKIP_DIRS or part.startswith("config-") for part in rel):
-            continue
+    for p in _stdlib_files():
         try:
             tree = ast.parse(p.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
@@ -200,14 +203,8 @@ def stdlib_docstring_docs(max_chars: int | None = None, min_len: int = 60) -> li
 def stdlib_source_docs(max_chars: int | None = None, chunk_chars: int = 2400) -> list[Doc]:
     """The stdlib's source files (sorted, same skips as the docstrings), cut at blank lines into chunks
     of about `chunk_chars` characters: plenty of text with long-range repeats (names, signatures)."""
-    root = Path(sysconfig.get_paths()["stdlib"])
     docs, total = [], 0
-    if not root.is_dir():
-        return docs
-    for p in sorted(root.rglob("*.py")):
-        rel = p.relative_to(root).parts
-        if any(part in _SKIP_DIRS or part.startswith("config-") for part in rel):
-            continue
+    for p in _stdlib_files():
         try:
             text = p.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
