@@ -57,7 +57,7 @@ class BenchSettings:
     max_prompt_tokens: int | None = 2048
     producer: str = "vllm"                   # whose reading of the drafter's aux ids to apply
     producer_version: str | None = "0.24.0"
-    runner: str | None = None                # vLLM "v1"/"v2": where ids are read from (None: top level, then nested)
+    runner: str | None = None                # vLLM "v1"/"v2"/"auto": whose id reading (None = auto: as vLLM picks)
     draft_sampling: str = "sample"           # T > 0: "sample" (Leviathan) or "argmax" (vLLM V1)
     warmup: int = 1                          # untimed generations before the first unit
     engine: str = "hf"                       # hf (reference, any device) | vllm | sglang (GPU node)
@@ -158,15 +158,17 @@ class _Spec:
 
 def _load_spec(lm, s: BenchSettings, proposer=None) -> _Spec:
     from backend.drafter import Eagle3Drafter
-    from backend.engines.hf_spec import EagleProposer, drafter_aux_boundaries
+    from backend.drafter.aux import engine_feeds
+    from backend.engines.hf_spec import EagleProposer
 
     engine = s.producer if s.producer in ("vllm", "sglang") else "vllm"
     embed, head = lm.model.get_input_embeddings(), lm.model.get_output_embeddings()
     drafter = Eagle3Drafter.load(s.drafter, target_embed=embed.weight, target_lm_head=getattr(head, "weight", None),
                                  engine=engine, dtype=lm.dtype)
     drafter.check_target(lm.config, s.target)
-    aux = drafter_aux_boundaries(drafter.cfg, lm.n_layers, getattr(lm.config, "model_type", None), s.producer,
-                                 s.producer_version, s.runner)
+    aux = engine_feeds(drafter.cfg, lm.n_layers, getattr(lm.config, "model_type", None),
+                       getattr(lm.config, "architectures", None), s.producer, s.producer_version, s.runner,
+                       {"tensor_parallel_size": s.tensor_parallel_size, **(s.engine_options or {})})
     drafter.to(lm.device)
     info = {"path": str(Path(s.drafter).resolve()), "fingerprint": fingerprint(s.drafter),
             "format": drafter.cfg.source_format,

@@ -69,7 +69,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     b.add_argument("--producer-version", default=None,
                    help="that producer's release (default: the one SpecLens was checked against, e.g. vllm 0.24.0, "
                         "sglang 0.5.15)")
-    b.add_argument("--runner", choices=["v1", "v2"], help="vLLM model runner whose id reading to apply")
+    b.add_argument("--runner", choices=["auto", "v1", "v2"],
+                   help="vLLM model runner whose id reading to apply (default auto: the one vLLM picks for the target)")
     b.add_argument("--draft-sampling", default="sample", choices=["sample", "argmax"],
                    help="at T > 0: draft from q (standard) or argmax (vLLM V1)")
     b.add_argument("--server-url", help="vllm/sglang: bench a running server (OpenAI API) instead of starting one")

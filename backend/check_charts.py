@@ -25,10 +25,11 @@ SEVERITY_ORDER = ("error", "warning", "info", "ok")
 def lint_table(rep: dict) -> pd.DataFrame:
     """One row per engine reading: where it reads ids, the ids, what it feeds (or why it cannot)."""
     focus = rep["engine_feeds"]["name"]
-    rows = [{"engine": r["name"], "verdict is about": r["name"] == focus, "reads": r["reads"],
+    rows = [{"engine": r["name"], "verdict is about": r["name"] == focus,
+             "runs": "yes" if r.get("picked", True) else "no", "reads": r["reads"],
              "ids": "none" if r["ids"] is None else ", ".join(map(str, r["ids"])),
              "ids from": r["ids_from"] or "-", "feeds": ", ".join(r["boundaries"]) if r["boundaries"] else "-",
-             "problem": r["error"] or ""} for r in rep["lint"]]
+             "problem": r["error"] or (r.get("why") or "" if not r.get("picked", True) else "")} for r in rep["lint"]]
     return pd.DataFrame(rows)
 
 

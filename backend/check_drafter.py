@@ -29,6 +29,8 @@ from backend.model_id import fingerprint
 from backend.store.rundir import COMPLETE, RunDir, atomic_write_json, new_run_id
 
 RESULT = "check.json"
+SEVERITY_ORDER = ("error", "warning", "info", "ok")
+AT_CHANCE = "Inconclusive: the drafter predicts no better than chance"
 VERSION = 1
 DEFAULT_PROMPTS = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
 ENGINES = ("vllm", "sglang")
@@ -39,8 +41,10 @@ class CheckSettings:
     drafter: str
     target: str
     engine: str = "vllm"                     # the engine the verdict is about
-    engine_version: str | None = None        # default: vLLM 0.24.0 / SGLang 0.5.23
-    runner: str = "v2"                       # vLLM model runner (V2 is 0.24's default for Llama, Qwen3, ...)
+    engine_version: str | None = None        # default: vLLM 0.24.0 / SGLang 0.5.15 (coords.DEFAULT_VERSIONS)
+    runner: str = "auto"                     # vLLM model runner: auto decides as vLLM does (backend/vllm_runner.py)
+    engine_options: dict = field(default_factory=dict)   # vLLM engine options the runner choice depends on
+    lint_only: bool = False                  # config files only: no model is loaded
     prompts: str | None = None               # default: the Spec-Bench questions shipped in datasets/
     num_prompts: int = 16                    # spread evenly over the prompts file
     new_tokens: int = 64                     # the target's greedy answer per prompt
@@ -59,8 +63,8 @@ class CheckSettings:
     def validate(self) -> None:
         if self.engine not in ENGINES:
             raise SpecLensError(f"--engine {self.engine}: unknown; use vllm or sglang")
-        if self.runner not in ("v1", "v2"):
-            raise SpecLensError(f"--runner {self.runner}: unknown; use v2 (vLLM 0.24's default) or v1")
+        if self.runner not in ("auto", "v1", "v2"):
+            raise SpecLensError(f"--runner {self.runner}: unknown; use auto (decide as vLLM does), v2 or v1")
         for name, v, lo in (("--num-prompts", self.num_prompts, 1), ("--new-tokens", self.new_tokens, 2),
                             ("--num-spec-tokens", self.num_spec_tokens, 1), ("--training-files", self.training_files, 1)):
             if v < lo:
@@ -84,32 +88,43 @@ class CheckResult:
 
 def run_check(s: CheckSettings, name: str | None = None, root: Path | None = None, progress: bool = True,
               save: bool = True) -> CheckResult:
-    import torch
-
     s.validate()
     t0 = time.perf_counter()
+    from backend import vllm_runner
+    from backend.coords import DEFAULT_VERSIONS
     from backend.drafter import lint as L
 
-    cfg, target, weights = L.load(s.drafter, s.target)                     # one-line errors for wrong inputs
+    cfg, target, weights = L.load(s.drafter, s.target, weights_required=not s.lint_only)   # one-line errors
     versions = {s.engine: s.engine_version} if s.engine_version else {}
-    readings = L.engine_readings(cfg, target, versions)
-    focus = next(r for r in readings if r.engine == s.engine and (s.engine != "vllm" or r.runner == s.runner))
+    choice = vllm_runner.resolve(s.runner, target.architectures, versions.get("vllm") or DEFAULT_VERSIONS["vllm"],
+                                 s.engine_options)
+    readings = L.engine_readings(cfg, target, versions, choice)
+    focus = L.picked(readings, s.engine)
     findings = L.lint(cfg, target, weights, readings, focus)
     timing = {"lint": time.perf_counter() - t0}
-
-    device_is_cpu = s.device == "cpu" or (s.device == "auto" and not torch.cuda.is_available())
-    threads = torch.get_num_threads()
-    torch.set_num_threads(s.threads or (1 if device_is_cpu else threads))
-    try:
-        report = _empirical(s, cfg, target, weights, readings, focus, findings, timing, progress)
-    finally:
-        torch.set_num_threads(threads)
+    if s.lint_only:
+        report = _lint_report(s, cfg, target, weights, readings, focus, findings, choice)
+    else:
+        report = _run_empirical(s, cfg, target, weights, readings, focus, findings, timing, progress)
+        report["runner_choice"] = choice.to_json()
     timing["total"] = time.perf_counter() - t0
     report["timing"] = {k: round(v, 2) for k, v in timing.items()}
     run_id = new_run_id("check", name)
     report["run_id"] = run_id
     path = _save(run_id, s, report, root) if save else Path()
     return CheckResult(run_id, path, report)
+
+
+def _run_empirical(s: CheckSettings, cfg, target, weights, readings, focus, findings, timing, progress) -> dict:
+    import torch
+
+    device_is_cpu = s.device == "cpu" or (s.device == "auto" and not torch.cuda.is_available())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(s.threads or (1 if device_is_cpu else threads))
+    try:
+        return _empirical(s, cfg, target, weights, readings, focus, findings, timing, progress)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _prompt_ids(lm, s: CheckSettings) -> tuple[list[list[int]], str]:
@@ -170,10 +185,14 @@ def _empirical(s: CheckSettings, cfg, target, weights, readings, focus, findings
     by_labels = {tuple(c.boundaries): c for c in candidates}
     fed_c = by_labels.get(tuple(focus.boundaries)) if focus.boundaries else None
     convention = fd.convention_of(best.boundaries, written, target.n_layers) if best else None
-    verdict = _verdict(focus, fed_c, best, convention, target, s.num_spec_tokens)
+    chance = fd.chance(sample, s.num_spec_tokens) if best else None
+    verdict = _verdict(focus, fed_c, best, convention, target, s.num_spec_tokens, chance, candidates)
     if best:
         findings.insert(0, verdict)
-        findings.extend(_other_engines(readings, focus, best, target))
+        if verdict.text.startswith(AT_CHANCE):
+            best = None                      # nothing to name as trained, nor to compare other engines with
+        else:
+            findings.extend(_other_engines(readings, focus, best, target))
         findings.extend(_ranking_notes(candidates))
 
     data = None
@@ -186,34 +205,68 @@ def _empirical(s: CheckSettings, cfg, target, weights, readings, focus, findings
         data = dc.to_json()
         timing["training_data"] = time.perf_counter() - t
 
-    feeds = {**focus.to_json(), "accuracy": fed_c.to_json() if fed_c else None}
+    report = _common(s, cfg, target, weights, readings, focus, findings)
+    report["engine_feeds"]["accuracy"] = fed_c.to_json() if fed_c else None
+    report.update({
+        "semantics": semantics, "mode": "full",
+        "best_candidate": {**best.to_json(), "convention": convention} if best else None,
+        "candidates": [c.to_json() for c in candidates],
+        "chance": chance.to_json() if chance else None,
+        "ranked_by": "cross_entropy",
+        "verdict": verdict.text if candidates else "The finder did not run; see the findings.",
+        "verdict_severity": verdict.severity if candidates else "error",
+        "training_data": data,
+        "sample": {"prompts_file": str(Path(prompts_file).resolve()), "prompts": len(prompts),
+                   "answer_tokens": sample.answer_tokens, "scored_slots": candidates[0].tokens if candidates else 0,
+                   "new_tokens": s.new_tokens, "num_spec_tokens": s.num_spec_tokens, "device": str(lm.device),
+                   "dtype": s.dtype, "threads": _threads()},
+    })
+    return report
+
+
+def _common(s: CheckSettings, cfg, target, weights, readings, focus, findings) -> dict:
+    """The parts of a check report that come from the config files alone (a lint-only check is just these)."""
+    from backend.drafter import lint as L
+
     return {
         "version": VERSION, "drafter": str(Path(s.drafter).resolve()), "target": str(Path(s.target).resolve()),
         "engine": s.engine, "engine_version": focus.version, "runner": focus.runner if s.engine == "vllm" else None,
-        "semantics": semantics, "target_info": target.to_json(),
+        "semantics": s.engine, "target_info": target.to_json(),
         "drafter_info": {"format": cfg.source_format, "architecture": cfg.architecture, "num_aux": cfg.num_aux,
                          "num_aux_source": cfg.num_aux_source, "hidden_size": cfg.hidden_size,
                          "target_hidden_size": cfg.target_hidden_size, "vocab_size": cfg.vocab_size,
                          "draft_vocab_size": cfg.draft_vocab_size, "ids_top_level": cfg.aux_layer_ids_top,
-                         "ids_eagle_config": cfg.aux_layer_ids_nested, "has_embed_tokens": weights.has_embed,
-                         "has_lm_head": weights.has_lm_head,
+                         "ids_eagle_config": cfg.aux_layer_ids_nested,
+                         "has_embed_tokens": weights.has_embed if weights else None,
+                         "has_lm_head": weights.has_lm_head if weights else None, "config_file": cfg.config_file,
                          "flags": {k: getattr(cfg, k) for k in ("norm_before_fc", "fc_norm", "norm_before_residual",
                                                                  "norm_output", "tie_word_embeddings")}},
-        "engine_feeds": feeds,
+        "engine_feeds": focus.to_json(),
         "lint": [r.to_json() for r in readings],
-        "best_candidate": {**best.to_json(), "convention": convention} if best else None,
-        "candidates": [c.to_json() for c in candidates],
-        "ranked_by": "cross_entropy",
-        "verdict": verdict.text if best else "The finder did not run; see the findings.",
-        "verdict_severity": verdict.severity if best else "error",
         "findings": [asdict(f) for f in L.sort_findings(findings)],
-        "training_data": data,
-        "sample": {"prompts_file": str(Path(prompts_file).resolve()), "prompts": len(prompts),
-                   "answer_tokens": sample.answer_tokens, "scored_slots": best.tokens if best else 0,
-                   "new_tokens": s.new_tokens, "num_spec_tokens": s.num_spec_tokens, "device": str(lm.device),
-                   "dtype": s.dtype, "threads": _threads()},
+        "best_candidate": None, "candidates": [], "training_data": None,
         "settings": {k: v for k, v in asdict(s).items()},
     }
+
+
+def _lint_report(s: CheckSettings, cfg, target, weights, readings, focus, findings, choice) -> dict:
+    """`--lint-only`: what each engine feeds, from config files alone; what the drafter was trained on is open."""
+    report = _common(s, cfg, target, weights, readings, focus, findings)
+    fed = "; ".join(f"{r.name} feeds {', '.join(r.boundaries)}" if r.boundaries else
+                    f"{r.name} cannot serve it" + (f" (it would capture {', '.join(r.captures)})" if r.captures else "")
+                    for r in readings if r.picked)
+    runner = (f" vLLM runs its {choice.runner.upper()} model runner for {'/'.join(target.architectures) or 'this target'}"
+              f" ({choice.reason}).")
+    worst = min((f["severity"] for f in report["findings"]), key=SEVERITY_ORDER.index, default="info")
+    report.update({
+        "mode": "lint", "runner_choice": choice.to_json(),
+        "verdict": f"Lint only (config files, no model loaded): {fed}.{runner} Whether the drafter was trained on "
+                   f"these is not checked: run check-drafter without --lint-only (loads the target and the drafter) "
+                   f"to find out.",
+        "verdict_severity": worst if worst in ("error", "warning") else "info",
+        "sample": None,
+    })
+    return report
 
 
 def _threads() -> int:
@@ -237,12 +290,22 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def _verdict(focus, fed, best, convention, target, K: int):
+def _verdict(focus, fed, best, convention, target, K: int, chance=None, candidates=()):
     from backend.drafter.finder import SURE_Z
     from backend.drafter.lint import Finding, ids_for, where_to_write
 
     if best is None:
         return Finding("error", "no candidate could be scored", "finder")
+    if chance is not None and not any(chance.beaten_by(c) for c in candidates):
+        top = max(candidates, key=lambda c: c.step1 or 0)
+        return Finding("warning", (
+            f"{AT_CHANCE} on every one of the {len(candidates)} candidate "
+            f"boundary sets (best step-1 accuracy {_pct(top.step1)} on {', '.join(top.boundaries)}, against "
+            f"{_pct(chance.accuracy)} for always guessing the target's most frequent next token, {best.tokens} slots), "
+            f"so the sample cannot tell which boundaries it was trained on. Its weights may be untrained or random, "
+            f"or made for another target or tokenizer. To settle it: check that model.safetensors holds the trained "
+            f"weights and that --target is the drafter's own target; with a trained drafter, more prompts "
+            f"(--num-prompts) narrow it down."), "finder")
     b = ", ".join(best.boundaries)
     trained = (f"trained on {b} ({convention}): step-1 accuracy {_pct(best.step1)}, steps 1..{K} "
                f"{' / '.join(_pct(a) for a in best.accuracy)}, predicted tau {best.tau:.2f} at k={K}")
@@ -269,7 +332,7 @@ def _other_engines(readings, focus, best, target) -> list:
 
     out = []
     for r in readings:
-        if r is focus or not r.boundaries or r.error:
+        if r is focus or not r.boundaries or r.error or not r.picked:
             continue
         if r.boundaries == best.boundaries:
             out.append(Finding("ok", f"{r.name} feeds {', '.join(r.boundaries)}: what the drafter was trained on.",
@@ -303,20 +366,24 @@ def _save(run_id: str, s: CheckSettings, report: dict, root: Path | None) -> Pat
 
     t = report["target_info"]
     best = report.get("best_candidate") or {}
+    sample = report.get("sample") or {}                  # None in a lint-only check: nothing was sampled
+    lint_only = report.get("mode") == "lint"
     manifest = {
-        "kind": "check", "engine": "hf", "engine_version": _transformers_version(),
+        "kind": "check", "engine": "lint" if lint_only else "hf",
+        "engine_version": None if lint_only else _transformers_version(),
         "model": {"path": report["target"], "model_type": t["model_type"], "n_layers": t["n_layers"],
                   "hidden_size": t["hidden_size"], "vocab_size": t["vocab_size"],
                   "fingerprint": fingerprint(report["target"])},
         "drafter": {"path": report["drafter"], "format": report["drafter_info"]["format"],
                     "fingerprint": fingerprint(report["drafter"])},
-        "dtype": s.dtype, "device": report["sample"]["device"], "dataset": Path(report["sample"]["prompts_file"]).name,
+        "dtype": None if lint_only else s.dtype, "device": sample.get("device", "none"),
+        "dataset": Path(sample["prompts_file"]).name if sample else None,
         "boundaries": best.get("boundaries") or [],
         "check": {"engine": s.engine, "engine_version": report["engine_version"], "runner": report["runner"],
                   "feeds": report["engine_feeds"]["boundaries"], "best": best.get("boundaries"),
-                  "severity": report["verdict_severity"]},
+                  "severity": report["verdict_severity"], "mode": report.get("mode", "full")},
         "settings": asdict(s), "progress": {"done": 1, "total": 1},
-        "headline": {"tokens": report["sample"]["answer_tokens"], "prompts": report["sample"]["prompts"],
+        "headline": {"tokens": sample.get("answer_tokens", 0), "prompts": sample.get("prompts", 0),
                      "seconds": report["timing"]["total"]},
     }
     rd = RunDir.create(run_id, manifest, root)
@@ -368,8 +435,10 @@ def _ids(text: str | None) -> list[int] | None:
 
 
 def cmd_check(a: argparse.Namespace) -> int:
+    from backend.bench_cli import engine_options
+
     s = CheckSettings(drafter=a.drafter, target=a.target, engine=a.engine, engine_version=a.engine_version,
-                      runner=a.runner, prompts=a.prompts, num_prompts=a.num_prompts, new_tokens=a.new_tokens,
+                      runner=a.runner, engine_options=engine_options(a.engine_option), lint_only=a.lint_only, prompts=a.prompts, num_prompts=a.num_prompts, new_tokens=a.new_tokens,
                       max_prompt_tokens=a.max_prompt_tokens, num_spec_tokens=a.num_spec_tokens,
                       chat_template=not a.no_chat_template, search=not a.no_search, device=a.device, dtype=a.dtype,
                       threads=a.threads, training_data=a.training_data, training_format=a.training_format,
@@ -392,7 +461,11 @@ def print_report(rep: dict, out=None) -> None:
     for r in rep["lint"]:
         fed = ", ".join(r["boundaries"]) if r["boundaries"] else "cannot serve"
         ids = "none" if r["ids"] is None else str(r["ids"])
-        w(f"  {r['name']:<26} reads {r['reads']:<34} ids {ids:<12} ({r['ids_from'] or '-'}) -> {fed}")
+        mark = "" if r.get("picked", True) else "   [not the runner vLLM picks]"
+        w(f"  {r['name']:<26} reads {r['reads']:<34} ids {ids:<12} ({r['ids_from'] or '-'}) -> {fed}{mark}")
+    ch = rep.get("runner_choice")
+    if ch:
+        w(f"  vLLM runner: {ch['runner'].upper()} ({ch['reason']})")
     if rep["candidates"]:
         K = rep["sample"]["num_spec_tokens"]
         w()
@@ -413,11 +486,21 @@ def print_report(rep: dict, out=None) -> None:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     c = subparsers.add_parser("check-drafter", help="will an engine feed this EAGLE-3 drafter the hidden states it "
                                                     "was trained on? (lint, empirical finder, training data)")
-    c.add_argument("--drafter", required=True, help="EAGLE-3 drafter directory (config.json + model.safetensors)")
-    c.add_argument("--target", required=True, help="target HF model directory")
+    c.add_argument("--drafter", required=True, help="EAGLE-3 drafter directory (config.json + model.safetensors), or "
+                                                    "its config file with --lint-only")
+    c.add_argument("--target", required=True, help="target HF model directory (with --lint-only: a directory holding "
+                                                   "config.json, or the config file)")
     c.add_argument("--engine", default="vllm", choices=ENGINES, help="the engine the verdict is about (default vllm)")
-    c.add_argument("--engine-version", help="default: vLLM 0.24.0, SGLang 0.5.23")
-    c.add_argument("--runner", default="v2", choices=["v2", "v1"], help="vLLM model runner (default v2, as 0.24)")
+    c.add_argument("--engine-version", help="default: vLLM 0.24.0, SGLang 0.5.15")
+    c.add_argument("--runner", default="auto", choices=["auto", "v2", "v1"],
+                   help="vLLM model runner (default auto: as vLLM picks it from the target's architectures, the engine "
+                        "options and VLLM_USE_V2_MODEL_RUNNER)")
+    c.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a vLLM engine option the runner choice depends on (pipeline_parallel_size=2, enable_dbo=true, "
+                        "compilation_config='{\"mode\": 1}', ...); repeatable")
+    c.add_argument("--lint-only", action="store_true",
+                   help="config files only (drafter and target config.json, the weights' header when present): what "
+                        "each engine feeds, no model loaded")
     c.add_argument("--prompts", help=f"Spec-Bench style JSONL or text (default {DEFAULT_PROMPTS.relative_to(REPO_ROOT)})")
     c.add_argument("--num-prompts", type=int, default=16, help="prompts, spread over the file (default 16)")
     c.add_argument("--new-tokens", type=int, default=64, help="the target's greedy answer per prompt (default 64)")

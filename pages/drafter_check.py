@@ -32,12 +32,16 @@ metric = ui.select("Rank chart by", list(check_charts.METRICS), "metric", "step1
                    format_func=lambda m: check_charts.METRICS[m][0])
 rep = ui.guarded(load_check, run)
 
-s = rep["sample"]
-st.caption(f"Drafter `{rep['drafter']}` ({rep['drafter_info']['format']} format, k={rep['drafter_info']['num_aux']}) on "
-           f"target `{rep['target']}` ({rep['target_info']['n_layers']} layers); verdict for "
-           f"{rep['engine_feeds']['name']}, drafter run with {rep['semantics']}'s semantics. Sample: {s['prompts']} "
-           f"prompts from `{s['prompts_file'].rsplit('/', 1)[-1]}`, {s['scored_slots']} scored slots, K = "
-           f"{s['num_spec_tokens']} draft steps, {s['device']}; check took {rep['timing']['total']:.1f} s.")
+s = rep.get("sample")
+about = (f"Drafter `{rep['drafter']}` ({rep['drafter_info']['format']} format, k={rep['drafter_info']['num_aux']}) on "
+         f"target `{rep['target']}` ({rep['target_info']['n_layers']} layers); verdict for {rep['engine_feeds']['name']}")
+if s:
+    st.caption(f"{about}, drafter run with {rep['semantics']}'s semantics. Sample: {s['prompts']} prompts from "
+               f"`{s['prompts_file'].rsplit('/', 1)[-1]}`, {s['scored_slots']} scored slots, K = "
+               f"{s['num_spec_tokens']} draft steps, {s['device']}; check took {rep['timing']['total']:.1f} s.")
+else:
+    st.caption(f"{about}. Lint only (`--lint-only`): read from the config files, no model loaded, so what the drafter "
+               f"was trained on is not checked; took {rep['timing']['total']:.2f} s.")
 show, icon = BANNER.get(rep["verdict_severity"], BANNER["warning"])
 show(rep["verdict"], icon=icon)
 
@@ -45,6 +49,10 @@ st.subheader("What each engine feeds")
 st.caption("From the drafter's config.json and the conventions table (backend/conventions.yaml): where each engine "
            "reads the aux layer ids, and the target boundaries (S_b = input of layer b, F = after the final norm) "
            "it will capture and feed.")
+choice = rep.get("runner_choice")
+if choice:
+    st.caption(f"vLLM model runner: **{choice['runner'].upper()}** ({choice['reason']}; `--runner {choice['requested']}`). "
+               "The V2 runner reads only top-level ids, V1 the top level, then `eagle_config`.")
 st.dataframe(check_charts.lint_table(rep), hide_index=True, key="lint", column_config={
     "verdict is about": st.column_config.CheckboxColumn("verdict"),
     "problem": st.column_config.TextColumn(width="large")})

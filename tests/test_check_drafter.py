@@ -328,3 +328,45 @@ def test_compare_names_the_mismatch_from_the_check(pair, root, checks) -> None:
     assert len(lines) == 1, lines
     assert lines[0].startswith("`cmp-drafter-after-layer`: the engine fed S_2, S_4, S_5, but drafter check "
                                "`chk-after` finds drafter-after-layer was trained on S_3, S_5, S_6 (off by one")
+
+
+# ---------------------------------------------------------------------------- evidence too weak to tell
+
+def _randomise(sd: dict) -> None:
+    g = torch.Generator().manual_seed(7)
+    for k, v in sd.items():
+        if v.is_floating_point():
+            sd[k] = torch.randn(v.shape, generator=g) * (0.5 if v.dim() < 2 else 1 / max(v.shape[-1], 1) ** 0.5)
+
+
+def test_random_drafter_is_inconclusive_never_match(pair, tmp_path, data_root, one_torch_thread) -> None:
+    """Bar: a drafter with random weights (top-1 near 0% on every candidate) never gets Match or Mismatch."""
+    d = drafter_copy(pair, tmp_path, weights=_randomise)
+    rep = run_check(CheckSettings(drafter=str(d), target=str(pair / "target"), device="cpu", num_prompts=6,
+                                  new_tokens=32, prompts=str(_heldout(pair))), root=data_root, progress=False).report
+    assert rep["verdict"].startswith("Inconclusive: the drafter predicts no better than chance"), rep["verdict"]
+    assert rep["verdict_severity"] == "warning" and rep["best_candidate"] is None
+    assert "Match" not in rep["verdict"] and "Mismatch" not in rep["verdict"]
+    assert rep["chance"]["accuracy"] >= max(c["step1_accuracy"] for c in rep["candidates"]) - 0.05
+    assert not any(f["text"].startswith(("Match", "Mismatch")) for f in rep["findings"])
+
+
+def test_trained_drafter_beats_chance(checks) -> None:
+    """The chance check must not fire on a real drafter: the matched toy drafter is far above its chance level."""
+    rep = checks["matched"].report
+    assert rep["chance"]["accuracy"] + 0.2 < rep["best_candidate"]["step1_accuracy"]
+    assert rep["verdict"].startswith("Match")
+
+
+def test_search_stays_inside_the_stack(pair, tmp_path, data_root, one_torch_thread) -> None:
+    """Ids that put S_0 first and S_N last: the candidates and the neighbour search never leave S_0..S_N, F."""
+    from backend.drafter import finder as fd
+
+    assert all("S_-1" not in nb and "S_9" not in nb for nb in fd.neighbours(("S_0", "S_4", "S_8"), 8))
+    assert ("S_0", "S_4", "F") in fd.neighbours(("S_0", "S_4", "S_8"), 8)
+    d = drafter_copy(pair, tmp_path, edit=lambda raw: raw.update(eagle_aux_hidden_state_layer_ids=[0, 4, 8]))
+    rep = run_check(CheckSettings(drafter=str(d), target=str(pair / "target"), device="cpu", num_prompts=4,
+                                  new_tokens=24, prompts=str(_heldout(pair))), root=data_root, progress=False).report
+    seen = {b for c in rep["candidates"] for b in c["boundaries"]}
+    assert seen <= set(ALL), seen
+    assert rep["engine_feeds"]["boundaries"] == ["S_0", "S_4", "S_8"]

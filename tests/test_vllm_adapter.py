@@ -221,7 +221,16 @@ def test_prediction_follows_the_runner(tmp_path):
         "max_position_embeddings": 1024}
     cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 3, 6], "use_aux_hidden_state": True}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    info = SimpleNamespace(hidden_size=64, n_layers=8, model_type="llama", config=SimpleNamespace(vocab_size=512))
-    assert predicted_aux(str(tmp_path), info, "vllm")["aux"]["boundaries"] == ["S_2", "S_4", "S_5"]
+    info = SimpleNamespace(hidden_size=64, n_layers=8, model_type="llama",
+                           config=SimpleNamespace(vocab_size=512, architectures=["LlamaForCausalLM"]))
+    assert predicted_aux(str(tmp_path), info, "vllm")["aux"]["boundaries"] == ["S_2", "S_4", "S_5"]     # auto: V2
+    # auto follows vLLM's own choice: a DeepSeek-V3 target runs V1 (seen on the H200), which reads the nested ids
+    ds = SimpleNamespace(hidden_size=64, n_layers=8, model_type="deepseek_v3",
+                         config=SimpleNamespace(vocab_size=512, architectures=["DeepseekV3ForCausalLM"]))
+    pred = predicted_aux(str(tmp_path), ds, "vllm")["aux"]
+    assert pred["boundaries"] == ["S_1", "S_3", "S_6"] and pred["runner"] == "v1" and "DeepseekV3" in pred["runner_reason"]
+    # an engine option V2 does not support sends a Llama target to V1 too
+    pp = predicted_aux(str(tmp_path), info, "vllm", None, {"pipeline_parallel_size": 2})["aux"]
+    assert pp["boundaries"] == ["S_1", "S_3", "S_6"] and "pipeline parallelism" in pp["runner_reason"]
     assert predicted_aux(str(tmp_path), info, "vllm", "v2")["aux"]["boundaries"] == ["S_2", "S_4", "S_5"]
     assert predicted_aux(str(tmp_path), info, "vllm", "v1")["aux"]["boundaries"] == ["S_1", "S_3", "S_6"]

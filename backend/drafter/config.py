@@ -88,7 +88,8 @@ class DrafterConfig:
     source_format: str = "eagle"          # one of FORMATS
     speculative_tokens: int | None = None  # speculators proposal_methods[0].speculative_tokens
     verifier: str | None = None           # speculators verifier name_or_path
-    name: str = ""                        # where it was loaded from
+    name: str = ""                        # where it was loaded from (the directory)
+    config_file: str = ""                 # the config file read (config.json, or a file given by name)
     # filled in from the weights at load time (None = not known from the config alone)
     has_embed_tokens: bool | None = None
     has_lm_head: bool | None = None
@@ -215,7 +216,7 @@ def load_config(path: str | Path) -> DrafterConfig:
     except json.JSONDecodeError as e:
         raise SpecLensError(f"{file}: not valid JSON ({e.msg} at line {e.lineno}); fix or re-download the file") from None
     cfg = config_from_dict(raw, str(file))
-    cfg.name = str(file.parent)
+    cfg.name, cfg.config_file = str(file.parent), str(file)
     return cfg
 
 

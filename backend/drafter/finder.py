@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
 from backend import coords
+from backend.errors import SpecLensError
 
 if TYPE_CHECKING:
     import torch
@@ -78,7 +79,11 @@ def sample_target(lm: "LoadedModel", prompts: list[list[int]], new_tokens: int, 
 # ---------------------------------------------------------------------------- candidates
 
 def _valid(labels: Iterable[str], n: int) -> bool:
-    return all(lbl == "F" or 0 <= coords.label_index(lbl) <= n for lbl in labels)
+    """Every label a boundary of this target: S_0..S_N or F (a shift below S_0 or past S_N is not)."""
+    try:
+        return all(lbl == "F" or 0 <= coords.label_index(lbl) <= n for lbl in labels)
+    except SpecLensError:                      # e.g. 'S_-1' from shifting S_0 one boundary earlier
+        return False
 
 
 def _norm(labels: Iterable[str], n: int) -> tuple[str, ...] | None:
@@ -90,7 +95,7 @@ def _norm(labels: Iterable[str], n: int) -> tuple[str, ...] | None:
 
 
 def _shift(labels: Iterable[str], d: int) -> list[str]:
-    return [lbl if lbl == "F" else f"S_{int(coords.label_index(lbl)) + d}" for lbl in labels]
+    return [lbl if lbl == "F" else coords.S(int(coords.label_index(lbl)) + d).label for lbl in labels]
 
 
 def candidate_sets(n: int, k: int, fed: list[tuple[str, list[str]]], focus: list[str] | None,
@@ -136,7 +141,7 @@ def neighbours(labels: tuple[str, ...], n: int) -> list[tuple[str, ...]]:
         moves = ["S_%d" % n] if lbl == "F" else ["F"] if lbl == f"S_{n}" else []
         if lbl != "F":
             b = int(coords.label_index(lbl))
-            moves += [f"S_{b - 1}", f"S_{b + 1}"]
+            moves += [coords.S(c).label for c in (b - 1, b + 1) if 0 <= c <= n]     # stay inside S_0..S_N
         for m in moves:
             key = _norm([*labels[:i], m, *labels[i + 1:]], n)
             if key is not None and len(key) == len(labels) and key not in out:
@@ -207,6 +212,39 @@ def evaluate(d: "Eagle3Drafter", sample: TargetSample, labels: list[str], steps:
     accept = H.cumprod(0).mean(1).tolist()
     return Candidate(list(labels), [], accuracy=acc, acceptance=accept, tau=1 + sum(accept),
                      cross_entropy=float(C.mean()), tokens=int(H.shape[1]), ce_tokens=C.mean(0))
+
+
+@dataclass
+class Chance:
+    """What a predictor that ignores the hidden states scores on the sample: always the most frequent next token."""
+    accuracy: float            # step-1 top-1 agreement of that predictor with the target
+    token: int                 # the token it always guesses
+    slots: int
+
+    def beaten_by(self, c: Candidate) -> bool:
+        """`c` predicts clearly better than chance: step-1 accuracy above chance by more than 3 standard errors
+        (and at least one point)."""
+        if c.step1 is None or c.tokens == 0:
+            return False
+        se = math.sqrt(max(self.accuracy * (1 - self.accuracy), 1.0 / c.tokens) / c.tokens)
+        return c.step1 > self.accuracy + max(3 * se, 0.01)
+
+    def to_json(self) -> dict:
+        return {"accuracy": round(self.accuracy, 6), "token": self.token, "slots": self.slots}
+
+
+def chance(sample: TargetSample, steps: int) -> Chance:
+    """The always-the-most-frequent-token baseline on the slots `evaluate` scores at step 1."""
+    import torch
+
+    nxt = [lp[: max(len(tok) - steps - P + 1, 0)].argmax(-1) for tok, P, lp in
+           zip(sample.tokens, sample.prompt_lens, sample.logprobs)]                # the target's next token per slot
+    allx = torch.cat(nxt) if nxt else torch.zeros(0, dtype=torch.long)
+    if allx.numel() == 0:
+        return Chance(0.0, -1, 0)
+    vals, counts = allx.unique(return_counts=True)
+    i = int(counts.argmax())
+    return Chance(float(counts[i]) / allx.numel(), int(vals[i]), int(allx.numel()))
 
 
 def paired_z(worse: Candidate, better: Candidate) -> float:

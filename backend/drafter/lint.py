@@ -20,15 +20,18 @@ import json
 import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from backend import coords
 from backend.drafter.config import DrafterConfig, load_config
 from backend.errors import SpecLensError
 
+if TYPE_CHECKING:
+    from backend.vllm_runner import RunnerChoice
+
 SEVERITIES = ("error", "warning", "info", "ok")
-# (producer, default version, runner) of each engine reading the lint reports
-ENGINE_READINGS = (("vllm", "0.24.0", "v2"), ("vllm", "0.24.0", "v1"), ("sglang", "0.5.23", None))
-DEFAULT_VERSION = {"vllm": "0.24.0", "sglang": "0.5.23"}
+# (producer, runner) of each engine reading the lint reports; versions default to coords.DEFAULT_VERSIONS
+ENGINE_READINGS = (("vllm", "v2"), ("vllm", "v1"), ("sglang", None))
 _WHERE = {"top_level": "top-level ids only", "top_then_nested": "top-level ids, then eagle_config",
           "nested": "eagle_config ids only"}
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
@@ -52,6 +55,9 @@ class Reading:
     ids_from: str | None          # "top level" | "eagle_config" | "<engine> default"
     boundaries: list[str] | None  # what it feeds, ascending (None: it cannot serve this drafter, see error)
     error: str | None = None
+    captures: list[str] | None = None  # what it would capture from the ids it reads, even when it cannot serve
+    picked: bool = True           # vLLM: the runner vLLM itself picks for this target (backend/vllm_runner.py)
+    why: str | None = None        # vLLM: why that runner is (or is not) the one vLLM picks
 
     @property
     def name(self) -> str:
@@ -71,6 +77,8 @@ class TargetInfo:
     model_type: str | None
     family: str
     raw: dict = field(default_factory=dict, repr=False)
+    architectures: list[str] = field(default_factory=list)
+    config_file: str = ""
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -103,12 +111,14 @@ class WeightInfo:
 # ---------------------------------------------------------------------------- inputs
 
 def target_info(path: str | Path) -> TargetInfo:
-    """The target's shape from its config.json (multimodal targets: the text_config)."""
-    from backend.engines.hf import model_config
+    """The target's shape from its config.json (a model directory or the config file itself; multimodal targets:
+    the text_config). Reads no weights, so a config-only directory of a 671B target is enough."""
+    from backend.vllm_runner import architectures_of
 
-    raw = model_config(path)
+    p = Path(path)
+    f = p if p.is_file() else p / "config.json"
+    raw = _json_file(f, "target config")
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
-    f = Path(path) / "config.json"
     try:
         n, h, v = int(text["num_hidden_layers"]), int(text["hidden_size"]), int(text["vocab_size"])
     except (KeyError, TypeError, ValueError) as e:
@@ -116,13 +126,29 @@ def target_info(path: str | Path) -> TargetInfo:
                             "hidden_size / vocab_size; pass --target a causal LM directory saved with "
                             "save_pretrained") from None
     mt = text.get("model_type") or raw.get("model_type")
-    return TargetInfo(str(path), n, h, v, mt, coords.family_of(mt), raw)
+    return TargetInfo(str(path), n, h, v, mt, coords.family_of(mt), raw, architectures_of(raw), str(f))
 
 
-def weight_info(drafter_dir: str | Path) -> WeightInfo:
-    """Tensor shapes from the safetensors header (no tensor is read) and the d2t offsets."""
+def _json_file(f: Path, what: str) -> dict:
+    if not f.is_file():
+        raise SpecLensError(f"{f}: no {what}; pass --target a model directory holding config.json (saved with "
+                            f"save_pretrained), or the config file itself")
+    try:
+        d = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpecLensError(f"{f}: {what} is not valid JSON ({type(e).__name__}); fix or re-download it") from None
+    if not isinstance(d, dict):
+        raise SpecLensError(f"{f}: {what} is not a JSON object; pass a config.json")
+    return d
+
+
+def weight_info(drafter_dir: str | Path, required: bool = True) -> WeightInfo | None:
+    """Tensor shapes from the safetensors header (no tensor is read) and the d2t offsets (None: no weights file
+    and not `required`, as in a lint of a config alone)."""
     f = Path(drafter_dir) / "model.safetensors"
     if not f.is_file():
+        if not required:
+            return None
         raise SpecLensError(f"{f}: no drafter weights; put model.safetensors next to config.json")
     try:
         with open(f, "rb") as fh:
@@ -135,19 +161,19 @@ def weight_info(drafter_dir: str | Path) -> WeightInfo:
     if any(k == "d2t" or k.endswith(".d2t") for k in shapes):
         from safetensors import safe_open
 
-        with safe_open(str(f), "pt") as st:
+        with safe_open(str(f), "numpy") as st:                      # numpy: a lint imports no torch
             key = next(k for k in st.keys() if k == "d2t" or k.endswith(".d2t"))
             d2t = [int(x) for x in st.get_tensor(key).tolist()]
     return WeightInfo(str(f), shapes, d2t)
 
 
 def _cfg_file(cfg: DrafterConfig) -> str:
-    return str(Path(cfg.name) / "config.json")
+    return cfg.config_file or str(Path(cfg.name) / "config.json")
 
 
 def check_inputs(cfg: DrafterConfig, target: TargetInfo) -> None:
     """One-line errors for a drafter that cannot belong to this target, naming the file and the fix."""
-    f, tf = _cfg_file(cfg), str(Path(target.path) / "config.json")
+    f, tf = _cfg_file(cfg), target.config_file or str(Path(target.path) / "config.json")
     if cfg.target_hidden_size != target.hidden_size:
         src = "target_hidden_size" if "target_hidden_size" in _raw(cfg) else "hidden_size (no target_hidden_size)"
         raise SpecLensError(f"{f}: {src} {cfg.target_hidden_size} but the target {tf} has hidden_size "
@@ -173,36 +199,58 @@ def check_inputs(cfg: DrafterConfig, target: TargetInfo) -> None:
 
 def _raw(cfg: DrafterConfig) -> dict:
     try:
-        return json.loads((Path(cfg.name) / "config.json").read_text())
+        return json.loads(Path(_cfg_file(cfg)).read_text())
     except (OSError, json.JSONDecodeError):
         return {}
 
 
 # ---------------------------------------------------------------------------- engine readings
 
-def engine_readings(cfg: DrafterConfig, target: TargetInfo, versions: dict[str, str] | None = None) -> list[Reading]:
-    """What vLLM (V2 and V1 runners) and SGLang will feed this drafter on this target."""
-    from backend.engines.hf_spec import drafter_aux_boundaries
+def engine_readings(cfg: DrafterConfig, target: TargetInfo, versions: dict[str, str] | None = None,
+                    runner: "RunnerChoice | None" = None) -> list[Reading]:
+    """What vLLM (V2 and V1 runners) and SGLang will feed this drafter on this target.
 
-    versions = {**DEFAULT_VERSION, **(versions or {})}
+    Both vLLM runners are listed; `picked` marks the one vLLM itself uses for this target (`runner`, default: as
+    vLLM decides from the target's architectures and this process's environment, backend/vllm_runner.py)."""
+    from backend.drafter.aux import drafter_aux_boundaries
+    from backend.vllm_runner import resolve
+
+    versions = {**coords.DEFAULT_VERSIONS, **{k: v for k, v in (versions or {}).items() if v}}
+    choice = runner or resolve("auto", target.architectures, versions["vllm"])
     out = []
-    for producer, _, runner in ENGINE_READINGS:
+    for producer, rn in ENGINE_READINGS:
         version = versions[producer]
-        conv = coords.convention_for(producer, version, target.family, runner)   # unknown version: one-line error
-        rule = (conv.ids_from.get(runner) if runner else None) or conv.ids_from.get("any") or "top_then_nested"
-        row = Reading(producer, version, runner, _WHERE.get(rule, rule), None, None, None)
+        conv = coords.convention_for(producer, version, target.family, rn)   # unknown version: one-line error
+        rule = (conv.ids_from.get(rn) if rn else None) or conv.ids_from.get("any") or "top_then_nested"
+        row = Reading(producer, version, rn, _WHERE.get(rule, rule), None, None, None)
+        if rn:
+            row.picked = rn == choice.runner
+            row.why = choice.reason if row.picked else f"not picked: vLLM uses {choice.runner.upper()} ({choice.reason})"
         try:
-            aux = drafter_aux_boundaries(cfg, target.n_layers, target.model_type, producer, version, runner)
+            aux = drafter_aux_boundaries(cfg, target.n_layers, target.model_type, producer, version, rn)
             row.ids, row.ids_from, row.boundaries = aux["ids"], aux["ids_from"], aux["boundaries"]
+            row.captures = row.boundaries
         except SpecLensError as e:
             row.error = str(e)
             top, nested = cfg.aux_layer_ids_top, cfg.aux_layer_ids_nested
             row.ids = {"top_level": top, "nested": nested}.get(rule, top or nested)
+            try:                                     # e.g. 4 ids for an fc built for 3: captured, then fails to load
+                bs = coords.resolve_ids(producer, row.ids or None, target.n_layers, version=version,
+                                        family=target.family, runner=rn)
+                row.captures = coords.labels(sorted(set(bs), key=lambda b: b.sort_key()))
+            except SpecLensError:
+                row.captures = None
         if producer == "sglang" and cfg.source_format != "eagle" and row.error is None:
             row.error = (f"SGLang loads only the EAGLE/SpecForge format (LlamaForCausalLMEagle3); this is "
                          f"{cfg.source_format}; it would feed {', '.join(row.boundaries or [])} once converted")
+            row.boundaries = None                    # it feeds nothing: it cannot load the drafter
         out.append(row)
     return out
+
+
+def picked(readings: list[Reading], engine: str) -> Reading:
+    """The reading of `engine` that the engine really uses (vLLM: the runner it picks)."""
+    return next(r for r in readings if r.engine == engine and r.picked)
 
 
 def ids_for(reading: Reading, boundaries: list[str], target: TargetInfo) -> list[int] | None:
@@ -232,9 +280,10 @@ def _b(labels: list[str] | None) -> str:
     return ", ".join(labels) if labels else "-"
 
 
-def lint(cfg: DrafterConfig, target: TargetInfo, weights: WeightInfo, readings: list[Reading],
+def lint(cfg: DrafterConfig, target: TargetInfo, weights: WeightInfo | None, readings: list[Reading],
          focus: Reading) -> list[Finding]:
-    """Findings about the config, the weights and the engine readings (most severe first)."""
+    """Findings about the config, the weights (None: a config alone, so no shape, d2t or embedding checks) and
+    the engine readings (most severe first)."""
     out: list[Finding] = []
     f = _cfg_file(cfg)
     by = {(r.engine, r.runner): r for r in readings}
@@ -249,30 +298,39 @@ def lint(cfg: DrafterConfig, target: TargetInfo, weights: WeightInfo, readings: 
     # where the ids are written, against where each engine reads them
     if nested and not top and v2 and v1 and v2.boundaries:
         same = v1.boundaries == v2.boundaries
-        out.append(Finding("info" if same else "error" if focus is v2 else "warning", (
-            f"{f}: ids {nested} are written only in eagle_config; vLLM {v2.version}'s V2 model runner (the default "
-            f"for Llama, Qwen3, DeepSeek-V2, Mistral) reads only the top-level {IDS_KEY}, ignores them and feeds "
-            f"its default {_b(v2.boundaries)}" + (", which happens to be what the V1 runner reads them as" if same else
+        if v2.picked:
+            out.append(Finding("info" if same else "error" if focus is v2 else "warning", (
+                f"{f}: ids {nested} are written only in eagle_config; vLLM {v2.version} picks its V2 model runner "
+                f"for this target ({v2.why}), which reads only the top-level {IDS_KEY}, ignores them and feeds its "
+                f"default {_b(v2.boundaries)}" + (", which happens to be what the V1 runner reads them as" if same else
                                                   f" (the V1 runner, VLLM_USE_V2_MODEL_RUNNER=0, feeds "
                                                   f"{_b(v1.boundaries)})")
-            + f". Fix: also write top-level {IDS_KEY}: {nested}.")))
+                + f". Fix: also write top-level {IDS_KEY}: {nested}.")))
+        else:
+            out.append(Finding("info" if same else "warning", (
+                f"{f}: ids {nested} are written only in eagle_config; vLLM {v1.version} picks its V1 model runner "
+                f"for this target ({v1.why}), which reads them and feeds {_b(v1.boundaries)}" + (
+                    "." if same else
+                    f"; the V2 runner (VLLM_USE_V2_MODEL_RUNNER=1, or a release that moves this architecture to V2) "
+                    f"would ignore them and feed its default {_b(v2.boundaries)}. Fix, to be safe on both runners: "
+                    f"also write top-level {IDS_KEY}: {nested}."))))
     if top and not nested and sg and (sg.boundaries or sg.error):
-        vl = v2 or v1
+        vl = next((r for r in (v2, v1) if r and r.picked), v2 or v1)
         same = bool(vl and vl.boundaries == sg.boundaries)
         out.append(Finding("info" if same else "error" if focus is sg else "warning", (
             f"{f}: ids {top} are written only at the top level; SGLang reads only eagle_config.{IDS_KEY}, ignores "
-            f"them and feeds its default {_b(sg.boundaries)}" + (f", where vLLM feeds {_b(vl.boundaries)}" if vl
+            f"them and {'feeds' if sg.boundaries else 'would feed'} its default {_b(sg.boundaries or sg.captures)}" + (f", where vLLM feeds {_b(vl.boundaries)}" if vl
                                                                  and vl.boundaries else "")
             + f". Fix: write eagle_config.{IDS_KEY} as SGLang numbers them (id a -> S_(a+1) for most families).")))
     if top and nested and top != nested:
         out.append(Finding("info", f"{f}: top-level ids {top} and eagle_config ids {nested} differ: vLLM reads the "
                                    f"top-level ones, SGLang the eagle_config ones (fine when each is written in that "
                                    f"engine's numbering)."))
-    fed = {r.name: tuple(r.boundaries) for r in readings if r.boundaries and not r.error}
+    fed = {r.name: tuple(r.boundaries) for r in readings if r.boundaries and not r.error and r.picked}
     if len(set(fed.values())) > 1:
         out.append(Finding("warning", "The engines feed different boundaries: " + "; ".join(
             f"{name} {_b(list(b))}" for name, b in fed.items()) + ". At most one of them is what the drafter was "
-            "trained on; the finder below says which."))
+            "trained on; the finder (check-drafter without --lint-only) says which."))
     ids_any = top if top is not None else nested
     if ids_any and any(a < 0 for a in ids_any):
         out.append(Finding("warning", f"{f}: negative id(s) {[a for a in ids_any if a < 0]}: vLLM never captures "
@@ -280,6 +338,12 @@ def lint(cfg: DrafterConfig, target: TargetInfo, weights: WeightInfo, readings: 
     if ids_any and list(ids_any) != sorted(ids_any):
         out.append(Finding("info", f"{f}: ids {ids_any} are not ascending; vLLM concatenates aux states in "
                                    f"ascending layer order whatever the order written."))
+
+    if weights is None:
+        out.append(Finding("info", f"No model.safetensors next to {f}: fc width, d2t, embeddings and LM head were not "
+                                   f"checked (config only)."))
+        out.extend(_flag_findings(cfg, f))
+        return sort_findings(out)
 
     # k (aux count) against fc, and the fields vLLM/SGLang need for it
     fc = weights.shape("fc.weight")
@@ -315,7 +379,20 @@ def lint(cfg: DrafterConfig, target: TargetInfo, weights: WeightInfo, readings: 
             out.append(Finding("info", f"{weights.file}: d2t is all zeros with a draft vocab of {cfg.draft_vocab_size}: "
                                        f"the draft vocab is the first {cfg.draft_vocab_size} target ids."))
 
-    # flags whose meaning differs between engines
+    out.extend(_flag_findings(cfg, f))
+
+    # embeddings and LM head the engines substitute
+    if not weights.has_embed:
+        out.append(Finding("info", "The checkpoint has no embed_tokens: both engines use the target's embeddings."))
+    if not weights.has_lm_head and not cfg.tie_word_embeddings:
+        out.append(Finding("warning", f"{weights.file}: no lm_head.weight: vLLM would start from an uninitialised "
+                                      f"LM head; SGLang uses the target's only without draft_vocab_size."))
+    return sort_findings(out)
+
+
+def _flag_findings(cfg: DrafterConfig, f: str) -> list[Finding]:
+    """Flags whose meaning differs between engines, from the config alone."""
+    out: list[Finding] = []
     if cfg.norm_before_residual:
         why = (" (absent in this speculators config: vLLM's converter defaults it to True)"
                if cfg.norm_before_residual_defaulted else "")
@@ -333,14 +410,7 @@ def lint(cfg: DrafterConfig, target: TargetInfo, weights: WeightInfo, readings: 
     if not cfg.draft_vocab_size_given:
         out.append(Finding("warning", f"{f}: no draft_vocab_size: SGLang then takes the target's LM head, vLLM uses "
                                       f"the drafter's own lm_head over the full vocab."))
-
-    # embeddings and LM head the engines substitute
-    if not weights.has_embed:
-        out.append(Finding("info", "The checkpoint has no embed_tokens: both engines use the target's embeddings."))
-    if not weights.has_lm_head and not cfg.tie_word_embeddings:
-        out.append(Finding("warning", f"{weights.file}: no lm_head.weight: vLLM would start from an uninitialised "
-                                      f"LM head; SGLang uses the target's only without draft_vocab_size."))
-    return sort_findings(out)
+    return out
 
 
 def embedding_findings(own: "object | None", target_embed: "object", engine: str) -> list[Finding]:
@@ -361,9 +431,10 @@ def sort_findings(fs: list[Finding]) -> list[Finding]:
     return sorted(fs, key=lambda x: SEVERITIES.index(x.severity))
 
 
-def load(drafter: str | Path, target: str | Path) -> tuple[DrafterConfig, TargetInfo, WeightInfo]:
+def load(drafter: str | Path, target: str | Path,
+         weights_required: bool = True) -> tuple[DrafterConfig, TargetInfo, WeightInfo | None]:
     """Config, target shape and weight header, with the drafter-for-another-target errors raised."""
     cfg = load_config(drafter)
     t = target_info(target)
     check_inputs(cfg, t)
-    return cfg, t, weight_info(cfg.name)
+    return cfg, t, weight_info(cfg.name, required=weights_required)

@@ -87,11 +87,12 @@ def check_hook_tokens(rd, res: dict, expected: int, engine: str, root, hint: str
         raise SpecLensError(f"capture {rd.run_id}: token count mismatch inside {engine} ({seen} != {expected})")
 
 
-def predicted_aux(drafter: str, info: SimpleNamespace, engine: str, runner: str | None = None) -> dict:
+def predicted_aux(drafter: str, info: SimpleNamespace, engine: str, runner: str | None = None,
+                  options: dict | None = None) -> dict:
     """What SpecLens expects the engine to feed, from the drafter config and the conventions table; also the
     one-line checks (hidden size, vocab) before any GPU time is spent."""
     from backend.drafter.config import load_config
-    from backend.engines.hf_spec import drafter_aux_boundaries
+    from backend.drafter.aux import engine_feeds
 
     dcfg = load_config(drafter)
     for what, mine, theirs in (("hidden size", dcfg.target_hidden_size, info.hidden_size),
@@ -102,8 +103,8 @@ def predicted_aux(drafter: str, info: SimpleNamespace, engine: str, runner: str 
     from backend.coords import DEFAULT_VERSIONS
 
     version = DEFAULT_VERSIONS[engine]
-    runner = (runner or "v2") if engine == "vllm" else None     # vLLM 0.24's default runner is V2
-    aux = drafter_aux_boundaries(dcfg, info.n_layers, info.model_type, engine, version, runner)
+    aux = engine_feeds(dcfg, info.n_layers, info.model_type, getattr(info.config, "architectures", None), engine,
+                       version, runner, options)               # vLLM: the runner vLLM picks for this target
     return {"aux": aux, "format": dcfg.source_format, "draft_vocab_size": dcfg.draft_vocab_size}
 
 
@@ -125,7 +126,9 @@ def run_engine_bench(s, name: str | None, root: Path | None, progress: bool, sto
     prompts = load_prompts(s.prompts, s.limit)
     info = target_info(s.target)
     seqs = bench._encode_all(info, prompts, s)
-    pred = predicted_aux(s.drafter, info, s.engine, s.runner) if s.drafter else None
+    pred = (predicted_aux(s.drafter, info, s.engine, s.runner,
+                          {"tensor_parallel_size": s.tensor_parallel_size, **(s.engine_options or {})})
+            if s.drafter else None)
 
     base = None
     if s.drafter:

@@ -41,7 +41,7 @@ SWEEP_LISTS = {"num_spec_tokens": "num_spec_tokens", "temperature": "temperature
                "drafters": "drafter"}
 REQUIRED = {"capture": ("model", "prompts"), "bench": ("target", "prompts"), "sweep": ("target", "prompts")}
 CHOICES = {"engine": ("hf", "vllm", "sglang"), "dtype": ("fp32", "bf16"), "draft_sampling": ("sample", "argmax"),
-           "runner": ("v1", "v2")}
+           "runner": ("auto", "v1", "v2")}
 MODEL_FIELDS = ("model", "target", "drafter")
 MAX_SWEEP = 256
 

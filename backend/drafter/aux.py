@@ -1,0 +1,52 @@
+"""Which target boundaries an engine feeds a drafter, read from the drafter's config as that engine reads it.
+
+A conventions lookup (backend/conventions.yaml through backend/coords.py); no torch, so the lint and
+`check-drafter --lint-only` use it without loading a model."""
+
+from __future__ import annotations
+
+from backend import coords
+from backend.drafter.config import DrafterConfig
+from backend.errors import SpecLensError
+
+
+def drafter_aux_boundaries(dcfg: DrafterConfig, n_layers: int, model_type: str | None, producer: str = "vllm",
+                           version: str | None = "0.24.0", runner: str | None = None) -> dict:
+    """The target boundaries the drafter's fc expects, read from its config as `producer` reads it.
+
+    Where the ids are read from follows the conventions table's `ids_from`: with a `runner` ("v1"/"v2" for
+    vLLM) exactly that runner's reading (vLLM 0.24 V2 ignores nested eagle_config ids); without one, the top
+    level then eagle_config. Returns {ids, ids_from, boundaries (labels, ascending, unique)}."""
+    fam = coords.family_of(model_type)
+    conv = coords.convention_for(producer, version, fam, runner)
+    rule = (conv.ids_from.get(runner) if runner else None) or conv.ids_from.get("any") or "top_then_nested"
+    top, nested = dcfg.aux_layer_ids_top, dcfg.aux_layer_ids_nested
+    ids, where = {"top_level": (top, "top level"), "nested": (nested, "eagle_config"), "none": (None, None),
+                  "top_then_nested": (top, "top level") if top else (nested, "eagle_config")}[rule]
+    if not ids:
+        ids, where = None, f"{producer} default"
+    bs = sorted(set(coords.resolve_ids(producer, ids, n_layers, version=version, family=fam, runner=runner)),
+                key=lambda b: b.sort_key())            # captured once each, in ascending order
+    labels = coords.labels(bs)
+    if len(bs) != dcfg.num_aux:
+        raise SpecLensError(f"{dcfg.name}/config.json: {producer} {version or ''} reads aux ids {ids} ({where}) as "
+                            f"{labels} on this {n_layers}-layer target, but fc takes {dcfg.num_aux} aux states; write "
+                            f"{dcfg.num_aux} distinct ids where {producer} reads them")
+    return {"ids": ids, "ids_from": where, "boundaries": labels, "producer": producer, "version": version,
+            "runner": runner}
+
+
+def engine_feeds(dcfg: DrafterConfig, n_layers: int, model_type: str | None, architectures: list[str] | None,
+                 producer: str = "vllm", version: str | None = None, runner: str | None = None,
+                 options: dict | None = None) -> dict:
+    """`drafter_aux_boundaries` with vLLM's model runner decided as vLLM decides it (runner None or "auto": from
+    the target's architectures, the engine options and VLLM_USE_V2_MODEL_RUNNER; backend/vllm_runner.py).
+    Adds `runner_reason` for vLLM."""
+    from backend import vllm_runner
+
+    if producer != "vllm":
+        return drafter_aux_boundaries(dcfg, n_layers, model_type, producer, version, None)
+    choice = vllm_runner.resolve(runner or "auto", architectures, version or coords.DEFAULT_VERSIONS["vllm"], options)
+    aux = drafter_aux_boundaries(dcfg, n_layers, model_type, producer, version, choice.runner)
+    aux["runner_reason"] = choice.reason
+    return aux
