@@ -2,7 +2,13 @@
 
 On the tokens both raw samples share (same token in the same context, by context hash), over every
 pair of boundaries: mean per-token cosine, mean per-token relative L2 (||a - b|| / ||b||) and linear
-CKA; a best-match path; and a verdict in words (aligned, offset, final_norm, rotation, drift).
+CKA; a best-match path; and a verdict in words (aligned, offset, mislabelled, final_norm, rotation, drift).
+
+Final norm without F on the other side: a state y is named F when a per-dimension weight w fitted by least squares
+(w_d = sum_t y_td z_td / sum_t z_td^2, z = RMSNorm(x), x the other side's S_N) gives y ~ w * z to a small relative
+L2, clearly better than the same fit without the norm (y ~ w * x). That comparison is scale-aware: cosine alone is
+blind to a unit-weight RMSNorm (REFERENCE section 1), and a genuine S_N is fitted by w * x exactly. With the
+target's model directory in a manifest, the fitted weight is checked against its own final norm weight.
 """
 
 from __future__ import annotations
@@ -33,8 +39,12 @@ DRIFT_REL_L2 = 0.01        # a same-label relative L2 above this is drift
 DRIFT_REL_L2_SAME_16BIT = 0.03
 SIXTEEN_BIT = {"bf16", "bfloat16", "fp16", "float16", "torch.bfloat16", "torch.float16"}
 ROTATION_COS, ROTATION_CKA = 0.5, 0.95
+NORM_FIT_REL_L2 = 0.05     # y ~ w * RMSNorm(S_N) to at most this relative L2 (bf16 vs fp32 F: about 0.015) ...
+NORM_FIT_MARGIN = 0.5      # ... and at most this fraction of the fit without the norm (y ~ w * S_N)
+NORM_WEIGHT_REL = 0.05     # a fitted weight within this relative L2 of the target's final norm weight equals it
+DEFAULT_NORM_EPS = 1e-6
 _CHUNK = 512
-VERSION = 4                # bump when the figures or verdicts change: cached alignments are recomputed
+VERSION = 5                # bump when the figures or verdicts change: cached alignments are recomputed
 
 
 @dataclass
@@ -46,11 +56,12 @@ class Sample:
     n_layers: int
     hidden: int
     dtype: str
+    model_path: str | None = None     # the manifest's model.path (the target's HF directory, when local)
 
 
 @dataclass
 class Finding:
-    kind: str                   # aligned | offset | final_norm | rotation | drift
+    kind: str                   # aligned | offset | mislabelled | final_norm | rotation | drift
     text: str
     pairs: list[list[str]] = field(default_factory=list)
 
@@ -71,6 +82,7 @@ class Alignment:
     offset: int | None
     per_boundary: list[dict]
     warnings: list[str]
+    norm_fits: list[dict] = field(default_factory=list)   # y ~ w * RMSNorm(S_N) fits (final_norm_fits)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -111,7 +123,8 @@ def load_sample(run_id: str, root: Path | None = None) -> Sample:
         raise SpecLensError(f"{f}: no boundary tensors or token hashes in the sample; re-run the capture of '{run_id}'")
     model = m.get("model") or {}
     return Sample(run_id, coords.sort_labels(labels), {lbl: t[lbl] for lbl in labels}, t["ctx_hash"].numpy(),
-                  int(model.get("n_layers") or 0), int(t[labels[0]].shape[-1]), str(m.get("dtype")))
+                  int(model.get("n_layers") or 0), int(t[labels[0]].shape[-1]), str(m.get("dtype")),
+                  model.get("path"))
 
 
 # ---------------------------------------------------------------------------- matrices
@@ -213,6 +226,178 @@ def cka_matrix(X: torch.Tensor, Y: torch.Tensor, all_finite: torch.Tensor,
     return (hsic / (nX[:, None] * nY[None, :]).clamp_min(1e-30)).cpu().numpy(), m
 
 
+# ---------------------------------------------------------------------------- final norm fit
+
+_NORM_KEYS = ("model.norm.weight", "norm.weight", "model.language_model.norm.weight",
+              "language_model.model.norm.weight", "model.final_layernorm.weight", "transformer.ln_f.weight",
+              "model.decoder.final_layer_norm.weight")
+
+
+def target_final_norm(model_path: str | Path | None, hidden: int) -> dict | None:
+    """The target's final norm weight, read alone from its safetensors (safe_open, not the model), and its eps.
+
+    {"weight": float32 tensor [H], "key", "file", "eps"}, {"error": why} when the directory cannot give it, or
+    None when there is no local model directory (e.g. an import that names its verifier by hub id)."""
+    import torch
+    from safetensors import SafetensorError, safe_open
+
+    if not model_path or not Path(model_path).is_dir():
+        return None
+    d = Path(model_path)
+    try:
+        cfg = json.loads((d / "config.json").read_text()) if (d / "config.json").exists() else {}
+    except (OSError, json.JSONDecodeError):
+        cfg = {}
+    eps = None
+    for c in (cfg, cfg.get("text_config") or {}):
+        for k in ("rms_norm_eps", "layer_norm_eps", "norm_eps", "layer_norm_epsilon"):
+            if eps is None and isinstance(c.get(k), (int, float)):
+                eps = float(c[k])
+    try:
+        index = d / "model.safetensors.index.json"
+        if index.exists():
+            where = {k: d / f for k, f in json.loads(index.read_text())["weight_map"].items()}
+        else:
+            where = {}
+            for f in sorted(d.glob("*.safetensors")):
+                with safe_open(str(f), framework="pt") as sf:
+                    where.update({k: f for k in sf.keys()})
+        key = next((k for k in _NORM_KEYS if k in where), None)
+        if key is None:          # any top-level *norm.weight outside the layers (shortest name first)
+            cands = sorted((k for k in where if k.endswith("norm.weight") and ".layers." not in k
+                            and not k.startswith(("layers.", "lm_head", "mtp", "model.mtp"))), key=len)
+            key = cands[0] if cands else None
+        if key is None:
+            return {"error": f"no final norm weight (model.norm.weight) in {d}"}
+        with safe_open(str(where[key]), framework="pt") as sf:
+            w = sf.get_tensor(key).to(torch.float32).flatten()
+    except (OSError, SafetensorError, ValueError, KeyError, json.JSONDecodeError) as e:
+        return {"error": f"{d}: cannot read the final norm weight ({e})"}
+    if w.numel() != hidden:
+        return {"error": f"{d}: {key} has {w.numel()} values, the captures have hidden size {hidden}"}
+    return {"weight": w, "key": key, "file": str(where[key]), "eps": eps}
+
+
+def norm_fit(x: torch.Tensor, y: torch.Tensor, eps: float = DEFAULT_NORM_EPS,
+             target_weight: torch.Tensor | None = None) -> dict | None:
+    """How well y [n, H] is the final norm of x [n, H]: y ~ w * RMSNorm(x) with w [H] fitted per dimension by
+    least squares (closed form, w_d = <y_d, z_d> / <z_d, z_d>), against the same fit without the norm
+    (y ~ w * x: an identity or per-dimension scaling, which a genuine S_N passes and F does not).
+
+    rel_l2_norm_fit / rel_l2_weight_only: ||y - w * z|| / ||y|| of each fit; with the target's weight g also
+    weight_rel (||w - g|| / ||g||, or against 1 + g for norms that add one, e.g. Gemma) and rel_l2_target
+    (y against g * RMSNorm(x)). Tokens holding NaN/inf in x or y are left out."""
+    import torch
+
+    ok = torch.isfinite(x).all(-1) & torch.isfinite(y).all(-1)
+    if not bool(ok.all()):
+        x, y = x[ok], y[ok]
+    n = int(x.shape[0])
+    if n < 2:
+        return None
+    ny = torch.linalg.vector_norm(y).double()
+    if float(ny) == 0.0:
+        return None
+    z = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+    def fit(basis: torch.Tensor) -> tuple[torch.Tensor, float]:
+        w = (y * basis).sum(0) / (basis * basis).sum(0).clamp_min(1e-30)
+        return w, float(torch.linalg.vector_norm(y - w * basis).double() / ny)
+
+    w, r_norm = fit(z)
+    _, r_plain = fit(x)
+    out = {"tokens": n, "rel_l2_norm_fit": r_norm, "rel_l2_weight_only": r_plain, "eps": eps}
+    if target_weight is not None:
+        g = target_weight.to(device=x.device, dtype=torch.float32)
+        best = None
+        for plus_one in (False, True):
+            gg = g + 1 if plus_one else g
+            wr = float(torch.linalg.vector_norm(w - gg) / torch.linalg.vector_norm(gg).clamp_min(1e-30))
+            if best is None or wr < best[0]:
+                best = (wr, plus_one, float(torch.linalg.vector_norm(y - gg * z).double() / ny))
+        out.update({"weight_rel": best[0], "weight_plus_one": best[1], "rel_l2_target": best[2]})
+    return out
+
+
+def _top_s(labels: list[str], n: int) -> str | None:
+    """The side's S_N (N = n_layers), or its deepest S label when N is unknown."""
+    if n:
+        return f"S_{n}" if f"S_{n}" in labels else None
+    s = [lbl for lbl in labels if lbl != "F"]
+    return s[-1] if s else None
+
+
+def final_norm_fits(A: Sample, B: Sample, X: torch.Tensor, Y: torch.Tensor, cos: np.ndarray,
+                    rel: np.ndarray) -> list[dict]:
+    """norm_fit from the other side's S_N of each side's S_N, F and deepest state (where F gets stored, whatever its
+    label) that does not match its namesake closely (or has none): at most four fits, a few passes over [n, H] each.
+
+    One dict per fit: side (the side of y), y, x (labels), the figures of norm_fit, and is_final_norm."""
+    n = A.n_layers or B.n_layers
+    jobs = []          # (side of y, y label, x label, y tensor, x tensor)
+    for side, P, Q, PX, QX, pick in (("B", A, B, X, Y, lambda i, j: (cos[i, j], rel[i, j])),
+                                     ("A", B, A, Y, X, lambda i, j: (cos[j, i], rel[j, i]))):
+        xl = _top_s(P.labels, n)
+        if xl is None:
+            continue
+        for j, yl in enumerate(Q.labels):
+            if yl not in (f"S_{n}", "F", Q.labels[-1]):
+                continue
+            if yl in P.labels:
+                c, r = pick(P.labels.index(yl), j)
+                if not (np.isfinite(c) and np.isfinite(r)) or (c >= ALIGNED_COS and r <= DRIFT_REL_L2):
+                    continue      # matches its namesake closely: never a final-norm question
+            jobs.append((side, yl, xl, QX[j], PX[P.labels.index(xl)]))
+    if not jobs:
+        return []
+    tn = target_final_norm(A.model_path, A.hidden) or target_final_norm(B.model_path, B.hidden)
+    if tn is not None and "error" in tn and A.model_path != B.model_path:
+        tn = target_final_norm(B.model_path, B.hidden) or tn
+    weight = tn.get("weight") if tn else None
+    eps = (tn or {}).get("eps") or DEFAULT_NORM_EPS
+    out = []
+    for side, yl, xl, y, x in jobs:
+        f = norm_fit(x, y, eps, weight)
+        if f is None:
+            continue
+        f.update({"side": side, "y": yl, "x": xl,
+                  "is_final_norm": f["rel_l2_norm_fit"] <= NORM_FIT_REL_L2
+                  and f["rel_l2_norm_fit"] < NORM_FIT_MARGIN * f["rel_l2_weight_only"]})
+        if tn is not None:
+            f.update({"target_norm": {k: v for k, v in tn.items() if k != "weight"}})
+        out.append(f)
+    return out
+
+
+def _r(x: float) -> str:
+    return f"{x:.4f}" if x >= 1e-3 else f"{x:.1e}"
+
+
+def _fit_text(f: dict) -> str:
+    """'B's S_8 is F ...': the final-norm finding of one fit, with the target's weight when it was read."""
+    side, other = f["side"], "A" if f["side"] == "B" else "B"
+    y, x = f["y"], f["x"]
+    text = (f"{side}'s {y} is F (the final norm's output), not {y}: RMSNorm({other}'s {x}) x a fitted per-dimension "
+            f"weight matches it to relative L2 {_r(f['rel_l2_norm_fit'])} ({f['tokens']} tokens; the same fit "
+            f"without the norm, a per-dimension weight on {other}'s {x} alone: {_r(f['rel_l2_weight_only'])}).")
+    tn = f.get("target_norm") or {}
+    if "weight_rel" in f:
+        g = f"1 + {tn['key']}" if f["weight_plus_one"] else tn["key"]
+        if f["weight_rel"] <= NORM_WEIGHT_REL:
+            text += (f" The fitted weight equals the target's own final norm weight ({g} of {tn['file']}; relative "
+                     f"L2 {_r(f['weight_rel'])}), and RMSNorm({other}'s {x}) x that weight matches {side}'s {y} to "
+                     f"{_r(f['rel_l2_target'])}.")
+        else:
+            text += (f" The fitted weight is not the target's final norm weight ({g} of {tn['file']}; relative L2 "
+                     f"{f['weight_rel']:.3f}; with it the match is {f['rel_l2_target']:.3f}): a final norm, but "
+                     f"not this target's.")
+    elif tn.get("error"):
+        text += f" Target's own norm weight not checked: {tn['error']}."
+    text += (f" {side} took this state after the final norm and labelled it {y} (S_b is before any final norm; "
+             f"SpecForge's hidden_state and HF's last hidden_states entry are F): label it F.")
+    return text
+
+
 # ---------------------------------------------------------------------------- path and verdict
 
 def best_path(cos: np.ndarray) -> list[int]:
@@ -238,7 +423,20 @@ def _num(lbl: str, n_layers: int) -> float:
     return n_layers + 0.5 if lbl == "F" else coords.label_index(lbl)
 
 
-def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndarray) -> tuple[list[Finding], int | None]:
+def _ids_text(right: list[str]) -> str:
+    """The ids that name these boundaries, in both conventions of REFERENCE section 2."""
+    before = [int(coords.label_index(a)) for a in right]
+    text = f"ids {before} read as id a = S_a (vLLM, speculators >= 0.5)"
+    if all(i >= 1 for i in before):
+        text += f", or {[i - 1 for i in before]} read as id a = S_(a+1) (SGLang, speculators <= 0.4)"
+    if before != sorted(before):
+        text += "; not ascending, and vLLM always captures its ids in ascending order"
+    return text
+
+
+def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndarray,
+            fits: list[dict] | None = None) -> tuple[list[Finding], int | None]:
+    """Findings in words, and B's boundary offset (None when there is no single one). `fits` are final_norm_fits."""
     findings: list[Finding] = []
     n = A.n_layers or B.n_layers
     same = [(A.labels.index(lbl), B.labels.index(lbl), lbl) for lbl in B.labels if lbl in A.labels]
@@ -255,6 +453,25 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
                 [[lbl, lbl] for _, _, lbl in same]))
             return findings, None
 
+    # states labelled S_b that are RMSNorm(S_N) x a weight (F stored under an S label), and B's F confirmed as F
+    fits = fits or []
+    normed = [f for f in fits if f["is_final_norm"] and f["y"] != "F"]
+    b_normed = {f["y"] for f in normed if f["side"] == "B"}
+    a_normed = {f["y"] for f in normed if f["side"] == "A"}
+    # an F labelled F, the final norm of the other side's S_N: honest labels, whatever its cosine to that S_N
+    f_ok = {f["side"]: f for f in fits if f["is_final_norm"] and f["y"] == "F"}
+    notes = []
+
+    def honest_f(side: str) -> None:
+        f, other = f_ok[side], "A" if side == "B" else "B"
+        notes.append(f"{side}'s F has no namesake in {other}; RMSNorm({other}'s {f['x']}) x a fitted per-dimension "
+                     f"weight matches it to relative L2 {_r(f['rel_l2_norm_fit'])}: it is F, as labelled.")
+
+    def done(offset: int | None) -> tuple[list[Finding], int | None]:
+        if notes:
+            findings[0].text += " " + " ".join(notes)
+        return findings, offset
+
     # each B boundary's best match in A
     matches = []
     for j, bl in enumerate(B.labels):
@@ -263,20 +480,32 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
         if bl in A.labels and col[A.labels.index(bl)] >= col[i] - 1e-6:
             i = A.labels.index(bl)
         matches.append((j, i, float(col[i])))
-    unmatched = [B.labels[j] for j, i, c in matches if c < MATCH_COS]
+    unmatched = [B.labels[j] for j, i, c in matches if c < MATCH_COS and B.labels[j] not in b_normed
+                 and not (B.labels[j] == "F" and "B" in f_ok)]
     fin = [(A.labels[i], B.labels[j]) for j, i, c in matches if c >= MATCH_COS and A.labels[i] != B.labels[j]
            and {A.labels[i], B.labels[j]} == {f"S_{n}", "F"}]
-    shifts = [(A.labels[i], B.labels[j], int(round(_num(A.labels[i], n) - _num(B.labels[j], n))))
+    if "B" in f_ok and "F" not in A.labels:
+        honest_f("B")
+    if "A" in f_ok and any(a == "F" for a, _ in fin):
+        honest_f("A")
+    fin = [(a, b) for a, b in fin if not (b == "F" and "B" in f_ok) and not (a == "F" and "A" in f_ok)]
+    # B label -> A label of every matched S state, with its offset in boundaries
+    mapped = [(A.labels[i], B.labels[j], int(round(_num(A.labels[i], n) - _num(B.labels[j], n))))
               for j, i, c in matches if c >= MATCH_COS and B.labels[j] != "F" and A.labels[i] != "F"
-              and A.labels[i] != B.labels[j]]
+              and B.labels[j] not in b_normed and A.labels[i] not in a_normed]
     offset = None
-    s_pairs = [(A.labels[i], B.labels[j]) for j, i, c in matches if c >= MATCH_COS and B.labels[j] != "F" and A.labels[i] != "F"]
-    if s_pairs:
-        ks = [int(round(_num(a, n) - _num(b, n))) for a, b in s_pairs]
+    if mapped:
+        ks = [k for _, _, k in mapped]
         offset = max(set(ks), key=ks.count)
-    if shifts:
-        k = max({s[2] for s in shifts}, key=[s[2] for s in shifts].count)
-        pairs = [[a, b] for a, b, kk in shifts if kk == k]
+    top = f"S_{n}"
+    # the aux states decide whether one offset holds; S_N (a teacher, often right when the aux states are shifted)
+    # counts only when it is shifted itself
+    rows = [m for m in mapped if m[1] != top or m[2] != 0]
+    shifts = [m for m in mapped if m[2] != 0]
+    kset = sorted({k for _, _, k in rows})
+    if shifts and len(kset) == 1:
+        k = kset[0]
+        pairs = [[a, b] for a, b, _ in shifts]
         bl = ",".join(b for _, b in pairs)
         al = ",".join(a for a, _ in pairs)
         words = {1: "one", 2: "two", 3: "three"}.get(abs(k), str(abs(k)))
@@ -285,14 +514,30 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
         findings.append(Finding("offset", (
             f"Offset by {k:+d}: what B labels {bl} is what A labels {al} (off by {words} boundar{'y' if abs(k) == 1 else 'ies'}); "
             f"{why}. Check each producer's id convention."), pairs))
+    elif shifts:
+        offset = None
+        listing = "; ".join(f"B's {b} -> A's {a} ({'as labelled' if k == 0 else f'{k:+d}'})" for a, b, k in rows)
+        kset_text = ", ".join(f"{k:+d}" if k else "0" for k in kset)
+        right = [a for a, _, _ in rows]
+        findings.append(Finding("mislabelled", (
+            f"Mislabelled: the ids differ. B's stored states map to A's boundaries with different offsets "
+            f"({kset_text}), so no single id convention explains them: the data "
+            f"were written with other ids (or in another order) than their labels assume. {listing}. Labelled right, "
+            f"B's {','.join(b for _, b, _ in rows)} are {','.join(right)}: {_ids_text(right)}. Re-import with those "
+            f"ids, or fix the producer's ids."), [[a, b] for a, b, _ in rows]))
     if fin:
         a, b = fin[0]
         findings.append(Finding("final_norm", (
             f"Final norm: B's {b} matches A's {a} (cosine {cos[A.labels.index(a), B.labels.index(b)]:.4f}), "
             f"so one side took its last state {'after' if a == 'F' else 'before'} the final norm and the other "
             f"{'before' if a == 'F' else 'after'} it (S_{n} is pre-norm, F = norm(S_{n}))."), [list(p) for p in fin]))
+    for f in normed:
+        if f["y"] in ({b for _, b in fin} if f["side"] == "B" else {a for a, _ in fin}):
+            continue          # already named by its cosine to the other side's F
+        findings.append(Finding("final_norm", "Final norm: " + _fit_text(f),
+                                [[f["x"], f["y"]] if f["side"] == "B" else [f["y"], f["x"]]]))
     if findings:
-        return findings, offset
+        return done(offset)
 
     # same labels match: aligned, or drifting numbers
     if same:
@@ -323,7 +568,7 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
                                 f"No good match (cosine < {MATCH_COS}) for B's {','.join(unmatched)}."))
     if not findings:
         findings.append(Finding("drift", "The captures share no boundary names and no boundary matches well."))
-    return findings, offset
+    return done(offset)
 
 
 # ---------------------------------------------------------------------------- entry points
@@ -333,7 +578,8 @@ def _on(sample: Sample, device: torch.device) -> Sample:
     if device.type == "cpu":
         return sample
     states = {k: v.to(device, non_blocking=True) for k, v in sample.states.items()}
-    return Sample(sample.run_id, sample.labels, states, sample.ctx_hash, sample.n_layers, sample.hidden, sample.dtype)
+    return Sample(sample.run_id, sample.labels, states, sample.ctx_hash, sample.n_layers, sample.hidden, sample.dtype,
+                  sample.model_path)
 
 
 def default_device() -> torch.device:
@@ -364,8 +610,9 @@ def align_samples(A: Sample, B: Sample, cka_tokens: int | None = None,
     mats = pair_matrices(X, Y, same)
     cos, rel, nfa, nfb = mats["cosine"], mats["rel_l2"], mats["nonfinite_a"], mats["nonfinite_b"]
     cka, m = cka_matrix(X, Y, mats["all_finite"], cka_tokens)
+    fits = final_norm_fits(A, B, X, Y, cos, rel)
     del X, Y
-    findings, offset = verdict(A, B, cos, rel, cka)
+    findings, offset = verdict(A, B, cos, rel, cka, fits)
     path = best_path(cos)
     warnings = []
     for lbl, k in zip(A.labels, nfa):
@@ -390,7 +637,8 @@ def align_samples(A: Sample, B: Sample, cka_tokens: int | None = None,
         a=A.run_id, b=B.run_id, tokens=int(len(ia)), cka_tokens=m, a_labels=A.labels, b_labels=B.labels,
         cosine=_mat(cos), rel_l2=_mat(rel), cka=_mat(cka),
         path=[{"a": A.labels[i], "b": B.labels[j], "cosine": _f(cos[i, j])} for j, i in enumerate(path)],
-        verdict=findings, offset=offset, per_boundary=per, warnings=warnings)
+        verdict=findings, offset=offset, per_boundary=per, warnings=warnings,
+        norm_fits=[{k: (round(v, 6) if isinstance(v, float) else v) for k, v in f.items()} for f in fits])
 
 
 def _f(x) -> float | None:
