@@ -95,6 +95,7 @@ class Convention:
     runner: tuple[str, ...] = ()
     status: str = "inferred"
     note: str = ""
+    seen: str = ""                 # the runs that showed the rule (status seen): what, where, when
 
     def matches(self, producer: str, version: str | None, family: str, runner: str | None) -> bool:
         if producer != self.producer:
@@ -117,7 +118,7 @@ def conventions() -> tuple[Convention, ...]:
             rule=r["rule"], valid=tuple(str(v) for v in r["valid"]),
             default=tuple(str(d) for d in r["default"]), teacher=str(r["teacher"]),
             ids_from=dict(r.get("ids_from", {})), runner=tuple(r.get("runner", ())),
-            status=r.get("status", "inferred"), note=r.get("note", ""),
+            status=r.get("status", "inferred"), note=r.get("note", ""), seen=r.get("seen", ""),
         ))
     return tuple(out)
 

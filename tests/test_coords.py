@@ -73,3 +73,14 @@ def test_every_default_version_has_a_convention():
 
     for producer, version in DEFAULT_VERSIONS.items():
         assert convention_for(producer, version).producer == producer
+
+
+def test_seen_rows_say_what_ran() -> None:
+    """A conventions row is `seen` only with the runs that showed it; the rest stays `inferred`."""
+    from backend.coords import conventions
+
+    for c in conventions():
+        assert c.status in ("seen", "inferred"), c
+        assert (c.status == "seen") == bool(c.seen), f"{c.producer} {c.versions} {c.families}: status vs seen"
+        if c.status == "seen":
+            assert "H200" in c.seen or "CPU" in c.seen, c.seen

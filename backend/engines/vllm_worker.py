@@ -292,4 +292,6 @@ class SpecLensWorker:
         up for an EAGLE-3 drafter (None without one)."""
         m = self._speclens_model()
         _, layers, _ = decoder_parts(m)
-        return {"n_layers": len(layers), "aux_layers": aux_layers_of(m), "model_class": type(m).__name__}
+        return {"n_layers": len(layers), "aux_layers": aux_layers_of(m), "model_class": type(m).__name__,
+                "use_v2_model_runner": getattr(self, "use_v2_model_runner", None),
+                "model_runner_class": type(self.model_runner).__name__}
