@@ -25,6 +25,7 @@ NO_DATA = ("No runs in the catalog yet ({root}). Run `python -m backend demo` to
            "or capture your own with `python -m backend capture`.")
 _BANNER = {"aligned": (st.success, ":material/check_circle:"), "drift": (st.warning, ":material/warning:"),
            "offset": (st.error, ":material/error:"), "final_norm": (st.error, ":material/error:"),
+           "mislabelled": (st.error, ":material/error:"),
            "rotation": (st.error, ":material/error:")}
 DEMO_PAIR = ("demo-fp32", "demo-after-layer")
 DEMO_STATS = ["demo-fp32", "demo-after-layer", "demo-final-norm"]
