@@ -51,8 +51,10 @@ def cmd_capture(a: argparse.Namespace) -> int:
 
 
 def cmd_import(a: argparse.Namespace) -> int:
-    from backend.importers import import_capture
+    from backend.importers import detect_format, import_capture
 
+    if a.format is None:                 # detected from the files' contents; the note says how to choose otherwise
+        print(detect_format(a.path, _ids(a.producer_ids), a.drafter_config).note, file=sys.stderr)
     r = import_capture(a.path, a.format, producer_ids=_ids(a.producer_ids), num_layers=a.num_layers,
                        drafter_config=a.drafter_config, name=a.name, model=a.model)
     print(f"import {r.run_id}: {r.tokens} tokens from {r.prompts} sequences -> {r.path}")
@@ -147,7 +149,10 @@ def parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("import-capture", help="import existing EAGLE-3 training data as a capture run")
     i.add_argument("path", help="a file or a directory of files")
-    i.add_argument("--format", required=True, choices=["speculators", "speculators-legacy", "specforge", "vllm-extract"])
+    i.add_argument("--format", choices=["speculators", "speculators-legacy", "specforge", "vllm-extract"],
+                   help="default: detected from the files' contents (keys and shapes); speculators and "
+                        "vllm-extract share a layout: k aux ids or hs_{i} names mean speculators, all stored "
+                        "layer ids or request-id names vllm-extract")
     i.add_argument("--producer-ids", help="layer ids as the producer numbered them, e.g. 2,16,29")
     i.add_argument("--num-layers", type=int, help="decoder layers N of the target")
     i.add_argument("--drafter-config", help="drafter config.json to take ids (and N) from")

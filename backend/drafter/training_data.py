@@ -1,10 +1,10 @@
 """Training data against serving: do the drafter's training files hold what the engine will feed it?
 
-The files are read with the importers' readers (backend/importers.py: speculators hs_*.safetensors, vllm-extract,
-speculators-legacy data_*.pt, specforge data_*.ckpt), their states labelled by the producer's convention; the same
-token ids go once through the target (HF engine, every boundary hooked), and the two are aligned token for token
-with backend/align.py (cosine, relative L2, CKA, best match, verdict). Each stored aux state is then named by the
-fresh boundary it really is, and compared with what the engine feeds.
+The files are read with the importers' readers (backend/importers.py: speculators/vllm-extract *.safetensors, fp8
+ones dequantised, speculators-legacy data_*.pt, specforge data_*.ckpt[.gz]), their states labelled by the producer's
+convention; the same token ids go once through the target (HF engine, every boundary hooked), and the two are
+aligned token for token with backend/align.py (cosine, relative L2, CKA, best match, verdict). Each stored aux state
+is then named by the fresh boundary it really is, and compared with what the engine feeds.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def compare(lm: "LoadedModel", path: str | Path, fmt: str, drafter_dir: str | Pa
     fresh: dict[str, list[torch.Tensor]] = {lbl: [] for lbl in fresh_labels}
     stored: dict[str, list[torch.Tensor]] = {lbl: [] for lbl in plan.labels}
     got: dict[int, torch.Tensor] = {}
-    used, tokens = 0, 0
+    used, tokens, stored_dtype = 0, 0, "fp32"
     with BoundaryHooks(lm, bounds, lambda k, x: got.__setitem__(k, x)), torch.inference_mode():
         for f in plan.files[:max_files]:
             rec = plan.fmt.read(f)
@@ -71,6 +71,7 @@ def compare(lm: "LoadedModel", path: str | Path, fmt: str, drafter_dir: str | Pa
             if rec.states[0].shape[-1] != lm.hidden_size:
                 raise SpecLensError(f"{f}: hidden size {rec.states[0].shape[-1]} but the target has {lm.hidden_size}; "
                                     f"pass this drafter's training data (or its target with --target)")
+            stored_dtype = rec.stored or stored_dtype        # e.g. fp8_e4m3fn: dequantised, but not 16-bit
             t = min(len(rec.token_ids), max_tokens - tokens)
             if t <= 0:
                 break
@@ -85,7 +86,7 @@ def compare(lm: "LoadedModel", path: str | Path, fmt: str, drafter_dir: str | Pa
     A = Sample("fresh capture", fresh_labels, {k: torch.cat(v) for k, v in fresh.items()}, ctx, lm.n_layers,
                lm.hidden_size, "fp32")
     B = Sample("training data", coords.sort_labels(plan.labels), {k: torch.cat(v) for k, v in stored.items()}, ctx,
-               lm.n_layers, int(stored[plan.labels[0]][0].shape[-1]), "fp32")
+               lm.n_layers, int(stored[plan.labels[0]][0].shape[-1]), stored_dtype)
     al = align_samples(A, B, device="cpu")
     best = {p["boundary"]: p["best_match"] for p in al.per_boundary}
     holds = [best[lbl] for lbl in plan.labels]
