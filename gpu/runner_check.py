@@ -8,8 +8,8 @@ Next to it, what SpecLens predicts for the same files, engine options and enviro
 `python -m backend check-drafter --lint-only --json` (backend/vllm_runner.py decides the runner).
 
 The cases are the ones whose runner choice depends on something other than the architecture (engine options that
-V2 does not support, the environment variable), which REFERENCE section 9 did not run. Writes DIR/runner_check.json
-after every case. Needs vLLM 0.24 and a CUDA GPU.
+V2 does not support, the environment variable), which REFERENCE section 9 did not run. Writes
+DIR/runner_check_<vLLM version>.json after every case. Needs vLLM 0.24 and a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -36,6 +36,11 @@ TARGETS = {
                     "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "decoder_sparse_step": 1,
                     "mlp_only_layers": [], "norm_topk_prob": True, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
                     "max_position_embeddings": 2048, "torch_dtype": "bfloat16", "tie_word_embeddings": False, **TINY},
+    "llama-32": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32,
+                 "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "torch_dtype": "bfloat16", **TINY},
+    "qwen3-36": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 36,
+                 "rms_norm_eps": 1e-6, "rope_theta": 1e6, "max_position_embeddings": 2048, "torch_dtype": "bfloat16",
+                 "tie_word_embeddings": False, **TINY},
     "deepseekv3-61": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 61,
                       "hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 128,
                       "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 4096, "n_routed_experts": 8,
@@ -59,7 +64,15 @@ CASES = {
     "deepseekv3_61_nested_env_v2": ("deepseekv3-61", "specforge_deepseek-v3-671b.json", {},
                                     {"VLLM_USE_V2_MODEL_RUNNER": "1"}, True),
     "deepseekv3_61_nested": ("deepseekv3-61", "specforge_deepseek-v3-671b.json", {}, {}, True),
+    # the architecture-only cases of REFERENCE section 9 (seen on 0.24.0): for other releases
+    "llama61_nested": ("llama-61", "specforge_deepseek-v3-671b.json", {}, {}, True),
+    "llama32_none": ("llama-32", "specforge_llama3-8b.json", {}, {}, True),
+    "qwen3_36_none": ("qwen3-36", "sglang_test_qwen3-8b-eagle3.json", {}, {}, True),
+    "qwen3moe61_nested": ("qwen3moe-61", "specforge_deepseek-v3-671b.json", {}, {}, True),
+    "deepseekv3_61_kimi_none": ("deepseekv3-61", "torchspec_kimi-k25-eagle3.json", {}, {}, True),
 }
+OPTION_CASES = ["llama61_nested_stock_compile", "llama61_nested_raw_logits", "llama61_nested_prompt_embeds",
+                "qwen3moe61_nested_env_v2", "deepseekv3_61_nested_env_v2", "deepseekv3_61_nested"]
 
 
 def make_models(work: Path, case: str) -> tuple[Path, Path]:
@@ -110,7 +123,7 @@ def predicted(case: str, work: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="results")
-    ap.add_argument("--only", help="comma-separated case names")
+    ap.add_argument("--only", help="comma-separated case names (default: the option- and env-dependent ones)")
     ap.add_argument("--case", help=argparse.SUPPRESS)           # child mode
     ap.add_argument("--work", default="/tmp/runner_check")
     ap.add_argument("--timeout", type=int, default=240)
@@ -127,7 +140,7 @@ def main() -> int:
     env0 = {**os.environ, "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0",
             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     env0.pop("VLLM_USE_V2_MODEL_RUNNER", None)
-    for case in (a.only.split(",") if a.only else CASES):
+    for case in (a.only.split(",") if a.only else OPTION_CASES):
         target, drafter, opts, env, eager = CASES[case]
         row = {"target": target, "drafter_config": drafter, "options": opts, "env": env,
                "target_config": TARGETS[target], "predicted": predicted(case, work)}
@@ -136,7 +149,9 @@ def main() -> int:
             p = subprocess.run([sys.executable, __file__, "--case", case, "--work", str(work)], cwd=REPO,
                                capture_output=True, text=True, timeout=a.timeout, env={**env0, **env})
             line = next((ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")), None)
-            row["engine"] = json.loads(line[7:]) if line else {"error": (p.stderr or p.stdout)[-3000:]}
+            err = (p.stderr or p.stdout)
+            cause = [ln for ln in err.splitlines() if "Error" in ln or "error" in ln][-12:]
+            row["engine"] = json.loads(line[7:]) if line else {"error": err[-3000:], "error_lines": cause}
         except subprocess.TimeoutExpired:
             row["engine"] = {"error": f"timed out after {a.timeout} s"}
         row["seconds"] = round(time.perf_counter() - t0, 1)
@@ -147,9 +162,9 @@ def main() -> int:
             row["agree"] = fed == pred["boundaries"] and (eng.get("use_v2_model_runner") == (pred["runner"] == "v2"))
         res["cases"][case] = row
         print(case, json.dumps({k: row.get(k) for k in ("engine_feeds", "agree", "seconds")}), flush=True)
-        tmp = out / "runner_check.json.tmp"
+        tmp = out / f"runner_check_{vllm.__version__}.json.tmp"
         tmp.write_text(json.dumps(res, indent=1))
-        os.replace(tmp, out / "runner_check.json")
+        os.replace(tmp, out / f"runner_check_{vllm.__version__}.json")
     return 0
 
 

@@ -15,12 +15,13 @@ import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from backend.config import REPO_ROOT, paths
 from backend.errors import SpecLensError
+
+if TYPE_CHECKING:                      # pandas only where a table is written: `check-drafter --lint-only` stays fast
+    import pandas as pd
 
 RUNNING, COMPLETE, FAILED, INTERRUPTED = "running", "complete", "failed", "interrupted"
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -56,7 +57,7 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
 
 
-def atomic_write_parquet(path: Path, df: pd.DataFrame) -> None:
+def atomic_write_parquet(path: Path, df: "pd.DataFrame") -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     df.to_parquet(tmp, index=False)
     os.replace(tmp, path)
