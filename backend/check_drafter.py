@@ -72,9 +72,9 @@ class CheckSettings:
         if self.new_tokens <= self.num_spec_tokens:
             raise SpecLensError(f"--new-tokens {self.new_tokens} must exceed --num-spec-tokens {self.num_spec_tokens} "
                                 "(each scored slot needs K answer tokens after it)")
-        if bool(self.training_data) != bool(self.training_format):
-            raise SpecLensError("--training-data and --training-format go together; pass both (formats: speculators, "
-                                "vllm-extract, speculators-legacy, specforge)")
+        if self.training_format and not self.training_data:
+            raise SpecLensError("--training-format needs --training-data (the files); the format alone names nothing "
+                                "to compare")
 
 
 @dataclass
@@ -509,7 +509,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     c.add_argument("--no-chat-template", action="store_true")
     c.add_argument("--no-search", action="store_true", help="score only the listed candidates")
     c.add_argument("--training-data", help="training-data files of this drafter (a directory or one file)")
-    c.add_argument("--training-format", choices=["speculators", "vllm-extract", "speculators-legacy", "specforge"])
+    c.add_argument("--training-format", choices=["speculators", "vllm-extract", "speculators-legacy", "specforge"],
+                   help="default: detected from the files' contents (as import-capture does)")
     c.add_argument("--producer-ids", help="layer ids the training-data producer used (default: from the config)")
     c.add_argument("--training-files", type=int, default=4, help="training files compared (default 4)")
     c.add_argument("--device", default="auto", help="auto, cpu or cuda[:i]")

@@ -81,8 +81,8 @@ def checks(pair, root, one_torch_thread) -> dict:
     try:
         with contextlib.redirect_stdout(out):
             rc = main(["check-drafter", "--drafter", str(pair / "drafter-after-layer"), "--target",
-                       str(pair / "target"), "--training-data", str(data.out_dir), "--training-format",
-                       "speculators-legacy", "--name", "chk-after", "--device", "cpu", "--json", "--quiet"])
+                       str(pair / "target"), "--training-data", str(data.out_dir),      # format detected
+                       "--name", "chk-after", "--device", "cpu", "--json", "--quiet"])
     finally:
         if old is None:
             os.environ.pop("SPECLENS_DATA")
@@ -98,6 +98,7 @@ def test_after_layer_drafter_via_cli_json(checks, root) -> None:
     whole check (lint, finder, training data) takes at most 60 s on this CPU; --json has the promised keys."""
     assert checks["rc"] == 0
     rep = checks["after"]
+    assert rep["training_data"]["format"] == "speculators-legacy"         # no --training-format: read from the files
     assert rep["engine_feeds"]["boundaries"] == ["S_2", "S_4", "S_5"]
     best = rep["best_candidate"]
     assert best["boundaries"] == ["S_3", "S_5", "S_6"]

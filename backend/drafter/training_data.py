@@ -46,7 +46,7 @@ class DataComparison:
                 "holds": self.holds, "aux_holds": self.aux_holds, "alignment": self.alignment.to_json()}
 
 
-def compare(lm: "LoadedModel", path: str | Path, fmt: str, drafter_dir: str | Path, target_dir: str | Path,
+def compare(lm: "LoadedModel", path: str | Path, fmt: str | None, drafter_dir: str | Path, target_dir: str | Path,
             producer_ids: list[int] | None = None, max_files: int = MAX_FILES,
             max_tokens: int = MAX_TOKENS) -> DataComparison:
     import torch
@@ -91,7 +91,7 @@ def compare(lm: "LoadedModel", path: str | Path, fmt: str, drafter_dir: str | Pa
     best = {p["boundary"]: p["best_match"] for p in al.per_boundary}
     holds = [best[lbl] for lbl in plan.labels]
     n_aux = len(plan.labels) - 1                     # the last stored state is the teacher (S_N, F, or vllm-extract's last id)
-    return DataComparison(str(path), fmt, used, len(plan.files), tokens, list(plan.labels), list(plan.ids),
+    return DataComparison(str(path), plan.fmt.name, used, len(plan.files), tokens, list(plan.labels), list(plan.ids),
                           plan.ids_from, holds, holds[:n_aux], al)
 
 
