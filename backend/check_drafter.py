@@ -97,7 +97,7 @@ def run_check(s: CheckSettings, name: str | None = None, root: Path | None = Non
     cfg, target, weights = L.load(s.drafter, s.target, weights_required=not s.lint_only)   # one-line errors
     versions = {s.engine: s.engine_version} if s.engine_version else {}
     choice = vllm_runner.resolve(s.runner, target.architectures, versions.get("vllm") or DEFAULT_VERSIONS["vllm"],
-                                 s.engine_options)
+                                 s.engine_options, target_config=target.raw or None)
     readings = L.engine_readings(cfg, target, versions, choice)
     focus = L.picked(readings, s.engine)
     findings = L.lint(cfg, target, weights, readings, focus)

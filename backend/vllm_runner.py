@@ -1,18 +1,23 @@
-"""Which model runner vLLM picks for a target, V1 or V2, decided the way vLLM decides it.
+"""Which model runner vLLM picks for a target, V1 or V2, decided the way each vLLM release decides it.
 
-The runner matters for EAGLE-3: vLLM 0.24's V2 runner reads the drafter's aux ids from the top level of its
-config only, the V1 runner reads the top level, then `eagle_config` (backend/conventions.yaml, `ids_from`).
-vLLM 0.24.0 decides in `vllm/config/vllm.py`, `VllmConfig.use_v2_model_runner`:
+The runner matters for EAGLE-3: the V2 runner reads the drafter's aux ids from the top level of its config (0.27+
+also `eagle_config.layer_ids`), the V1 runner the top level, then `eagle_config` (0.22+; 0.20-0.21 the top level
+only). backend/conventions.yaml holds, per vLLM minor release 0.20..0.33, `runner_choice`: what
+`VllmConfig.use_v2_model_runner` (vllm/config/vllm.py) does in that release's wheel, re-derived by
+tools/rederive_conventions.py:
 
-1. `VLLM_USE_V2_MODEL_RUNNER` set (1/0, true/false) wins;
-2. otherwise V2 only when the target's `architectures` holds one of `DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`,
-   Triton is present (always on a CUDA node), and `_get_v2_model_runner_unsupported_features()` is empty;
-3. else V1.
+- `env_only` (0.20, 0.21): no automatic choice; V2 only with `VLLM_USE_V2_MODEL_RUNNER=1`.
+- `listed` (0.24): `VLLM_USE_V2_MODEL_RUNNER` wins if set; else V2 when an architecture is in
+  `DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES` and `_get_v2_model_runner_unsupported_features()` is empty.
+- `listed_dense_unquantized` (0.22, 0.23): the same, and the target is neither MoE nor quantized.
+- `listed_or_dense` (0.25-0.28): listed, or any non-MoE target (hybrid and attention-free targets stay V1);
+  0.27+ prefill context parallelism forces V2.
+- `all` (0.29+): every target runs V2 unless an unsupported feature is on (ROCm exceptions do not apply here).
 
-`UNSUPPORTED` below mirrors `_get_v2_model_runner_unsupported_features()` of 0.24.0, each feature as the engine
-option (vLLM's own argument names, as given to `LLM(...)` or `--engine-option`) that turns it on. Seen on the H200
-(REFERENCE section 9): DeepseekV3, Qwen3-MoE and GPT-OSS targets run V1; Llama and Qwen3 run V2; Llama with
-`VLLM_USE_V2_MODEL_RUNNER=0` runs V1.
+`UNSUPPORTED` maps each feature name a release's `_get_v2_model_runner_unsupported_features()` appends to a
+predicate over the engine options (vLLM's own argument names, as given to `LLM(...)` or `--engine-option`); a
+release lists which of them it checks. Seen on the H200 (REFERENCE section 9, docs/results/vllm_runner_check_*):
+0.24.0 and 0.25.1 agree with this module on every case run.
 """
 
 from __future__ import annotations
@@ -30,13 +35,8 @@ from backend.errors import SpecLensError
 ENV = "VLLM_USE_V2_MODEL_RUNNER"
 RUNNERS = ("auto", "v2", "v1")
 SOURCE = "vllm/config/vllm.py: VllmConfig.use_v2_model_runner, _get_v2_model_runner_unsupported_features"
-
-# vLLM releases whose runner rule is in this module: version range -> the V2 default architectures
-V2_ARCHITECTURES = {
-    ">=0.24,<0.25": frozenset({"Qwen3ForCausalLM", "DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM",
-                               "GraniteMoeForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"}),
-}
-
+MOE_KEYS = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")   # vLLM get_num_experts
+HYBRID_LAYER_KINDS = ("mamba", "linear_attention", "ssm", "conv")
 
 @dataclass(frozen=True)
 class RunnerChoice:
@@ -80,85 +80,175 @@ def _sub(options: Mapping[str, Any], key: str) -> dict:
     return v if isinstance(v, dict) else {}
 
 
-# (feature as vLLM 0.24.0 words it, predicate over the engine options with the speculative method)
-UNSUPPORTED: tuple[tuple[str, Callable[[Mapping[str, Any], str], bool]], ...] = (
-    ("prefill context parallelism", lambda o, m: _int(_opt(o, "prefill_context_parallel_size")) > 1),
-    ("stock torch.compile", lambda o, m: _int(_sub(o, "compilation_config").get("mode"), 0) == 1),
-    ("sequence parallelism", lambda o, m: _true(_sub(o, "compilation_config").get("pass_config", {}).get("enable_sp"))
-     and _int(_opt(o, "tensor_parallel_size")) > 1),
-    ("pipeline parallelism with external_launcher",
-     lambda o, m: _opt(o, "distributed_executor_backend") == "external_launcher"
-     and _int(_opt(o, "pipeline_parallel_size")) > 1),
-    ("dynamic speculative decoding",
-     lambda o, m: _sub(o, "speculative_config").get("num_speculative_tokens_per_batch_size") is not None),
-    ("parallel drafting for EAGLE speculative decoding",
-     lambda o, m: _true(_sub(o, "speculative_config").get("parallel_drafting")) and m != "dflash"),
-    ("EAGLE3 with pipeline parallelism", lambda o, m: m == "eagle3" and _int(_opt(o, "pipeline_parallel_size")) > 1),
-    ("dual batch overlap", lambda o, m: _true(_opt(o, "enable_dbo"))),
-    ("elastic expert parallelism", lambda o, m: _true(_opt(o, "enable_elastic_ep"))),
-    ("routed experts capture", lambda o, m: _true(_opt(o, "enable_return_routed_experts"))),
-    ("custom logits processors", lambda o, m: bool(_opt(o, "logits_processors"))),
-    ("prompt embeds", lambda o, m: _true(_opt(o, "enable_prompt_embeds"))),
-    ("logprobs mode", lambda o, m: _opt(o, "logprobs_mode") in ("raw_logits", "processed_logits")),
-    ("KV sharing fast prefill", lambda o, m: _true(_opt(o, "kv_sharing_fast_prefill"))),
-    ("EC transfer", lambda o, m: _opt(o, "ec_transfer_config") is not None),
-)
+# feature name as vLLM words it (f-strings cut at their placeholder) -> predicate(options, method, target facts)
+UNSUPPORTED: dict[str, Callable[[Mapping[str, Any], str, Mapping[str, Any]], bool]] = {
+    "prefill context parallelism": lambda o, m, t: _int(_opt(o, "prefill_context_parallel_size")) > 1,
+    "stock torch.compile": lambda o, m, t: _int(_sub(o, "compilation_config").get("mode"), 0) == 1,
+    "sequence parallelism": lambda o, m, t: _true(_sub(o, "compilation_config").get("pass_config", {}).get("enable_sp"))
+    and _int(_opt(o, "tensor_parallel_size")) > 1,
+    "pipeline parallelism with external_launcher":
+        lambda o, m, t: _opt(o, "distributed_executor_backend") == "external_launcher"
+        and _int(_opt(o, "pipeline_parallel_size")) > 1,
+    "dynamic speculative decoding":
+        lambda o, m, t: _sub(o, "speculative_config").get("num_speculative_tokens_per_batch_size") is not None,
+    "parallel drafting for EAGLE speculative decoding":
+        lambda o, m, t: _true(_sub(o, "speculative_config").get("parallel_drafting")) and m not in ("dflash", "dspark"),
+    "parallel drafting for speculative decoding":
+        lambda o, m, t: _true(_sub(o, "speculative_config").get("parallel_drafting")),
+    "EAGLE3 with pipeline parallelism": lambda o, m, t: m == "eagle3" and _int(_opt(o, "pipeline_parallel_size")) > 1,
+    "dual batch overlap": lambda o, m, t: _true(_opt(o, "enable_dbo")),
+    "elastic expert parallelism": lambda o, m, t: _true(_opt(o, "enable_elastic_ep")),
+    "routed experts capture": lambda o, m, t: _true(_opt(o, "enable_return_routed_experts")),
+    "custom logits processors": lambda o, m, t: bool(_opt(o, "logits_processors")),
+    "prompt embeds": lambda o, m, t: _true(_opt(o, "enable_prompt_embeds")),
+    "logprobs mode": lambda o, m, t: _opt(o, "logprobs_mode") in ("raw_logits", "processed_logits"),
+    "KV sharing fast prefill": lambda o, m, t: _true(_opt(o, "kv_sharing_fast_prefill")),
+    "EC transfer": lambda o, m, t: _opt(o, "ec_transfer_config") is not None,
+    "ngram/ngram_gpu speculative decoding": lambda o, m, t: m in ("ngram", "ngram_gpu"),
+    "speculative method": lambda o, m, t: m not in ("eagle", "eagle3", "mtp", "dflash", "dspark"),
+    "hybrid/mamba models": lambda o, m, t: bool(t.get("is_hybrid")),
+    "hybrid/mamba models with align cache mode": lambda o, m, t: bool(t.get("is_hybrid"))
+    and _opt(o, "mamba_cache_mode") == "align",
+    "mamba cache mode": lambda o, m, t: _opt(o, "mamba_cache_mode") == "all",
+    "adaptive verification with LoRA": lambda o, m, t: _true(_sub(o, "speculative_config").get(
+        "enable_adaptive_verification")) and _true(_opt(o, "enable_lora")),
+    "adaptive verification with enforce_eager/cudagraph_mode=none": lambda o, m, t: _true(_sub(o, "speculative_config")
+        .get("enable_adaptive_verification")) and _true(_opt(o, "enforce_eager")),
+    "adaptive verification with pipeline parallelism": lambda o, m, t: _true(_sub(o, "speculative_config").get(
+        "enable_adaptive_verification")) and _int(_opt(o, "pipeline_parallel_size")) > 1,
+}
 
 
-def _rule(version: str) -> frozenset[str]:
+def _moe_by_name(architectures: list[str]) -> bool:
+    names = " ".join(architectures).lower()
+    return any(w in names for w in ("moe", "deepseek", "mixtral", "gptoss", "kimi", "qwen3next", "dbrx"))
+
+
+def target_facts(config: Mapping[str, Any] | None, architectures: list[str] | None = None) -> dict:
+    """is_moe / is_quantized / is_hybrid of a target, read from its config.json as vLLM's ModelConfig reads them
+    (is_moe: any of vLLM's expert-count keys > 0; is_hybrid: approximated from `layer_types`). Without a config,
+    is_moe is guessed from the architecture name (MoE, DeepSeek, Mixtral, GPT-OSS, Kimi) and said so."""
+    if config:
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+        c = {**config, **text}
+        if any(k in c for k in MOE_KEYS):
+            moe, src = any(_int(c.get(k), 0) > 0 for k in MOE_KEYS), "config"
+        else:                                   # a config without vLLM's expert-count keys (a shrunken test target)
+            moe, src = _moe_by_name(architectures or [str(a) for a in c.get("architectures") or []]), "config"
+        kinds = [str(x).lower() for x in (c.get("layer_types") or [])]
+        hybrid = any(any(h in k for h in HYBRID_LAYER_KINDS) for k in kinds)
+        return {"is_moe": moe, "is_quantized": bool(c.get("quantization_config")), "is_hybrid": hybrid,
+                "from": src}
+    moe = _moe_by_name(architectures or [])
+    return {"is_moe": moe, "is_quantized": False, "is_hybrid": False, "from": "architecture name"}
+
+
+def release_rule(version: str) -> dict:
+    """`runner_choice` of the conventions-table row for this vLLM release (backend/conventions.yaml)."""
+    from backend import coords
     try:
-        v = Version(version)
+        Version(version)
     except InvalidVersion:
         raise SpecLensError(f"vLLM version '{version}' is not a version number; pass e.g. --engine-version 0.24.0") \
             from None
-    for spec, archs in V2_ARCHITECTURES.items():
-        if v in SpecifierSet(spec):
-            return archs
-    known = ", ".join(V2_ARCHITECTURES)
-    raise SpecLensError(f"vLLM {version}: which model runner it picks is not known to SpecLens (known: {known}); "
-                        f"pass --runner v1 or --runner v2, or add the release to backend/vllm_runner.py")
+    try:
+        rc = coords.convention_for("vllm", version, "*").runner_choice
+    except SpecLensError:
+        rc = {}
+    if not rc:
+        known = ", ".join(known_releases()) or "none"
+        raise SpecLensError(f"vLLM {version}: which model runner it picks is not known to SpecLens (known: {known}); "
+                            f"pass --runner v1 or --runner v2, or add the release with tools/rederive_conventions.py")
+    return rc
 
 
-def unsupported_features(options: Mapping[str, Any] | None, method: str = "eagle3") -> list[str]:
-    """The V2-unsupported features the engine options turn on (vLLM's own words)."""
-    o = options or {}
-    return [name for name, on in UNSUPPORTED if on(o, method)]
+def known_releases() -> list[str]:
+    from backend import coords
+    return coords.releases("vllm")
+
+
+def unsupported_features(options: Mapping[str, Any] | None, method: str = "eagle3", version: str = "0.24.0",
+                         target: Mapping[str, Any] | None = None) -> list[str]:
+    """The V2-unsupported features (those release `version` checks) that the engine options turn on."""
+    o, t = options or {}, target or {}
+    names = release_rule(version).get("unsupported") or []
+    return [n for n in names if n in UNSUPPORTED and UNSUPPORTED[n](o, method, t)]
 
 
 def resolve(requested: str | None, architectures: list[str] | None, version: str = "0.24.0",
             options: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
-            method: str = "eagle3") -> RunnerChoice:
+            method: str = "eagle3", target_config: Mapping[str, Any] | None = None) -> RunnerChoice:
     """The runner vLLM `version` will use for a target with `architectures`, given the engine options and env.
 
     requested "v1"/"v2" is taken as given (the user says which runner the engine runs); "auto" (or None) decides
-    as vLLM does, reading `VLLM_USE_V2_MODEL_RUNNER` from `env` (default: this process's environment)."""
+    as that release does, reading `VLLM_USE_V2_MODEL_RUNNER` from `env` (default: this process's environment) and
+    is_moe / is_quantized from `target_config` (the target's config.json) where the release asks."""
     requested = requested or "auto"
     if requested not in RUNNERS:
         raise SpecLensError(f"--runner {requested}: unknown; use auto (decide as vLLM does), v2 or v1")
     if requested != "auto":
         return RunnerChoice(requested, requested, f"--runner {requested} given", version)
+    rc = release_rule(version)
     env = os.environ if env is None else env
     flag = env.get(ENV)
+    sel = rc.get("selection")
     if flag is not None and flag.strip() != "":
         v = flag.strip().lower()
-        if v not in ("1", "0", "true", "false"):
-            raise SpecLensError(f"{ENV}={flag}: vLLM reads 1/0 or true/false; fix the variable")
+        ok = ("1", "0") if sel == "env_only" else ("1", "0", "true", "false")
+        if v not in ok:
+            words = "1/0" if sel == "env_only" else "1/0 or true/false"
+            raise SpecLensError(f"{ENV}={flag}: vLLM {version} reads {words}; fix the variable")
         runner = "v2" if v in ("1", "true") else "v1"
         return RunnerChoice(runner, "auto", f"{ENV}={flag} is set", version)
-    archs = _rule(version)
+    if sel == "env_only":
+        return RunnerChoice("v1", "auto", f"vLLM {version} runs V1 unless {ENV}=1 (no automatic choice before "
+                                          f"0.22)", version)
+    o = options or {}
+    if "prefill context parallelism" in (rc.get("forces_v2") or []) and \
+            _int(_opt(o, "prefill_context_parallel_size")) > 1:
+        return RunnerChoice("v2", "auto", f"prefill context parallelism forces V2 in vLLM {version}", version)
     names = list(architectures or [])
-    if not names:
+    t = target_facts(target_config, names)
+    archs = set(rc.get("v2_architectures") or [])
+    hit = [a for a in names if a in archs]
+    guess = "" if t["from"] == "config" else " (MoE guessed from the architecture name)"
+    if sel == "all":
+        why = f"vLLM {version} runs every target on V2"
+    elif not names:
         return RunnerChoice("v1", "auto", "the target config names no architectures (vLLM picks V2 only for "
                                           "listed ones)", version)
-    hit = [a for a in names if a in archs]
-    if not hit:
-        return RunnerChoice("v1", "auto", f"{'/'.join(names)} is not one of vLLM {version}'s default V2 "
-                                          f"architectures", version)
-    off = unsupported_features(options, method)
+    elif sel == "listed":
+        if not hit:
+            return RunnerChoice("v1", "auto", f"{'/'.join(names)} is not one of vLLM {version}'s default V2 "
+                                              f"architectures", version)
+        why = f"{hit[0]} is one of vLLM {version}'s default V2 architectures"
+    elif sel == "listed_dense_unquantized":
+        if not hit:
+            return RunnerChoice("v1", "auto", f"{'/'.join(names)} is not one of vLLM {version}'s default V2 "
+                                              f"architectures", version)
+        if t["is_moe"] or t["is_quantized"]:
+            what = "MoE" if t["is_moe"] else "quantized"
+            return RunnerChoice("v1", "auto", f"{hit[0]} is listed for V2 in vLLM {version}, but the target is "
+                                              f"{what}{guess}, and {version} keeps those on V1", version)
+        why = f"{hit[0]} is one of vLLM {version}'s default V2 architectures (dense, unquantized)"
+    elif sel == "listed_or_dense":
+        if t["is_hybrid"] and not hit:
+            return RunnerChoice("v1", "auto", f"vLLM {version} keeps hybrid targets on V1", version)
+        if hit:
+            why = f"{hit[0]} is one of vLLM {version}'s default V2 architectures"
+        elif not t["is_moe"]:
+            why = f"vLLM {version} runs every non-MoE target on V2 ({'/'.join(names)} is dense{guess})"
+        else:
+            return RunnerChoice("v1", "auto", f"{'/'.join(names)} is MoE{guess} and not one of vLLM {version}'s "
+                                              f"default V2 architectures", version)
+    else:
+        raise SpecLensError(f"vLLM {version}: runner selection '{sel}' in backend/conventions.yaml is not known to "
+                            f"backend/vllm_runner.py")
+    off = unsupported_features(o, method, version, t)
     if off:
-        return RunnerChoice("v1", "auto", f"{hit[0]} defaults to V2, but V2 does not support "
-                                          f"{', '.join(off)} (from the engine options)", version)
-    return RunnerChoice("v2", "auto", f"{hit[0]} is one of vLLM {version}'s default V2 architectures", version)
+        return RunnerChoice("v1", "auto", f"{why}, but V2 does not support {', '.join(off)} (from the engine "
+                                          f"options)", version)
+    return RunnerChoice("v2", "auto", why, version)
 
 
 def architectures_of(config: Mapping[str, Any]) -> list[str]:

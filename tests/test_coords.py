@@ -40,9 +40,18 @@ def test_sglang_plus_one_and_family_rules():
     # DeepSeek-V3: +1 only when ids[0] == 1
     assert resolve_ids("sglang", [1, 29, 57], 61, version="0.5.23", family="deepseek_v3") == [S(2), S(30), S(58)]
     assert resolve_ids("sglang", [2, 30, 58], 61, version="0.5.23", family="deepseek_v3") == [S(2), S(30), S(58)]
-    # GPT-OSS: S_a when max(ids) == N
-    assert resolve_ids("sglang", [2, 12, 24], 24, version="0.5.15", family="gpt_oss") == [S(2), S(12), S(24)]
+    # GPT-OSS: S_a when max(ids) == N, from 0.5.17 (gpt_oss.py in the wheels); 0.5.15 adds 1 unconditionally
+    assert resolve_ids("sglang", [2, 12, 24], 24, version="0.5.17", family="gpt_oss") == [S(2), S(12), S(24)]
+    assert resolve_ids("sglang", [1, 11, 20], 24, version="0.5.23", family="gpt_oss") == [S(2), S(12), S(21)]
     assert resolve_ids("sglang", [1, 11, 20], 24, version="0.5.15", family="gpt_oss") == [S(2), S(12), S(21)]
+    with pytest.raises(SpecLensError):
+        resolve_ids("sglang", [2, 12, 24], 24, version="0.5.15", family="gpt_oss")
+    # DeepSeek: unconditional +1 in 0.5.5..0.5.12, conditional from 0.5.13, no EAGLE-3 capture before 0.5.5
+    assert resolve_ids("sglang", [2, 30, 58], 61, version="0.5.12", family="deepseek_v3") == [S(3), S(31), S(59)]
+    assert resolve_ids("sglang", [2, 30, 58], 61, version="0.5.13", family="deepseek_v3") == [S(2), S(30), S(58)]
+    with pytest.raises(SpecLensError, match="no EAGLE-3 aux-state capture"):
+        resolve_ids("sglang", None, 61, version="0.5.4", family="deepseek_v3")
+    assert resolve_ids("sglang", [1, 15, 28], N, version="0.5.15.post1") == [S(2), S(16), S(29)]
 
 
 def test_training_producers():
@@ -64,7 +73,9 @@ def test_unknown_producer_or_version():
     with pytest.raises(SpecLensError, match="unknown producer"):
         resolve_ids("tgi", [1], N)
     with pytest.raises(SpecLensError, match="no convention known"):
-        resolve_ids("vllm", [1], N, version="0.30.0")
+        resolve_ids("vllm", [1], N, version="0.34.0")   # the table covers 0.20..0.33
+    with pytest.raises(SpecLensError, match="no convention known"):
+        resolve_ids("sglang", [1], N, version="0.5.24")
 
 
 def test_every_default_version_has_a_convention():

@@ -10,6 +10,23 @@ from backend.drafter.config import DrafterConfig
 from backend.errors import SpecLensError
 
 
+def nested_layer_ids(dcfg: DrafterConfig) -> list[int] | None:
+    """`eagle_config.layer_ids` (or `dflash_config.layer_ids`) of the drafter's config file, which vLLM 0.27+'s
+    V2 runner reads when the top level has no ids (eagle3_utils.get_eagle3_aux_layers_from_config)."""
+    import json
+    from pathlib import Path
+    f = dcfg.config_file or (str(Path(dcfg.name) / "config.json") if dcfg.name else "")
+    try:
+        raw = json.loads(Path(f).read_text()) if f else {}
+    except (OSError, ValueError):
+        return None
+    for key in ("dflash_config", "eagle_config"):
+        sub = raw.get(key)
+        if isinstance(sub, dict) and isinstance(sub.get("layer_ids"), list) and sub["layer_ids"]:
+            return [int(x) for x in sub["layer_ids"]]
+    return None
+
+
 def drafter_aux_boundaries(dcfg: DrafterConfig, n_layers: int, model_type: str | None, producer: str = "vllm",
                            version: str | None = "0.24.0", runner: str | None = None) -> dict:
     """The target boundaries the drafter's fc expects, read from its config as `producer` reads it.
@@ -21,8 +38,13 @@ def drafter_aux_boundaries(dcfg: DrafterConfig, n_layers: int, model_type: str |
     conv = coords.convention_for(producer, version, fam, runner)
     rule = (conv.ids_from.get(runner) if runner else None) or conv.ids_from.get("any") or "top_then_nested"
     top, nested = dcfg.aux_layer_ids_top, dcfg.aux_layer_ids_nested
-    ids, where = {"top_level": (top, "top level"), "nested": (nested, "eagle_config"), "none": (None, None),
-                  "top_then_nested": (top, "top level") if top else (nested, "eagle_config")}[rule]
+    if rule == "top_then_nested_layer_ids":             # vLLM 0.27+ V2: top level, then eagle_config.layer_ids
+        other = nested_layer_ids(dcfg)
+        ids, where = (top, "top level") if top else (other, "eagle_config.layer_ids")
+    else:
+        ids, where = {"top_level": (top, "top level"), "nested": (nested, "eagle_config"), "none": (None, None),
+                      "top_then_nested": (top, "top level") if top else (nested, "eagle_config"),
+                      "nested_then_top": (nested, "eagle_config") if nested else (top, "top level")}[rule]
     if not ids:
         ids, where = None, f"{producer} default"
     bs = sorted(set(coords.resolve_ids(producer, ids, n_layers, version=version, family=fam, runner=runner)),
@@ -38,7 +60,7 @@ def drafter_aux_boundaries(dcfg: DrafterConfig, n_layers: int, model_type: str |
 
 def engine_feeds(dcfg: DrafterConfig, n_layers: int, model_type: str | None, architectures: list[str] | None,
                  producer: str = "vllm", version: str | None = None, runner: str | None = None,
-                 options: dict | None = None) -> dict:
+                 options: dict | None = None, target_config: dict | None = None) -> dict:
     """`drafter_aux_boundaries` with vLLM's model runner decided as vLLM decides it (runner None or "auto": from
     the target's architectures, the engine options and VLLM_USE_V2_MODEL_RUNNER; backend/vllm_runner.py).
     Adds `runner_reason` for vLLM."""
@@ -46,7 +68,8 @@ def engine_feeds(dcfg: DrafterConfig, n_layers: int, model_type: str | None, arc
 
     if producer != "vllm":
         return drafter_aux_boundaries(dcfg, n_layers, model_type, producer, version, None)
-    choice = vllm_runner.resolve(runner or "auto", architectures, version or coords.DEFAULT_VERSIONS["vllm"], options)
+    choice = vllm_runner.resolve(runner or "auto", architectures, version or coords.DEFAULT_VERSIONS["vllm"], options,
+                                 target_config=target_config)
     aux = drafter_aux_boundaries(dcfg, n_layers, model_type, producer, version, choice.runner)
     aux["runner_reason"] = choice.reason
     return aux

@@ -216,7 +216,7 @@ def engine_readings(cfg: DrafterConfig, target: TargetInfo, versions: dict[str, 
     from backend.vllm_runner import resolve
 
     versions = {**coords.DEFAULT_VERSIONS, **{k: v for k, v in (versions or {}).items() if v}}
-    choice = runner or resolve("auto", target.architectures, versions["vllm"])
+    choice = runner or resolve("auto", target.architectures, versions["vllm"], target_config=target.raw or None)
     out = []
     for producer, rn in ENGINE_READINGS:
         version = versions[producer]

@@ -1,0 +1,585 @@
+"""Re-derive the vLLM and SGLang rows of backend/conventions.yaml from the released wheels, and fail when a
+release's code at the places that decide them says something the table does not.
+
+    python tools/rederive_conventions.py                      # check every release the table names (downloads)
+    python tools/rederive_conventions.py --engine vllm --releases 0.24.0 0.25.1
+    python tools/rederive_conventions.py --write              # rewrite the derived rows (keeps status/seen/note)
+    python tools/rederive_conventions.py --json docs/results/conventions_derived.json
+
+Each wheel is fetched with `pip download --no-deps vllm==X` (300-400 MB for vLLM, a few MB for SGLang); only the
+few .py files read below are kept (under --cache, default ~/.cache/speclens/wheels) and the wheel is deleted.
+
+What is read, per vLLM release (the file and function each row cites):
+- runner choice: vllm/config/vllm.py `VllmConfig.use_v2_model_runner`, `_is_default_v2_model_runner_model`,
+  `DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`, `_get_v2_model_runner_unsupported_features` (the feature names it
+  appends), vllm/envs.py `VLLM_USE_V2_MODEL_RUNNER` (its default when unset);
+- where the aux ids are read: V1 vllm/v1/worker/gpu_model_runner.py `GPUModelRunner._get_eagle3_aux_layers_from_config`,
+  V2 vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py `get_eagle3_aux_layers_from_config`;
+- the default: vllm/model_executor/models/interfaces.py `SupportsEagle3.get_eagle3_default_aux_hidden_state_layers`
+  (DeepSeek: deepseek_v2.py `DeepseekV2ForCausalLM.get_eagle3_aux_hidden_state_layers`);
+- what an id means: vllm/model_executor/models/llama.py `LlamaModel.forward` (the state entering layer a).
+Per SGLang release: where eagle_config is read (the sglang/srt/model_executor function that indexes
+`eagle_config["eagle_aux_hidden_state_layer_ids"]`), and each family's `set_eagle3_layers_to_capture` (llama.py,
+qwen3.py, qwen3_moe.py, qwen2.py, deepseek_v2.py, glm4_moe_lite.py, gpt_oss.py): its rule (+1, conditional +1,
+none) and default.
+
+A function's hash is sha256 of its source as `ast.unparse` writes it without its docstring (12 hex digits): a
+release whose code at a cited place differs from the table's hash fails even when the parsed facts agree, so a
+change the parser cannot see is still caught and must be read by a person.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TABLE = REPO / "backend" / "conventions.yaml"
+BEGIN = "# ---- BEGIN rows derived from the wheels (tools/rederive_conventions.py --write keeps status, seen, note)"
+END = "# ---- END derived rows"
+
+VLLM_RELEASES = ["0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0",
+                 "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"]
+# SGLang 0.5.0 was never published on PyPI (the first 0.5 release there is 0.5.1); .postN releases share a row
+SGLANG_RELEASES = [f"0.5.{i}" for i in range(1, 24)]
+
+VLLM_FILES = {
+    "config": "vllm/config/vllm.py",
+    "envs": "vllm/envs.py",
+    "v1": "vllm/v1/worker/gpu_model_runner.py",
+    "v2": "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py",
+    "iface": "vllm/model_executor/models/interfaces.py",
+    "deepseek": "vllm/model_executor/models/deepseek_v2.py",
+    "llama": "vllm/model_executor/models/llama.py",
+}
+SGLANG_MODEL_FILES = {"llama": "llama.py", "qwen3": "qwen3.py", "qwen3_moe": "qwen3_moe.py", "qwen2": "qwen2.py",
+                      "deepseek_v2": "deepseek_v2.py", "glm4_moe_lite": "glm4_moe_lite.py", "gpt_oss": "gpt_oss.py"}
+# table family groups of SGLang rows -> the model file that decides them (the catch-all also checks the qwen files)
+SGLANG_GROUPS = (
+    (("deepseek_v2", "deepseek_v3", "kimi_k2"), "deepseek_v2"),
+    (("glm4_moe_lite",), "glm4_moe_lite"),
+    (("gpt_oss",), "gpt_oss"),
+    (("*",), "llama"),
+)
+VALID = {  # the ids a rule can take, as the table states them (read in the model code, not run at the edges)
+    ("vllm", "input", "*"): [0, "N"], ("vllm", "input", "deepseek"): [1, "N-1"],
+    ("sglang", "after"): [-1, "N-2"], ("sglang", "after_if_first_1"): [-1, "N-1"],
+    ("sglang", "input_if_max_n"): [-1, "N"], ("sglang", "input"): [0, "N-1"], ("sglang", "unsupported"): [0, 0],
+}
+
+
+class Drift(Exception):
+    """A release's code says something the table does not."""
+
+
+# ------------------------------------------------------------------------------------------- wheels -> sources
+
+def cache_dir(arg: str | None) -> Path:
+    return Path(arg or os.environ.get("SPECLENS_WHEEL_CACHE") or Path.home() / ".cache" / "speclens" / "wheels")
+
+
+def _wanted(engine: str, name: str) -> bool:
+    if not name.endswith(".py"):
+        return False
+    if engine == "vllm":
+        return name in VLLM_FILES.values()
+    return (name.startswith("sglang/srt/model_executor/") or name == "sglang/srt/server_args.py"
+            or name in {f"sglang/srt/models/{f}" for f in SGLANG_MODEL_FILES.values()})
+
+
+def sources(engine: str, version: str, cache: Path, pip: str = sys.executable) -> Path:
+    """The directory holding the release's files read here, downloading the wheel once."""
+    dest = cache / f"{engine}-{version}"
+    if (dest / "WHEEL_SHA256").exists():
+        return dest
+    with tempfile.TemporaryDirectory(prefix=f"wheel-{engine}-") as tmp:
+        cmd = [pip, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", f"{engine}=={version}", "-d", tmp,
+               "-q"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if r.returncode != 0 or not wheels:
+            raise SystemExit(f"pip download {engine}=={version} failed: {(r.stderr or r.stdout).strip()[-400:]}")
+        part = dest.with_name(dest.name + ".part")
+        shutil.rmtree(part, ignore_errors=True)
+        with zipfile.ZipFile(wheels[0]) as z:
+            for n in z.namelist():
+                if _wanted(engine, n):
+                    z.extract(n, part)
+        h = hashlib.sha256(wheels[0].read_bytes()).hexdigest()
+        (part / "WHEEL_SHA256").write_text(h + "\n")
+        (part / "WHEEL_NAME").write_text(wheels[0].name + "\n")
+        part.rename(dest)
+    return dest
+
+
+# ------------------------------------------------------------------------------------------- source reading
+
+def _tree(path: Path) -> tuple[ast.Module, str] | None:
+    if not path.exists():
+        return None
+    src = path.read_text()
+    return ast.parse(src), src
+
+
+def find(path: Path, qual: str) -> ast.AST | None:
+    """The def (or class) `qual` ("Class.method" or "function") in the file, or None."""
+    t = _tree(path)
+    if t is None:
+        return None
+    body, node = t[0].body, None
+    for part in qual.split("."):
+        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                     and n.name == part), None)
+        if node is None:
+            return None
+        body = node.body
+    return node
+
+
+def text(node: ast.AST | None) -> str:
+    """The function's source as ast.unparse writes it, without its docstring."""
+    if node is None:
+        return ""
+    n = ast.parse(ast.unparse(node)).body[0]
+    b = getattr(n, "body", [])
+    if b and isinstance(b[0], ast.Expr) and isinstance(b[0].value, ast.Constant) and isinstance(b[0].value.value, str):
+        n.body = b[1:] or [ast.Pass()]
+    return ast.unparse(n)
+
+
+def digest(node: ast.AST | None) -> str | None:
+    return hashlib.sha256(text(node).encode()).hexdigest()[:12] if node is not None else None
+
+
+def module_constant(path: Path, name: str):
+    t = _tree(path)
+    if t is None:
+        return None
+    for n in t[0].body:
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []
+        if any(getattr(x, "id", None) == name for x in targets) and n.value is not None:
+            v = n.value
+            if isinstance(v, ast.Call) and v.args:          # frozenset({...})
+                v = v.args[0]
+            return sorted(ast.literal_eval(v))
+    return None
+
+
+def appended_features(node: ast.AST | None) -> list[str]:
+    """The feature names `unsupported.append(...)` adds (f-strings cut at their first placeholder)."""
+    out = []
+    for n in ast.walk(node) if node is not None else []:
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "append" and n.args:
+            a = n.args[0]
+            if isinstance(a, ast.Constant) and isinstance(a.value, str):
+                name = a.value
+            elif isinstance(a, ast.JoinedStr):
+                name = "".join(v.value for v in a.values if isinstance(v, ast.Constant))
+                name = name.split("'")[0].strip() if "'" in name else name.strip()
+            else:
+                continue
+            if name not in out:
+                out.append(name)
+    return out
+
+
+def expr_in_n(src: str) -> list[str] | None:
+    """'[2, num_layers // 2, num_layers - 3]' (or a tuple) -> ['2', 'N//2', 'N-3']."""
+    m = re.search(r"[\[(]\s*2\s*,\s*num_layers\s*//\s*2\s*,\s*num_layers\s*-\s*3\s*[\])]", src)
+    return ["2", "N//2", "N-3"] if m else None
+
+
+# ------------------------------------------------------------------------------------------- vLLM
+
+def derive_vllm(root: Path, version: str) -> dict:
+    f = {k: root / v for k, v in VLLM_FILES.items()}
+    use = find(f["config"], "VllmConfig.use_v2_model_runner")
+    isdef = find(f["config"], "VllmConfig._is_default_v2_model_runner_model")
+    unsup = find(f["config"], "VllmConfig._get_v2_model_runner_unsupported_features")
+    v1 = find(f["v1"], "GPUModelRunner._get_eagle3_aux_layers_from_config")
+    v2 = find(f["v2"], "get_eagle3_aux_layers_from_config")
+    dflt = find(f["iface"], "SupportsEagle3.get_eagle3_default_aux_hidden_state_layers")
+    ds = find(f["deepseek"], "DeepseekV2ForCausalLM.get_eagle3_aux_hidden_state_layers")
+    fwd = find(f["llama"], "LlamaModel.forward")
+    envs_src = f["envs"].read_text() if f["envs"].exists() else ""
+    cfg = "vllm/config/vllm.py"
+    code, decided = {}, {}
+
+    def cite(key: str, file: str, qual: str, node) -> None:
+        decided[key] = f"{file}: {qual}"
+        code[f"{file}:{qual}"] = digest(node)
+
+    # runner choice
+    rc: dict = {"env": "VLLM_USE_V2_MODEL_RUNNER"}
+    m = re.search(r'"VLLM_USE_V2_MODEL_RUNNER":\s*lambda:\s*(.*?)\n\s*\),?\n', envs_src, re.S)
+    env_expr = m.group(1) if m else ""
+    if use is None:
+        rc.update(auto=False, default="v1" if '"0"' in env_expr else "unknown", v2_architectures=[],
+                  selection="env_only", unsupported=appended_features(find(f["config"],
+                                                                            "VllmConfig._validate_v2_model_runner")))
+        cite("runner", cfg, "VllmConfig.__post_init__ (envs.VLLM_USE_V2_MODEL_RUNNER, default 0)", None)
+        code.pop(f"{cfg}:VllmConfig.__post_init__ (envs.VLLM_USE_V2_MODEL_RUNNER, default 0)")
+        decided["runner"] = "vllm/envs.py: VLLM_USE_V2_MODEL_RUNNER (bool(int(os.getenv(..., '0')))); no automatic choice"
+        code["vllm/envs.py:VLLM_USE_V2_MODEL_RUNNER"] = hashlib.sha256(env_expr.encode()).hexdigest()[:12]
+    else:
+        us = text(use)
+        rc["auto"] = True
+        rc["default"] = "auto"
+        calls_isdef = "_is_default_v2_model_runner_model" in us
+        archs = module_constant(f["config"], "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES") or []
+        if not calls_isdef:
+            rc["selection"] = "all"
+            rc["v2_architectures"] = []
+        else:
+            s = text(isdef)
+            if "or not model_config.is_moe" in s:
+                rc["selection"] = "listed_or_dense"
+            elif "not model_config.is_moe and not model_config.is_quantized" in s:
+                rc["selection"] = "listed_dense_unquantized"
+            elif "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES" in s or "default_v2_model_runner_architectures" in s:
+                rc["selection"] = "listed"
+            else:
+                raise Drift(f"vLLM {version}: {cfg} VllmConfig._is_default_v2_model_runner_model decides in a way "
+                            f"this script cannot parse; read it and extend derive_vllm")
+            rc["v2_architectures"] = archs
+            rc["hybrid_v1"] = "is_hybrid" in s
+            cite("runner_default_model", cfg, "VllmConfig._is_default_v2_model_runner_model", isdef)
+        forced = []
+        if "prefill_context_parallel_size > 1" in us:
+            forced.append("prefill context parallelism")
+        rc["forces_v2"] = forced
+        rc["unsupported"] = appended_features(unsup)
+        cite("runner", cfg, "VllmConfig.use_v2_model_runner", use)
+        cite("runner_unsupported", cfg, "VllmConfig._get_v2_model_runner_unsupported_features", unsup)
+
+    # where ids are read
+    def reading(node, who: str) -> str:
+        s = text(node)
+        if not s:
+            raise Drift(f"vLLM {version}: {who} not found; the table cites it")
+        nested_ids = re.search(r"eagle_config\.get\(\s*'eagle_aux_hidden_state_layer_ids'", s)
+        nested_layer_ids = "'eagle_config'" in s and re.search(r"\.get\(\s*'layer_ids'", s)
+        if "'eagle_aux_hidden_state_layer_ids'" not in s:
+            raise Drift(f"vLLM {version}: {who} no longer reads eagle_aux_hidden_state_layer_ids")
+        if nested_ids:
+            return "top_then_nested"
+        if nested_layer_ids:
+            return "top_then_nested_layer_ids"
+        return "top_level"
+
+    ids_from = {"v1": reading(v1, "V1 _get_eagle3_aux_layers_from_config"),
+                "v2": reading(v2, "V2 get_eagle3_aux_layers_from_config")}
+    cite("ids_v1", VLLM_FILES["v1"], "GPUModelRunner._get_eagle3_aux_layers_from_config", v1)
+    cite("ids_v2", VLLM_FILES["v2"], "get_eagle3_aux_layers_from_config", v2)
+
+    default = expr_in_n(text(dflt))
+    ds_default = expr_in_n(text(ds))
+    if default is None or ds_default is None:
+        raise Drift(f"vLLM {version}: the default aux layers are no longer (2, N//2, N-3); read "
+                    f"{VLLM_FILES['iface']} and {VLLM_FILES['deepseek']}")
+    cite("default", VLLM_FILES["iface"], "SupportsEagle3.get_eagle3_default_aux_hidden_state_layers", dflt)
+    cite("default_deepseek", VLLM_FILES["deepseek"], "DeepseekV2ForCausalLM.get_eagle3_aux_hidden_state_layers", ds)
+
+    fs = text(fwd)
+    if re.search(r"_maybe_add_hidden_state\(\s*aux_hidden_states,\s*idx \+ 1", fs) or \
+            re.search(r"if idx in self\.aux_hidden_state_layers:\s*\n\s*aux_hidden_states\.append\(hidden_states "
+                      r"\+ residual\)\s*\n\s*(hidden_states, residual|hidden_states) = layer\(", fs):
+        rule = "input"
+    else:
+        raise Drift(f"vLLM {version}: {VLLM_FILES['llama']} LlamaModel.forward captures aux states in a way this "
+                    f"script cannot parse; read it (is id a still the input of layer a?)")
+    cite("rule", VLLM_FILES["llama"], "LlamaModel.forward", fwd)
+    return {"engine": "vllm", "version": version, "wheel_sha256": (root / "WHEEL_SHA256").read_text().strip(),
+            "rule": rule, "default": default, "default_deepseek": ds_default, "ids_from": ids_from,
+            "runner_choice": rc, "decided_by": decided, "code": code}
+
+
+# ------------------------------------------------------------------------------------------- SGLang
+
+def _functions(path: Path):
+    t = _tree(path)
+    if t is None:
+        return
+    for n in t[0].body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield n.name, n
+        elif isinstance(n, ast.ClassDef):
+            for m in n.body:
+                if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    yield f"{n.name}.{m.name}", m
+
+
+def sglang_rule(node) -> tuple[str, list[str] | None]:
+    s = text(node)
+    if not s:
+        return "unsupported", None
+    d = expr_in_n(s)
+    if "layer_ids[0] == 1" in s:
+        return "after_if_first_1", d
+    if re.search(r"max\(layer_ids\)\s*==", s):
+        return "input_if_max_n", d
+    if re.search(r"\[\s*val \+ 1 for val in layer_ids\s*\]", s):
+        return "after", d
+    if re.search(r"layers_to_capture = (list\()?layer_ids\)?\s*$", s, re.M):
+        return "input", d
+    return "unparsed", d
+
+
+def derive_sglang(root: Path, version: str) -> dict:
+    code, decided = {}, {}
+    # where eagle_config is read: the model_executor function indexing eagle_config[...ids]
+    where = None
+    for path in sorted((root / "sglang/srt/model_executor").rglob("*.py")):
+        for qual, node in _functions(path):
+            s = text(node)
+            if re.search(r"eagle_config\[\s*'eagle_aux_hidden_state_layer_ids'\s*\]", s):
+                rel = str(path.relative_to(root))
+                top = re.search(r"getattr\([^)]*hf_config,\s*'eagle_aux_hidden_state_layer_ids'", s)
+                where = ("nested_then_top" if top else "nested", rel, qual, node)
+                break
+        if where:
+            break
+    if where is None:
+        raise Drift(f"SGLang {version}: no sglang/srt/model_executor function reads "
+                    f"eagle_config['eagle_aux_hidden_state_layer_ids'] any more; read how it finds the ids")
+    ids_from, rel, qual, node = where
+    decided["ids"] = f"{rel}: {qual}"
+    code[f"{rel}:{qual}"] = digest(node)
+    families = {}
+    for fam, fname in SGLANG_MODEL_FILES.items():
+        path = root / "sglang/srt/models" / fname
+        hit = None
+        for q, n in _functions(path):
+            if q.endswith(".set_eagle3_layers_to_capture") and "ForCausalLM" in q.split(".")[0]:
+                hit = (q, n)
+                break
+        if hit is None:
+            families[fam] = {"rule": "unsupported", "default": None,
+                             "decided_by": f"sglang/srt/models/{fname}: no *ForCausalLM.set_eagle3_layers_to_capture"
+                             + ("" if path.exists() else " (no such file)")}
+            continue
+        rule, d = sglang_rule(hit[1])
+        if rule == "unparsed":
+            raise Drift(f"SGLang {version}: sglang/srt/models/{fname} {hit[0]} maps ids in a way this script "
+                        f"cannot parse; read it")
+        key = f"sglang/srt/models/{fname}:{hit[0]}"
+        families[fam] = {"rule": rule, "default": d, "decided_by": f"sglang/srt/models/{fname}: {hit[0]}",
+                         "code": {key: digest(hit[1])}}
+    # --enable-return-aux-hidden-states (aux capture on a target without a drafter): where model_executor resolves it
+    flag = any("return_aux_hidden_state_layer_ids" in p.read_text()
+               for p in (root / "sglang/srt/model_executor").rglob("*.py"))
+    return {"engine": "sglang", "version": version, "wheel_sha256": (root / "WHEEL_SHA256").read_text().strip(),
+            "ids_from": ids_from, "families": families, "return_aux_hidden_states_flag": flag,
+            "decided_by": decided, "code": code}
+
+
+# ------------------------------------------------------------------------------------------- facts -> rows
+
+def _minor(v: str) -> str:
+    return ".".join(v.split(".")[:2])
+
+
+def _next_minor(v: str) -> str:
+    a, b = v.split(".")[:2]
+    return f"{a}.{int(b) + 1}"
+
+
+def _next_patch(v: str) -> str:
+    a, b, c = v.split(".")[:3]
+    return f"{a}.{b}.{int(c) + 1}"
+
+
+def vllm_rows(facts: list[dict]) -> list[dict]:
+    """One row per (minor release, family group); the patch releases of a minor must agree."""
+    by_minor: dict[str, list[dict]] = {}
+    for f in facts:
+        by_minor.setdefault(_minor(f["version"]), []).append(f)
+    rows = []
+    for minor, fs in by_minor.items():
+        first = fs[0]
+        for other in fs[1:]:
+            for k in ("rule", "default", "default_deepseek", "ids_from", "runner_choice"):
+                if other[k] != first[k]:
+                    raise Drift(f"vLLM {other['version']} differs from {first['version']} in {k}: "
+                                f"{other[k]} vs {first[k]}; split the {minor} row")
+        wheels = {f["version"]: {"sha256": f["wheel_sha256"], "code": f["code"]} for f in fs}
+        for fams, dkey, valid in ((["deepseek_v2", "deepseek_v3", "kimi_k2"], "default_deepseek",
+                                   VALID[("vllm", "input", "deepseek")]), (["*"], "default", VALID[("vllm", "input", "*")])):
+            decided = {k: v for k, v in first["decided_by"].items()
+                       if k != ("default" if dkey == "default_deepseek" else "default_deepseek")}
+            rows.append({
+                "producer": "vllm", "versions": f">={minor},<{_next_minor(minor)}", "runner": ["v1", "v2"],
+                "families": fams, "rule": first["rule"], "valid": valid, "default": first[dkey], "teacher": "none",
+                "ids_from": first["ids_from"], "runner_choice": first["runner_choice"], "decided_by": decided,
+                "wheels": {v: {"sha256": w["sha256"], "code": {k: h for k, h in w["code"].items()
+                                                               if not (dkey == "default" and "deepseek_v2.py" in k)
+                                                               and not (dkey == "default_deepseek" and "interfaces.py" in k)}}
+                           for v, w in wheels.items()},
+                "status": "inferred",
+            })
+    return rows
+
+
+def sglang_rows(facts: list[dict]) -> list[dict]:
+    rows = []
+    for f in facts:
+        fam = f["families"]
+        qwen = {k: fam[k] for k in ("qwen3", "qwen3_moe", "qwen2") if fam[k]["rule"] != "unsupported"}
+        for k, q in qwen.items():
+            if (q["rule"], q["default"]) != (fam["llama"]["rule"], fam["llama"]["default"]):
+                raise Drift(f"SGLang {f['version']}: {k} ({q['rule']}) differs from llama ({fam['llama']['rule']}); "
+                            f"give the qwen family its own row")
+        for fams, src in SGLANG_GROUPS:
+            d = fam[src]
+            code = dict(f["code"])
+            code.update(d.get("code", {}))
+            decided = {"ids": f["decided_by"]["ids"], "rule": d["decided_by"]}
+            if src == "llama":
+                for k, q in qwen.items():
+                    code.update(q["code"])
+                decided["rule"] += " (qwen3.py, qwen3_moe.py, qwen2.py: the same)"
+            row = {"producer": "sglang", "versions": f">={f['version']},<{_next_patch(f['version'])}",
+                   "families": list(fams), "rule": d["rule"], "valid": VALID[("sglang", d["rule"])],
+                   "default": d["default"] or [], "teacher": "none",
+                   "ids_from": {"any": f["ids_from"]}, "decided_by": decided,
+                   "return_aux_hidden_states_flag": f["return_aux_hidden_states_flag"],
+                   "wheels": {f["version"]: {"sha256": f["wheel_sha256"], "code": code}}, "status": "inferred"}
+            rows.append(row)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------- table I/O + check
+
+KEPT = ("status", "seen", "note")
+
+
+def _key(r: dict) -> tuple:
+    return r["producer"], str(r["versions"]), tuple(r["families"])
+
+
+def table_parts(path: Path = TABLE) -> tuple[str, list[dict], str]:
+    s = path.read_text()
+    if BEGIN not in s or END not in s:
+        raise SystemExit(f"{path}: the derived-rows markers are missing")
+    head, rest = s.split(BEGIN, 1)
+    body, tail = rest.split(END, 1)
+    return head, yaml.safe_load(body) or [], tail
+
+
+def compare(derived: list[dict], table: list[dict]) -> list[str]:
+    """Differences between the rows derived from the wheels and the table's rows (KEPT fields ignored)."""
+    t = {_key(r): r for r in table}
+    out = []
+    for r in derived:
+        have = t.get(_key(r))
+        if have is None:
+            out.append(f"{r['producer']} {r['versions']} {r['families']}: no such row in the table")
+            continue
+        for k, v in r.items():
+            if k in KEPT:
+                continue
+            if k == "wheels":
+                for ver, w in v.items():
+                    hw = (have.get("wheels") or {}).get(ver)
+                    if hw is None:
+                        out.append(f"{r['producer']} {ver}: the table's row {r['versions']} does not list this wheel")
+                        continue
+                    if hw.get("sha256") != w["sha256"]:
+                        out.append(f"{r['producer']} {ver}: wheel sha256 {w['sha256'][:12]} != table "
+                                   f"{str(hw.get('sha256'))[:12]}")
+                    for fn, h in w["code"].items():
+                        if (hw.get("code") or {}).get(fn) != h:
+                            out.append(f"{r['producer']} {ver}: code at {fn} changed (hash {h} != table "
+                                       f"{(hw.get('code') or {}).get(fn)}); read it and update the row")
+                continue
+            if have.get(k) != v:
+                out.append(f"{r['producer']} {r['versions']} {r['families']}: {k} is {v} in the wheel, "
+                           f"the table says {have.get(k)}")
+    return out
+
+
+def dump_rows(rows: list[dict]) -> str:
+    out = []
+    for r in rows:
+        out.append(yaml.safe_dump([r], sort_keys=False, default_flow_style=None, width=118).rstrip())
+    return "\n\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--engine", choices=["vllm", "sglang", "all"], default="all")
+    p.add_argument("--releases", nargs="*", help="only these releases (default: every release the script knows)")
+    p.add_argument("--cache", help="where the extracted wheel files live (default ~/.cache/speclens/wheels)")
+    p.add_argument("--write", action="store_true", help="rewrite the derived rows of the table")
+    p.add_argument("--json", help="also write the derived facts to this file")
+    a = p.parse_args(argv)
+    cache = cache_dir(a.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    engines = ["vllm", "sglang"] if a.engine == "all" else [a.engine]
+    facts: dict[str, list[dict]] = {"vllm": [], "sglang": []}
+    try:
+        for eng in engines:
+            rels = VLLM_RELEASES if eng == "vllm" else SGLANG_RELEASES
+            if a.releases:
+                rels = [r for r in rels if r in a.releases] + [r for r in a.releases if r not in rels and
+                                                                (r.startswith("0.5.") == (eng == "sglang"))]
+            for v in rels:
+                root = sources(eng, v, cache)
+                facts[eng].append(derive_vllm(root, v) if eng == "vllm" else derive_sglang(root, v))
+                print(f"{eng} {v}: read", file=sys.stderr)
+        rows = vllm_rows(facts["vllm"]) + sglang_rows(facts["sglang"])
+    except Drift as e:
+        print(f"FAIL: {e}")
+        return 1
+    if a.json:
+        Path(a.json).write_text(json.dumps(facts, indent=1) + "\n")
+    head, table, tail = table_parts()
+    if a.write:
+        old = {_key(r): r for r in table}
+        keep = [r for r in table if r["producer"] not in engines or
+                (a.releases and not any(_key(r) == _key(n) for n in rows))]
+        new = []
+        for r in rows:
+            o = old.get(_key(r), {})
+            for k in KEPT:
+                if k in o:
+                    r[k] = o[k]
+            new.append(r)
+        order = {"vllm": 0, "sglang": 1}
+        allrows = sorted(new + [r for r in keep if _key(r) not in {_key(n) for n in new}],
+                         key=lambda r: (order.get(r["producer"], 2), _vkey(r["versions"]),
+                                        0 if r["families"] != ["*"] else 1))
+        TABLE.write_text(head + BEGIN + "\n" + dump_rows(allrows) + END + tail)
+        print(f"wrote {len(rows)} derived rows to {TABLE.relative_to(REPO)}")
+        return 0
+    diffs = compare(rows, table)
+    if diffs:
+        print(f"FAIL: {len(diffs)} difference(s) between the wheels and {TABLE.relative_to(REPO)}:")
+        for d in diffs:
+            print("  " + d)
+        return 1
+    n = {e: len(facts[e]) for e in engines}
+    print(f"OK: {', '.join(f'{k} {v} release(s)' for k, v in n.items())} agree with {TABLE.relative_to(REPO)} "
+          f"({len(rows)} rows)")
+    return 0
+
+
+def _vkey(spec: str) -> tuple:
+    m = re.match(r">=([0-9.]+)", spec)
+    return tuple(int(x) for x in m.group(1).split(".")) if m else (0,)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
