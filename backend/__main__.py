@@ -85,10 +85,13 @@ def cmd_runs(a: argparse.Namespace) -> int:
     from backend.store import catalog
 
     catalog.refresh()
-    df = catalog.list_runs(kind=a.kind)
-    if a.json:
-        print(df.to_json(orient="records"))
+    if a.json:       # every run with the headline figures of bench runs (tau, acceptance, speedup + CI, lossless)
+        df = catalog.runs_overview()
+        if a.kind:
+            df = df[df["kind"] == a.kind]
+        print(df.to_json(orient="records", date_format="iso"))
         return 0
+    df = catalog.list_runs(kind=a.kind)
     if df.empty:
         print("no runs yet: try `python -m backend demo`")
         return 0
@@ -192,6 +195,10 @@ def parser() -> argparse.ArgumentParser:
     from backend.jobs.cli import add_parsers as add_jobs
 
     add_jobs(sub)
+
+    from backend.release_cli import add_parsers as add_release
+
+    add_release(sub)
 
     b = sub.add_parser("build-demo-model", help="build a small random Llama-shaped target with its tokenizer")
     b.add_argument("--out", required=True)

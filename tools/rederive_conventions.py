@@ -246,7 +246,7 @@ def derive_vllm(root: Path, version: str) -> dict:
             s = text(isdef)
             if "or not model_config.is_moe" in s:
                 rc["selection"] = "listed_or_dense"
-            elif "not model_config.is_moe and not model_config.is_quantized" in s:
+            elif re.search(r"not model_config\.is_moe and \(?not model_config\.is_quantized", s):
                 rc["selection"] = "listed_dense_unquantized"
             elif "DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES" in s or "default_v2_model_runner_architectures" in s:
                 rc["selection"] = "listed"

@@ -603,6 +603,19 @@ def bench_runs(status: str | None = None, root: Path | None = None, run_ids: lis
                   ORDER BY b.created DESC, b.run_id""", [status, status, ids, ids], root)
 
 
+def bench_history(root: Path | None = None, run_ids: list[str] | None = None) -> pd.DataFrame:
+    """Bench runs with their headline figures and what the Regression page groups them by: engine, engine_version,
+    model (name), model_key, drafter (name), drafter_key (the drafter's fingerprint, else its path), created;
+    oldest first; only `run_ids` when given."""
+    ids = None if run_ids is None else _ids(run_ids)
+    return _df("""SELECT b.*, r.engine, r.engine_version, r.model_path, r.model_key,
+                         coalesce(json_extract_string(r.manifest, '$.drafter.fingerprint'),
+                                  json_extract_string(r.manifest, '$.drafter.path')) AS drafter_key
+                  FROM bench_runs b JOIN runs r USING (run_id)
+                  WHERE (?::VARCHAR[] IS NULL OR list_contains(?::VARCHAR[], b.run_id))
+                  ORDER BY b.created, b.run_id""", [ids, ids], root)
+
+
 def bench_index(root: Path | None = None) -> pd.DataFrame:
     """Every bench run, newest first, with what a run picker needs: run_id, status, num_spec_tokens, model_path,
     model_key, baseline_run."""

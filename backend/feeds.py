@@ -1,0 +1,177 @@
+"""What every engine release feeds a drafter: engine x release x runner -> boundaries, from config files alone.
+
+`python -m backend feeds --drafter D --target T [--json]` and the Feeds page. Each row is one vLLM release
+(runners V1 and V2, the one vLLM itself picks for this target marked) or SGLang release, read through
+backend/conventions.yaml (rows derived from the released wheels by tools/rederive_conventions.py; `status` says
+whether a run on real hardware showed it). When a stored drafter check (backend/check_drafter.py, a full check,
+not lint-only) of this drafter and target found what it was trained on, each row is marked `matches` or `differs`.
+`changes` lists, per engine, the first release where the boundaries fed with the picked runner changed.
+No torch, no model loaded."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from backend import coords
+from backend.errors import SpecLensError
+
+ENGINES = ("vllm", "sglang")
+
+
+def engine_name(engine: str) -> str:
+    return {"vllm": "vLLM", "sglang": "SGLang"}.get(engine, engine)
+
+
+@dataclass
+class FeedRow:
+    engine: str
+    release: str
+    runner: str | None              # "v1" | "v2" for vLLM
+    picked: bool                    # the runner this vLLM release picks for the target (SGLang: always)
+    why: str                        # why that runner (vLLM); where ids are read (SGLang)
+    ids: list[int] | None           # ids read from the drafter config (None: the engine's default)
+    ids_from: str | None
+    feeds: list[str] | None         # boundaries fed (None: cannot serve, see error)
+    error: str | None = None
+    status: str = "inferred"        # seen | inferred (the conventions row)
+    decided_by: dict = field(default_factory=dict)
+    trained: str | None = None      # matches | differs | None (no drafter check)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def trained_on(drafter: str | Path, target: str | Path, root: Path | None = None) -> dict | None:
+    """The newest complete full drafter check of this drafter and target that found trained-on boundaries:
+    {run_id, boundaries, severity}; None when there is none."""
+    from backend.store import catalog
+
+    d, t = str(Path(drafter).resolve()), str(Path(target).resolve())
+    for run_id, m in catalog.check_manifests(root).items():
+        chk = m.get("check") or {}
+        if chk.get("mode") == "lint" or not chk.get("best"):
+            continue
+        if (m.get("drafter") or {}).get("path") == d and (m.get("model") or {}).get("path") == t:
+            return {"run_id": run_id, "boundaries": list(chk["best"]), "severity": chk.get("severity")}
+    return None
+
+
+def check_pair(run_id: str, root: Path | None = None) -> tuple[str, str]:
+    """(drafter, target) paths of a stored drafter check run."""
+    from backend.store import catalog
+
+    m = catalog.check_manifests(root).get(run_id)
+    if m is None:
+        raise SpecLensError(f"no complete drafter check run '{run_id}'; list them with `python -m backend runs`")
+    return m["drafter"]["path"], m["model"]["path"]
+
+
+def matrix(drafter: str | Path, target: str | Path, root: Path | None = None, trained: dict | None = None,
+           look_up_check: bool = True, env: dict | None = None) -> dict:
+    """The feeds matrix of a drafter on a target (see the module docstring). `env` is the environment vLLM would
+    see (default: none set, i.e. VLLM_USE_V2_MODEL_RUNNER unset)."""
+    from backend import vllm_runner
+    from backend.drafter import lint as L
+    from backend.drafter.aux import drafter_aux_boundaries
+
+    cfg, tgt, _ = L.load(drafter, target, weights_required=False)
+    if trained is None and look_up_check:
+        trained = trained_on(drafter, target, root)
+    want = trained["boundaries"] if trained else None
+    rows: list[FeedRow] = []
+    for engine in ENGINES:
+        for rel in coords.releases(engine):
+            choice = None
+            if engine == "vllm":
+                choice = vllm_runner.resolve("auto", tgt.architectures, rel, env=env or {},
+                                             target_config=tgt.raw or None)
+            for rn in (("v1", "v2") if engine == "vllm" else (None,)):
+                conv = coords.convention_for(engine, rel, tgt.family, rn)
+                picked = choice is None or rn == choice.runner
+                why = choice.reason if choice and picked else (
+                    f"not picked: vLLM {rel} uses {choice.runner.upper()}" if choice else
+                    f"ids read from {conv.ids_from.get('any', '?')}")
+                seen = conv.status == "seen" and f"{engine_name(engine)} {rel} " in conv.seen  # row seen for rel?
+                row = FeedRow(engine, rel, rn, picked, why, None, None, None, status="seen" if seen else "inferred",
+                              decided_by=dict(conv.decided_by))
+                try:
+                    aux = drafter_aux_boundaries(cfg, tgt.n_layers, tgt.model_type, engine, rel, rn)
+                    row.ids, row.ids_from, row.feeds = aux["ids"], aux["ids_from"], aux["boundaries"]
+                    if engine == "sglang" and cfg.source_format != "eagle":
+                        row.error = (f"SGLang loads only the EAGLE/SpecForge format; this is {cfg.source_format} "
+                                     f"(it would feed {', '.join(row.feeds)} once converted)")
+                        row.feeds = None
+                except SpecLensError as e:
+                    row.error = str(e)
+                if want is not None and row.feeds is not None:
+                    row.trained = "matches" if row.feeds == want else "differs"
+                rows.append(row)
+    return {"drafter": str(Path(drafter).resolve()), "target": str(Path(target).resolve()),
+            "target_info": {"architectures": tgt.architectures, "model_type": tgt.model_type,
+                            "n_layers": tgt.n_layers, "family": tgt.family},
+            "drafter_ids": {"top_level": cfg.aux_layer_ids_top, "eagle_config": cfg.aux_layer_ids_nested,
+                            "format": cfg.source_format},
+            "trained_on": trained, "rows": [r.to_json() for r in rows], "changes": changes(rows)}
+
+
+def _fed(r: FeedRow) -> str:
+    return ", ".join(r.feeds) if r.feeds else "cannot serve"
+
+
+def changes(rows: list[FeedRow]) -> list[dict]:
+    """Per engine (and per vLLM runner, and for the runner vLLM picks): each release where what is fed changed
+    from the release before; `first` marks the first such change."""
+    out = []
+    tracks = [("sglang", None), ("vllm", "picked"), ("vllm", "v1"), ("vllm", "v2")]
+    for engine, track in tracks:
+        seq = [r for r in rows if r.engine == engine and
+               (track is None or (r.picked if track == "picked" else r.runner == track))]
+        first = True
+        for prev, cur in zip(seq, seq[1:]):
+            if (prev.feeds, prev.runner if track == "picked" else None) != \
+                    (cur.feeds, cur.runner if track == "picked" else None):
+                what = f"{_fed(prev)} -> {_fed(cur)}"
+                if track == "picked" and prev.runner != cur.runner:
+                    what += f" (runner {prev.runner.upper()} -> {cur.runner.upper()})"
+                out.append({"engine": engine, "track": track or "-", "from": prev.release, "release": cur.release,
+                            "first": first, "change": what})
+                first = False
+    return out
+
+
+def summary(m: dict) -> list[str]:
+    """A few plain lines: what the newest release of each engine feeds, the first change, the training match."""
+    lines = []
+    rows = [FeedRow(**r) for r in m["rows"]]
+    for engine in ENGINES:
+        picked = [r for r in rows if r.engine == engine and r.picked]
+        if not picked:
+            continue
+        last = picked[-1]
+        run = f" ({last.runner.upper()})" if last.runner else ""
+        lines.append(f"{engine} {last.release}{run} feeds {_fed(last)}"
+                     + (f" - {last.trained} what the drafter was trained on" if last.trained else ""))
+        ch = [c for c in m["changes"] if c["engine"] == engine and c["track"] in ("picked", "-")]
+        if not ch:
+            lines.append(f"{engine}: the same over every release in the table")
+        for c in ch:
+            lines.append(f"{engine}: {'first change' if c['first'] else 'then'} at {c['release']} (from {c['from']}): "
+                         f"{c['change']}")
+    t = m.get("trained_on")
+    lines.append(f"trained on {', '.join(t['boundaries'])} (drafter check {t['run_id']})" if t else
+                 "no full drafter check of this pair is stored, so rows are not marked against training "
+                 "(run `python -m backend check-drafter` without --lint-only)")
+    return lines
+
+
+def print_text(m: dict) -> None:
+    print(f"drafter {m['drafter']}\ntarget  {m['target']} ({'/'.join(m['target_info']['architectures'])}, "
+          f"N={m['target_info']['n_layers']})")
+    for line in summary(m):
+        print("  " + line)
+    print(f"{'engine':7} {'release':8} {'runner':6} {'picked':6} {'feeds':24} {'trained':8} {'status':8} ids from")
+    for r in m["rows"]:
+        fed = ", ".join(r["feeds"]) if r["feeds"] else "cannot serve"
+        print(f"{r['engine']:7} {r['release']:8} {(r['runner'] or '-'):6} {('yes' if r['picked'] else ''):6} "
+              f"{fed:24} {(r['trained'] or '-'):8} {r['status']:8} {r['ids_from'] or '-'}")

@@ -1,0 +1,113 @@
+"""Regression over engine releases: is a candidate bench run worse than a baseline bench run?
+
+`python -m backend regress --baseline RUN --candidate RUN [--max-tau-drop 0.02]` and the Regression page.
+
+The verdict is paired over the prompts both runs decoded (by prompt id, summed over repeats), with
+`metrics.tau_difference` (95% bootstrap interval of tau(candidate) - tau(baseline)):
+
+- `worse` when the candidate's tau is lower by more than `max_tau_drop` AND the whole interval lies below 0
+  (the drop is beyond what resampling the prompts explains), or when the baseline was lossless and the
+  candidate is not (greedy outputs no longer equal plain decoding);
+- `ok` otherwise (a drop inside the interval, or within the allowed drop, is reported, not failed).
+
+Both runs must be bench runs of the same target and drafter (by fingerprint) with the same K; anything else
+is an error, not a verdict. Speedups and their intervals are reported next to tau (they depend on the machine,
+so they do not decide)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from backend import metrics
+from backend.errors import SpecLensError
+
+
+def _f(v) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+def _run(df, run_id: str) -> dict:
+    hit = df[df["run_id"] == run_id]
+    if hit.empty:
+        raise SpecLensError(f"no bench run '{run_id}'; list them with `python -m backend runs --kind bench`")
+    r = hit.iloc[0].to_dict()
+    if r.get("status") != "complete":
+        raise SpecLensError(f"bench run '{run_id}' is {r.get('status')}, not complete; re-run it to completion")
+    return r
+
+
+def compare(baseline: str, candidate: str, max_tau_drop: float = 0.02, root: Path | None = None) -> dict:
+    """The verdict of `candidate` against `baseline` (see the module docstring) with the figures behind it and
+    one line saying why."""
+    from backend.store import catalog
+
+    if max_tau_drop < 0:
+        raise SpecLensError(f"--max-tau-drop {max_tau_drop}: must be >= 0")
+    catalog.refresh(root)
+    runs = catalog.bench_history(root=root, run_ids=[baseline, candidate])
+    b, c = _run(runs, baseline), _run(runs, candidate)
+    for key, what in (("model_key", "target"), ("drafter_key", "drafter"), ("num_spec_tokens", "K")):
+        if b.get(key) != c.get(key):
+            raise SpecLensError(f"{baseline} and {candidate} differ in {what} ({b.get(key)} vs {c.get(key)}); "
+                                f"regress compares runs of one drafter and target")
+    if not (b.get("num_spec_tokens") or 0) > 0:
+        raise SpecLensError(f"{baseline} is a plain-decoding run (no drafter); pass the speculative runs")
+    frames = catalog.bench_prompt_speeds([baseline, candidate], root)
+    per = {r: frames[frames["run_id"] == r].groupby("prompt_id")[["accepted", "drafts"]].sum()
+           for r in (baseline, candidate)}
+    shared = per[baseline].index.intersection(per[candidate].index)
+    if len(shared) < 2:
+        raise SpecLensError(f"{baseline} and {candidate} share {len(shared)} prompt(s); a paired interval needs "
+                            f"at least 2: bench both on the same prompts file")
+    try:
+        diff, lo, hi = metrics.tau_difference(per[candidate].loc[shared].to_numpy(),
+                                              per[baseline].loc[shared].to_numpy())
+    except ValueError as e:
+        raise SpecLensError(f"{baseline} vs {candidate}: {e}") from None
+    fig = {}
+    for name, r in (("baseline", b), ("candidate", c)):
+        fig[name] = {"run_id": r["run_id"], "engine": r.get("engine"), "engine_version": r.get("engine_version"),
+                     "created": str(r.get("created")), "tau": _f(r.get("tau")),
+                     "acceptance_rate": _f(r.get("acceptance_rate")), "speedup": _f(r.get("speedup")),
+                     "speedup_ci_low": _f(r.get("speedup_ci_low")), "speedup_ci_high": _f(r.get("speedup_ci_high")),
+                     "lossless": None if r.get("lossless") is None or (isinstance(r.get("lossless"), float)
+                                                                      and math.isnan(r["lossless"]))
+                     else bool(r["lossless"])}
+    rel = lambda r: f"{r['engine']} {r['engine_version']}" if r["engine_version"] else str(r["engine"])  # noqa: E731
+    tau_worse = diff < -max_tau_drop and hi < 0
+    lossless_lost = fig["baseline"]["lossless"] is True and fig["candidate"]["lossless"] is False
+    interval = f"{diff:+.3f} (95% CI {lo:+.3f} to {hi:+.3f}, paired over {len(shared)} prompts)"
+    if tau_worse:
+        line = (f"REGRESSION: {candidate} ({rel(fig['candidate'])}) tau {fig['candidate']['tau']:.3f} vs "
+                f"{baseline} ({rel(fig['baseline'])}) {fig['baseline']['tau']:.3f}: {interval}, a drop beyond the "
+                f"allowed {max_tau_drop:g} and below 0 over the whole interval")
+    elif lossless_lost:
+        line = (f"REGRESSION: {candidate} ({rel(fig['candidate'])}) is not lossless (greedy outputs differ from "
+                f"plain decoding) while {baseline} was")
+    else:
+        why = ("within the allowed drop" if diff >= -max_tau_drop else "the interval reaches 0") if diff < 0 \
+            else "no drop"
+        line = (f"ok: {candidate} ({rel(fig['candidate'])}) tau {fig['candidate']['tau']:.3f} vs {baseline} "
+                f"({rel(fig['baseline'])}) {fig['baseline']['tau']:.3f}: {interval}; {why}")
+    return {"verdict": "worse" if (tau_worse or lossless_lost) else "ok", "line": line,
+            "tau_difference": {"diff": diff, "ci_low": lo, "ci_high": hi, "prompts": int(len(shared))},
+            "max_tau_drop": max_tau_drop, **fig}
+
+
+def history(root: Path | None = None):
+    """Bench runs with a drafter, grouped for the Regression page: one group per (target, drafter, K), rows
+    ordered by engine release then date. Returns {group label: DataFrame} (no SQL here: catalog.bench_history)."""
+    from backend.store import catalog
+
+    df = catalog.bench_history(root=root)
+    df = df[(df["status"] == "complete") & (df["num_spec_tokens"].fillna(0) > 0)]
+    out = {}
+    for (model, drafter, k), g in df.groupby(["model", "drafter", "num_spec_tokens"], sort=False, dropna=False):
+        g = g.assign(release=[f"{e} {v}" if v else str(e) for e, v in zip(g["engine"], g["engine_version"])])
+        out[f"{drafter} on {model} (K={int(k)})"] = g.sort_values(["engine", "engine_version", "created"])
+    return out

@@ -1,0 +1,206 @@
+"""Engine releases: the conventions table over vLLM 0.20..0.33 and SGLang 0.5.1..0.5.23 (derived from the wheels by
+tools/rederive_conventions.py), vLLM's runner choice per release, the H200 runs of vLLM 0.24.0 and 0.25.1, and
+`python -m backend feeds`. No wheel is downloaded here: docs/results/conventions_derived.json holds what the script
+read from them, and the table is checked against it (the script itself re-reads the wheels)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from backend import coords, feeds, vllm_runner
+from backend.drafter.aux import drafter_aux_boundaries
+from backend.drafter.config import load_config
+from backend.errors import SpecLensError
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "tests" / "data" / "real_configs"
+RESULTS = REPO / "docs" / "results"
+sys.path.insert(0, str(REPO / "tools"))
+import rederive_conventions as rc  # noqa: E402
+
+DERIVED = json.loads((RESULTS / "conventions_derived.json").read_text())
+
+
+# ---------------------------------------------------------------------------------------- the table
+
+
+def test_table_covers_every_release_with_citations() -> None:
+    vllm = coords.releases("vllm")
+    assert {".".join(v.split(".")[:2]) for v in vllm} == {f"0.{m}" for m in range(20, 34)}
+    assert coords.releases("sglang") == [f"0.5.{i}" for i in range(1, 24)]
+    for c in coords.conventions():
+        if c.producer not in ("vllm", "sglang"):
+            continue
+        assert c.wheels and all(len(w["sha256"]) == 64 and w["code"] for w in c.wheels.values())
+        assert c.decided_by and all(": " in v for v in c.decided_by.values())          # "file: function"
+        if c.producer == "vllm":
+            assert c.runner_choice.get("selection") and set(c.ids_from) == {"v1", "v2"}
+        if c.status == "seen":
+            assert c.seen
+    seen = sorted({(c.producer, c.versions) for c in coords.conventions() if c.status == "seen"
+                   and c.producer in ("vllm", "sglang")})
+    assert seen == [("sglang", ">=0.5.15,<0.5.16"), ("vllm", ">=0.24,<0.25"), ("vllm", ">=0.25,<0.26")]
+
+
+def test_table_agrees_with_what_the_wheels_say() -> None:
+    rows = rc.vllm_rows(DERIVED["vllm"]) + rc.sglang_rows(DERIVED["sglang"])
+    _, table, _ = rc.table_parts()
+    assert rc.compare(rows, table) == []
+
+
+def test_the_check_fails_on_a_change_the_table_does_not_say() -> None:
+    import copy
+
+    facts = copy.deepcopy(DERIVED)
+    last = facts["sglang"][-1]
+    last["families"]["gpt_oss"]["rule"] = "after"                         # a release whose code says otherwise
+    key = next(iter(last["code"]))
+    last["code"][key] = "0" * 12                                           # and whose function changed
+    _, table, _ = rc.table_parts()
+    diffs = rc.compare(rc.vllm_rows(facts["vllm"]) + rc.sglang_rows(facts["sglang"]), table)
+    assert any("rule is after in the wheel" in d for d in diffs)
+    assert any("code at" in d and "changed" in d for d in diffs)
+
+
+def test_parsers_on_small_sources(tmp_path: Path) -> None:
+    import ast
+
+    src = '''
+class X:
+    def set_eagle3_layers_to_capture(self, layer_ids=None):
+        if layer_ids is None:
+            num_layers = self.config.num_hidden_layers
+            self.model.layers_to_capture = [2, num_layers // 2, num_layers - 3]
+        elif layer_ids and layer_ids[0] == 1:
+            self.model.layers_to_capture = [val + 1 for val in layer_ids]
+        else:
+            self.model.layers_to_capture = list(layer_ids)
+'''
+    fn = ast.parse(src).body[0].body[0]
+    assert rc.sglang_rule(fn) == ("after_if_first_1", ["2", "N//2", "N-3"])
+    feats = ast.parse('''
+def f(self):
+    u = []
+    u.append("dual batch overlap")
+    u.append(f"logprobs mode '{self.m}'")
+    return u
+''').body[0]
+    assert rc.appended_features(feats) == ["dual batch overlap", "logprobs mode"]
+
+
+def test_what_changed_between_releases() -> None:
+    v = {f["version"]: f for f in DERIVED["vllm"]}
+    assert v["0.21.0"]["ids_from"] == {"v1": "top_level", "v2": "top_level"}          # V1 nested from 0.22
+    assert v["0.22.0"]["ids_from"]["v1"] == "top_then_nested"
+    assert v["0.27.0"]["ids_from"]["v2"] == "top_then_nested_layer_ids"
+    assert [v[x]["runner_choice"]["selection"] for x in ("0.20.0", "0.22.0", "0.23.0", "0.24.0", "0.25.0", "0.29.0")] \
+        == ["env_only", "listed_dense_unquantized", "listed_dense_unquantized", "listed", "listed_or_dense", "all"]
+    s = {f["version"]: f["families"] for f in DERIVED["sglang"]}
+    assert s["0.5.4"]["deepseek_v2"]["rule"] == "unsupported" and s["0.5.5"]["deepseek_v2"]["rule"] == "after"
+    assert s["0.5.12"]["deepseek_v2"]["rule"] == "after" and s["0.5.13"]["deepseek_v2"]["rule"] == "after_if_first_1"
+    assert s["0.5.16"]["gpt_oss"]["rule"] == "after" and s["0.5.17"]["gpt_oss"]["rule"] == "input_if_max_n"
+
+
+# ---------------------------------------------------------------------------------------- vLLM runner per release
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 32}
+QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_hidden_layers": 36}
+QMOE = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_hidden_layers": 48,
+        "num_experts": 128}
+DSV3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 61,
+        "n_routed_experts": 256}
+DSV2 = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "num_hidden_layers": 27,
+        "n_routed_experts": 64}
+
+
+@pytest.mark.parametrize("version,cfg,env,want", [
+    ("0.20.2", LLAMA, {}, "v1"), ("0.21.0", QWEN3, {}, "v1"), ("0.21.0", QWEN3, {"VLLM_USE_V2_MODEL_RUNNER": "1"}, "v2"),
+    ("0.22.1", QWEN3, {}, "v2"), ("0.22.1", LLAMA, {}, "v1"),
+    ("0.23.0", LLAMA, {}, "v2"), ("0.23.0", {**LLAMA, "quantization_config": {"quant_method": "fp8"}}, {}, "v1"),
+    ("0.24.0", LLAMA, {}, "v2"), ("0.24.0", QMOE, {}, "v1"), ("0.24.0", DSV2, {}, "v2"), ("0.24.0", DSV3, {}, "v1"),
+    ("0.25.1", LLAMA, {}, "v2"), ("0.25.1", QMOE, {}, "v1"), ("0.25.1", DSV3, {}, "v1"), ("0.25.1", DSV2, {}, "v2"),
+    ("0.28.0", QMOE, {}, "v1"), ("0.29.0", QMOE, {}, "v2"), ("0.33.0", DSV3, {}, "v2"),
+    ("0.33.0", DSV3, {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "v1"),
+])
+def test_runner_per_release(version, cfg, env, want) -> None:
+    assert vllm_runner.resolve("auto", cfg["architectures"], version, {}, env, target_config=cfg).runner == want
+
+
+def test_runner_options_per_release() -> None:
+    raw = {"logprobs_mode": "raw_logits"}
+    assert vllm_runner.resolve("auto", ["LlamaForCausalLM"], "0.25.1", raw, {}, target_config=LLAMA).runner == "v1"
+    assert vllm_runner.resolve("auto", ["LlamaForCausalLM"], "0.26.0", raw, {}, target_config=LLAMA).runner == "v2"
+    pcp = {"prefill_context_parallel_size": 2}
+    assert vllm_runner.resolve("auto", ["Qwen3MoeForCausalLM"], "0.27.1", pcp, {}, target_config=QMOE).runner == "v2"
+    assert vllm_runner.resolve("auto", ["LlamaForCausalLM"], "0.24.0", pcp, {}, target_config=LLAMA).runner == "v1"
+    with pytest.raises(SpecLensError, match="not known to SpecLens"):
+        vllm_runner.resolve("auto", ["LlamaForCausalLM"], "0.34.0", {}, {})
+
+
+@pytest.mark.parametrize("release", ["0.24.0", "0.25.1"])
+def test_h200_runs_match_the_table(release: str) -> None:
+    """Every case vLLM ran on the H200 (gpu/runner_check.py): the runner and the aux layers SpecLens predicts
+    from the table are what the running engine used."""
+    cases = json.loads((RESULTS / f"vllm_runner_check_{release}_h200.json").read_text())["cases"]
+    ran = 0
+    for name, c in cases.items():
+        e = c.get("engine") or {}
+        if not e.get("aux_layers"):
+            continue                                       # the engine did not start for this case
+        t = c["target_config"]
+        choice = vllm_runner.resolve("auto", t["architectures"], release, c["options"], c["env"], target_config=t)
+        assert choice.runner == ("v2" if e["use_v2_model_runner"] else "v1"), name
+        aux = drafter_aux_boundaries(load_config(CONFIGS / c["drafter_config"]), t["num_hidden_layers"],
+                                     t["model_type"], "vllm", release, choice.runner)
+        assert aux["boundaries"] == [f"S_{i}" for i in e["aux_layers"]], name
+        ran += 1
+    assert ran >= 4
+
+
+# ---------------------------------------------------------------------------------------- feeds
+
+
+def _pair(tmp: Path, config: str, arch: str, model_type: str, n: int, h: int, vocab: int) -> tuple[Path, Path]:
+    d, t = tmp / "drafter", tmp / "target"
+    d.mkdir()
+    t.mkdir()
+    shutil.copy(CONFIGS / config, d / "config.json")
+    (t / "config.json").write_text(json.dumps({"architectures": [arch], "model_type": model_type,
+                                               "num_hidden_layers": n, "hidden_size": h, "vocab_size": vocab}))
+    return d, t
+
+
+def test_feeds_matrix_deepseek(tmp_path: Path, data_root) -> None:
+    d, t = _pair(tmp_path, "specforge_deepseek-v3-671b.json", "DeepseekV3ForCausalLM", "deepseek_v3", 61, 7168, 129280)
+    m = feeds.matrix(d, t)
+    rows = {(r["engine"], r["release"], r["runner"]): r for r in m["rows"]}
+    assert rows[("vllm", "0.24.0", "v1")]["picked"] and rows[("vllm", "0.24.0", "v1")]["feeds"] == ["S_1", "S_29", "S_57"]
+    assert rows[("vllm", "0.24.0", "v1")]["status"] == "seen" and rows[("vllm", "0.25.0", "v1")]["status"] == "inferred"
+    assert rows[("vllm", "0.21.0", "v1")]["feeds"] == ["S_2", "S_30", "S_58"]         # V1 read no nested ids yet
+    assert rows[("vllm", "0.33.0", "v2")]["picked"] and rows[("vllm", "0.33.0", "v2")]["feeds"] == ["S_2", "S_30", "S_58"]
+    assert rows[("sglang", "0.5.4", None)]["feeds"] is None and "no EAGLE-3" in rows[("sglang", "0.5.4", None)]["error"]
+    picked = [c for c in m["changes"] if c["engine"] == "vllm" and c["track"] == "picked"]
+    assert [c["release"] for c in picked] == ["0.22.0", "0.29.0"] and picked[0]["first"]
+    # marked against what a drafter check found it was trained on
+    m2 = feeds.matrix(d, t, trained={"run_id": "check-x", "boundaries": ["S_2", "S_30", "S_58"], "severity": "ok"})
+    r2 = {(r["engine"], r["release"], r["runner"]): r for r in m2["rows"]}
+    assert r2[("vllm", "0.24.0", "v1")]["trained"] == "differs" and r2[("vllm", "0.33.0", "v2")]["trained"] == "matches"
+
+
+def test_feeds_cli_json(tmp_path: Path, data_root) -> None:
+    d, t = _pair(tmp_path, "specforge_llama3-8b.json", "LlamaForCausalLM", "llama", 32, 4096, 128256)
+    out = subprocess.run([sys.executable, "-m", "backend", "feeds", "--drafter", str(d), "--target", str(t), "--json"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    m = json.loads(out.stdout)
+    assert len(m["rows"]) == 2 * len(coords.releases("vllm")) + len(coords.releases("sglang"))
+    assert all(r["feeds"] == ["S_2", "S_16", "S_29"] for r in m["rows"] if r["feeds"])
+    bad = subprocess.run([sys.executable, "-m", "backend", "feeds", "--drafter", str(d)], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
