@@ -156,6 +156,13 @@ def _relation(fed: list[str], trained: list[str]) -> str:
         if abs(k) == 1:
             return f"off by one: it was trained one boundary {'later' if k > 0 else 'earlier'}"
         return f"off by {abs(int(k))}: it was trained {abs(int(k))} boundaries {'later' if k > 0 else 'earlier'}"
+    if len(fed) == len(trained) > 1 and trained[0] == "S_0" and list(fed[:-1]) == list(trained[1:]):
+        return ("every slot shifted: its first slot was trained on the embeddings (S_0) and each slot got the state "
+                "trained in the next one, the embedding slot gone; speculators <= 0.4 files [embeddings, layer "
+                "outputs] whose last state became the teacher do this")
+    if len(fed) == len(trained):
+        slots = [f"slot {i + 1} got {f} for {t}" for i, (f, t) in enumerate(zip(fed, trained)) if f != t]
+        return "a different set: " + ", ".join(slots)
     return "a different set"
 
 

@@ -15,6 +15,12 @@ and, with the toy pair (models/toy-pair.tar.gz, trained on the H200 by `python -
 --steps-target 400 --steps-drafter 2000 --budget-minutes 8.3`; unpacked under <data>/models/toy-pair), three
 speculative-decoding benches on held-out Spec-Bench prompts: the paired baseline, the matched drafter and the
 drafter trained on "after layer" captures (the speculators <= 0.4 convention) served with vLLM's reading of its ids.
+
+Then the slot-shift case (issue 15, models/toy-slot-shift.tar.gz, `python -m backend.toy.slot_shift`): a drafter for
+the same target trained on speculators <= 0.4 files [embeddings, layer outputs] whose last state was the teacher, so
+its fc slots are S_0, S_3, S_5; benched as SGLang feeds it (ids [2, 4, 5] read after layer: S_3, S_5, S_6), with the
+"-1 = embeddings" patch (ids [-1, 3, 5]: S_0, S_4, S_6) and with the fix the drafter check names (ids [-1, 2, 4]:
+S_0, S_3, S_5), and its drafter check against SGLang with its training files.
 """
 
 from __future__ import annotations
@@ -174,6 +180,115 @@ def build_check_demo(root: Path | None = None, force: bool = False, progress: bo
     return [r.run_id]
 
 
+SLOT_TARBALL = REPO_ROOT / "models" / "toy-slot-shift.tar.gz"
+# run id: (drafter directory under toy-slot-shift/, what SGLang feeds it)
+SLOT_RUNS = {"demo-bench-slot-shift": "drafter-slot-shift",                 # ids [2, 4, 5]: S_3, S_5, S_6
+             "demo-bench-slot-shift-patched": "drafter-slot-shift-patched",  # ids [-1, 3, 5]: S_0, S_4, S_6
+             "demo-bench-slot-shift-fixed": "drafter-slot-shift-fixed"}      # ids [-1, 2, 4]: S_0, S_3, S_5
+SLOT_CHECK_RUN = "demo-check-slot-shift"
+SLOT_ENGINE = ("sglang", "0.5.15")
+
+
+def slot_shift_models(root: Path | None = None) -> Path | None:
+    """models/toy-slot-shift.tar.gz unpacked once under <data>/models/toy-slot-shift, with the patched and fixed
+    copies of the drafter (same weights, other ids in eagle_config); None when the tarball is absent."""
+    import tarfile
+
+    from backend.toy.slot_shift import write_variants
+
+    out = paths(root).models / "toy-slot-shift"
+    if not (out / "drafter-slot-shift" / "config.json").exists():
+        if not SLOT_TARBALL.exists():
+            return None
+        out.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(SLOT_TARBALL) as tf:
+            tf.extractall(out, filter="data")
+    write_variants(out)
+    return out
+
+
+def build_slot_shift_demo(root: Path | None = None, force: bool = False, progress: bool = True,
+                          limit: int | None = None, max_new_tokens: int = 48) -> list[str]:
+    """The slot-shift drafter benched as SGLang 0.5.15 feeds it (ids as written, patched, fixed) on the held-out
+    prompts, sharing the matched drafter's paired baseline, then its drafter check against SGLang."""
+    from backend.bench import BenchSettings, run_bench
+    from backend.check_drafter import CheckSettings, run_check
+
+    import torch
+
+    torch.set_num_threads(1)
+    pair, slot = toy_pair(root), slot_shift_models(root)
+    if pair is None or slot is None:
+        print(f"no slot-shift drafter ({SLOT_TARBALL} missing): skipping the slot-shift demo")
+        return []
+    prompts = heldout_prompts(pair)
+    made = []
+    for run_id, drafter in SLOT_RUNS.items():
+        if not _fresh(run_id, root, force):
+            continue
+        s = BenchSettings(target=str(pair / "target"), drafter=str(slot / drafter), prompts=str(prompts),
+                          num_spec_tokens=4, limit=limit, max_new_tokens=max_new_tokens, repeats=1, device="cpu",
+                          producer=SLOT_ENGINE[0], producer_version=SLOT_ENGINE[1])
+        made.append(run_bench(s, name=run_id, root=root, progress=progress).run_id)
+    if _fresh(SLOT_CHECK_RUN, root, force):
+        r = run_check(CheckSettings(drafter=str(slot / "drafter-slot-shift"), target=str(pair / "target"),
+                                    engine=SLOT_ENGINE[0], engine_version=SLOT_ENGINE[1], device="cpu",
+                                    training_data=str(slot / "training-data"), training_format="speculators-legacy"),
+                      name=SLOT_CHECK_RUN, root=root, progress=progress)
+        made.append(r.run_id)
+    catalog.refresh(root)
+    return made
+
+
+STORY_RUNS = ("demo-bench-matched", *SLOT_RUNS)
+
+
+def story(root: Path | None = None) -> list[str] | None:
+    """The demo's three lines (markdown, with links to the views that prove them), from the stored runs; None until
+    the slot-shift benches exist (`make demo`), and None rather than an error: the Runs page shows it on top."""
+    try:
+        return _story(root)
+    except Exception:  # noqa: BLE001 - an unreadable catalog must not break the first screen
+        return None
+
+
+def _story(root: Path | None) -> list[str] | None:
+    import urllib.parse
+
+    runs = catalog.bench_runs(root=root, run_ids=list(STORY_RUNS)).set_index("run_id")
+    checks = catalog.check_manifests(root=root)
+    if any(r not in runs.index or runs.loc[r, "status"] != COMPLETE for r in STORY_RUNS):
+        return None
+    from backend.compare import tau_gap
+
+    tau = {r: float(runs.loc[r, "tau"]) for r in STORY_RUNS}
+    m, s, p, f = (tau[r] for r in STORY_RUNS)
+    by_run = {r: g for r, g in catalog.bench_prompt_speeds(list(STORY_RUNS), root=root).groupby("run_id")}
+    gap = tau_gap("demo-bench-matched", "demo-bench-slot-shift", by_run)
+    ci = f", 95% CI {gap[0]:.2f} to {gap[1]:.2f} lower over {gap[2]} held-out prompts" if gap else ""
+    chk = SLOT_CHECK_RUN if SLOT_CHECK_RUN in checks else None
+    best = ((checks.get(chk) or {}).get("check") or {}).get("best") if chk else None
+
+    def link(*ids: str) -> str:
+        return "/compare?runs=" + urllib.parse.quote(",".join(ids), safe=",")
+
+    drop = 100 * (m - s) / m
+    lines = [
+        f"**The failure.** A drafter trained on speculators <= 0.4 files [embeddings, layer outputs] learned its slots "
+        f"as S_0, S_3, S_5; SGLang reads its ids after layer and feeds S_3, S_5, S_6, every slot shifted: tau "
+        f"{s:.2f} against {m:.2f} for the matched drafter ({drop:.0f}% lower{ci}; the Kimi-K2.5 team saw 77% -> 34% "
+        f"accuracy). [Compare]({link('demo-bench-matched', 'demo-bench-slot-shift')})",
+        f"**The patch that did not fix it.** Writing id -1 (embeddings) next to the files' own layer names, ids "
+        f"[-1, 3, 5], feeds S_0, S_4, S_6: the layer slots are still one late, tau {p:.2f}. "
+        f"[Compare]({link('demo-bench-slot-shift', 'demo-bench-slot-shift-patched', 'demo-bench-matched')})",
+        f"**What SpecLens names.** The drafter check finds it was trained on "
+        f"{', '.join(best) if best else 'S_0, S_3, S_5'} (S_0 first) and gives the fix, eagle_config ids [-1, 2, 4]: "
+        f"tau {f:.2f}. [Drafter check](/drafter?run={chk or SLOT_CHECK_RUN}) · "
+        f"[Compare]({link('demo-bench-slot-shift-fixed', 'demo-bench-slot-shift', 'demo-bench-matched')})",
+    ]
+    return lines
+
+
 def run_demo(force: bool = False, progress: bool = True, root: Path | None = None) -> None:
     from backend.align import get_alignment
 
@@ -195,3 +310,8 @@ def run_demo(force: bool = False, progress: bool = True, root: Path | None = Non
     t2 = time.perf_counter()
     if build_check_demo(root, force, progress) or _complete(CHECK_RUN, root):
         print(f"drafter check ready in {time.perf_counter() - t2:.1f} s; open http://localhost:8501/drafter?run={CHECK_RUN}")
+    t3 = time.perf_counter()
+    build_slot_shift_demo(root, force, progress)
+    for r in catalog.bench_runs(root=root, run_ids=list(SLOT_RUNS)).itertuples():
+        print(f"  bench {r.run_id}: tau {r.tau:.2f}, speedup {r.speedup:.2f}x, lossless {r.lossless}")
+    print(f"slot-shift demo ready in {time.perf_counter() - t3:.1f} s; open http://localhost:8501/runs")

@@ -6,6 +6,7 @@ with [auth] secrets only after a login, backend/auth.py)."""
 import streamlit as st
 
 from backend import annotations, auth, charts, ui
+from backend.demo import story as demo_story
 from backend.store import catalog
 
 LIVE_EVERY_S = 5
@@ -13,6 +14,10 @@ STATUSES = ["complete", "running", "interrupted", "failed", "quarantined"]
 FLASH = "runs_flash"
 
 st.title("Runs")
+if story := demo_story():      # `make demo`: the slot-shift case in three lines, each linked to its proof
+    with st.container(border=True, key="demo_story"):
+        for line in story:
+            st.markdown(line)
 runs = ui.load_runs(refresh=True, query=catalog.runs_overview)
 
 

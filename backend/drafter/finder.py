@@ -126,6 +126,11 @@ def candidate_sets(n: int, k: int, fed: list[tuple[str, list[str]]], focus: list
         add(_shift(focus, -1), "one boundary earlier than the engine feeds")
         add(_shift(focus, +1), "one boundary later than the engine feeds")
         add(["S_0", *focus[1:]], "S_0 (the embeddings) first")
+        # speculators <= 0.4 files [S_0, a, b, c] read by standardize_data_v1: fc got [S_0, a, b], so an engine that
+        # feeds [a, b, c] (or [S_0, a+1, b+1] after a "-1 = embeddings" patch) shifts every slot by one
+        add(["S_0", *focus[:-1]], "S_0 (the embeddings) first, every slot one place later (embeddings-first files)")
+        if focus[0] == "S_0":
+            add(["S_0", *_shift(focus[1:], -1)], "S_0 first, the layer slots one boundary earlier")
         add([*focus[:-1], f"S_{n}"], f"S_{n} (top of the stack, before the final norm) last")
         add([*focus[:-1], "F"], "F (after the final norm) last")
     for key in list(out):
@@ -310,6 +315,10 @@ def convention_of(labels: list[str], written: list[tuple[str, list[int]]], n: in
             return f"'before layer' reading of {what} (id a -> S_a: vLLM, EAGLE, speculators >= 0.5)"
         if [f"S_{a + 1}" for a in sorted(ids)] == labels:
             return f"'after layer' reading of {what} (id a -> S_a+1: SGLang, SpecForge, speculators <= 0.4)"
+        if labels[0] == "S_0" and [f"S_{a + 1}" for a in sorted(ids)[:-1]] == labels[1:]:
+            return (f"S_0 (the embeddings) first, then the outputs of layers {sorted(ids)[:-1]}: speculators <= 0.4 "
+                    f"files [embeddings, outputs of layers {sorted(ids)}] whose last state became the teacher "
+                    f"(standardize_data_v1), so every slot sits one place later than {what} read after layer")
     if "F" in labels:
         return "a set that ends at F, after the final norm (the normed output, not a layer output)"
     return "boundaries that match no common reading of the written or default ids"

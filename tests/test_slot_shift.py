@@ -1,0 +1,111 @@
+"""The slot-shift case of the demo (issue 15): a drafter trained on speculators <= 0.4 files [embeddings, layer
+outputs] (fc slots S_0, S_3, S_5) served by SGLang (S_3, S_5, S_6), patched (S_0, S_4, S_6) and fixed (S_0, S_3, S_5).
+The shipped drafter is checked and benched; the drop, the check's names and the first screen's story are asserted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from backend import coords
+from backend.compare import _relation
+from backend.demo import PAIR_TARBALL, SLOT_TARBALL
+from backend.drafter.finder import candidate_sets, convention_of
+from backend.toy import slot_shift as ss
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+need_models = pytest.mark.skipif(not (PAIR_TARBALL.exists() and SLOT_TARBALL.exists()),
+                                 reason="models/toy-pair.tar.gz or models/toy-slot-shift.tar.gz missing")
+
+
+def test_what_sglang_feeds_each_config():
+    def feeds(ids):
+        return coords.labels(coords.resolve_ids("sglang", ids, 8, version="0.5.15"))
+
+    assert ss.FEEDS["SGLang ids [2, 4, 5]"] == feeds(ss.IDS) == ["S_3", "S_5", "S_6"]
+    assert ss.FEEDS["SGLang patched ids [-1, 3, 5]"] == feeds(ss.PATCHED_IDS) == ["S_0", "S_4", "S_6"]
+    assert feeds(ss.FIX_IDS) == ss.TRAINED == ["S_0", "S_3", "S_5"]
+    assert ss.LAYOUT[0] == "S_0" and ss.TEACHER == "S_6"
+
+
+def test_finder_tries_the_embeddings_first_sets():
+    sets = candidate_sets(8, 3, [("SGLang", ["S_3", "S_5", "S_6"])], ["S_3", "S_5", "S_6"], [("nested", [2, 4, 5])])
+    assert ("S_0", "S_3", "S_5") in sets
+    patched = candidate_sets(8, 3, [("SGLang", ["S_0", "S_4", "S_6"])], ["S_0", "S_4", "S_6"], [("nested", [-1, 3, 5])])
+    assert ("S_0", "S_3", "S_5") in patched
+    words = convention_of(["S_0", "S_3", "S_5"], [("eagle_config", [2, 4, 5])], 8)
+    assert "embeddings" in words and "standardize_data_v1" in words
+
+
+def test_compare_names_the_slot_shift():
+    assert "every slot shifted" in _relation(["S_3", "S_5", "S_6"], ["S_0", "S_3", "S_5"])
+    assert _relation(["S_0", "S_4", "S_6"], ["S_0", "S_3", "S_5"]) == \
+        "a different set: slot 2 got S_4 for S_3, slot 3 got S_6 for S_5"
+    assert _relation(["S_2", "S_4", "S_5"], ["S_3", "S_5", "S_6"]).startswith("off by one")
+
+
+def test_variants_carry_the_patch_and_the_fix(tmp_path):
+    d = tmp_path / "drafter-slot-shift"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 5]}}))
+    (d / "model.safetensors").write_bytes(b"x")
+    made = ss.write_variants(tmp_path)
+    assert len(made) == 2 and ss.write_variants(tmp_path) == []
+    ids = {p.name: json.loads((p / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+           for p in made}
+    assert ids == {"drafter-slot-shift-patched": [-1, 3, 5], "drafter-slot-shift-fixed": [-1, 2, 4]}
+
+
+@need_models
+def test_drafter_check_names_the_trained_slots_and_the_fix(tmp_path):
+    from backend.check_drafter import CheckSettings, run_check
+    from backend.demo import slot_shift_models, toy_pair
+
+    pair, slot = toy_pair(tmp_path), slot_shift_models(tmp_path)
+    rep = run_check(CheckSettings(drafter=str(slot / "drafter-slot-shift"), target=str(pair / "target"),
+                                  engine="sglang", device="cpu", training_data=str(slot / "training-data"),
+                                  training_format="speculators-legacy"), root=tmp_path, progress=False).report
+    assert rep["check"]["best"] == ["S_0", "S_3", "S_5"]          # S_0 first: the embedding slot
+    assert rep["verdict_severity"] == "error" and "Mismatch" in rep["verdict"]
+    assert "S_3, S_5, S_6" in rep["verdict"] and "[-1, 2, 4]" in rep["verdict"]
+    data = [f["text"] for f in rep["findings"] if f.get("source") == "training_data"]
+    assert any("trained on S_0, S_3, S_5" in t and "feeds S_3, S_5, S_6" in t for t in data), data
+
+
+@need_models
+def test_demo_shows_the_drop_and_tells_the_story(tmp_path):
+    """On 40 held-out prompts: the slot-shift drafter as SGLang feeds it is >= 25% below the matched drafter with a
+    paired interval above zero, the patch stays low, the fix recovers; the Runs page's three lines link the proof."""
+    import numpy as np
+
+    from backend import metrics
+    from backend.bench import BenchSettings, run_bench
+    from backend.demo import build_check_demo, build_slot_shift_demo, heldout_prompts, story, toy_pair
+    from backend.store import catalog
+
+    pair = toy_pair(tmp_path)
+    run_bench(BenchSettings(target=str(pair / "target"), drafter=str(pair / "drafter-matched"),
+                            prompts=str(heldout_prompts(pair)), num_spec_tokens=4, limit=40, max_new_tokens=48,
+                            repeats=1, device="cpu"), name="demo-bench-matched", root=tmp_path, progress=False)
+    assert story(tmp_path) is None                                   # not until the slot-shift runs exist
+    build_slot_shift_demo(tmp_path, progress=False, limit=40)
+    catalog.refresh(tmp_path)
+    runs = catalog.bench_runs(root=tmp_path).set_index("run_id")
+    tau = runs["tau"].to_dict()
+    assert tau["demo-bench-matched"] >= 2.0
+    assert tau["demo-bench-slot-shift"] <= 0.75 * tau["demo-bench-matched"], tau
+    assert tau["demo-bench-slot-shift-patched"] < tau["demo-bench-slot-shift-fixed"], tau
+    assert tau["demo-bench-slot-shift-fixed"] > tau["demo-bench-slot-shift"] + 0.3, tau
+    assert runs.loc["demo-bench-slot-shift", "lossless"] and runs.loc["demo-bench-slot-shift-patched", "lossless"]
+    sp = catalog.bench_prompt_speeds(["demo-bench-matched", "demo-bench-slot-shift"], root=tmp_path)
+    a, b = (sp[sp.run_id == r].groupby("prompt_id")[["accepted", "drafts"]].sum() for r in
+            ("demo-bench-matched", "demo-bench-slot-shift"))
+    _, lo, hi = metrics.tau_difference(a.to_numpy(), b.loc[a.index].to_numpy())
+    assert lo > 0 and np.isfinite(hi)
+    lines = story(tmp_path)
+    assert lines is not None and len(lines) == 3
+    assert "/compare?runs=demo-bench-matched,demo-bench-slot-shift" in lines[0]
+    assert "/drafter?run=demo-check-slot-shift" in lines[2] and "S_0, S_3, S_5" in lines[2]
+    assert build_check_demo is not None
