@@ -72,31 +72,45 @@ def compare(baseline: str, candidate: str, max_tau_drop: float = 0.02, root: Pat
     fig = {}
     for name, r in (("baseline", b), ("candidate", c)):
         fig[name] = {"run_id": r["run_id"], "engine": r.get("engine"), "engine_version": r.get("engine_version"),
+                     "release": release_label(r),
                      "created": str(r.get("created")), "tau": _f(r.get("tau")),
                      "acceptance_rate": _f(r.get("acceptance_rate")), "speedup": _f(r.get("speedup")),
                      "speedup_ci_low": _f(r.get("speedup_ci_low")), "speedup_ci_high": _f(r.get("speedup_ci_high")),
                      "lossless": None if r.get("lossless") is None or (isinstance(r.get("lossless"), float)
                                                                       and math.isnan(r["lossless"]))
                      else bool(r["lossless"])}
-    rel = lambda r: f"{r['engine']} {r['engine_version']}" if r["engine_version"] else str(r["engine"])  # noqa: E731
     tau_worse = diff < -max_tau_drop and hi < 0
     lossless_lost = fig["baseline"]["lossless"] is True and fig["candidate"]["lossless"] is False
     interval = f"{diff:+.3f} (95% CI {lo:+.3f} to {hi:+.3f}, paired over {len(shared)} prompts)"
     if tau_worse:
-        line = (f"REGRESSION: {candidate} ({rel(fig['candidate'])}) tau {fig['candidate']['tau']:.3f} vs "
-                f"{baseline} ({rel(fig['baseline'])}) {fig['baseline']['tau']:.3f}: {interval}, a drop beyond the "
+        line = (f"REGRESSION: {candidate} ({fig['candidate']['release']}) tau {fig['candidate']['tau']:.3f} vs "
+                f"{baseline} ({fig['baseline']['release']}) {fig['baseline']['tau']:.3f}: {interval}, a drop beyond the "
                 f"allowed {max_tau_drop:g} and below 0 over the whole interval")
     elif lossless_lost:
-        line = (f"REGRESSION: {candidate} ({rel(fig['candidate'])}) is not lossless (greedy outputs differ from "
+        line = (f"REGRESSION: {candidate} ({fig['candidate']['release']}) is not lossless (greedy outputs differ from "
                 f"plain decoding) while {baseline} was")
     else:
         why = ("within the allowed drop" if diff >= -max_tau_drop else "the interval reaches 0") if diff < 0 \
             else "no drop"
-        line = (f"ok: {candidate} ({rel(fig['candidate'])}) tau {fig['candidate']['tau']:.3f} vs {baseline} "
-                f"({rel(fig['baseline'])}) {fig['baseline']['tau']:.3f}: {interval}; {why}")
+        line = (f"ok: {candidate} ({fig['candidate']['release']}) tau {fig['candidate']['tau']:.3f} vs {baseline} "
+                f"({fig['baseline']['release']}) {fig['baseline']['tau']:.3f}: {interval}; {why}")
     return {"verdict": "worse" if (tau_worse or lossless_lost) else "ok", "line": line,
             "tau_difference": {"diff": diff, "ci_low": lo, "ci_high": hi, "prompts": int(len(shared))},
             "max_tau_drop": max_tau_drop, **fig}
+
+
+def release_label(r: dict) -> str:
+    """'vllm 0.25.1' for an engine bench; 'hf 5.17.0, sglang 0.5.15 reading' for an HF bench that applied an
+    engine's reading of the aux ids (what that release would feed)."""
+    def txt(k: str) -> str | None:
+        v = r.get(k)
+        return None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+    e, v = txt("engine"), txt("engine_version")
+    label = f"{e} {v}" if v else str(e)
+    p, pv, rn = txt("aux_producer"), txt("aux_version"), txt("aux_runner")
+    if e == "hf" and p:
+        label += f", {p} {pv or ''}{(' ' + rn.upper()) if rn else ''} reading".replace("  ", " ")
+    return label
 
 
 def history(root: Path | None = None):
@@ -108,6 +122,6 @@ def history(root: Path | None = None):
     df = df[(df["status"] == "complete") & (df["num_spec_tokens"].fillna(0) > 0)]
     out = {}
     for (model, drafter, k), g in df.groupby(["model", "drafter", "num_spec_tokens"], sort=False, dropna=False):
-        g = g.assign(release=[f"{e} {v}" if v else str(e) for e, v in zip(g["engine"], g["engine_version"])])
-        out[f"{drafter} on {model} (K={int(k)})"] = g.sort_values(["engine", "engine_version", "created"])
+        g = g.assign(release=[release_label(r) for r in g.to_dict("records")])
+        out[f"{drafter} on {model} (K={int(k)})"] = g.sort_values(["release", "created"])
     return out

@@ -605,12 +605,17 @@ def bench_runs(status: str | None = None, root: Path | None = None, run_ids: lis
 
 def bench_history(root: Path | None = None, run_ids: list[str] | None = None) -> pd.DataFrame:
     """Bench runs with their headline figures and what the Regression page groups them by: engine, engine_version,
-    model (name), model_key, drafter (name), drafter_key (the drafter's fingerprint, else its path), created;
-    oldest first; only `run_ids` when given."""
+    model (name), model_key, drafter (name), drafter_key (the drafter's fingerprint, else its path), the engine
+    reading the drafter's aux ids was benched with (aux_producer, aux_version, aux_runner, aux_boundaries: a JSON
+    list), created; oldest first; only `run_ids` when given."""
     ids = None if run_ids is None else _ids(run_ids)
     return _df("""SELECT b.*, r.engine, r.engine_version, r.model_path, r.model_key,
                          coalesce(json_extract_string(r.manifest, '$.drafter.fingerprint'),
-                                  json_extract_string(r.manifest, '$.drafter.path')) AS drafter_key
+                                  json_extract_string(r.manifest, '$.drafter.path')) AS drafter_key,
+                         json_extract_string(r.manifest, '$.aux.producer') AS aux_producer,
+                         json_extract_string(r.manifest, '$.aux.version') AS aux_version,
+                         json_extract_string(r.manifest, '$.aux.runner') AS aux_runner,
+                         json_extract_string(r.manifest, '$.aux.boundaries') AS aux_boundaries
                   FROM bench_runs b JOIN runs r USING (run_id)
                   WHERE (?::VARCHAR[] IS NULL OR list_contains(?::VARCHAR[], b.run_id))
                   ORDER BY b.created, b.run_id""", [ids, ids], root)
