@@ -7,6 +7,8 @@ Pages (each view is addressable by its URL query parameters):
   /alignment  which boundary of run A matches which of run B  ?a=&b=&metric=cosine|rel_l2|cka
   /stats      per-boundary hidden-state statistics            ?runs=a,b&stat=&run=
   /drafter    drafter check: what each engine feeds a drafter, accuracy by candidate  ?run=&metric=
+  /feeds      what every vLLM/SGLang release feeds a drafter  ?check=RUN | ?drafter=DIR&target=DIR
+  /regression bench runs of one drafter+target by engine release and date, tau and speedup intervals  ?group=N
   /new        queue a capture or bench job (SPECLENS_ALLOW_JOBS=1, not read-only) and watch the queue
 `/` forwards to /runs (streamlit serves its default page at `/` only, so the default is a hidden forwarder).
 """
@@ -20,6 +22,8 @@ ALIGNMENT = st.Page("pages/alignment.py", title="Layer alignment", url_path="ali
 STATS = st.Page("pages/stats.py", title="Hidden-state stats", url_path="stats", icon=":material/show_chart:")
 COMPARE = st.Page("pages/compare.py", title="Compare", url_path="compare", icon=":material/compare_arrows:")
 DRAFTER = st.Page("pages/drafter_check.py", title="Drafter check", url_path="drafter", icon=":material/fact_check:")
+FEEDS = st.Page("pages/feeds.py", title="Feeds", url_path="feeds", icon=":material/alt_route:")
+REGRESSION = st.Page("pages/regression.py", title="Regression", url_path="regression", icon=":material/trending_down:")
 NEW_RUN = st.Page("pages/new_run.py", title="New run", url_path="new", icon=":material/add_circle:")
 
 
@@ -29,4 +33,4 @@ def home() -> None:
 
 HOME = st.Page(home, title="SpecLens", url_path="home", default=True, visibility="hidden")
 
-st.navigation([HOME, RUNS, COMPARE, ALIGNMENT, STATS, DRAFTER, NEW_RUN], position="top").run()
+st.navigation([HOME, RUNS, COMPARE, ALIGNMENT, STATS, DRAFTER, FEEDS, REGRESSION, NEW_RUN], position="top").run()

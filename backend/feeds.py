@@ -175,3 +175,25 @@ def print_text(m: dict) -> None:
         fed = ", ".join(r["feeds"]) if r["feeds"] else "cannot serve"
         print(f"{r['engine']:7} {r['release']:8} {(r['runner'] or '-'):6} {('yes' if r['picked'] else ''):6} "
               f"{fed:24} {(r['trained'] or '-'):8} {r['status']:8} {r['ids_from'] or '-'}")
+
+
+def page_pair(drafter: str | None, target: str | None, check: str | None, root: Path | None = None) -> tuple[str, str]:
+    """The (drafter, target) a Feeds page URL names: a stored drafter check's pair (?check=RUN), or directories
+    (?drafter=&target=) that lie under SPECLENS_MODEL_ROOTS (default: the data root and <repo>/models) or belong
+    to a stored drafter check; anything else is refused with one line (a URL must not read arbitrary files)."""
+    from backend.config import model_roots
+    from backend.store import catalog
+
+    if check:
+        return check_pair(check, root)
+    if not drafter or not target:
+        raise SpecLensError("name a drafter and a target (?drafter=DIR&target=DIR) or a drafter check (?check=RUN)")
+    known = {(m.get("drafter") or {}).get("path") for m in catalog.check_manifests(root).values()} | \
+        {(m.get("model") or {}).get("path") for m in catalog.check_manifests(root).values()}
+    roots = model_roots()
+    for p in (drafter, target):
+        rp = Path(p).expanduser().resolve()
+        if str(rp) not in known and not any(rp == r or r in rp.parents for r in roots):
+            raise SpecLensError(f"{p}: not under SPECLENS_MODEL_ROOTS ({', '.join(map(str, roots))}) and not part of a "
+                                f"stored drafter check; run `python -m backend feeds --drafter D --target T` instead")
+    return str(Path(drafter).expanduser().resolve()), str(Path(target).expanduser().resolve())

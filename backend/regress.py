@@ -125,3 +125,44 @@ def history(root: Path | None = None):
         g = g.assign(release=[release_label(r) for r in g.to_dict("records")])
         out[f"{drafter} on {model} (K={int(k)})"] = g.sort_values(["release", "created"])
     return out
+
+
+def tau_interval(acc_drafts) -> tuple[float, float, float]:
+    """tau of one run and its 95% bootstrap interval over prompts, rows = (accepted, drafts) per prompt: the
+    paired `metrics.tau_difference` against a reference that accepts nothing (tau 1 on every prompt), plus 1."""
+    import numpy as np
+
+    a = np.asarray(acc_drafts, dtype=np.float64).reshape(-1, 2)
+    ref = np.column_stack([np.zeros(len(a)), np.ones(len(a))])
+    d, lo, hi = metrics.tau_difference(a, ref)
+    return 1 + d, 1 + lo, 1 + hi
+
+
+def group_table(g, root: Path | None = None):
+    """One row per run of a history group (release order): tau [95% CI over prompts], the change in tau against
+    the group's first run [95% CI paired over shared prompts], speedup [95% CI], acceptance, lossless."""
+    import pandas as pd
+
+    from backend.store import catalog
+
+    ids = g["run_id"].tolist()
+    frames = catalog.bench_prompt_speeds(ids, root)
+    per = {r: f.groupby("prompt_id")[["accepted", "drafts"]].sum() for r, f in frames.groupby("run_id")}
+    first = ids[0] if ids else None
+    rows = []
+    for r in g.to_dict("records"):
+        p = per.get(r["run_id"])
+        tau = lo = hi = d = dlo = dhi = None
+        if p is not None and len(p) >= 2 and p["drafts"].sum() > 0:
+            tau, lo, hi = tau_interval(p.to_numpy())
+            b = per.get(first)
+            shared = p.index.intersection(b.index) if b is not None else []
+            if r["run_id"] != first and len(shared) >= 2:
+                d, dlo, dhi = metrics.tau_difference(p.loc[shared].to_numpy(), b.loc[shared].to_numpy())
+        rows.append({"release": r["release"], "date": str(r["created"])[:16], "run_id": r["run_id"],
+                     "tau": _f(r.get("tau")) if tau is None else tau, "tau_ci_low": lo, "tau_ci_high": hi,
+                     "tau_change": d, "tau_change_ci_low": dlo, "tau_change_ci_high": dhi,
+                     "speedup": _f(r.get("speedup")), "speedup_ci_low": _f(r.get("speedup_ci_low")),
+                     "speedup_ci_high": _f(r.get("speedup_ci_high")), "acceptance_rate": _f(r.get("acceptance_rate")),
+                     "lossless": r.get("lossless")})
+    return pd.DataFrame(rows)

@@ -1,0 +1,51 @@
+"""Feeds (?check=RUN or ?drafter=DIR&target=DIR): what every vLLM and SGLang release feeds a drafter, engine x
+release x runner, marked against what a stored drafter check found it was trained on, and the releases where the
+answer changed. Numbers: backend/feeds.py (conventions table derived from the wheels); figures:
+backend/release_charts.py."""
+
+import streamlit as st
+
+from backend import feeds, release_charts, ui
+from backend.check_drafter import check_runs
+
+HOW = ("`python -m backend feeds --drafter DRAFTER_DIR --target TARGET_DIR` prints the same matrix; "
+       "`python -m backend check-drafter ...` stores a check whose pair this page can open.")
+
+st.title("Feeds across engine releases")
+checks = ui.guarded(check_runs)
+ids = checks["run_id"].tolist()
+names = {r.run_id: f"{r.run_id}  ({r.drafter or '?'} on {r.model or '?'})" for r in checks.itertuples()}
+drafter, target = ui.qp_get("drafter"), ui.qp_get("target")
+if drafter or target:
+    check = None
+    st.caption(f"Drafter `{drafter}` on target `{target}` (from the URL).")
+elif ids:
+    check = ui.select("Drafter check", ui.capped(ids, [ui.qp_get("check") or "", ids[0]]), "check", ids[0],
+                      format_func=lambda r: names.get(r, r))
+else:
+    st.info(f"No drafter checks yet and no ?drafter=&target= in the URL. {HOW}")
+    st.stop()
+d, t = ui.guarded(feeds.page_pair, drafter, target, check)
+m = ui.guarded(feeds.matrix, d, t)
+ti = m["target_info"]
+ids_text = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in m["drafter_ids"].items() if k != "format" and v) \
+    or "no aux ids written (each engine uses its default)"
+st.caption(f"Drafter `{m['drafter']}` ({m['drafter_ids']['format']} format; {ids_text}) on `{m['target']}` "
+           f"({'/'.join(ti['architectures']) or '?'}, {ti['n_layers']} layers). Read from the config files and "
+           f"backend/conventions.yaml: rows derived from each release's wheel (tools/rederive_conventions.py); "
+           f"'seen' = run on real hardware (vLLM 0.24.0, 0.25.1; SGLang 0.5.15), 'inferred' = read in the code.")
+for line in feeds.summary(m):
+    (st.warning if "differs" in line else st.markdown)(line)
+ui.chart_with_downloads(release_charts.feeds_grid(m), release_charts.feeds_table(m),
+                        f"feeds_{ti['architectures'][0] if ti['architectures'] else 'target'}_{ti['n_layers']}")
+st.subheader("Where the answer changed")
+ch = release_charts.changes_table(m)
+if ch.empty:
+    st.caption("Every release in the table feeds the same boundaries.")
+else:
+    st.dataframe(ch, hide_index=True, key="changes")
+st.subheader("Every release")
+st.dataframe(release_charts.feeds_table(m), hide_index=True, key="feeds", column_config={
+    "picked": st.column_config.CheckboxColumn("vLLM picks it"),
+    "why": st.column_config.TextColumn(width="large"), "decided by": st.column_config.TextColumn(width="large")})
+st.caption(HOW)
