@@ -129,8 +129,7 @@ def changes(rows: list[FeedRow]) -> list[dict]:
                (track is None or (r.picked if track == "picked" else r.runner == track))]
         first = True
         for prev, cur in zip(seq, seq[1:]):
-            if (prev.feeds, prev.runner if track == "picked" else None) != \
-                    (cur.feeds, cur.runner if track == "picked" else None):
+            if prev.feeds != cur.feeds:                # what is fed; a runner switch alone changes nothing fed
                 what = f"{_fed(prev)} -> {_fed(cur)}"
                 if track == "picked" and prev.runner != cur.runner:
                     what += f" (runner {prev.runner.upper()} -> {cur.runner.upper()})"
@@ -151,7 +150,8 @@ def summary(m: dict) -> list[str]:
         last = picked[-1]
         run = f" ({last.runner.upper()})" if last.runner else ""
         lines.append(f"{engine} {last.release}{run} feeds {_fed(last)}"
-                     + (f" - {last.trained} what the drafter was trained on" if last.trained else ""))
+                     + ({"matches": " - matches what the drafter was trained on",
+                         "differs": " - differs from what the drafter was trained on"}.get(last.trained or "", "")))
         ch = [c for c in m["changes"] if c["engine"] == engine and c["track"] in ("picked", "-")]
         if not ch:
             lines.append(f"{engine}: the same over every release in the table")

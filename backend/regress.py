@@ -104,7 +104,7 @@ def release_label(r: dict) -> str:
     engine's reading of the aux ids (what that release would feed)."""
     def txt(k: str) -> str | None:
         v = r.get(k)
-        return None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+        return None if v is None or v == "" or (isinstance(v, float) and math.isnan(v)) else str(v)
     e, v = txt("engine"), txt("engine_version")
     label = f"{e} {v}" if v else str(e)
     p, pv, rn = txt("aux_producer"), txt("aux_version"), txt("aux_runner")
@@ -120,10 +120,16 @@ def history(root: Path | None = None):
 
     df = catalog.bench_history(root=root)
     df = df[(df["status"] == "complete") & (df["num_spec_tokens"].fillna(0) > 0)]
+    if df.empty:
+        return {}
+    cols = ["engine", "engine_version", "aux_producer", "aux_version", "aux_runner"]
+    keys = df[cols].astype("string").fillna("")
+    combos = keys.drop_duplicates()                      # a few distinct readings: label each once
+    labels = {tuple(r.values()): release_label(r) for r in combos.to_dict("records")}
+    df = df.assign(release=[labels[k] for k in zip(*(keys[c] for c in cols))]).sort_values(["release", "created"])
     out = {}
     for (model, drafter, k), g in df.groupby(["model", "drafter", "num_spec_tokens"], sort=False, dropna=False):
-        g = g.assign(release=[release_label(r) for r in g.to_dict("records")])
-        out[f"{drafter} on {model} (K={int(k)})"] = g.sort_values(["release", "created"])
+        out[f"{drafter} on {model} (K={int(k)})"] = g
     return out
 
 

@@ -51,11 +51,13 @@ def feeds_grid(m: dict) -> go.Figure:
     fig = make_subplots(rows=2, cols=1, row_heights=[0.75, 0.25], vertical_spacing=0.2,
                         subplot_titles=("vLLM releases", "SGLang releases"))
     for row, engine in ((1, "vllm"), (2, "sglang")):
-        for e, track, name in TRACKS:
+        for e, track, name in reversed(TRACKS):           # the first track drawn last: at the top
             if e != engine:
                 continue
             rs = _track(m, engine, track)
             text = [", ".join(r["feeds"]) if r["feeds"] else "cannot serve" for r in rs]
+            # a label where the value changes (and at the first release): the rest is in the hover and the table
+            shown = [t if i == 0 or t != text[i - 1] else "" for i, t in enumerate(text)]
             if trained:
                 colours = [MATCH if r["trained"] == "matches" else DIFFER if r["trained"] == "differs" else CANNOT
                            for r in rs]
@@ -64,8 +66,8 @@ def feeds_grid(m: dict) -> go.Figure:
             hover = [f"{engine} {r['release']} {(r['runner'] or '').upper()}<br>feeds {t}<br>{r['status']}"
                      + (f"<br>{r['trained']} training" if r["trained"] else "") for r, t in zip(rs, text)]
             fig.add_trace(go.Scatter(
-                x=[r["release"] for r in rs], y=[name] * len(rs), mode="markers+text", text=text,
-                textposition="top center", textfont=dict(size=10), hovertext=hover, hoverinfo="text",
+                x=[r["release"] for r in rs], y=[name] * len(rs), mode="markers+text", text=shown,
+                textposition="top right", textfont=dict(size=11), hovertext=hover, hoverinfo="text",
                 marker=dict(size=16, symbol="square", color=colours, line=dict(color="#333", width=[
                     2 if r["picked"] and r["runner"] else 0 for r in rs])),
                 showlegend=False, name=name), row=row, col=1)
