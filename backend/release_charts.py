@@ -82,7 +82,7 @@ def feeds_grid(m: dict) -> go.Figure:
 
 def regression_figure(t: pd.DataFrame) -> go.Figure:
     """tau (95% CI over prompts) and speedup (95% CI) of each run of one drafter and target, in release order."""
-    x = [f"{r.release}<br>{r.date}" for r in t.itertuples()]
+    x = [f"{r.release}<br>{r.date} {r.run_id}" for r in t.itertuples()]       # run id: one point per run
     fig = make_subplots(rows=1, cols=2, subplot_titles=("mean acceptance length tau (95% CI)",
                                                         "speedup over plain decoding (95% CI)"))
 
