@@ -109,8 +109,13 @@ def engine_case(case: str, work: Path) -> dict:
 def predicted(case: str, work: Path) -> dict:
     _, _, opts, env, _ = CASES[case]
     t, d = make_models(work, case)
+    try:                                    # predict for the installed release (the table covers vLLM 0.20..0.33)
+        from importlib.metadata import version as _version
+        release = ["--engine-version", _version("vllm")]
+    except Exception:  # noqa: BLE001 - no vLLM here: the default release
+        release = []
     cmd = [sys.executable, "-m", "backend", "check-drafter", "--drafter", str(d), "--target", str(t), "--lint-only",
-           "--json", *sum((["--engine-option", f"{k}={json.dumps(v)}"] for k, v in opts.items()), [])]
+           "--json", *release, *sum((["--engine-option", f"{k}={json.dumps(v)}"] for k, v in opts.items()), [])]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "SPECLENS_DATA": str(work / "data"), **env})
     if out.returncode:
