@@ -114,23 +114,32 @@ def release_label(r: dict) -> str:
 
 
 def history(root: Path | None = None):
-    """Bench runs with a drafter, grouped for the Regression page: one group per (target, drafter, K), rows
-    ordered by engine release then date. Returns {group label: DataFrame} (no SQL here: catalog.bench_history)."""
+    """Bench runs with a drafter, grouped for the Regression page: one group per (target, drafter, K), oldest first.
+    Returns {group label: DataFrame} (no SQL here: catalog.bench_history); `with_release` adds the release labels
+    of the runs a page shows."""
     from backend.store import catalog
 
-    df = catalog.bench_history(root=root)
+    df = catalog.bench_history(root=root, reading=False)
     df = df[(df["status"] == "complete") & (df["num_spec_tokens"].fillna(0) > 0)]
-    if df.empty:
-        return {}
-    cols = ["engine", "engine_version", "aux_producer", "aux_version", "aux_runner"]
-    keys = df[cols].astype("string").fillna("")
-    combos = keys.drop_duplicates()                      # a few distinct readings: label each once
-    labels = {tuple(r.values()): release_label(r) for r in combos.to_dict("records")}
-    df = df.assign(release=[labels[k] for k in zip(*(keys[c] for c in cols))]).sort_values(["release", "created"])
     out = {}
     for (model, drafter, k), g in df.groupby(["model", "drafter", "num_spec_tokens"], sort=False, dropna=False):
         out[f"{drafter} on {model} (K={int(k)})"] = g
     return out
+
+
+def with_release(g, root: Path | None = None):
+    """The runs of `g` with their release label (engine release; for HF benches also the engine reading applied),
+    ordered by release, then date."""
+    from backend.store import catalog
+
+    if g.empty:
+        return g.assign(release=[])
+    full = catalog.bench_history(root=root, run_ids=g["run_id"].tolist())
+    cols = ["engine", "engine_version", "aux_producer", "aux_version", "aux_runner"]
+    keys = full[cols].astype("string").fillna("")
+    labels = {tuple(r.values()): release_label(r) for r in keys.drop_duplicates().to_dict("records")}
+    full = full.assign(release=[labels[k] for k in zip(*(keys[c] for c in cols))])
+    return full.sort_values(["release", "created"], kind="stable")
 
 
 def tau_interval(acc_drafts) -> tuple[float, float, float]:
@@ -142,6 +151,17 @@ def tau_interval(acc_drafts) -> tuple[float, float, float]:
     ref = np.column_stack([np.zeros(len(a)), np.ones(len(a))])
     d, lo, hi = metrics.tau_difference(a, ref)
     return 1 + d, 1 + lo, 1 + hi
+
+
+MAX_SHOWN = 40      # runs of one group on the Regression page: the newest, a readable chart (and 2 bootstraps each)
+
+
+def newest(g, n: int = MAX_SHOWN):
+    """The newest `n` runs of a history group, still in release order."""
+    if len(g) <= n:
+        return g
+    keep = set(g.sort_values("created", kind="stable")["run_id"].iloc[-n:])
+    return g[g["run_id"].isin(keep)]
 
 
 def group_table(g, root: Path | None = None):

@@ -49,7 +49,11 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     proc, url = _serve(REPO / "app.py", REPO, {**os.environ, "SPECLENS_DATA": str(root)}, root.parent / "streamlit.log")
-    out: dict = {"root": str(root)}
+    out: dict = {"root": str(root), "load_avg_before": list(os.getloadavg()), "cpus": os.cpu_count(),
+                 "command": "python bench/release_pages_bench.py " + " ".join(sys.argv[1:]),
+                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 "floor_note": "bench/pages_bench.py measures this machine's floor (a bare app with one plotly chart): "
+                               "3.0-3.2 s in docs/results/pages_bench_cpu.json"}
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
@@ -81,6 +85,7 @@ def main() -> None:
             browser.close()
     finally:
         _stop(proc)
+    out["load_avg_after"] = list(os.getloadavg())
     print(json.dumps(out, indent=1))
 
 

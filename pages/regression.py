@@ -20,8 +20,10 @@ labels = list(groups)
 keys = [str(i) for i in range(len(labels))]
 g = ui.select("Drafter and target", keys, "group", "0", format_func=lambda k: labels[int(k)])
 frame = groups[labels[int(g)]]
-t = ui.guarded(regress.group_table, frame)
-st.caption(f"{len(t)} bench run(s) of {labels[int(g)]}, ordered by engine release, then date. tau: 95% bootstrap "
+shown = ui.guarded(regress.with_release, regress.newest(frame))
+t = ui.guarded(regress.group_table, shown)
+more = f" (the newest {len(shown)} of {len(frame)})" if len(shown) < len(frame) else ""
+st.caption(f"{len(t)} bench run(s){more} of {labels[int(g)]}, ordered by engine release, then date. tau: 95% bootstrap "
            f"interval over prompts; change: tau minus the first run's, paired over the prompts both decoded; speedup: "
            f"the Spec-Bench speedup over each run's paired plain-decoding baseline with its 95% interval.")
 ui.chart_with_downloads(release_charts.regression_figure(t), t, f"regression_{labels[int(g)]}")

@@ -125,6 +125,6 @@ def test_history_groups_by_release(benches) -> None:
 
     groups = regress.history(root=benches["root"])
     assert len(groups) == 1
-    g = next(iter(groups.values()))
+    g = regress.with_release(next(iter(groups.values())), root=benches["root"])
     assert set(g["run_id"]) == {benches["baseline"], benches["rerun"], benches["dropped"], benches["planted"]}
     assert any("sglang 0.5.15 reading" in r for r in g["release"])

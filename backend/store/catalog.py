@@ -603,12 +603,18 @@ def bench_runs(status: str | None = None, root: Path | None = None, run_ids: lis
                   ORDER BY b.created DESC, b.run_id""", [status, status, ids, ids], root)
 
 
-def bench_history(root: Path | None = None, run_ids: list[str] | None = None) -> pd.DataFrame:
+def bench_history(root: Path | None = None, run_ids: list[str] | None = None, reading: bool = True) -> pd.DataFrame:
     """Bench runs with their headline figures and what the Regression page groups them by: engine, engine_version,
     model (name), model_key, drafter (name), drafter_key (the drafter's fingerprint, else its path), the engine
     reading the drafter's aux ids was benched with (aux_producer, aux_version, aux_runner, aux_boundaries: a JSON
-    list), created; oldest first; only `run_ids` when given."""
+    list), created; oldest first; only `run_ids` when given; reading=False leaves out the manifest fields
+    (drafter_key, aux_*)."""
     ids = None if run_ids is None else _ids(run_ids)
+    if not reading:         # without the manifest fields (JSON reads of every manifest: ~0.2 s on 10,000 runs)
+        return _df("""SELECT b.*, r.engine, r.engine_version, r.model_path, r.model_key
+                      FROM bench_runs b JOIN runs r USING (run_id)
+                      WHERE (?::VARCHAR[] IS NULL OR list_contains(?::VARCHAR[], b.run_id))
+                      ORDER BY b.created, b.run_id""", [ids, ids], root)
     return _df("""SELECT b.*, r.engine, r.engine_version, r.model_path, r.model_key,
                          coalesce(json_extract_string(r.manifest, '$.drafter.fingerprint'),
                                   json_extract_string(r.manifest, '$.drafter.path')) AS drafter_key,
