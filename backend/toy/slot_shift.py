@@ -67,6 +67,10 @@ class SlotShiftConfig:
     init: str = "warm-fc"               # "warm-fc": the matched drafter's layer, norms and head with a fresh fc;
                                         # "warm": all of the matched drafter; "cold": fc and layer random
     tau_prompts: int | None = None      # held-out sequences for the tau replay (None: all 116)
+    ttt_steps: int = 4                  # unrolled draft steps in training
+    init_from: str | None = None        # warm starts: this drafter directory instead of the matched drafter
+    device: str = "cpu"                 # "cuda" on a GPU node (bf16 autocast there)
+    gen_batch: int = 64
     seed: int = 0
     threads: int | None = None
     max_seconds: float | None = None
@@ -99,8 +103,9 @@ def train(cfg: SlotShiftConfig, lm, init_dir: Path | None, data: list[td.Seq], p
     else:
         d = td.drafter_for(lm.config, IDS)
         td.init_from_target(d, lm.model)
-    d.train()
-    head = lm.model.get_output_embeddings().weight.detach().float()
+    dev = torch.device(cfg.device)
+    d.to(dev).train()
+    head = lm.model.get_output_embeddings().weight.detach().float().to(dev)
     params = [p for p in d.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95))
     tcfg = td.DrafterTrainConfig(steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup)
@@ -111,11 +116,11 @@ def train(cfg: SlotShiftConfig, lm, init_dir: Path | None, data: list[td.Seq], p
     for step in range(cfg.steps):
         if not queue:
             queue = td.length_batches(lengths, cfg.batch_size, cfg.batch_tokens, rng)
-        b = td.make_batch([data[i] for i in queue.pop()], TRAINED, torch.device("cpu"))
+        b = td.make_batch([data[i] for i in queue.pop()], TRAINED, dev)
         for g in opt.param_groups:
             g["lr"] = td.lr_at(step, tcfg)
         logged = step % 25 == 0 or step == cfg.steps - 1
-        loss, _, accs = td.ttt_loss(d, b, head, 4, 0.1, False, stats=logged)
+        loss, _, accs = td.ttt_loss(d, b, head, cfg.ttt_steps, 0.1, dev.type == "cuda", stats=logged)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -139,8 +144,9 @@ def teacher_agreement(lm, data: list[td.Seq]) -> float:
     with torch.no_grad():
         for s in data:
             sl = slice(s.prompt_len - 1, len(s.tokens) - 1)
-            a = (norm(s.states[TEACHER][sl]) @ head.T).argmax(-1)
-            b = (s.states["F"][sl] @ head.T).argmax(-1)
+            w = head.to(s.states["F"].device)
+            a = (norm(s.states[TEACHER][sl]) @ w.T).argmax(-1)
+            b = (s.states["F"][sl] @ w.T).argmax(-1)
             hit += int((a == b).sum())
             n += a.numel()
     return hit / max(1, n)
@@ -202,7 +208,7 @@ def build(out: Path, pair: Path, cfg: SlotShiftConfig, progress: bool = True, co
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     say = print if progress else (lambda *a, **k: None)
-    lm = load(pair / "target", device="cpu", dtype="fp32")
+    lm = load(pair / "target", device=cfg.device, dtype="fp32")
     labels = sorted(set(LAYOUT) | set(MATCHED) | {lbl for f in FEEDS.values() for lbl in f})
     dc = td.DataConfig(gen_tokens=cfg.gen_tokens, max_prompt_tokens=cfg.max_prompt_tokens, doc_prompts=cfg.doc_prompts,
                        seed=cfg.seed, train_rows=cfg.train_rows)
@@ -216,14 +222,15 @@ def build(out: Path, pair: Path, cfg: SlotShiftConfig, progress: bool = True, co
     if data_cache is not None and data_cache.is_file():
         train_data, held = torch.load(data_cache, weights_only=False)
     else:
-        train_data = td.build_data(lm, train_prompts, labels, cfg.gen_tokens, 64)
-        held = td.build_data(lm, held_prompts, labels, cfg.gen_tokens, 64)
+        train_data = td.build_data(lm, train_prompts, labels, cfg.gen_tokens, cfg.gen_batch)
+        held = td.build_data(lm, held_prompts, labels, cfg.gen_tokens, cfg.gen_batch)
         if data_cache is not None:
             torch.save((train_data, held), data_cache)
     t_data = time.time() - t0
     say(f"[slot-shift] data in {t_data:.0f}s ({sum(len(s.tokens) for s in train_data)} training tokens)", flush=True)
     agree = teacher_agreement(lm, held)
-    d, rec = train(cfg, lm, pair / "drafter-matched", _teacher_states(lm, train_data, cfg.teacher), progress)
+    init_dir = Path(cfg.init_from) if cfg.init_from else pair / "drafter-matched"
+    d, rec = train(cfg, lm, init_dir, _teacher_states(lm, train_data, cfg.teacher), progress)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -253,27 +260,48 @@ def build(out: Path, pair: Path, cfg: SlotShiftConfig, progress: bool = True, co
     return record
 
 
+def pack(out: Path, tarball: Path) -> Path:
+    """OUT's drafter-slot-shift/, training-data/ and TRAINING.json as the tarball the demo ships
+    (models/toy-slot-shift.tar.gz); the patched and fixed copies are made on unpacking (`write_variants`)."""
+    import tarfile
+
+    tarball.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tarball.with_name(tarball.name + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tf:
+        for name in ("TRAINING.json", "drafter-slot-shift", "training-data"):
+            tf.add(out / name, arcname=name)
+    tmp.replace(tarball)
+    return tarball
+
+
 def main(argv: list[str] | None = None) -> None:
     from backend.demo import toy_pair
 
     p = argparse.ArgumentParser(description="Train the slot-shift drafter (issue 15) for the shipped toy target.")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--pair", type=Path, default=None, help="the unpacked toy pair (default: the demo's)")
-    for f in ("steps", "batch_size", "batch_tokens", "train_rows", "doc_prompts", "tau_prompts", "threads"):
+    for f in ("steps", "batch_size", "batch_tokens", "train_rows", "doc_prompts", "tau_prompts", "threads",
+              "ttt_steps", "gen_batch", "warmup"):
         p.add_argument("--" + f.replace("_", "-"), type=int, default=None)
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--max-seconds", type=float, default=None)
     p.add_argument("--teacher", choices=("layout", "F"), default=None)
+    p.add_argument("--device", default=None, help="cpu (default) or cuda")
+    p.add_argument("--init-from", default=None, help="warm start from this drafter directory (with --init warm)")
     p.add_argument("--init", choices=("warm-fc", "warm", "cold"), default=None,
                    help="warm-fc: the matched drafter's layer and head, a fresh fc (default); warm: all of it; cold: random")
     p.add_argument("--data-cache", type=Path, default=None, help="reuse (or write) the generated data here")
+    p.add_argument("--pack", type=Path, default=None, help="also write the demo tarball here "
+                                                            "(e.g. models/toy-slot-shift.tar.gz)")
     a = p.parse_args(argv)
     cfg = SlotShiftConfig()
-    over = {k: v for k, v in vars(a).items() if k not in ("out", "pair", "data_cache") and v is not None}
+    over = {k: v for k, v in vars(a).items() if k not in ("out", "pair", "data_cache", "pack") and v is not None}
     cfg = replace(cfg, **over)
     pair = a.pair or toy_pair()
     cmd = "python -m backend.toy.slot_shift " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
     build(a.out, pair, cfg, command=cmd, data_cache=a.data_cache)
+    if a.pack:
+        print(f"[slot-shift] wrote {pack(a.out, a.pack)} ({a.pack.stat().st_size / 1e6:.1f} MB)")
 
 
 if __name__ == "__main__":
