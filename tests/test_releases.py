@@ -204,3 +204,21 @@ def test_feeds_cli_json(tmp_path: Path, data_root) -> None:
     bad = subprocess.run([sys.executable, "-m", "backend", "feeds", "--drafter", str(d)], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_feeds_of_the_real_configs_over_every_release(tmp_path: Path, data_root) -> None:
+    """docs/results/feeds_real_configs.json (what `feeds` says for the five real configs, picked runner per release)
+    is what the table gives now: a change to the table that moves a real config's feeds shows here."""
+    stored = json.loads((RESULTS / "feeds_real_configs.json").read_text())["configs"]
+    for name, rec in stored.items():
+        d, t = tmp_path / name / "drafter", tmp_path / name / "target"
+        d.mkdir(parents=True)
+        t.mkdir()
+        shutil.copy(CONFIGS / name, d / "config.json")
+        (t / "config.json").write_text(json.dumps(rec["target"]))
+        m = feeds.matrix(d, t, look_up_check=False)
+        got = {f"{r['engine']} {r['release']}": (f"{(r['runner'] or '').upper()} " if r["runner"] else "")
+               + (", ".join(r["feeds"]) if r["feeds"] else "cannot serve: " + (r["error"] or "")[:140])
+               for r in m["rows"] if r["picked"]}
+        assert got == rec["picked"], name
+        assert m["changes"] == rec["changes"], name
