@@ -1,7 +1,7 @@
 """Train the slot-shift drafter (issue 15) for the shipped toy target on one GPU, the way the toy pair's drafters were
 trained (all 4,428 self-distillation prompts, 2000 TTT steps of 4 draft steps), and measure it.
 
-    python gpu/slot_shift_train.py --out $OUT [--budget-s 400] [--variants cold-F,cold-layout] [--tiny]
+    python gpu/slot_shift_train.py --out $OUT [--budget-s 300] [--variants cold-F[,cold-layout,warm-fc-F]] [--tiny]
 
 For each variant (init-teacher: `cold` = fc and layer random, `warm-fc` = the matched drafter's layer with a fresh fc;
 `F` = the target's own distribution as teacher, `layout` = the files' last slot S_6 through the target's final norm
@@ -36,7 +36,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--budget-s", type=float, default=400.0, help="stop starting new variants past this")
-    p.add_argument("--variants", default="cold-F,cold-layout")
+    p.add_argument("--variants", default="cold-F")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--tiny", action="store_true", help="CPU smoke run: a few prompts and steps")
     a = p.parse_args()
