@@ -9,4 +9,4 @@ COPY . .
 ENV SPECLENS_DATA=/data BROWSER_PATH=/usr/bin/chromium
 VOLUME /data
 EXPOSE 8501
-CMD ["python", "-m", "backend.serve", "--server.headless", "true", "--server.port", "8501", "--server.address", "0.0.0.0", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+CMD ["python", "-m", "dashboard.serve", "--server.headless", "true", "--server.port", "8501", "--server.address", "0.0.0.0", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]

@@ -26,10 +26,10 @@ browser:
 
 demo: $(STAMP)
 	$(BIN)/python -m backend demo
-	$(BIN)/python -m backend.serve --server.headless true --server.port $(PORT) --browser.gatherUsageStats false --server.fileWatcherType none
+	$(BIN)/python -m dashboard.serve --server.headless true --server.port $(PORT) --browser.gatherUsageStats false --server.fileWatcherType none
 
 serve: $(STAMP)
-	$(BIN)/python -m backend.serve --server.headless true --server.port $(PORT) --browser.gatherUsageStats false --server.fileWatcherType none
+	$(BIN)/python -m dashboard.serve --server.headless true --server.port $(PORT) --browser.gatherUsageStats false --server.fileWatcherType none
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -q tests

@@ -32,6 +32,7 @@ from backend import metrics
 from backend.errors import SpecLensError
 from backend.model_id import fingerprint
 from backend.prompts import Prompt, encode_all, load_prompts
+from backend.runs.lifecycle import RunGuard
 from backend.store import catalog
 from backend.store.rundir import (COMPLETE, RUNNING, RunDir, atomic_write_json, atomic_write_parquet,
                                   list_run_dirs, new_run_id)
@@ -110,8 +111,7 @@ def run_bench(settings: BenchSettings, name: str | None = None, root: Path | Non
     s = settings
     _validate(s)
     if s.engine != "hf":
-        from backend.engines.serving import run_engine_bench
-        return run_engine_bench(s, name, root, progress, stop_after)
+        return _run_engine_bench(s, name, root, progress, stop_after)
     prompts = load_prompts(s.prompts, s.limit)
     lm = hf.load(s.target, s.device, s.dtype)
     seqs = _encode_all(lm, prompts, s)
@@ -124,6 +124,69 @@ def run_bench(settings: BenchSettings, name: str | None = None, root: Path | Non
     run_id = new_run_id("bench", name)
     rd, done = _open_or_resume(run_id, s, lm, spec, base, root, len(prompts))
     return _run(rd, lm, s, prompts, seqs, spec, base, done, root, progress, stop_after)
+
+
+def _run_engine_bench(s: BenchSettings, name: str | None, root: Path | None, progress: bool,
+                      stop_after: int | None) -> BenchResult:
+    """The same bench through a serving engine (vLLM or SGLang): the same run directories, journal, paired baseline
+    and metrics; only the generation of one unit differs (backend/engines/serving.py binds it). The target is
+    tokenized here with its own HF tokenizer, so every engine sees the same prompt token ids."""
+    from types import SimpleNamespace
+
+    from backend.engines.base import engine_module, target_info
+    from backend.engines.serving import bind, predicted_aux
+
+    mod = engine_module(s.engine)
+    if s.server_url is None:
+        mod.require()
+    prompts = load_prompts(s.prompts, s.limit)
+    info = target_info(s.target)
+    seqs = _encode_all(info, prompts, s)
+    pred = (predicted_aux(s.drafter, info, s.engine, s.runner,
+                          {"tensor_parallel_size": s.tensor_parallel_size, **(s.engine_options or {})})
+            if s.drafter else None)
+
+    base = None
+    if s.drafter:
+        holder: dict = {}
+
+        class _Lazy(SimpleNamespace):          # the baseline engine starts only if no baseline run can be reused
+            def __getattr__(self, k):
+                if k in ("engine_unit", "engine_version", "engine"):
+                    if "lm" not in holder:
+                        holder["eng"] = mod.make_engine(s, drafter=None, eos=info.eos)
+                        holder["lm"] = bind(info, holder["eng"], s.engine)
+                    return getattr(holder["lm"], k)
+                raise AttributeError(k)
+        try:
+            base = _ensure_baseline(_Lazy(**vars(info)), s.baseline(), prompts, seqs, name, root, progress)
+        finally:
+            if "eng" in holder:
+                holder["eng"].close()
+        if base.status != COMPLETE:
+            return base
+
+    eng = mod.make_engine(s, drafter=s.drafter, eos=info.eos)
+    try:
+        lm = bind(info, eng, s.engine)
+        spec = None
+        if s.drafter:
+            live = eng.fed_boundaries(info.n_layers)
+            aux = dict(pred["aux"], predicted=pred["aux"]["boundaries"], boundaries=live or pred["aux"]["boundaries"],
+                       ids_from=f"{s.engine} engine (read from the running model)" if live else pred["aux"]["ids_from"],
+                       engine_ids=eng.aux_ids())
+            if live and live != pred["aux"]["boundaries"]:
+                aux["warning"] = (f"{s.engine} feeds {','.join(live)}; SpecLens predicted "
+                                  f"{','.join(pred['aux']['boundaries'])} from the config")
+            spec = _Spec(None, aux, {"path": str(Path(s.drafter).resolve()), "format": pred["format"],
+                                           "fingerprint": fingerprint(s.drafter),
+                                           "semantics": s.engine, "draft_vocab_size": pred["draft_vocab_size"],
+                                           "proposer": f"{s.engine} eagle3"})
+        run_id = new_run_id("bench", name)
+        rd, done = _open_or_resume(run_id, s, lm, spec, base, root, len(prompts))
+        return _run(rd, lm, s, prompts, seqs, spec, base, done, root, progress, stop_after)
+    finally:
+        eng.close()
 
 
 # ---------------------------------------------------------------------- input checks
@@ -324,47 +387,38 @@ def _run(rd: RunDir, lm, s: BenchSettings, prompts, seqs, spec, base, done: list
     aux = AuxCapture(lm, spec.aux["boundaries"]) if spec and spec.proposer is not None else None
     t_manifest, ran = time.monotonic(), 0
     what = "speculative" if spec else "baseline"
+    guard = RunGuard(rd, root, save=lambda: rd.update(progress={"done": len(done), "total": len(units)}),
+                     save_on_error=False, keep_interrupt=stop_after is not None,
+                     interrupted=lambda: f"interrupted after {len(done)}/{len(units)} generations; run the same "
+                                         f"command again to resume")
     try:
-        for _ in range(s.warmup):
-            run_unit(lm, s, spec, aux, seqs[0], s.seed)
-        with open(rd.file(JOURNAL), "a") as journal:
-            bar = tqdm(total=len(units), initial=len(finished), desc=f"bench {rd.run_id} ({what})", unit="gen",
-                       disable=not progress, file=sys.stderr)
-            for r, i in units:
-                if (r, i) in finished:
-                    continue
-                gen = run_unit(lm, s, spec, aux, seqs[i], unit_seed(s.seed, r, i))
-                unit = {"row": _row(rd.run_id, r, i, prompts[i], len(seqs[i]), gen), "accepted": gen.accepted}
-                journal.write(json.dumps(unit) + "\n")
-                journal.flush()
-                done.append(unit)
-                ran += 1
-                bar.update(1)
-                if time.monotonic() - t_manifest > 2.0:
-                    rd.update(progress={"done": len(done), "total": len(units)})
-                    t_manifest = time.monotonic()
-                if stop_after is not None and ran >= stop_after and len(done) < len(units):
-                    raise KeyboardInterrupt
-            bar.close()
-    except KeyboardInterrupt:
-        msg = f"interrupted after {len(done)}/{len(units)} generations; run the same command again to resume"
-        rd.update(progress={"done": len(done), "total": len(units)})
-        rd.fail(msg)
-        catalog.refresh(root)
-        if stop_after is not None:
-            return BenchResult(rd.run_id, rd.path, "failed", base.run_id if base else None)
-        raise
-    except SpecLensError as e:
-        rd.fail(str(e))
-        catalog.refresh(root)
-        raise
-    except Exception as e:
-        rd.fail(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-        catalog.refresh(root)
-        raise
+        with guard:
+            for _ in range(s.warmup):
+                run_unit(lm, s, spec, aux, seqs[0], s.seed)
+            with open(rd.file(JOURNAL), "a") as journal:
+                bar = tqdm(total=len(units), initial=len(finished), desc=f"bench {rd.run_id} ({what})", unit="gen",
+                           disable=not progress, file=sys.stderr)
+                for r, i in units:
+                    if (r, i) in finished:
+                        continue
+                    gen = run_unit(lm, s, spec, aux, seqs[i], unit_seed(s.seed, r, i))
+                    unit = {"row": _row(rd.run_id, r, i, prompts[i], len(seqs[i]), gen), "accepted": gen.accepted}
+                    journal.write(json.dumps(unit) + "\n")
+                    journal.flush()
+                    done.append(unit)
+                    ran += 1
+                    bar.update(1)
+                    if time.monotonic() - t_manifest > 2.0:
+                        rd.update(progress={"done": len(done), "total": len(units)})
+                        t_manifest = time.monotonic()
+                    if stop_after is not None and ran >= stop_after and len(done) < len(units):
+                        raise KeyboardInterrupt
+                bar.close()
     finally:
         if aux is not None:
             aux.close()
+    if guard.interrupted:                 # stop_after reached (tests of resume): the run stays failed, resumable
+        return BenchResult(rd.run_id, rd.path, "failed", base.run_id if base else None)
     return _finish(rd, s, spec, base, done, root)
 
 

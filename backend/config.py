@@ -46,7 +46,7 @@ def paths(root: Path | str | None = None) -> Paths:
 def read_only() -> bool:
     """The dashboard edits nothing unless SPECLENS_READONLY=0 (or false/no/off): read-only by default. Pages hide
     their edit widgets through it (annotations.editable); with [auth] secrets editing also needs a login
-    (backend/auth.py)."""
+    (dashboard/auth.py)."""
     return os.environ.get("SPECLENS_READONLY", "").strip().lower() not in ("0", "false", "no", "off")
 
 

@@ -40,7 +40,8 @@ import torch
 from tqdm import tqdm
 
 from backend import coords
-from backend.capture import CaptureResult, write_capture_files
+from backend.runs.capture_run import CaptureResult, write_capture_files
+from backend.runs.lifecycle import RunGuard
 from backend.errors import SpecLensError
 from backend.stats import StreamingStats, TokenSample
 from backend.store import catalog
@@ -534,14 +535,9 @@ def import_capture(path: str | Path, fmt: str | None = None, producer_ids: list[
     rd = RunDir.create(run_id, manifest, root)
     catalog.refresh(root)
     t0 = time.perf_counter()
-    try:
+    with RunGuard(rd, root, interrupted=lambda: "interrupted; import again under a new --name",
+                  describe=lambda e: f"{type(e).__name__}: {_first_line(e)}"):
         stats, sample = _stream(plan, rd, shape, sample_tokens, sample_per_seq, progress)
-    except BaseException as e:  # the run must never look complete: say why it stopped, in one line
-        rd.fail(str(e) if isinstance(e, SpecLensError) else
-                "interrupted; import again under a new --name" if isinstance(e, KeyboardInterrupt) else
-                f"{type(e).__name__}: {_first_line(e)}")
-        catalog.refresh(root)
-        raise
     return write_capture_files(rd, stats, sample, plan.labels, len(plan.files), root,
                                seconds=time.perf_counter() - t0)
 

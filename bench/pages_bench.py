@@ -160,8 +160,8 @@ page, params = sys.argv[1], json.loads(sys.argv[2])
 out = {}
 labels = ("cold", "warm")
 components = None
-if len(sys.argv) > 4 and sys.argv[4] == "preload":      # what `python -m backend.serve` does before serving
-    from backend.serve import preload
+if len(sys.argv) > 4 and sys.argv[4] == "preload":      # what `python -m dashboard.serve` does before serving
+    from dashboard.serve import preload
     from streamlit.components.v2.component_manager import BidiComponentManager
     t0 = time.perf_counter()
     out["preload_s"] = round(preload(), 3)
@@ -249,7 +249,7 @@ def _serve(app: Path, cwd: Path, env: dict, log: Path) -> tuple[subprocess.Popen
     """`streamlit run` on a free port (no file watcher: on a big tree its inotify reconciling costs seconds)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    launcher = ["-m", "backend.serve"] if app == REPO / "app.py" else ["-m", "streamlit", "run", str(app)]
+    launcher = ["-m", "dashboard.serve"] if app == REPO / "app.py" else ["-m", "streamlit", "run", str(app)]
     proc = subprocess.Popen([sys.executable, *launcher, "--server.headless", "true",
                              "--server.port", str(port), "--server.address", "127.0.0.1",
                              "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],

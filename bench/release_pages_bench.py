@@ -2,7 +2,7 @@
 
 Builds the toy-pair release data of tests/test_release_pages.py (benches under two engine readings, a planted
 drop, a drafter check of the after-layer drafter) in a data root, or uses --root; serves the dashboard
-(`python -m backend.serve`, as bench/pages_bench.py does) and opens each view `--repeats` times in a fresh browser
+(`python -m dashboard.serve`, as bench/pages_bench.py does) and opens each view `--repeats` times in a fresh browser
 context (Debian chromium through Playwright): seconds from navigation to the first chart attached and to the
 script's end. Saves one screenshot per view to --shots. Prints JSON.
 

@@ -12,7 +12,7 @@ case "$cmd" in
   worker)
     exec python3 -m backend worker "$@" ;;
   dashboard)
-    exec python3 -m streamlit run app.py --server.headless true --server.port "${PORT:-8501}" \
+    exec python3 -m dashboard.serve --server.headless true --server.port "${PORT:-8501}" \
       --server.address 0.0.0.0 --browser.gatherUsageStats false --server.fileWatcherType none "$@" ;;
   ray-head)
     exec ray start --head --block --port="${RAY_PORT:-6379}" --dashboard-host=0.0.0.0 "$@" ;;

@@ -318,9 +318,9 @@ def toy(sec: Section, out: Path, root: Path, n_capture: int, n_bench: int, max_n
 def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: int) -> None:
     import torch
 
-    from backend.capture import _finish
+    from backend.runs.capture_run import finish as _finish
     from backend.engines import vllm as V
-    from backend.engines.serving import rebuild_capture
+    from backend.engines.base import rebuild_capture
     from backend.store.rundir import RunDir
 
     mdir = root / "models" / "llama-3.1-8b-shape"

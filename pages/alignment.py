@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from backend import charts, ui
+from dashboard import charts, ui
 from backend.align import MATCH_COS, get_alignment
 
 st.title("Layer alignment")

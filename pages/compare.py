@@ -4,7 +4,8 @@ throughput and speedup with 95% CIs, per-category figures and the settings that 
 
 import streamlit as st
 
-from backend import charts, compare, ui
+from backend import compare
+from dashboard import charts, ui
 from backend.store import catalog
 
 st.title("Compare bench runs")

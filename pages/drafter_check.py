@@ -1,12 +1,12 @@
 """Drafter check (?run=&metric=): will the engine feed this drafter what it was trained on? The lint table, accuracy
 by candidate boundary set, the verdict and the findings of one stored check (`python -m backend check-drafter`).
-Numbers: backend/drafter/finder.py and lint.py; figures: backend/check_charts.py; data: the run's check.json."""
+Numbers: backend/drafter/finder.py and lint.py; figures: dashboard/check_charts.py; data: the run's check.json."""
 
 import json
 
 import streamlit as st
 
-from backend import charts, check_charts, ui
+from dashboard import charts, check_charts, ui
 from backend.check_drafter import check_runs, load_check
 from backend.store import catalog
 

@@ -1,11 +1,12 @@
 """Feeds (?check=RUN or ?drafter=DIR&target=DIR): what every vLLM and SGLang release feeds a drafter, engine x
 release x runner, marked against what a stored drafter check found it was trained on, and the releases where the
 answer changed. Numbers: backend/feeds.py (conventions table derived from the wheels); figures:
-backend/release_charts.py."""
+dashboard/release_charts.py."""
 
 import streamlit as st
 
-from backend import feeds, release_charts, ui
+from backend import feeds
+from dashboard import release_charts, ui
 from backend.check_drafter import check_runs
 
 HOW = ("`python -m backend feeds --drafter DRAFTER_DIR --target TARGET_DIR` prints the same matrix; "

@@ -15,7 +15,7 @@ from backend.jobs.cli import submit_spec
 from backend.jobs.spec import discover_models, discover_prompts, input_roots
 
 try:
-    from backend import auth
+    from dashboard import auth
 except ImportError:  # pragma: no cover - login helper not present: OIDC checked here
     auth = None
 

@@ -1,10 +1,11 @@
 """Regression (?group=N): bench runs of one drafter and target grouped by engine release and date, tau and speedup
 with their 95% intervals, and the change in tau against the group's first run paired over prompts. Numbers:
-backend/regress.py (backend/metrics.py definitions); figures: backend/release_charts.py."""
+backend/regress.py (backend/metrics.py definitions); figures: dashboard/release_charts.py."""
 
 import streamlit as st
 
-from backend import regress, release_charts, ui
+from backend import regress
+from dashboard import release_charts, ui
 
 HOW = ("`python -m backend regress --baseline RUN --candidate RUN [--max-tau-drop 0.02]` exits 1 with one line "
        "when the candidate is worse beyond the paired interval (for CI); `python -m backend runs --json` carries "

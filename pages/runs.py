@@ -1,11 +1,12 @@
 """Runs: every capture and bench run with its status, filterable by kind, status, engine and its version, target,
 drafter, dataset and tag (?kind=&status=&engine=&version=&target=&drafter=&dataset=&tag=). Tags, notes and the
 pinned baseline of a run (?run=) are edited below the table when SPECLENS_READONLY=0 (read-only by default;
-with [auth] secrets only after a login, backend/auth.py)."""
+with [auth] secrets only after a login, dashboard/auth.py)."""
 
 import streamlit as st
 
-from backend import annotations, auth, charts, ui
+from backend import annotations
+from dashboard import auth, charts, ui
 from backend.demo import story as demo_story
 from backend.store import catalog
 

@@ -3,7 +3,7 @@
 
 import streamlit as st
 
-from backend import charts, ui
+from dashboard import charts, ui
 from backend.store import catalog
 
 st.title("Hidden-state statistics")

@@ -53,7 +53,7 @@ def streamlit_server(data_root: Path, log_dir: Path, extra_env: dict[str, str] |
     env = {**os.environ, "SPECLENS_DATA": str(data_root)}
     env.pop("SPECLENS_READONLY", None)
     env.update(extra_env or {})
-    cmd = [sys.executable, "-m", "backend.serve", "--server.headless", "true", "--server.port", str(port),
+    cmd = [sys.executable, "-m", "dashboard.serve", "--server.headless", "true", "--server.port", str(port),
            "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -188,7 +188,7 @@ def test_chart_downloads(page, server: str, fmt: str, magic: bytes) -> None:
 def test_fresh_server_deep_link_uses_the_app_navigation(page, dash_root: Path, tmp_path: Path) -> None:
     """The first visitor of a fresh server opens /compare directly (a shared link): the page must run inside
     app.py's navigation (top bar, wide layout), not as streamlit's legacy `pages/` page, which would also leave
-    every later session without the navigation bar (backend/serve.py). Uses the module's browser (one sync
+    every later session without the navigation bar (dashboard/serve.py). Uses the module's browser (one sync
     Playwright per thread) against a server of its own."""
     with streamlit_server(dash_root, tmp_path) as url:
         ctx = page.context.browser.new_context(viewport={"width": 1440, "height": 1000})

@@ -7,7 +7,7 @@
   none lies in a sentinel run directory next to the data root (nor /etc/passwd), whose secret never shows;
 - URL parameters, tags and notes never build SQL: every statement DuckDB receives in the process is recorded, and
   the injection marker appears in none of them (values travel as bound parameters); the catalog stays whole;
-- optional OIDC login (backend/auth.py): with an [auth] secrets section, editing needs st.user.is_logged_in.
+- optional OIDC login (dashboard/auth.py): with an [auth] secrets section, editing needs st.user.is_logged_in.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import duckdb
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from backend import annotations, auth
+from backend import annotations
+from dashboard import auth
 from backend.config import REPO_ROOT
 from backend.errors import SpecLensError
 from backend.store import catalog

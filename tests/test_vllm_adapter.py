@@ -194,7 +194,7 @@ def test_aux_layers_from_recorded_log_line(tmp_path):
 def test_hook_token_count_mismatch_fails_the_run(data_root):
     """An engine whose hooks saw other tokens than the prompts hold (prefix caching, padding) must not leave a
     capture that looks complete: the run is failed with the counts, and the error names them."""
-    from backend.engines.serving import check_hook_tokens
+    from backend.engines.base import check_hook_tokens
     from backend.store.rundir import RunDir
 
     rd = RunDir.create("eng-cap", {"kind": "capture", "engine": "vllm"}, data_root)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backend import coords, metrics
-from backend.engines.serving import Generation
+from backend.engines.base import Generation
 from backend.errors import SpecLensError
 from backend.netutil import free_port, port_free  # noqa: F401 (re-exported: tests, callers)
 
@@ -387,10 +387,11 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
     """`capture --engine sglang`: the HF capture's run directory, boundaries read inside an SGLang server."""
     from tqdm import tqdm
 
-    from backend import capture as cap
-    from backend.engines.serving import check_hook_tokens, rebuild_capture, target_info
+    from backend.engines.base import check_hook_tokens, rebuild_capture, target_info
     from backend.engines.sglang_hooks import hook_specs
     from backend.prompts import encode_all, load_prompts
+    from backend.runs import capture_run as cr
+    from backend.runs.lifecycle import RunGuard, one_line
     from backend.store import catalog
     from backend.store.rundir import new_run_id
 
@@ -400,10 +401,10 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
     prompts = load_prompts(settings.prompts, settings.limit)
     info = target_info(settings.model)
     seqs = encode_all(info.tokenizer, prompts, settings.prompts, settings.chat_template, settings.max_prompt_tokens)
-    labels = coords.labels(cap._boundaries(settings.boundaries, info.n_layers))
+    labels = coords.labels(cr.boundaries(settings.boundaries, info.n_layers))
     run_id = new_run_id("capture", name)
-    rd, start, state, sample_t = cap._open_or_resume(run_id, settings, info, labels, root, len(prompts),
-                                                     engine_version=f"sglang {version}")
+    rd, start, state, sample_t = cr.open_or_resume(run_id, settings, info, labels, root, len(prompts),
+                                                  engine_version=f"sglang {version}")
     if start:
         rd.fail("an SGLang capture cannot resume inside a new server; run it again with another --name")
         catalog.refresh(root)
@@ -415,26 +416,21 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
                                        settings.sample_per_prompt))
     t0 = time.perf_counter()
     server = None
+    guard = RunGuard(rd, root, note=lambda: server.death_note() if server is not None else "",
+                     describe=lambda e: f"SGLang capture stopped: {one_line(e)}",
+                     interrupted=lambda: "SGLang capture stopped: KeyboardInterrupt: ")
     try:
-        server = Server(spec, log=(log_dir / "server.log") if log_dir else None)
-        rd.update(server={"start_seconds": round(server.start_seconds, 1), "argv": spec.argv(server.port)[1:]})
-        _trigger(server.url, hook_dir, "reset")
-        bar = tqdm(total=len(seqs), desc=f"capture {run_id} (sglang)", unit="prompt", disable=not progress,
-                   file=sys.stderr)
-        for s in seqs:
-            generate(server.url, s, 1)
-            bar.update(1)
-        bar.close()
-        res = collect_state(server.url, hook_dir)
-    except SpecLensError as e:
-        msg = str(e) + (server.death_note() if server is not None else "")
-        rd.fail(msg)
-        catalog.refresh(root)
-        raise SpecLensError(msg) from None
-    except BaseException as e:
-        rd.fail(f"SGLang capture stopped: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-        catalog.refresh(root)
-        raise
+        with guard:
+            server = Server(spec, log=(log_dir / "server.log") if log_dir else None)
+            rd.update(server={"start_seconds": round(server.start_seconds, 1), "argv": spec.argv(server.port)[1:]})
+            _trigger(server.url, hook_dir, "reset")
+            bar = tqdm(total=len(seqs), desc=f"capture {run_id} (sglang)", unit="prompt", disable=not progress,
+                       file=sys.stderr)
+            for s in seqs:
+                generate(server.url, s, 1)
+                bar.update(1)
+            bar.close()
+            res = collect_state(server.url, hook_dir)
     finally:
         if server is not None:
             server.stop()
@@ -442,7 +438,7 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
     stats, sample = rebuild_capture(res, info.hidden_size, settings.sample_tokens, settings.sample_per_prompt)
     expected = sum(len(x) for x in seqs)
     check_hook_tokens(rd, res, expected, "SGLang", root, layers_to_capture=res.get("layers_to_capture"))
-    return cap._finish(rd, stats, sample, labels, expected, len(seqs), time.perf_counter() - t0, root)
+    return cr.finish(rd, stats, sample, labels, expected, len(seqs), time.perf_counter() - t0, root)
 
 
 __all__ = ["Server", "ServerSpec", "ServerEngine", "run_capture", "accepted_lengths", "metrics"]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backend import coords, metrics
-from backend.engines.serving import Generation
+from backend.engines.base import Generation
 from backend.errors import SpecLensError
 
 WORKER_EXT = "backend.engines.vllm_worker.SpecLensWorker"
@@ -393,10 +393,10 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
 
     from tqdm import tqdm
 
-    from backend import capture as cap
-    from backend.engines.serving import check_hook_tokens, rebuild_capture, target_info
+    from backend.engines.base import check_hook_tokens, rebuild_capture, target_info
     from backend.prompts import encode_all, load_prompts
-    from backend.store import catalog
+    from backend.runs import capture_run as cr
+    from backend.runs.lifecycle import RunGuard
     from backend.store.rundir import new_run_id
 
     version = require()
@@ -404,49 +404,42 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
     prompts = load_prompts(settings.prompts, settings.limit)
     info = target_info(settings.model)
     seqs = encode_all(info.tokenizer, prompts, settings.prompts, settings.chat_template, settings.max_prompt_tokens)
-    labels = coords.labels(cap._boundaries(settings.boundaries, info.n_layers))
+    labels = coords.labels(cr.boundaries(settings.boundaries, info.n_layers))
     run_id = new_run_id("capture", name)
-    rd, start, state, sample_t = cap._open_or_resume(run_id, settings, info, labels, root, len(prompts),
-                                                     engine_version=f"vllm {version}")
+    rd, start, state, sample_t = cr.open_or_resume(run_id, settings, info, labels, root, len(prompts),
+                                                  engine_version=f"vllm {version}")
     llm = None
     done, t0 = start, time.perf_counter()
+    guard = RunGuard(rd, root, describe=lambda e: f"vLLM: {short_error(e)}",
+                     wrap=lambda e: SpecLensError(f"capture {run_id} failed in vLLM: {short_error(e)}"),
+                     interrupted=lambda: f"interrupted after {done}/{len(seqs)} prompts; run the same command again "
+                                         f"to resume")
     try:
-        llm = make_llm(settings.model, opts, capture=True)
-        install(llm, labels, settings.sample_tokens, settings.sample_per_prompt,
-                {k: v.cpu() for k, v in state.tensors().items()} if state is not None else None, sample_t)
-        chunk = max(1, settings.checkpoint_every) * 4
-        bar = tqdm(total=len(seqs), initial=start, desc=f"capture {run_id} (vllm)", unit="prompt",
-                   disable=not progress, file=sys.stderr)
-        for i in range(start, len(seqs), chunk):
-            prefill(llm, seqs[i:i + chunk])
-            done = min(len(seqs), i + chunk)
-            bar.update(done - i)
-            if done < len(seqs):
-                stats, sample = rebuild_capture(collect(llm), info.hidden_size, settings.sample_tokens,
-                                                settings.sample_per_prompt)
-                cap._checkpoint(rd, stats, sample, done, len(seqs))
-        bar.close()
-        res = collect(llm)
-    except KeyboardInterrupt:
-        rd.fail(f"interrupted after {done}/{len(seqs)} prompts; run the same command again to resume")
-        catalog.refresh(root)
-        raise
-    except SpecLensError as e:
-        rd.fail(str(e))
-        catalog.refresh(root)
-        raise
-    except Exception as e:
-        rd.fail(f"vLLM: {short_error(e)}")
-        catalog.refresh(root)
-        raise SpecLensError(f"capture {run_id} failed in vLLM: {short_error(e)}") from e
+        with guard:
+            llm = make_llm(settings.model, opts, capture=True)
+            install(llm, labels, settings.sample_tokens, settings.sample_per_prompt,
+                    {k: v.cpu() for k, v in state.tensors().items()} if state is not None else None, sample_t)
+            chunk = max(1, settings.checkpoint_every) * 4
+            bar = tqdm(total=len(seqs), initial=start, desc=f"capture {run_id} (vllm)", unit="prompt",
+                       disable=not progress, file=sys.stderr)
+            for i in range(start, len(seqs), chunk):
+                prefill(llm, seqs[i:i + chunk])
+                done = min(len(seqs), i + chunk)
+                bar.update(done - i)
+                if done < len(seqs):
+                    stats, sample = rebuild_capture(collect(llm), info.hidden_size, settings.sample_tokens,
+                                                    settings.sample_per_prompt)
+                    cr.checkpoint(rd, stats, sample, done, len(seqs))
+            bar.close()
+            res = collect(llm)
     finally:
         if llm is not None:
             shutdown(llm)
     stats, sample = rebuild_capture(res, info.hidden_size, settings.sample_tokens, settings.sample_per_prompt)
     check_hook_tokens(rd, res, sum(len(x) for x in seqs[start:]), "vLLM", root,
                       hint=" (prefix caching or padding on?); the statistics would not be the prompts'")
-    return cap._finish(rd, stats, sample, labels, sum(len(x) for x in seqs), len(seqs),
-                       time.perf_counter() - t0, root)
+    return cr.finish(rd, stats, sample, labels, sum(len(x) for x in seqs), len(seqs),
+                     time.perf_counter() - t0, root)
 
 
 def run_extract(settings, ids: list[int], name: str | None = None, root: Path | None = None,
@@ -459,7 +452,7 @@ def run_extract(settings, ids: list[int], name: str | None = None, root: Path | 
     import shutil
     import tempfile
 
-    from backend.engines.serving import target_info
+    from backend.engines.base import target_info
     from backend.importers import import_capture
     from backend.prompts import encode_all, load_prompts
 

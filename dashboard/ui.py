@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from backend import exports
+from dashboard import exports
 from backend.config import data_root
 from backend.errors import SpecLensError
 from backend.store import catalog

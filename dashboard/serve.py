@@ -1,4 +1,4 @@
-"""`python -m backend.serve [streamlit options]`: the dashboard server (what `make serve`, `make demo` and the
+"""`python -m dashboard.serve [streamlit options]`: the dashboard server (what `make serve`, `make demo` and the
 container run).
 
 It is `streamlit run app.py` in this process (in st.navigation mode from the first visitor on, see main), after
@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 APP = Path(__file__).resolve().parent.parent / "app.py"
-PRELOAD = ("duckdb", "pandas", "pyarrow", "plotly.graph_objects", "backend.annotations", "backend.charts",
-           "backend.compare", "backend.exports", "backend.ui", "backend.store.catalog")
+PRELOAD = ("duckdb", "pandas", "pyarrow", "plotly.graph_objects", "backend.annotations", "dashboard.charts",
+           "backend.compare", "dashboard.exports", "dashboard.ui", "backend.store.catalog")
 
 
 def preload(refresh: bool = True) -> float:
