@@ -322,7 +322,7 @@ def norm_fit(x: torch.Tensor, y: torch.Tensor, eps: float = DEFAULT_NORM_EPS,
 def _top_s(labels: list[str], n: int) -> str | None:
     """The side's S_N (N = n_layers), or its deepest S label when N is unknown."""
     if n:
-        return f"S_{n}" if f"S_{n}" in labels else None
+        return coords.S(n).label if coords.S(n).label in labels else None
     s = [lbl for lbl in labels if lbl != "F"]
     return s[-1] if s else None
 
@@ -341,7 +341,7 @@ def final_norm_fits(A: Sample, B: Sample, X: torch.Tensor, Y: torch.Tensor, cos:
         if xl is None:
             continue
         for j, yl in enumerate(Q.labels):
-            if yl not in (f"S_{n}", "F", Q.labels[-1]):
+            if yl not in (coords.S(n).label, "F", Q.labels[-1]):
                 continue
             if yl in P.labels:
                 c, r = pick(P.labels.index(yl), j)
@@ -483,7 +483,7 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
     unmatched = [B.labels[j] for j, i, c in matches if c < MATCH_COS and B.labels[j] not in b_normed
                  and not (B.labels[j] == "F" and "B" in f_ok)]
     fin = [(A.labels[i], B.labels[j]) for j, i, c in matches if c >= MATCH_COS and A.labels[i] != B.labels[j]
-           and {A.labels[i], B.labels[j]} == {f"S_{n}", "F"}]
+           and {A.labels[i], B.labels[j]} == {coords.S(n).label, "F"}]
     if "B" in f_ok and "F" not in A.labels:
         honest_f("B")
     if "A" in f_ok and any(a == "F" for a, _ in fin):
@@ -497,7 +497,7 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
     if mapped:
         ks = [k for _, _, k in mapped]
         offset = max(set(ks), key=ks.count)
-    top = f"S_{n}"
+    top = coords.S(n).label
     # the aux states decide whether one offset holds; S_N (a teacher, often right when the aux states are shifted)
     # counts only when it is shifted itself
     rows = [m for m in mapped if m[1] != top or m[2] != 0]

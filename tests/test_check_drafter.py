@@ -141,7 +141,7 @@ def test_unrolled_scoring_equals_the_inference_path(pair) -> None:
     """The finder's teacher-forced unrolled steps (ttt_forward) give the logits of Eagle3Drafter.prefill + step with the
     same tokens: what it scores is what an engine's proposer would draft."""
     from backend.drafter import Eagle3Drafter
-    from backend.toy.train_drafter import ttt_forward
+    from backend.drafter.unroll import ttt_forward
 
     d = Eagle3Drafter.load(pair / "drafter-after-layer")
     g = torch.Generator().manual_seed(0)

@@ -11,6 +11,7 @@ import torch
 
 from backend.drafter import DrafterConfig, Eagle3Drafter, init_random, load_config
 from backend.toy import corpus as C
+from backend.drafter.unroll import ttt_forward
 from backend.toy import train_drafter as td
 from backend.toy.pair import build_toy_pair, tiny_config
 from backend.toy.train_target import train_target
@@ -126,7 +127,7 @@ def test_ttt_forward_is_the_inference_chain(flags):
     B, T, K = 2, 9, 4
     aux, tok = torch.randn(B, T, 96, generator=g), torch.randint(64, (B, T), generator=g)
     with torch.no_grad():
-        outs = td.ttt_forward(d, aux, tok, K)
+        outs = ttt_forward(d, aux, tok, K)
         for b in range(B):
             for t in range(T - K):
                 d.reset()

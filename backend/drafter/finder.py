@@ -6,7 +6,7 @@
    with S_N or F last, the common defaults, both readings of the written ids).
 3. `evaluate`: the drafter fed one candidate, teacher-forced over the answer slots and unrolled for draft steps
    1..K exactly as vLLM's proposer drafts (step 1 from fc(aux), steps 2..K from the drafter's own hidden;
-   `backend.toy.train_drafter.ttt_forward`, checked against `Eagle3Drafter.prefill/step` in the tests):
+   `backend.drafter.unroll.ttt_forward`, checked against `Eagle3Drafter.prefill/step` in the tests):
    top-1 agreement with the target per step, per-position acceptance (steps 1..j all right; on the target's own
    greedy text this is the chain acceptance a greedy engine would see), tau = 1 + their sum, and the soft
    cross-entropy against the target's distribution (the EAGLE-3 training loss; its mean over steps ranks the
@@ -57,7 +57,7 @@ def sample_target(lm: "LoadedModel", prompts: list[list[int]], new_tokens: int, 
     import torch
 
     from backend.engines.hf import BoundaryHooks, default_boundaries
-    from backend.toy.train_drafter import generate
+    from backend.engines.hf import generate_greedy as generate
 
     seqs = generate(lm, prompts, new_tokens, batch_size=batch_size)
     bounds = default_boundaries(lm)
@@ -117,11 +117,11 @@ def candidate_sets(n: int, k: int, fed: list[tuple[str, list[str]]], focus: list
         add(labels, f"{name} feeds")
     defaults = [2, n // 2, n - 3] if k == 3 else None
     if defaults:
-        add([f"S_{a}" for a in defaults], f"EAGLE / vLLM default ids {defaults} (before layer)")
-        add([f"S_{a + 1}" for a in defaults], f"default ids {defaults} after layer (speculators <= 0.4)")
+        add([coords.S(a).label for a in defaults], f"EAGLE / vLLM default ids {defaults} (before layer)")
+        add([coords.S(a + 1).label for a in defaults], f"default ids {defaults} after layer (speculators <= 0.4)")
     for where, ids in written:
-        add([f"S_{a}" for a in ids], f"{where} ids {ids} read before layer (id a -> S_a)")
-        add([f"S_{a + 1}" for a in ids], f"{where} ids {ids} read after layer (id a -> S_a+1)")
+        add([coords.S(a).label for a in ids], f"{where} ids {ids} read before layer (id a -> S_a)")
+        add([coords.S(a + 1).label for a in ids], f"{where} ids {ids} read after layer (id a -> S_a+1)")
     if focus:
         add(_shift(focus, -1), "one boundary earlier than the engine feeds")
         add(_shift(focus, +1), "one boundary later than the engine feeds")
@@ -131,11 +131,11 @@ def candidate_sets(n: int, k: int, fed: list[tuple[str, list[str]]], focus: list
         add(["S_0", *focus[:-1]], "S_0 (the embeddings) first, every slot one place later (embeddings-first files)")
         if focus[0] == "S_0":
             add(["S_0", *_shift(focus[1:], -1)], "S_0 first, the layer slots one boundary earlier")
-        add([*focus[:-1], f"S_{n}"], f"S_{n} (top of the stack, before the final norm) last")
+        add([*focus[:-1], coords.S(n).label], f"S_{n} (top of the stack, before the final norm) last")
         add([*focus[:-1], "F"], "F (after the final norm) last")
     for key in list(out):
-        if f"S_{n}" in key:
-            add(["F" if lbl == f"S_{n}" else lbl for lbl in key], f"F in place of S_{n}")
+        if coords.S(n).label in key:
+            add(["F" if lbl == coords.S(n).label else lbl for lbl in key], f"F in place of S_{n}")
     return out
 
 
@@ -143,7 +143,7 @@ def neighbours(labels: tuple[str, ...], n: int) -> list[tuple[str, ...]]:
     """Each boundary one earlier or one later (S_N <-> F too), the others kept."""
     out = []
     for i, lbl in enumerate(labels):
-        moves = ["S_%d" % n] if lbl == "F" else ["F"] if lbl == f"S_{n}" else []
+        moves = [coords.S(n).label] if lbl == "F" else ["F"] if lbl == coords.S(n).label else []
         if lbl != "F":
             b = int(coords.label_index(lbl))
             moves += [coords.S(c).label for c in (b - 1, b + 1) if 0 <= c <= n]     # stay inside S_0..S_N
@@ -187,7 +187,7 @@ def evaluate(d: "Eagle3Drafter", sample: TargetSample, labels: list[str], steps:
     and is scored against the target's distribution at position t+1+j. Slots t = P-1 .. T-1-K: every step exists."""
     import torch
 
-    from backend.toy.train_drafter import ttt_forward
+    from backend.drafter.unroll import ttt_forward
 
     dtype = d.fc.weight.dtype
     hits, ces = [], []
@@ -311,11 +311,11 @@ def convention_of(labels: list[str], written: list[tuple[str, list[int]]], n: in
         if len(ids) != len(labels):
             continue
         what = f"the {where} ids {ids}" if where != "default" else f"the default ids {ids}"
-        if [f"S_{a}" for a in sorted(ids)] == labels:
+        if [coords.S(a).label for a in sorted(ids)] == labels:
             return f"'before layer' reading of {what} (id a -> S_a: vLLM, EAGLE, speculators >= 0.5)"
-        if [f"S_{a + 1}" for a in sorted(ids)] == labels:
+        if [coords.S(a + 1).label for a in sorted(ids)] == labels:
             return f"'after layer' reading of {what} (id a -> S_a+1: SGLang, SpecForge, speculators <= 0.4)"
-        if labels[0] == "S_0" and [f"S_{a + 1}" for a in sorted(ids)[:-1]] == labels[1:]:
+        if labels[0] == "S_0" and [coords.S(a + 1).label for a in sorted(ids)[:-1]] == labels[1:]:
             return (f"S_0 (the embeddings) first, then the outputs of layers {sorted(ids)[:-1]}: speculators <= 0.4 "
                     f"files [embeddings, outputs of layers {sorted(ids)}] whose last state became the teacher "
                     f"(standardize_data_v1), so every slot sits one place later than {what} read after layer")

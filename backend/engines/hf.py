@@ -151,3 +151,30 @@ def default_boundaries(lm: LoadedModel) -> list[Boundary]:
 
 def boundary_final(lm: LoadedModel) -> Boundary:
     return final(lm.n_layers)
+
+
+@torch.no_grad()
+def generate_greedy(lm, prompts: list[list[int]], gen_tokens: int, batch_size: int = 64,
+                    progress: bool = False) -> list[list[int]]:
+    """Greedy continuations (at most `gen_tokens` new ids, through the first eos), batched with left padding."""
+    from transformers import GenerationConfig
+
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer is not None and lm.tokenizer.pad_token_id is not None else 0
+    eos = lm.config.eos_token_id
+    gc = GenerationConfig(do_sample=False, max_new_tokens=gen_tokens, pad_token_id=pad, eos_token_id=eos)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out: list[list[int] | None] = [None] * len(prompts)
+    for b in range(0, len(order), batch_size):
+        chunk = order[b:b + batch_size]
+        L = max(len(prompts[i]) for i in chunk)
+        x = torch.tensor([[pad] * (L - len(prompts[i])) + prompts[i] for i in chunk], device=lm.device)
+        mask = torch.tensor([[0] * (L - len(prompts[i])) + [1] * len(prompts[i]) for i in chunk], device=lm.device)
+        y = lm.model.generate(input_ids=x, attention_mask=mask, generation_config=gc)   # [b, L + gen]
+        for row, i in enumerate(chunk):
+            new = y[row, L:].tolist()
+            if eos in new:                                  # keep the eos, drop the padding after it
+                new = new[: new.index(eos) + 1]
+            out[i] = prompts[i] + new
+        if progress:
+            print(f"[data] generated {min(b + batch_size, len(order))}/{len(order)}", flush=True)
+    return out  # type: ignore[return-value]

@@ -40,7 +40,8 @@ import torch.nn.functional as F
 
 from backend.coords import Boundary, resolve_ids
 from backend.drafter import DrafterConfig, Eagle3Drafter
-from backend.drafter.model import apply_rope
+from backend.drafter.unroll import shift as _shift, ttt_forward
+from backend.engines.hf import generate_greedy as generate
 
 # the two conventions of the toy pair: (producer, version) rows of backend/conventions.yaml
 CONVENTIONS = {"before": ("vllm", "0.24.0"), "after": ("speculators", "0.4.0")}
@@ -102,32 +103,6 @@ def doc_prompts(tokenizer, texts: list[str], n: int, max_prompt_tokens: int, see
 
 
 @torch.no_grad()
-def generate(lm, prompts: list[list[int]], gen_tokens: int, batch_size: int = 64, progress: bool = False) -> list[list[int]]:
-    """Greedy continuations (at most `gen_tokens` new ids, through the first eos), batched with left padding."""
-    from transformers import GenerationConfig
-
-    pad = lm.tokenizer.pad_token_id if lm.tokenizer is not None and lm.tokenizer.pad_token_id is not None else 0
-    eos = lm.config.eos_token_id
-    gc = GenerationConfig(do_sample=False, max_new_tokens=gen_tokens, pad_token_id=pad, eos_token_id=eos)
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    out: list[list[int] | None] = [None] * len(prompts)
-    for b in range(0, len(order), batch_size):
-        chunk = order[b:b + batch_size]
-        L = max(len(prompts[i]) for i in chunk)
-        x = torch.tensor([[pad] * (L - len(prompts[i])) + prompts[i] for i in chunk], device=lm.device)
-        mask = torch.tensor([[0] * (L - len(prompts[i])) + [1] * len(prompts[i]) for i in chunk], device=lm.device)
-        y = lm.model.generate(input_ids=x, attention_mask=mask, generation_config=gc)   # [b, L + gen]
-        for row, i in enumerate(chunk):
-            new = y[row, L:].tolist()
-            if eos in new:                                  # keep the eos, drop the padding after it
-                new = new[: new.index(eos) + 1]
-            out[i] = prompts[i] + new
-        if progress:
-            print(f"[data] generated {min(b + batch_size, len(order))}/{len(order)}", flush=True)
-    return out  # type: ignore[return-value]
-
-
-@torch.no_grad()
 def capture(lm, sequences: list[list[int]], labels: list[str], store_dtype: torch.dtype = torch.float32) -> list[dict[str, torch.Tensor]]:
     """Boundaries `labels` (e.g. ["S_2", "S_3", "F"]) of each sequence, through the HF engine's hooks."""
     from backend.coords import parse
@@ -173,59 +148,6 @@ def init_from_target(d: Eagle3Drafter, target) -> None:
     d.embed_tokens.weight.requires_grad_(False)
     d.lm_head.weight.copy_(target.get_output_embeddings().weight.float())
     d.norm.weight.copy_(target.model.norm.weight.float())
-
-
-def _shift(x: torch.Tensor, n: int, fill: float = 0) -> torch.Tensor:
-    """x[:, t] -> x[:, t + n] along dim 1, padded with `fill` at the end."""
-    if n == 0:
-        return x
-    pad = x.new_full((x.shape[0], n, *x.shape[2:]), fill)
-    return torch.cat([x[:, n:], pad], dim=1)
-
-
-def ttt_forward(d: Eagle3Drafter, aux: torch.Tensor, tokens: torch.Tensor, steps: int,
-                select: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """Unrolled draft steps over all slots at once.
-
-    aux [B, T, k*H_T] target aux states, tokens [B, T] (right-padded). Returns per step j the draft
-    logits [B, T, V_d] (or [M_j, V_d] at `select[j]`, a bool mask [B, T], to save memory).
-    Slot t at step j: token tokens[t+1+j], position t+j, hidden = fc(aux[t]) (j=0) or the step j-1
-    output at slot t; attention over step-0 keys of slots <= t and this slot's keys of steps 1..j.
-    """
-    layer, at = d.layers[0], d.layers[0].self_attn
-    B, T = tokens.shape
-    nh, nkv, hd = at.nh, at.nkv, at.hd
-    rep, scale = nh // nkv, 1.0 / math.sqrt(hd)
-    pos = torch.arange(T, device=tokens.device)
-    causal = pos[None, :] <= pos[:, None]                                  # [T_q, T_k]
-    hidden = d.combine(aux)                                                # [B, T, H]
-    keys, vals, out = [], [], []
-    for j in range(steps):
-        e = layer.input_layernorm(d.embed_tokens(_shift(tokens, 1 + j)))  # [B, T, H]
-        h = layer.hidden_norm(hidden)
-        residual = h if d.residual_normed else hidden
-        x = torch.cat([e, h], dim=-1)                                      # [B, T, 2H]: embedding first
-        q = apply_rope(at.q_proj(x).view(B * T, nh, hd), (pos + j).repeat(B), at.inv_freq).view(B, T, nh, hd)
-        k = apply_rope(at.k_proj(x).view(B * T, nkv, hd), (pos + j).repeat(B), at.inv_freq).view(B, T, nkv, hd)
-        v = at.v_proj(x).view(B, T, nkv, hd)
-        q = q.transpose(1, 2)                                              # [B, nh, T, hd]
-        keys.append(k.repeat_interleave(rep, 2).transpose(1, 2))          # [B, nh, T, hd]
-        vals.append(v.repeat_interleave(rep, 2).transpose(1, 2))
-        s0 = (q @ keys[0].transpose(-1, -2)) * scale                       # [B, nh, T, T]: context keys
-        s0 = s0.masked_fill(~causal, float("-inf"))
-        diag = [(q * keys[i]).sum(-1, keepdim=True) * scale for i in range(1, j + 1)]  # j x [B, nh, T, 1]
-        p = torch.softmax(torch.cat([s0, *diag], dim=-1).float(), dim=-1).to(q.dtype)
-        o = p[..., :T] @ vals[0]
-        for i in range(1, j + 1):
-            o = o + p[..., T + i - 1:T + i] * vals[i]
-        o = o.transpose(1, 2).reshape(B, T, nh * hd)
-        xr = residual + at.o_proj(o)
-        pre = xr + layer.mlp(layer.post_attention_layernorm(xr))          # [B, T, H]
-        post = d.norm(pre)
-        head_in = pre if (d.cfg.norm_output_meaning == "lm_head" and not d.cfg.norm_output) else post
-        out.append(d.lm_head(head_in if select is None else head_in[select[j]]))
-        hidden = post if (d.cfg.norm_output and d.cfg.norm_output_meaning == "next_step") else pre
-    return out
 
 
 @dataclass
