@@ -40,7 +40,8 @@ def cmd_capture(a: argparse.Namespace) -> int:
             raise SpecLensError("--extract-ids needs --engine vllm (vLLM's own extract_hidden_states)")
         from backend.engines.vllm import run_extract
         r = run_extract(s, _ids(a.extract_ids), name=a.name, opts=opts, progress=not a.quiet)
-        print(f"capture {r.run_id}: {r.tokens} tokens from {r.prompts} prompts via vLLM extract_hidden_states -> {r.path}")
+        print(f"capture {r.run_id}: {r.tokens} tokens from {r.prompts} prompts via vLLM extract_hidden_states "
+              f"-> {r.path}")
         return 0
     r = run_capture(s, name=a.name, progress=not a.quiet, engine_options=opts)
     msg = f"capture {r.run_id}: {r.tokens} tokens from {r.prompts} prompts in {r.seconds:.1f} s -> {r.path}"

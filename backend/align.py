@@ -447,7 +447,8 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
         if np.nanmedian(dcos) < ROTATION_COS and np.nanmedian(dcka) > ROTATION_CKA:
             figs = ", ".join(f"{lbl} cos {cos[i, j]:.2f} CKA {cka[i, j]:.3f}" for i, j, lbl in same[:4])
             findings.append(Finding("rotation", (
-                f"Basis rotation: same-named boundaries carry the same information (median CKA {np.nanmedian(dcka):.3f}) "
+                f"Basis rotation: same-named boundaries carry the same information "
+                f"(median CKA {np.nanmedian(dcka):.3f}) "
                 f"in a different basis (median cosine {np.nanmedian(dcos):.2f}): {figs}. One target was rotated or "
                 f"transformed (e.g. QuaRot/SpinQuant); a drafter trained on one will not work on the other."),
                 [[lbl, lbl] for _, _, lbl in same]))
@@ -512,7 +513,8 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
         why = ("B was probably captured 'after layer' where A is 'before layer'" if k > 0 else
                "B was probably captured 'before layer' where A is 'after layer'")
         findings.append(Finding("offset", (
-            f"Offset by {k:+d}: what B labels {bl} is what A labels {al} (off by {words} boundar{'y' if abs(k) == 1 else 'ies'}); "
+            f"Offset by {k:+d}: what B labels {bl} is what A labels {al} "
+            f"(off by {words} boundar{'y' if abs(k) == 1 else 'ies'}); "
             f"{why}. Check each producer's id convention."), pairs))
     elif shifts:
         offset = None
@@ -551,8 +553,10 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
             s_only = [(lbl, r) for (_, _, lbl), r in zip(same, rels) if lbl != "F"]
             grow = len(s_only) >= 3 and np.corrcoef(np.arange(len(s_only)), [r for _, r in s_only])[0, 1] > 0.5
             findings.append(Finding("drift", (
-                f"Numeric drift{' growing with depth' if grow else ''}: the boundaries correspond, but relative L2 goes "
-                f"from {rels[0]:.4f} at {first} to {rels[-1]:.4f} at {last} (worst {rels[worst]:.4f} at {same[worst][2]}; "
+                f"Numeric drift{' growing with depth' if grow else ''}: the boundaries correspond, "
+                f"but relative L2 goes "
+                f"from {rels[0]:.4f} at {first} to {rels[-1]:.4f} at {last} "
+                f"(worst {rels[worst]:.4f} at {same[worst][2]}; "
                 f"A {A.dtype}, B {B.dtype}). Different dtype, quantization or kernels."),
                 [[lbl, lbl] for _, _, lbl in same]))
         else:

@@ -429,7 +429,8 @@ def _finish(rd: RunDir, s: BenchSettings, spec, base: BenchResult | None, done: 
     done = sorted(done, key=lambda u: (u["row"]["repeat"], u["row"]["prompt_index"]))
     prompts_df = pd.DataFrame([u["row"] for u in done])
     steps_df = pd.DataFrame(
-        [(rd.run_id, u["row"]["repeat"], u["row"]["prompt_id"], k, n) for u in done for k, n in enumerate(u["accepted"])],
+        [(rd.run_id, u["row"]["repeat"], u["row"]["prompt_id"], k, n)
+         for u in done for k, n in enumerate(u["accepted"])],
         columns=["run_id", "repeat", "prompt_id", "step", "accepted"]).astype({"repeat": "int64", "step": "int64",
                                                                                  "accepted": "int64"})
     K = s.num_spec_tokens if spec else 0

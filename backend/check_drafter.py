@@ -66,7 +66,8 @@ class CheckSettings:
         if self.runner not in ("auto", "v1", "v2"):
             raise SpecLensError(f"--runner {self.runner}: unknown; use auto (decide as vLLM does), v2 or v1")
         for name, v, lo in (("--num-prompts", self.num_prompts, 1), ("--new-tokens", self.new_tokens, 2),
-                            ("--num-spec-tokens", self.num_spec_tokens, 1), ("--training-files", self.training_files, 1)):
+                            ("--num-spec-tokens", self.num_spec_tokens, 1),
+                            ("--training-files", self.training_files, 1)):
             if v < lo:
                 raise SpecLensError(f"{name} {v}: must be >= {lo}")
         if self.new_tokens <= self.num_spec_tokens:
@@ -255,7 +256,8 @@ def _lint_report(s: CheckSettings, cfg, target, weights, readings, focus, findin
     fed = "; ".join(f"{r.name} feeds {', '.join(r.boundaries)}" if r.boundaries else
                     f"{r.name} cannot serve it" + (f" (it would capture {', '.join(r.captures)})" if r.captures else "")
                     for r in readings if r.picked)
-    runner = (f" vLLM runs its {choice.runner.upper()} model runner for {'/'.join(target.architectures) or 'this target'}"
+    runner = (f" vLLM runs its {choice.runner.upper()} model runner for "
+              f"{'/'.join(target.architectures) or 'this target'}"
               f" ({choice.reason}).")
     worst = min((f["severity"] for f in report["findings"]), key=SEVERITY_ORDER.index, default="info")
     report.update({
@@ -408,7 +410,8 @@ def load_check(run_id: str, root: Path | None = None) -> dict:
     if m.get("kind") != "check":
         raise SpecLensError(f"run '{run_id}' is a {m.get('kind')} run, not a drafter check; pick a check run")
     if rd.effective_status(m) != COMPLETE:
-        raise SpecLensError(f"check '{run_id}' is {rd.effective_status(m)}; run `python -m backend check-drafter` again")
+        raise SpecLensError(f"check '{run_id}' is {rd.effective_status(m)}; "
+                            f"run `python -m backend check-drafter` again")
     f = rd.file(RESULT)
     try:
         return json.loads(f.read_text())
@@ -438,7 +441,8 @@ def cmd_check(a: argparse.Namespace) -> int:
     from backend.bench_cli import engine_options
 
     s = CheckSettings(drafter=a.drafter, target=a.target, engine=a.engine, engine_version=a.engine_version,
-                      runner=a.runner, engine_options=engine_options(a.engine_option), lint_only=a.lint_only, prompts=a.prompts, num_prompts=a.num_prompts, new_tokens=a.new_tokens,
+                      runner=a.runner, engine_options=engine_options(a.engine_option), lint_only=a.lint_only,
+                      prompts=a.prompts, num_prompts=a.num_prompts, new_tokens=a.new_tokens,
                       max_prompt_tokens=a.max_prompt_tokens, num_spec_tokens=a.num_spec_tokens,
                       chat_template=not a.no_chat_template, search=not a.no_search, device=a.device, dtype=a.dtype,
                       threads=a.threads, training_data=a.training_data, training_format=a.training_format,
@@ -501,7 +505,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     c.add_argument("--lint-only", action="store_true",
                    help="config files only (drafter and target config.json, the weights' header when present): what "
                         "each engine feeds, no model loaded")
-    c.add_argument("--prompts", help=f"Spec-Bench style JSONL or text (default {DEFAULT_PROMPTS.relative_to(REPO_ROOT)})")
+    c.add_argument("--prompts",
+                   help=f"Spec-Bench style JSONL or text (default {DEFAULT_PROMPTS.relative_to(REPO_ROOT)})")
     c.add_argument("--num-prompts", type=int, default=16, help="prompts, spread over the file (default 16)")
     c.add_argument("--new-tokens", type=int, default=64, help="the target's greedy answer per prompt (default 64)")
     c.add_argument("--max-prompt-tokens", type=int, default=256)

@@ -84,7 +84,8 @@ def compare(baseline: str, candidate: str, max_tau_drop: float = 0.02, root: Pat
     interval = f"{diff:+.3f} (95% CI {lo:+.3f} to {hi:+.3f}, paired over {len(shared)} prompts)"
     if tau_worse:
         line = (f"REGRESSION: {candidate} ({fig['candidate']['release']}) tau {fig['candidate']['tau']:.3f} vs "
-                f"{baseline} ({fig['baseline']['release']}) {fig['baseline']['tau']:.3f}: {interval}, a drop beyond the "
+                f"{baseline} ({fig['baseline']['release']}) {fig['baseline']['tau']:.3f}: {interval}, "
+                f"a drop beyond the "
                 f"allowed {max_tau_drop:g} and below 0 over the whole interval")
     elif lossless_lost:
         line = (f"REGRESSION: {candidate} ({fig['candidate']['release']}) is not lossless (greedy outputs differ from "

@@ -210,7 +210,8 @@ class StreamingStats:
                 "norm_max": float(s.norm_max[i]) if cnt[i] else float("nan"),
                 "rms": rms, "mean_abs_mean": float(np.abs(v["mean"][i]).mean()),
                 "max_abs": float(ma.max()) if len(ma) else float("nan"),
-                "kurtosis": kurt, "max_dim_kurtosis": float(np.nanmax(kurt_d)) if np.isfinite(kurt_d).any() else float("nan"),
+                "kurtosis": kurt,
+                "max_dim_kurtosis": float(np.nanmax(kurt_d)) if np.isfinite(kurt_d).any() else float("nan"),
                 "outlier_ratio": float(ma.max() / (rms + 1e-30)) if cnt[i] else float("nan"),
                 "top_dims": [int(d) for d in top], "top_dims_max_abs": [float(ma[d]) for d in top],
             })

@@ -27,7 +27,6 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping
 
-from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from backend.errors import SpecLensError
@@ -134,7 +133,8 @@ def target_facts(config: Mapping[str, Any] | None, architectures: list[str] | No
         if any(k in c for k in MOE_KEYS):
             moe, src = any(_int(c.get(k), 0) > 0 for k in MOE_KEYS), "config"
         else:                                   # a config without vLLM's expert-count keys (a shrunken test target)
-            moe, src = _moe_by_name(architectures or [str(a) for a in c.get("architectures") or []]), "architecture name"
+            moe, src = (_moe_by_name(architectures or [str(a) for a in c.get("architectures") or []]),
+                        "architecture name")
         kinds = [str(x).lower() for x in (c.get("layer_types") or [])]
         hybrid = any(any(h in k for h in HYBRID_LAYER_KINDS) for k in kinds)
         return {"is_moe": moe, "is_quantized": bool(c.get("quantization_config")), "is_hybrid": hybrid,

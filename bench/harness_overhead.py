@@ -41,7 +41,8 @@ def bare(model, prompt: list[int], max_new: int, eos: set[int]) -> list[int]:
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    logits = model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+    logits = model(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True,
+                   logits_to_keep=1).logits[0, -1]
     out = [int(logits.argmax())]
     while len(out) < max_new and out[-1] not in eos:
         logits = model(input_ids=torch.tensor([[out[-1]]]), past_key_values=cache, use_cache=True).logits[0, -1]

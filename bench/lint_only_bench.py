@@ -44,7 +44,8 @@ def main() -> int:
             for _ in range(a.repeats):
                 before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
                 t0 = time.perf_counter()
-                out = subprocess.run([sys.executable, "-m", "backend", "check-drafter", "--drafter", str(CONFIGS / name),
+                out = subprocess.run([sys.executable, "-m", "backend", "check-drafter",
+                                      "--drafter", str(CONFIGS / name),
                                       "--target", str(target), "--lint-only", "--json"], cwd=REPO, env=env,
                                      capture_output=True, text=True)
                 times.append(time.perf_counter() - t0)

@@ -153,8 +153,10 @@ def outlier_heatmap(frame: pd.DataFrame, run: str, max_dims: int = 24) -> go.Fig
     order = coords.sort_labels(list(dict.fromkeys(frame["boundary"])))
     dims = list(frame.groupby("dim")["x_rms"].max().sort_values(ascending=False).index[:max_dims])
     cells = frame[frame["dim"].isin(dims)]
-    ratio = cells.pivot_table(index="dim", columns="boundary", values="x_rms", aggfunc="max").reindex(index=dims, columns=order)
-    peak = cells.pivot_table(index="dim", columns="boundary", values="max_abs", aggfunc="max").reindex(index=dims, columns=order)
+    ratio = cells.pivot_table(index="dim", columns="boundary", values="x_rms",
+                              aggfunc="max").reindex(index=dims, columns=order)
+    peak = cells.pivot_table(index="dim", columns="boundary", values="max_abs",
+                             aggfunc="max").reindex(index=dims, columns=order)
     fig = go.Figure(go.Heatmap(
         z=ratio.to_numpy(dtype=float), customdata=peak.to_numpy(dtype=float), x=order, y=[f"dim {d}" for d in dims],
         colorscale="YlOrRd", colorbar=dict(title=dict(text="max |value| / RMS", side="right")), hoverongaps=False,

@@ -1,4 +1,5 @@
-"""Which model runner vLLM really picks, and what it then feeds an EAGLE-3 drafter: `python gpu/runner_check.py --out DIR`.
+"""Which model runner vLLM really picks, and what it then feeds an EAGLE-3 drafter:
+`python gpu/runner_check.py --out DIR`.
 
 For each case a fresh vLLM engine (its own process, so `VLLM_USE_V2_MODEL_RUNNER` can differ) starts on a shrunken
 target of a real family and depth (`load_format="dummy"`, config only) with a real public drafter config whose

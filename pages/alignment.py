@@ -24,9 +24,11 @@ with st.spinner(f"Aligning {a} with {b} ..."):
 ui.verdict_banner(al.verdict)
 ui.warning_list(al.warnings)
 st.caption(f"{al.tokens} tokens shared by both samples (same token in the same context); CKA on {al.cka_tokens}. "
-           f"Red squares: B's best match in A by cosine (monotone in stream order), drawn where that cosine is at least {MATCH_COS}.")
+           f"Red squares: B's best match in A by cosine (monotone in stream order), "
+           f"drawn where that cosine is at least {MATCH_COS}.")
 
-ui.chart_with_downloads(charts.alignment_heatmap(al, metric), charts.alignment_long(al), f"alignment_{a}_vs_{b}_{metric}")
+ui.chart_with_downloads(charts.alignment_heatmap(al, metric), charts.alignment_long(al),
+                        f"alignment_{a}_vs_{b}_{metric}")
 
 st.subheader("Per boundary of B")
 st.dataframe(charts.alignment_table(al), hide_index=True, key="per_boundary",

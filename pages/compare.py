@@ -1,4 +1,5 @@
-"""Compare bench runs (?runs=a,b,c&baseline=paired|pinned&view=Acceptance|Speed|...): accepted-length histograms, per-position acceptance,
+"""Compare bench runs (?runs=a,b,c&baseline=paired|pinned&view=Acceptance|Speed|...): accepted-length histograms,
+per-position acceptance,
 throughput and speedup with 95% CIs, per-category figures and the settings that differ. Numbers: backend/compare.py
 (from backend/metrics.py); data: catalog aggregates."""
 

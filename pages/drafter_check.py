@@ -34,7 +34,8 @@ rep = ui.guarded(load_check, run)
 
 s = rep.get("sample")
 about = (f"Drafter `{rep['drafter']}` ({rep['drafter_info']['format']} format, k={rep['drafter_info']['num_aux']}) on "
-         f"target `{rep['target']}` ({rep['target_info']['n_layers']} layers); verdict for {rep['engine_feeds']['name']}")
+         f"target `{rep['target']}` ({rep['target_info']['n_layers']} layers); "
+         f"verdict for {rep['engine_feeds']['name']}")
 if s:
     st.caption(f"{about}, drafter run with {rep['semantics']}'s semantics. Sample: {s['prompts']} prompts from "
                f"`{s['prompts_file'].rsplit('/', 1)[-1]}`, {s['scored_slots']} scored slots, K = "
@@ -51,7 +52,8 @@ st.caption("From the drafter's config.json and the conventions table (backend/co
            "it will capture and feed.")
 choice = rep.get("runner_choice")
 if choice:
-    st.caption(f"vLLM model runner: **{choice['runner'].upper()}** ({choice['reason']}; `--runner {choice['requested']}`). "
+    st.caption(f"vLLM model runner: **{choice['runner'].upper()}** "
+               f"({choice['reason']}; `--runner {choice['requested']}`). "
                "The V2 runner reads only top-level ids, V1 the top level, then `eagle_config`.")
 st.dataframe(check_charts.lint_table(rep), hide_index=True, key="lint", column_config={
     "verdict is about": st.column_config.CheckboxColumn("verdict"),
@@ -68,7 +70,8 @@ if rep["candidates"]:
         ui.chart_with_downloads(check_charts.candidate_bars(rep, metric), check_charts.candidates_table(rep),
                                 f"drafter_check_{run}_{metric}")
     with right:
-        ui.chart_with_downloads(check_charts.step_curves(rep), check_charts.step_frame(rep), f"drafter_check_{run}_steps")
+        ui.chart_with_downloads(check_charts.step_curves(rep), check_charts.step_frame(rep),
+                                f"drafter_check_{run}_steps")
     st.dataframe(check_charts.candidates_table(rep), hide_index=True, key="candidates", column_config={
         "cross_entropy": st.column_config.NumberColumn("cross-entropy", format="%.4f"),
         "z vs best": st.column_config.NumberColumn(format="%.1f"),
@@ -85,7 +88,8 @@ table = check_charts.training_table(rep)
 if table is not None:
     td = rep["training_data"]
     st.subheader("Training data against a fresh capture")
-    st.caption(f"{td['files']} of {td['files_total']} `{td['format']}` files from `{td['path']}` ({td['tokens']} tokens), "
+    st.caption(f"{td['files']} of {td['files_total']} `{td['format']}` files from `{td['path']}` "
+               f"({td['tokens']} tokens), "
                f"{'ids ' + str(td['ids']) + ' from ' + td['ids_from'] if td['ids'] else 'the producer default ids'}; "
                "each stored state's best match among the target's boundaries "
                "on the same token ids.")

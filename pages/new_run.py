@@ -81,7 +81,8 @@ with st.form("new_run", border=True):
     else:
         b1, b2, b3, b4, b5 = st.columns(5)
         drafter = b1.selectbox("Drafter", ["(none: baseline)"] + models, disabled=off)
-        spec.update(num_spec_tokens=int(b2.number_input("K (draft tokens)", min_value=1, max_value=16, value=4, disabled=off)),
+        spec.update(num_spec_tokens=int(b2.number_input("K (draft tokens)", min_value=1, max_value=16, value=4,
+                                                        disabled=off)),
                     temperature=float(b3.number_input("Temperature", min_value=0.0, max_value=2.0, value=0.0,
                                                       step=0.1, disabled=off)),
                     repeats=int(b4.number_input("Repeats", min_value=1, max_value=20, value=3, disabled=off)),

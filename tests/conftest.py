@@ -15,7 +15,6 @@ DASH_LIMIT = 12          # prompts per capture: enough tokens for the alignment 
 
 def _poison_token(model_dir: Path, out: Path, token: str) -> Path:
     """A copy of a toy target whose embedding of `token` is NaN: tokens at and after it hold NaN."""
-    import torch
     from safetensors.torch import load_file, save_file
     from transformers import AutoTokenizer
 
@@ -42,7 +41,8 @@ def _unfinished_runs(root: Path) -> None:
 
 
 def build_dashboard_data(root: Path) -> Path:
-    """Captures a1, a2 (fp32, identical), b16 (bf16), nan1 (NaN in the prompts holding " travel") and three unfinished runs."""
+    """Captures a1, a2 (fp32, identical), b16 (bf16), nan1 (NaN in the prompts holding " travel") and three
+    unfinished runs."""
     from backend.capture import CaptureSettings, run_capture
     from backend.store import catalog
     from backend.toy.target import build_random_target

@@ -35,7 +35,8 @@ def test_demo_verdicts(demo_root, a, b, expected):
 
 def test_cli_json(demo_root):
     out = subprocess.run([sys.executable, "-m", "backend", "align", "demo-fp32", "demo-after-layer", "--json"],
-                         capture_output=True, text=True, env={**__import__("os").environ, "SPECLENS_DATA": str(demo_root)})
+                         capture_output=True, text=True,
+                         env={**__import__("os").environ, "SPECLENS_DATA": str(demo_root)})
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["offset"] == 1 and d["verdict"][0]["kind"] == "offset" and d["verdict"][0]["text"]

@@ -85,7 +85,8 @@ def test_greedy_speculative_equals_plain_decoding(greedy, root):
 
 def test_bench_files_and_manifest(greedy, root):
     m = json.loads((greedy.path / "manifest.json").read_text())
-    assert (m["kind"], m["engine"], m["status"], m["num_spec_tokens"], m["repeats"]) == ("bench", "hf", "complete", K, 2)
+    assert (m["kind"], m["engine"], m["status"], m["num_spec_tokens"], m["repeats"]) == (
+        "bench", "hf", "complete", K, 2)
     assert m["baseline_run"] == greedy.baseline_run and m["drafter"]["path"].endswith("/d")
     assert m["aux"]["boundaries"] == ["S_1", "S_2", "S_3"] and m["aux"]["ids_from"] == "eagle_config"
     assert m["bench"]["lossless"] is True and m["bench"]["speedup"]["ci_low"] <= m["bench"]["speedup"]["ci_high"]

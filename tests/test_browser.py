@@ -110,7 +110,8 @@ def open_view(page, server: str, path: str, charts: int = 1) -> None:
     page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', state="attached")
     if charts:
         page.wait_for_function(f"document.querySelectorAll('{CHART}').length >= {charts}", timeout=TIMEOUT_MS)
-    assert not page.locator('[data-testid="stException"]').count(), page.locator('[data-testid="stException"]').inner_text()
+    assert not page.locator('[data-testid="stException"]').count(), (
+        page.locator('[data-testid="stException"]').inner_text())
 
 
 def alerts(page) -> str:

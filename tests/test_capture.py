@@ -1,6 +1,5 @@
 """HF capture: hooks give the right boundaries for Llama, Qwen3 and DeepSeek-V3; resume; bad input."""
 
-import json
 
 import numpy as np
 import pandas as pd
@@ -63,7 +62,7 @@ def test_resume_equals_uninterrupted(tiny_llama, prompts_file, data_root):
     s = _settings(tiny_llama, prompts_file, limit=10, sample_tokens=300, sample_per_prompt=64)
     s.checkpoint_every = 3
     full = run_capture(s, name="full", root=data_root, progress=False)
-    part = run_capture(s, name="part", root=data_root, progress=False, stop_after=4)
+    run_capture(s, name="part", root=data_root, progress=False, stop_after=4)
     rd = RunDir.open("part", data_root)
     assert rd.manifest()["status"] == "running" and rd.manifest()["progress"]["done"] == 4
     assert not (rd.path / "stats.parquet").exists()      # never looks complete
@@ -104,8 +103,8 @@ def test_nan_reported_per_boundary(tiny_llama, prompts_file, data_root, tmp_path
 
 
 def test_subset_of_boundaries(tiny_llama, prompts_file, data_root):
-    r = run_capture(_settings(tiny_llama, prompts_file, limit=2, boundaries=["F", "S_2", "S_4"]), name="sub",
-                    root=data_root, progress=False)
+    run_capture(_settings(tiny_llama, prompts_file, limit=2, boundaries=["F", "S_2", "S_4"]), name="sub",
+                root=data_root, progress=False)
     assert RunDir.open("sub", data_root).manifest()["boundaries"] == ["S_2", "S_4", "F"]
     with pytest.raises(SpecLensError, match="out of range"):
         run_capture(_settings(tiny_llama, prompts_file, boundaries=["S_9"]), name="x", root=data_root, progress=False)
@@ -142,7 +141,8 @@ def test_cli_one_line_error(tmp_path, data_root):
     p = tmp_path / "empty.txt"
     p.write_text("\n\n")
     out = subprocess.run([sys.executable, "-m", "backend", "capture", "--model", str(tmp_path), "--prompts", str(p)],
-                         capture_output=True, text=True, env={**__import__("os").environ, "SPECLENS_DATA": str(data_root)})
+                         capture_output=True, text=True,
+                         env={**__import__("os").environ, "SPECLENS_DATA": str(data_root)})
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and str(p) in lines[0]

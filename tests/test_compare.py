@@ -15,9 +15,11 @@ import pytest
 from backend import annotations, compare
 from backend.errors import SpecLensError
 from backend.store import catalog
-from test_browser import CHART, CHROMIUM, TIMEOUT_MS, alerts, browser_page, open_view, shots, streamlit_server  # noqa: F401 (shots: fixture)
+import test_browser
+from test_browser import CHART, CHROMIUM, TIMEOUT_MS, alerts, browser_page, open_view, streamlit_server
 from test_pages import figures, open_page, params, texts, values
 
+shots = test_browser.shots  # pytest fixture, requested by name below
 RUNS = "spec-random,spec-oracle"
 INJECTION = "x'); DROP TABLE runs; --"
 
@@ -189,8 +191,8 @@ def test_config_diff_and_headline_words() -> None:
     assert compare.headline(fig) == ("`drafter-matched`: tau 2.61 (speedup 1.90x [1.70, 2.10]); `drafter-after-layer`: "
                                      "tau 1.35 (speedup 1.10x [1.00, 1.20]) — `drafter-after-layer` loses 1.26 in tau "
                                      "against `drafter-matched` (48% of its tau; 0.80x of speedup).")
-    with_ci = compare.headline(fig, lambda best, worst: (1.1, 1.4, 80) if (best, worst) == ("drafter-matched",
-                                                                                           "drafter-after-layer") else None)
+    with_ci = compare.headline(fig, lambda best, worst: (1.1, 1.4, 80)
+                               if (best, worst) == ("drafter-matched", "drafter-after-layer") else None)
     assert with_ci.endswith("loses 1.26 in tau against `drafter-matched` (95% CI 1.10 to 1.40 over 80 shared prompts; "
                             "48% of its tau; 0.80x of speedup).")
     assert "not clearly lower" in compare.headline(fig, lambda b, w: (-0.1, 0.3, 8))

@@ -76,7 +76,8 @@ def test_roundtrip_each_format(tmp_path, fmt, prefix):
         assert "eagle_aux_hidden_state_layer_ids" not in raw  # vLLM would read top-level ids with other meaning
     r = Eagle3Drafter.load(path)
     c = r.cfg
-    assert (c.source_format, c.norm_before_fc, c.fc_norm, c.norm_output, c.norm_before_residual) == (fmt, True, True, True, True)
+    assert (c.source_format, c.norm_before_fc, c.fc_norm, c.norm_output, c.norm_before_residual) == (
+        fmt, True, True, True, True)
     assert c.aux_layer_ids_where == ("top-level" if fmt == "speculators" else "eagle_config")
     assert same(run(m), run(r))
 
@@ -108,7 +109,8 @@ def test_norm_before_fc_honoured_by_vllm_ignored_by_sglang(tmp_path):
     assert not same(on, off)
     assert same(*flip(path, "norm_before_fc", True, engine="sglang"))
     # vLLM reads eagle_config.norm_before_fc before the top level
-    edit(path, lambda raw: raw.update(norm_before_fc=False, eagle_config={**raw["eagle_config"], "norm_before_fc": True}))
+    edit(path, lambda raw: raw.update(norm_before_fc=False,
+                                      eagle_config={**raw["eagle_config"], "norm_before_fc": True}))
     c = load_config(path)
     assert (c.norm_before_fc, c.norm_before_fc_source) == (True, "eagle_config")
     assert same(run(Eagle3Drafter.load(path)), on)
@@ -286,12 +288,15 @@ def test_prefill_and_steps_equal_full_recomputation(tmp_path):
     out = m.prefill(aux, ids, pos)
     toks, hid, p = ids, m.combine(aux), pos
     ref_logits, ref_hidden = m.forward(toks, hid, p, use_cache=False)
-    assert torch.allclose(out.logits, ref_logits[-1], atol=1e-5) and torch.allclose(out.hidden, ref_hidden[-1], atol=1e-5)
+    assert (torch.allclose(out.logits, ref_logits[-1], atol=1e-5)
+            and torch.allclose(out.hidden, ref_hidden[-1], atol=1e-5))
     for i in range(3):  # steps 2..4, each against a no-cache pass over every slot so far
-        toks, hid, p = torch.cat([toks, torch.tensor([out.token])]), torch.cat([hid, out.hidden[None]]), torch.cat([p, torch.tensor([T + i])])
+        toks, hid, p = (torch.cat([toks, torch.tensor([out.token])]), torch.cat([hid, out.hidden[None]]),
+                        torch.cat([p, torch.tensor([T + i])]))
         out = m.step(out.token, out.hidden, T + i)
         ref_logits, ref_hidden = m.forward(toks, hid, p, use_cache=False)
-        assert torch.allclose(out.logits, ref_logits[-1], atol=1e-5) and torch.allclose(out.hidden, ref_hidden[-1], atol=1e-5)
+        assert (torch.allclose(out.logits, ref_logits[-1], atol=1e-5)
+                and torch.allclose(out.hidden, ref_hidden[-1], atol=1e-5))
     assert m.cache_len == T + 3
 
 

@@ -245,7 +245,8 @@ def parquet_damage(draw, path: Path) -> tuple[bytes | None, pa.Table | None, str
     data = path.read_bytes()
     t = pq.read_table(path)
     cols = [c for c in t.column_names if c != "run_id"]
-    numeric = [c for c in cols if pa.types.is_integer(t.schema.field(c).type) or pa.types.is_floating(t.schema.field(c).type)]
+    numeric = [c for c in cols
+               if pa.types.is_integer(t.schema.field(c).type) or pa.types.is_floating(t.schema.field(c).type)]
     kind = draw(st.sampled_from(["bytes", "drop_column", "as_text", "odd_values", "drop_rows", "dup_rows", "empty"]))
     keys, counted = PARQUET_KEYS[name], name in COUNTED
     if kind == "bytes":
@@ -405,7 +406,8 @@ def test_damaged_run_is_quarantined_and_others_stay(fuzz_root: Path, seed: Path,
     if row["status"] == "quarantined":
         reason = row["error"]
         assert reason and "\n" not in reason and len(reason) <= 300, (dmg, reason)
-        assert catalog.boundary_stats([rid], root=fuzz_root).empty and catalog.bench_prompts([rid], root=fuzz_root).empty
+        assert (catalog.boundary_stats([rid], root=fuzz_root).empty
+                and catalog.bench_prompts([rid], root=fuzz_root).empty)
     if row["status"] == "complete":
         _complete_is_whole(row, fuzz_root)
     _good_runs_whole(fuzz_root)

@@ -54,7 +54,8 @@ def test_ray_sweep_of_8_toy_pair_jobs_over_2_nodes(cluster, data_root, pair, mon
 
     monkeypatch.setenv("SPECLENS_MODEL_ROOTS", str(pair))
     drafters = [pair / "drafter-matched", pair / "drafter-after-layer"]
-    jobs = submit_spec({"kind": "sweep", "name": "rs", "target": str(pair / "target"), "drafters": [str(d) for d in drafters],
+    jobs = submit_spec({"kind": "sweep", "name": "rs", "target": str(pair / "target"),
+                        "drafters": [str(d) for d in drafters],
                         "num_spec_tokens": [1, 2], "temperature": [0, 0.7], "prompts": str(PROMPTS), "limit": 2,
                         "repeats": 1, "max_new_tokens": 8, "device": "cpu", "num_cpus": 1, "num_gpus": 0},
                        root=data_root)

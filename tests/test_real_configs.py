@@ -95,8 +95,10 @@ def test_lint_only_sglang_verdict_and_forced_runner(tmp_path: Path, data_root) -
     env = {"SPECLENS_DATA": str(data_root)}
     rep = lint_only(CONFIGS / "specforge_deepseek-v3-671b.json", target, "--engine", "sglang", env=env)
     assert rep["engine_feeds"]["boundaries"] == ["S_2", "S_30", "S_58"] and rep["engine"] == "sglang"
-    forced = lint_only(CONFIGS / "specforge_deepseek-v3-671b.json", target, env={**env, "VLLM_USE_V2_MODEL_RUNNER": "1"})
-    assert forced["runner_choice"]["runner"] == "v2" and "VLLM_USE_V2_MODEL_RUNNER=1" in forced["runner_choice"]["reason"]
+    forced = lint_only(CONFIGS / "specforge_deepseek-v3-671b.json", target,
+                       env={**env, "VLLM_USE_V2_MODEL_RUNNER": "1"})
+    assert (forced["runner_choice"]["runner"] == "v2"
+            and "VLLM_USE_V2_MODEL_RUNNER=1" in forced["runner_choice"]["reason"])
     assert forced["engine_feeds"]["boundaries"] == ["S_2", "S_30", "S_58"]
     assert any("ignores them" in f["text"] and f["severity"] == "error" for f in forced["findings"])
     pp = lint_only(CONFIGS / "specforge_llama3-8b.json", config_only_target(tmp_path, "LlamaForCausalLM", "llama", 32,

@@ -120,7 +120,8 @@ DSV2 = {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
 
 
 @pytest.mark.parametrize("version,cfg,env,want", [
-    ("0.20.2", LLAMA, {}, "v1"), ("0.21.0", QWEN3, {}, "v1"), ("0.21.0", QWEN3, {"VLLM_USE_V2_MODEL_RUNNER": "1"}, "v2"),
+    ("0.20.2", LLAMA, {}, "v1"), ("0.21.0", QWEN3, {}, "v1"),
+    ("0.21.0", QWEN3, {"VLLM_USE_V2_MODEL_RUNNER": "1"}, "v2"),
     ("0.22.1", QWEN3, {}, "v2"), ("0.22.1", LLAMA, {}, "v1"),
     ("0.23.0", LLAMA, {}, "v2"), ("0.23.0", {**LLAMA, "quantization_config": {"quant_method": "fp8"}}, {}, "v1"),
     ("0.24.0", LLAMA, {}, "v2"), ("0.24.0", QMOE, {}, "v1"), ("0.24.0", DSV2, {}, "v2"), ("0.24.0", DSV3, {}, "v1"),
@@ -180,10 +181,12 @@ def test_feeds_matrix_deepseek(tmp_path: Path, data_root) -> None:
     d, t = _pair(tmp_path, "specforge_deepseek-v3-671b.json", "DeepseekV3ForCausalLM", "deepseek_v3", 61, 7168, 129280)
     m = feeds.matrix(d, t)
     rows = {(r["engine"], r["release"], r["runner"]): r for r in m["rows"]}
-    assert rows[("vllm", "0.24.0", "v1")]["picked"] and rows[("vllm", "0.24.0", "v1")]["feeds"] == ["S_1", "S_29", "S_57"]
+    assert (rows[("vllm", "0.24.0", "v1")]["picked"]
+            and rows[("vllm", "0.24.0", "v1")]["feeds"] == ["S_1", "S_29", "S_57"])
     assert rows[("vllm", "0.24.0", "v1")]["status"] == "seen" and rows[("vllm", "0.25.0", "v1")]["status"] == "inferred"
     assert rows[("vllm", "0.21.0", "v1")]["feeds"] == ["S_2", "S_30", "S_58"]         # V1 read no nested ids yet
-    assert rows[("vllm", "0.33.0", "v2")]["picked"] and rows[("vllm", "0.33.0", "v2")]["feeds"] == ["S_2", "S_30", "S_58"]
+    assert (rows[("vllm", "0.33.0", "v2")]["picked"]
+            and rows[("vllm", "0.33.0", "v2")]["feeds"] == ["S_2", "S_30", "S_58"])
     assert rows[("sglang", "0.5.4", None)]["feeds"] is None and "no EAGLE-3" in rows[("sglang", "0.5.4", None)]["error"]
     picked = [c for c in m["changes"] if c["engine"] == "vllm" and c["track"] == "picked"]
     assert [c["release"] for c in picked] == ["0.22.0", "0.29.0"] and picked[0]["first"]

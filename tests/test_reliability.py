@@ -206,7 +206,8 @@ def _progress(root: Path, rid: str) -> str | None:
         return None
     pr = json.loads(f.read_text()).get("progress") or {}
     ck = "+checkpoint" if (f.parent / "checkpoint.safetensors").exists() else ""
-    jr = f"+journal:{len((f.parent / 'journal.jsonl').read_text().splitlines())}" if (f.parent / "journal.jsonl").exists() else ""
+    jr = (f"+journal:{len((f.parent / 'journal.jsonl').read_text().splitlines())}"
+          if (f.parent / "journal.jsonl").exists() else "")
     return f"{pr.get('done')}/{pr.get('total')}{ck}{jr}"
 
 
@@ -271,7 +272,8 @@ def test_kill9_at_random_points_then_resume_equals_uninterrupted(forkserver, mod
     assert (runs["status"] == "complete").all()
     REPORT["kill9"] = {"trials": len(trials), "seed": SEED, "reference_s": {"capture": round(t_cap, 2),
                        "bench": round(t_ben, 2)}, "seconds": round(time.monotonic() - t0, 1), "detail": trials,
-                       "died_unfinished": sum(any(v != "complete" for v in t["state_at_kill"].values()) for t in trials)}
+                       "died_unfinished": sum(any(v != "complete" for v in t["state_at_kill"].values())
+                                              for t in trials)}
 
 
 def test_kill9_of_the_worker_then_restart_resumes(models: dict, tmp_path: Path, monkeypatch) -> None:
@@ -385,7 +387,8 @@ async def _session(url: str, browser, k: int, stop, out: dict) -> None:
         await page.goto(url + view)
         await page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', state="attached")
         await page.wait_for_timeout(150)
-        errors = await page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]').all_inner_texts()
+        errors = await page.locator('[data-testid="stException"], '
+                                    '[data-testid="stAlertContentError"]').all_inner_texts()
         out["loads"] += 1
         out["seconds"] += time.monotonic() - t
         out["errors"] += [f"{view}: {e[:200]}" for e in errors]

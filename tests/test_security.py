@@ -32,7 +32,8 @@ APP = str(REPO_ROOT / "app.py")
 SECRET = "SENTINEL-5d1c-outside-the-data-root"
 MARK = "INJ7q"
 INJECTIONS = [f"{MARK}' OR '1'='1", f"{MARK}'); DROP TABLE runs; --", f'{MARK}" OR 1=1 --',
-              f"{MARK}'; COPY runs TO '/tmp/{MARK}.csv'; --", f"{MARK}' UNION SELECT * FROM read_text('/etc/passwd') --",
+              f"{MARK}'; COPY runs TO '/tmp/{MARK}.csv'; --",
+              f"{MARK}' UNION SELECT * FROM read_text('/etc/passwd') --",
               f"{MARK}\\'; ATTACH '/tmp/{MARK}.db'; --"]
 PAGE_PARAMS = {
     "pages/runs.py": ["run", "kind", "status", "engine", "version", "target", "drafter", "dataset", "tag"],
@@ -227,7 +228,8 @@ def test_backend_refuses_run_ids_that_leave_the_runs_folder(world: dict) -> None
     for value in traversals(world):
         with log:
             for call in (lambda: RunDir.open(value, root), lambda: annotations.read(value, root),
-                         lambda: get_alignment(value, "cap-tiny", root), lambda: get_alignment("cap-tiny", value, root)):
+                         lambda: get_alignment(value, "cap-tiny", root),
+                         lambda: get_alignment("cap-tiny", value, root)):
                 with pytest.raises(SpecLensError):
                     call()
             assert catalog.get_run(value, root) is None
@@ -340,7 +342,7 @@ def test_require_login_stops_a_page(tmp_path: Path) -> None:
     """require_login() (for the New run page): logged out with [auth] configured, the page stops after the login
     button; logged in, it goes on."""
     script = tmp_path / "guarded_page.py"
-    script.write_text("import streamlit as st\nfrom backend import auth\nauth.require_login('submit jobs')\n"
+    script.write_text("import streamlit as st\nfrom dashboard import auth\nauth.require_login('submit jobs')\n"
                       "st.write('SECRET-FORM')\n")
     at = AppTest.from_file(str(script))
     at.secrets = {"auth": AUTH}

@@ -87,7 +87,8 @@ def test_heldout_rows_never_trained_on(pair):
         assert [q for q in ids if q in held] == ids[3::4]
     assert rec["heldout_question_ids"] == held
     train, heldout = C.split_rows()
-    assert {int(r["question_id"]) for r in heldout} == set(held) and not {int(r["question_id"]) for r in train} & set(held)
+    assert ({int(r["question_id"]) for r in heldout} == set(held)
+            and not {int(r["question_id"]) for r in train} & set(held))
     corpus = C.build_corpus(20_000, ("spec_bench", "pydoc_topics"))
     text = "\n".join(corpus.texts())
     assert not [t for t in C.heldout_texts() if t in text]

@@ -42,7 +42,8 @@ def test_reducer_matches_hf_capture(tiny_llama, one_torch_thread):
     with torch.no_grad():
         for s in seqs:
             states = {}
-            with hf.BoundaryHooks(lm, coords.all_boundaries(lm.n_layers), lambda k, x: states.__setitem__(k, x[0] if x.dim() == 3 else x)):
+            with hf.BoundaryHooks(lm, coords.all_boundaries(lm.n_layers),
+                                  lambda k, x: states.__setitem__(k, x[0] if x.dim() == 3 else x)):
                 hf.forward(lm, s)
             for k in range(len(labels)):
                 ref_stats.update(k, states[k])
@@ -176,7 +177,8 @@ def test_recorded_engine_aux_layers_map_to_boundaries():
 def test_aux_layers_from_recorded_log_line(tmp_path):
     """RECORDED on the H200 (vLLM 0.24.0, 2026-11-30, REFERENCE section 2): a drafter config with nested ids
     [1, 4, 6] on an 8-layer target made the V2 runner log this line: the nested ids were ignored."""
-    line = "(EngineCore_DP0 pid=4711) INFO 11-30 12:00:00 [eagle3_utils.py:31] Using Eagle3 auxiliary layers from model: (2, 4, 5)"
+    line = ("(EngineCore_DP0 pid=4711) INFO 11-30 12:00:00 [eagle3_utils.py:31] "
+            "Using Eagle3 auxiliary layers from model: (2, 4, 5)")
     assert V.aux_layers_from_log("noise\n" + line + "\nmore") == [2, 4, 5]
     assert V.fed_boundaries(V.aux_layers_from_log(line), 8) == ["S_2", "S_4", "S_5"]
     assert V.aux_layers_from_log("INFO Using auxiliary layers from speculative config: (1, 3, 6)") == [1, 3, 6]
@@ -228,7 +230,8 @@ def test_prediction_follows_the_runner(tmp_path):
     ds = SimpleNamespace(hidden_size=64, n_layers=8, model_type="deepseek_v3",
                          config=SimpleNamespace(vocab_size=512, architectures=["DeepseekV3ForCausalLM"]))
     pred = predicted_aux(str(tmp_path), ds, "vllm")["aux"]
-    assert pred["boundaries"] == ["S_1", "S_3", "S_6"] and pred["runner"] == "v1" and "DeepseekV3" in pred["runner_reason"]
+    assert (pred["boundaries"] == ["S_1", "S_3", "S_6"] and pred["runner"] == "v1"
+            and "DeepseekV3" in pred["runner_reason"])
     # an engine option V2 does not support sends a Llama target to V1 too
     pp = predicted_aux(str(tmp_path), info, "vllm", None, {"pipeline_parallel_size": 2})["aux"]
     assert pp["boundaries"] == ["S_1", "S_3", "S_6"] and "pipeline parallelism" in pp["runner_reason"]

@@ -231,7 +231,8 @@ def derive_vllm(root: Path, version: str) -> dict:
                                                                             "VllmConfig._validate_v2_model_runner")))
         cite("runner", cfg, "VllmConfig.__post_init__ (envs.VLLM_USE_V2_MODEL_RUNNER, default 0)", None)
         code.pop(f"{cfg}:VllmConfig.__post_init__ (envs.VLLM_USE_V2_MODEL_RUNNER, default 0)")
-        decided["runner"] = "vllm/envs.py: VLLM_USE_V2_MODEL_RUNNER (bool(int(os.getenv(..., '0')))); no automatic choice"
+        decided["runner"] = ("vllm/envs.py: VLLM_USE_V2_MODEL_RUNNER (bool(int(os.getenv(..., '0')))); "
+                             "no automatic choice")
         code["vllm/envs.py:VLLM_USE_V2_MODEL_RUNNER"] = hashlib.sha256(env_expr.encode()).hexdigest()[:12]
     else:
         us = text(use)
@@ -416,16 +417,18 @@ def vllm_rows(facts: list[dict]) -> list[dict]:
                                 f"{other[k]} vs {first[k]}; split the {minor} row")
         wheels = {f["version"]: {"sha256": f["wheel_sha256"], "code": f["code"]} for f in fs}
         for fams, dkey, valid in ((["deepseek_v2", "deepseek_v3", "kimi_k2"], "default_deepseek",
-                                   VALID[("vllm", "input", "deepseek")]), (["*"], "default", VALID[("vllm", "input", "*")])):
+                                   VALID[("vllm", "input", "deepseek")]),
+                                  (["*"], "default", VALID[("vllm", "input", "*")])):
             decided = {k: v for k, v in first["decided_by"].items()
                        if k != ("default" if dkey == "default_deepseek" else "default_deepseek")}
             rows.append({
                 "producer": "vllm", "versions": f">={minor},<{_next_minor(minor)}", "runner": ["v1", "v2"],
                 "families": fams, "rule": first["rule"], "valid": valid, "default": first[dkey], "teacher": "none",
                 "ids_from": first["ids_from"], "runner_choice": first["runner_choice"], "decided_by": decided,
-                "wheels": {v: {"sha256": w["sha256"], "code": {k: h for k, h in w["code"].items()
-                                                               if not (dkey == "default" and "deepseek_v2.py" in k)
-                                                               and not (dkey == "default_deepseek" and "interfaces.py" in k)}}
+                "wheels": {v: {"sha256": w["sha256"], "code": {
+                    k: h for k, h in w["code"].items()
+                    if not (dkey == "default" and "deepseek_v2.py" in k)
+                    and not (dkey == "default_deepseek" and "interfaces.py" in k)}}
                            for v, w in wheels.items()},
                 "status": "inferred",
             })
@@ -555,7 +558,8 @@ def markdown(facts: dict) -> str:
             "--enable-return-aux-hidden-states | ids read in |", "|---|---|---|---|---|---|---|"]
     for f in facts.get("sglang", []):
         fam = f["families"]
-        out.append(f"| {f['version']} | {RULE_WORDS[fam['llama']['rule']]} | {RULE_WORDS[fam['deepseek_v2']['rule']]} | "
+        out.append(f"| {f['version']} | {RULE_WORDS[fam['llama']['rule']]} | "
+                   f"{RULE_WORDS[fam['deepseek_v2']['rule']]} | "
                    f"{RULE_WORDS[fam['glm4_moe_lite']['rule']]} | {RULE_WORDS[fam['gpt_oss']['rule']]} | "
                    f"{'yes' if f['return_aux_hidden_states_flag'] else 'no'} | `{f['decided_by']['ids']}` |")
     return "\n".join(out) + "\n"

@@ -97,7 +97,8 @@ class DrafterConfig:
     @property
     def aux_layer_ids_where(self) -> str:
         top, nested = self.aux_layer_ids_top is not None, self.aux_layer_ids_nested is not None
-        return {(True, True): "both", (True, False): "top-level", (False, True): "eagle_config"}.get((top, nested), "none")
+        return {(True, True): "both", (True, False): "top-level",
+                (False, True): "eagle_config"}.get((top, nested), "none")
 
     @property
     def fc_in(self) -> int:
@@ -214,7 +215,8 @@ def load_config(path: str | Path) -> DrafterConfig:
     try:
         raw = json.loads(file.read_text())
     except json.JSONDecodeError as e:
-        raise SpecLensError(f"{file}: not valid JSON ({e.msg} at line {e.lineno}); fix or re-download the file") from None
+        raise SpecLensError(f"{file}: not valid JSON ({e.msg} at line {e.lineno}); "
+                            f"fix or re-download the file") from None
     cfg = config_from_dict(raw, str(file))
     cfg.name, cfg.config_file = str(file.parent), str(file)
     return cfg

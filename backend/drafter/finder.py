@@ -260,8 +260,8 @@ def paired_z(worse: Candidate, better: Candidate) -> float:
     if len(diff) < 2:
         return float("nan")
     sd = float(diff.std())
-    return float(diff.mean()) / (sd / math.sqrt(len(diff))) if sd > 0 else (0.0 if float(diff.mean()) == 0 else
-                                                                            math.copysign(float("inf"), float(diff.mean())))
+    return float(diff.mean()) / (sd / math.sqrt(len(diff))) if sd > 0 else (
+        0.0 if float(diff.mean()) == 0 else math.copysign(float("inf"), float(diff.mean())))
 
 
 def find(d: "Eagle3Drafter", sample: TargetSample, sets: dict[tuple[str, ...], list[str]], steps: int,

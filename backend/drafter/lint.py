@@ -225,7 +225,8 @@ def engine_readings(cfg: DrafterConfig, target: TargetInfo, versions: dict[str, 
         row = Reading(producer, version, rn, _WHERE.get(rule, rule), None, None, None)
         if rn:
             row.picked = rn == choice.runner
-            row.why = choice.reason if row.picked else f"not picked: vLLM uses {choice.runner.upper()} ({choice.reason})"
+            row.why = (choice.reason if row.picked else
+                       f"not picked: vLLM uses {choice.runner.upper()} ({choice.reason})")
         try:
             aux = drafter_aux_boundaries(cfg, target.n_layers, target.model_type, producer, version, rn)
             row.ids, row.ids_from, row.boundaries = aux["ids"], aux["ids_from"], aux["boundaries"]
@@ -319,8 +320,8 @@ def lint(cfg: DrafterConfig, target: TargetInfo, weights: WeightInfo | None, rea
         same = bool(vl and vl.boundaries == sg.boundaries)
         out.append(Finding("info" if same else "error" if focus is sg else "warning", (
             f"{f}: ids {top} are written only at the top level; SGLang reads only eagle_config.{IDS_KEY}, ignores "
-            f"them and {'feeds' if sg.boundaries else 'would feed'} its default {_b(sg.boundaries or sg.captures)}" + (f", where vLLM feeds {_b(vl.boundaries)}" if vl
-                                                                 and vl.boundaries else "")
+            f"them and {'feeds' if sg.boundaries else 'would feed'} its default {_b(sg.boundaries or sg.captures)}"
+            + (f", where vLLM feeds {_b(vl.boundaries)}" if vl and vl.boundaries else "")
             + f". Fix: write eagle_config.{IDS_KEY} as SGLang numbers them (id a -> S_(a+1) for most families).")))
     if top and nested and top != nested:
         out.append(Finding("info", f"{f}: top-level ids {top} and eagle_config ids {nested} differ: vLLM reads the "
@@ -376,7 +377,8 @@ def lint(cfg: DrafterConfig, target: TargetInfo, weights: WeightInfo | None, rea
             out.append(Finding("warning", f"{weights.file}: d2t maps {len(mapped) - len(set(mapped))} draft id(s) onto "
                                           f"target ids already taken; those draft tokens can never be told apart."))
         elif all(o == 0 for o in weights.d2t) and cfg.draft_vocab_size < target.vocab_size:
-            out.append(Finding("info", f"{weights.file}: d2t is all zeros with a draft vocab of {cfg.draft_vocab_size}: "
+            out.append(Finding("info", f"{weights.file}: d2t is all zeros with a draft vocab of "
+                                       f"{cfg.draft_vocab_size}: "
                                        f"the draft vocab is the first {cfg.draft_vocab_size} target ids."))
 
     out.extend(_flag_findings(cfg, f))
@@ -397,7 +399,8 @@ def _flag_findings(cfg: DrafterConfig, f: str) -> list[Finding]:
         why = (" (absent in this speculators config: vLLM's converter defaults it to True)"
                if cfg.norm_before_residual_defaulted else "")
         out.append(Finding("warning", f"{f}: norm_before_residual is true{why}: vLLM uses the normed fc output as "
-                                      f"the residual, SGLang ignores the flag; the two engines run different drafters."))
+                                      f"the residual, SGLang ignores the flag; "
+                                      f"the two engines run different drafters."))
     if cfg.norm_before_fc:
         out.append(Finding("warning", f"{f}: norm_before_fc is true: vLLM applies input_norm before fc, SGLang has no "
                                       f"input_norm and skips it."))
@@ -420,7 +423,8 @@ def embedding_findings(own: "object | None", target_embed: "object", engine: str
     a, b = own.detach().float(), target_embed.detach().float().to(own.device)
     rel = float((a - b).norm() / b.norm().clamp_min(1e-12))
     if rel < 1e-3:
-        return [Finding("ok", f"The drafter's embed_tokens equal the target's (relative difference {rel:.1e}): SGLang's "
+        return [Finding("ok", f"The drafter's embed_tokens equal the target's (relative difference {rel:.1e}): "
+                              f"SGLang's "
                               f"substitution changes nothing.")]
     return [Finding("warning", f"The drafter's embed_tokens differ from the target's (relative difference {rel:.2f}): "
                                f"vLLM uses the drafter's, SGLang substitutes the target's, so the engines draft "

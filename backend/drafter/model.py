@@ -131,9 +131,11 @@ class Attention(nn.Module):
             k, v = cache.append(k, v)                                    # [past+T, nkv, hd]
         # query i (slot past+i) sees slots 0..past+i: causal over slot order
         dev = x.device
-        mask = torch.arange(past + T, device=dev)[None, :] <= (past + torch.arange(T, device=dev))[:, None]  # [T, past+T]
+        # [T, past+T]
+        mask = torch.arange(past + T, device=dev)[None, :] <= (past + torch.arange(T, device=dev))[:, None]
         rep = self.nh // self.nkv
-        q, k, v = q.transpose(0, 1), k.repeat_interleave(rep, 1).transpose(0, 1), v.repeat_interleave(rep, 1).transpose(0, 1)
+        q, k, v = (q.transpose(0, 1), k.repeat_interleave(rep, 1).transpose(0, 1),
+                   v.repeat_interleave(rep, 1).transpose(0, 1))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)   # [nh, T, hd]
         return self.o_proj(out.transpose(0, 1).reshape(T, self.nh * self.hd))
 
@@ -230,7 +232,8 @@ class Eagle3Drafter(nn.Module):
 
     def _out(self, logits: torch.Tensor, hidden: torch.Tensor) -> DraftOut:
         draft_id = int(logits[-1].argmax())
-        return DraftOut(logits=logits[-1], hidden=hidden[-1], token=int(self.draft_to_target(torch.tensor(draft_id, device=self.d2t.device))))
+        return DraftOut(logits=logits[-1], hidden=hidden[-1],
+                        token=int(self.draft_to_target(torch.tensor(draft_id, device=self.d2t.device))))
 
     @torch.no_grad()
     def prefill(self, aux_states: torch.Tensor, token_ids_next: torch.Tensor, positions: torch.Tensor) -> DraftOut:
@@ -282,7 +285,8 @@ class Eagle3Drafter(nn.Module):
 
     def check_target(self, target_config, target_name: str | None = None) -> None:
         """Raise a one-line SpecLensError if this drafter does not fit the target (hidden size or vocab)."""
-        get = (lambda k: target_config.get(k)) if isinstance(target_config, dict) else (lambda k: getattr(target_config, k, None))
+        get = ((lambda k: target_config.get(k)) if isinstance(target_config, dict)
+               else (lambda k: getattr(target_config, k, None)))
         name = target_name or get("_name_or_path") or "the target"
         text = get("text_config")  # multimodal targets keep the language model's shape here
         if text is not None:
@@ -307,7 +311,8 @@ class Eagle3Drafter(nn.Module):
         file = Path(cfg.name) / WEIGHTS
         if engine == "sglang" and cfg.source_format != "eagle":
             raise SpecLensError(f"{cfg.name}: SGLang loads only the EAGLE/SpecForge format (LlamaForCausalLMEagle3), "
-                                f"this is {cfg.source_format}; convert it with Eagle3Drafter.save(path, format='eagle')")
+                                f"this is {cfg.source_format}; "
+                                f"convert it with Eagle3Drafter.save(path, format='eagle')")
         if not file.is_file():
             raise SpecLensError(f"{file}: no drafter weights; put model.safetensors next to config.json")
         sd = {_canonical(k): v for k, v in load_file(str(file)).items()}

@@ -90,7 +90,8 @@ def compare(lm: "LoadedModel", path: str | Path, fmt: str | None, drafter_dir: s
     al = align_samples(A, B, device="cpu")
     best = {p["boundary"]: p["best_match"] for p in al.per_boundary}
     holds = [best[lbl] for lbl in plan.labels]
-    n_aux = len(plan.labels) - 1                     # the last stored state is the teacher (S_N, F, or vllm-extract's last id)
+    # the last stored state is the teacher (S_N, F, or vllm-extract's last id)
+    n_aux = len(plan.labels) - 1
     return DataComparison(str(path), plan.fmt.name, used, len(plan.files), tokens, list(plan.labels), list(plan.ids),
                           plan.ids_from, holds, holds[:n_aux], al)
 

@@ -79,7 +79,8 @@ def load(path: str | Path, device: str | None = "auto", dtype: str = "fp32", tok
         try:
             tok = AutoTokenizer.from_pretrained(str(path))
         except Exception as e:
-            raise SpecLensError(f"{path}: no usable tokenizer ({type(e).__name__}); save the tokenizer next to the model") from e
+            raise SpecLensError(f"{path}: no usable tokenizer ({type(e).__name__}); "
+                                f"save the tokenizer next to the model") from e
     return LoadedModel(model, base, layers, norm, model.config, tok, dev, DTYPES[dtype])
 
 
@@ -88,8 +89,10 @@ def find_stack(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module
     base = getattr(model, "model", None) or getattr(model, getattr(model, "base_model_prefix", ""), None)
     if base is None:
         raise SpecLensError(f"{type(model).__name__}: cannot find the decoder stack (model.model)")
-    layers = next((getattr(base, n) for n in ("layers", "h", "blocks") if isinstance(getattr(base, n, None), torch.nn.ModuleList)), None)
-    norm = next((getattr(base, n) for n in ("norm", "ln_f", "final_layernorm") if getattr(base, n, None) is not None), None)
+    layers = next((getattr(base, n) for n in ("layers", "h", "blocks")
+                   if isinstance(getattr(base, n, None), torch.nn.ModuleList)), None)
+    norm = next((getattr(base, n) for n in ("norm", "ln_f", "final_layernorm")
+                 if getattr(base, n, None) is not None), None)
     if layers is None or norm is None:
         raise SpecLensError(f"{type(model).__name__}: cannot find decoder layers and final norm; this architecture "
                             f"is not supported by the HF engine yet")

@@ -132,7 +132,8 @@ class Server:
         self.log = log
         self.log.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)]
+                                            + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         # /health would otherwise run a one-token generation (input_ids [0]) through the model, and so through
         # the hooks; with this off it only says whether the server is up (http_server.py health_generate).
         env.setdefault("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "false")
@@ -279,7 +280,8 @@ class ServerEngine:
             extra = dict(s.engine_options or {})
             mem = float(extra.pop("mem-fraction-static", 0.2))
             spec = ServerSpec(model=s.target, drafter=drafter, num_spec_tokens=s.num_spec_tokens,
-                              tp=s.tensor_parallel_size, dtype={"fp32": "float32", "bf16": "bfloat16"}.get(s.dtype, s.dtype),
+                              tp=s.tensor_parallel_size,
+                              dtype={"fp32": "float32", "bf16": "bfloat16"}.get(s.dtype, s.dtype),
                               mem_fraction=mem, extra=extra,
                               hooks=__import__("backend.engines.sglang_hooks", fromlist=["hook_specs"]).hook_specs(
                                   str(self.hook_dir), None, n) if drafter else None)

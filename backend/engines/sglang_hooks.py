@@ -208,8 +208,9 @@ def capture(config: dict):
     def hook(module, inputs, output):
         name = type(module).__name__
         if "Embedding" in name:
-            r._ids = inputs[0].reshape(-1).cpu() if (inputs and torch.is_tensor(inputs[0])
-                                                    and r.sample is not None and r.sample.n < r.sample.capacity) else None
+            r._ids = inputs[0].reshape(-1).cpu() if (
+                inputs and torch.is_tensor(inputs[0])
+                and r.sample is not None and r.sample.n < r.sample.capacity) else None
             r.embed(inputs[0] if inputs else torch.empty(0), output)
         elif "Norm" in name:
             r.norm_out(output)

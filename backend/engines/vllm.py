@@ -65,7 +65,8 @@ def short_error(e: BaseException) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     msg = lines[-1] if lines else text
     low = text.lower()
-    if "out of memory" in low or "no available memory for the cache blocks" in low or "kv cache" in low and "memory" in low:
+    if ("out of memory" in low or "no available memory for the cache blocks" in low
+            or "kv cache" in low and "memory" in low):
         return (f"GPU memory too small for these settings ({msg[:200]}); lower --max-model-len or raise "
                 f"--gpu-memory-utilization, or use a larger GPU / tensor parallelism")
     return f"{type(e).__name__}: {msg[:300]}"
@@ -89,7 +90,8 @@ def make_llm(model: str, opts: EngineOptions, *, drafter: str | None = None, num
     if capture:
         kw["enable_prefix_caching"] = False
     if drafter:
-        kw["speculative_config"] = {"method": "eagle3", "model": str(drafter), "num_speculative_tokens": num_spec_tokens}
+        kw["speculative_config"] = {"method": "eagle3", "model": str(drafter),
+                                    "num_speculative_tokens": num_spec_tokens}
     if extract:
         kw["speculative_config"] = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
                                     "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids":
@@ -232,7 +234,8 @@ class OfflineEngine:
         ttft = getattr(out.metrics, "first_token_latency", None) if out.metrics is not None else None
         acc = accepted_lengths(metrics.from_vllm(before, after), self.k) if self.k else []
         if RECORDING is not None and self.k:
-            RECORDING.append({"k": self.k, "before": before, "after": after, "output_tokens": len(out.outputs[0].token_ids)})
+            RECORDING.append({"k": self.k, "before": before, "after": after,
+                              "output_tokens": len(out.outputs[0].token_ids)})
         return Generation(list(out.outputs[0].token_ids), seconds, ttft or None, acc,
                    {"before": before, "after": after} if self.k else None)
 
@@ -462,7 +465,8 @@ def run_extract(settings, ids: list[int], name: str | None = None, root: Path | 
     info = target_info(settings.model)
     for i in ids:
         if not 0 <= int(i) <= info.n_layers:
-            raise SpecLensError(f"--extract-ids {i}: vLLM captures ids 0..{info.n_layers} on this {info.n_layers}-layer "
+            raise SpecLensError(f"--extract-ids {i}: vLLM captures ids 0..{info.n_layers} "
+                                f"on this {info.n_layers}-layer "
                                 "target (0 = embeddings, N = last layer output)")
     seqs = encode_all(info.tokenizer, prompts, settings.prompts, settings.chat_template, settings.max_prompt_tokens)
     shm = Path("/dev/shm")

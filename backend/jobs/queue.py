@@ -23,7 +23,8 @@ from backend.errors import SpecLensError
 from backend.store.rundir import _pid_alive, atomic_write_json, now, valid_run_id
 
 STATES = ("pending", "running", "done", "failed", "cancelled")
-STALE_S = float(os.environ.get("SPECLENS_JOB_STALE_S", "120"))   # a foreign host's job with no heartbeat for this long is dead
+# a foreign host's job with no heartbeat for this long is dead
+STALE_S = float(os.environ.get("SPECLENS_JOB_STALE_S", "120"))
 
 
 def qdir(root: Path | None = None) -> Path:

@@ -30,7 +30,8 @@ from backend.store.rundir import valid_run_id
 KINDS = ("capture", "bench", "sweep")
 COMMON = {"kind", "name", "num_gpus", "num_cpus", "max_attempts"}
 CAPTURE = {"model": str, "prompts": str, "engine": str, "limit": int, "device": str, "dtype": str,
-           "boundaries": list, "sample_tokens": int, "sample_per_prompt": int, "max_prompt_tokens": int, "chat_template": bool,
+           "boundaries": list, "sample_tokens": int, "sample_per_prompt": int, "max_prompt_tokens": int,
+           "chat_template": bool,
            "checkpoint_every": int, "tensor_parallel_size": int, "engine_options": dict}
 BENCH = {"target": str, "prompts": str, "drafter": str, "num_spec_tokens": int, "temperature": float,
          "repeats": int, "limit": int, "max_new_tokens": int, "device": str, "dtype": str, "seed": int,
@@ -119,7 +120,8 @@ def _check_values(d: dict, where: str) -> None:
     if d.get("tensor_parallel_size") is not None and not 1 <= d["tensor_parallel_size"] <= 64:
         raise SpecLensError(f"{where}tensor_parallel_size: {d['tensor_parallel_size']} must be 1..64")
     dev = d.get("device", "auto")
-    if not isinstance(dev, str) or not (dev in ("auto", "cpu", "cuda") or (dev.startswith("cuda:") and dev[5:].isdigit())):
+    if not isinstance(dev, str) or not (dev in ("auto", "cpu", "cuda")
+                                        or (dev.startswith("cuda:") and dev[5:].isdigit())):
         raise SpecLensError(f"{where}device: {dev!r} is not auto, cpu, cuda or cuda:N")
     if "boundaries" in d and not all(isinstance(b, str) for b in d["boundaries"]):
         raise SpecLensError(f"{where}boundaries: expected a list of names like [S_2, S_4, F]")
@@ -157,7 +159,8 @@ def validate(spec: Any, base: Path | str | None = None) -> list[dict]:
     allowed = COMMON | set(fields) | (set(SWEEP_LISTS) if kind == "sweep" else set())
     unknown = sorted(set(map(str, spec)) - allowed)
     if unknown:
-        raise SpecLensError(f"{unknown[0]}: unknown field for a {kind} job (known: {', '.join(sorted(allowed - {'kind'}))})")
+        raise SpecLensError(f"{unknown[0]}: unknown field for a {kind} job "
+                            f"(known: {', '.join(sorted(allowed - {'kind'}))})")
     for k in REQUIRED[kind]:
         if spec.get(k) in (None, ""):
             raise SpecLensError(f"{k}: required for a {kind} job")
@@ -265,6 +268,7 @@ def discover_prompts(roots: list[Path] | None = None, depth: int = 3, cap: int =
             for e in entries:
                 if e.is_file() and e.name.endswith((".jsonl", ".txt")) and e.name not in ("journal.jsonl",):
                     out.append(e.path)
-                elif left > 0 and e.is_dir(follow_symlinks=False) and e.name not in _SKIP and not e.name.startswith("."):
+                elif (left > 0 and e.is_dir(follow_symlinks=False) and e.name not in _SKIP
+                      and not e.name.startswith(".")):
                     stack.append((Path(e.path), left - 1))
     return sorted(dict.fromkeys(out))[:cap]

@@ -40,7 +40,8 @@ def boundaries(wanted: list[str] | None, n_layers: int) -> list[coords.Boundary]
     for lbl in wanted:
         b = coords.parse(lbl, n_layers)
         if not b.final and b.index > n_layers:
-            raise SpecLensError(f"--boundaries {lbl}: out of range for a {n_layers}-layer model; use S_0..S_{n_layers} or F")
+            raise SpecLensError(f"--boundaries {lbl}: out of range for a {n_layers}-layer model; "
+                                f"use S_0..S_{n_layers} or F")
         out.append(b)
     return sorted(set(out), key=lambda b: b.sort_key())
 
@@ -82,7 +83,8 @@ def open_or_resume(run_id: str, settings, lm, labels: list[str], root: Path | No
             with safe_open(str(ck), "pt") as f:
                 start = int(f.metadata()["done"])
         except (SafetensorError, OSError, KeyError, ValueError) as e:
-            raise SpecLensError(f"{ck}: corrupt checkpoint ({e}); delete it to restart this run from the beginning") from e
+            raise SpecLensError(f"{ck}: corrupt checkpoint ({e}); "
+                                f"delete it to restart this run from the beginning") from e
         state = StatsState.from_tensors({k[6:]: v for k, v in t.items() if k.startswith("stats.")}, lm.device)
         sample_t = {k[7:]: v for k, v in t.items() if k.startswith("sample.")}
     rd.claim()

@@ -88,7 +88,8 @@ def _run_row(rd: RunDir, sig: str) -> dict:
         problem = validate.check_manifest(m)
         return _broken_row(rd, sig, f"manifest.json: {problem}") if problem else _manifest_row(rd, sig, m)
     except Exception as e:  # noqa: BLE001 - one bad directory must not hide the others
-        why = str(e).replace(f"{rd.manifest_path}: ", "") if isinstance(e, SpecLensError) else f"{type(e).__name__}: {e}"
+        why = (str(e).replace(f"{rd.manifest_path}: ", "") if isinstance(e, SpecLensError)
+               else f"{type(e).__name__}: {e}")
         return _broken_row(rd, sig, f"manifest.json: {why}")
 
 
@@ -335,7 +336,8 @@ def _ingest(con: duckdb.DuckDBPyConnection, entries: list[_Entry]) -> None:
                     bad.setdefault(r["run_id"], problem)
     complete = [r for r in complete if r["run_id"] not in bad]
     bad.update(_insert_parquet(con, "boundary_stats", [(r["run_id"], Path(r["path"]) / "stats.parquet")
-                                                       for r in complete if (Path(r["path"]) / "stats.parquet").exists()]))
+                                                       for r in complete
+                                                       if (Path(r["path"]) / "stats.parquet").exists()]))
     bench = [r for r in rows if r["kind"] == "bench"]
     _insert_frame(con, "bench_runs", pd.DataFrame([_bench_run_row(r) for r in bench], columns=list(BENCH_RUN_COLUMNS)))
     done = [r for r in bench if r["status"] == "complete"]
@@ -343,7 +345,8 @@ def _ingest(con: duckdb.DuckDBPyConnection, entries: list[_Entry]) -> None:
         for rid, why in _insert_parquet(con, table, [(r["run_id"], Path(r["path"]) / name) for r in done
                                                      if (Path(r["path"]) / name).exists()]).items():
             bad.setdefault(rid, why)
-    for rid, why in _check_tables(con, [r for r in rows if r["status"] == "complete" and r["run_id"] not in bad]).items():
+    for rid, why in _check_tables(con, [r for r in rows
+                                        if r["status"] == "complete" and r["run_id"] not in bad]).items():
         bad.setdefault(rid, why)
     _quarantine(con, bad)
 

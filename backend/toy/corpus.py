@@ -189,7 +189,8 @@ def stdlib_docstring_docs(max_chars: int | None = None, min_len: int = 60) -> li
             tree = ast.parse(p.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
             continue
-        nodes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+        nodes = [tree] + [n for n in ast.walk(tree)
+                          if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
         for n in nodes:
             d = ast.get_docstring(n)
             if d and len(d) >= min_len:
@@ -226,7 +227,8 @@ def stdlib_source_docs(max_chars: int | None = None, chunk_chars: int = 2400) ->
     return _capped(docs, max_chars)
 
 
-def debian_docs(max_chars: int | None = None, roots: tuple[str, ...] = ("/usr/share/common-licenses", "/usr/share/doc")) -> list[Doc]:
+def debian_docs(max_chars: int | None = None,
+                roots: tuple[str, ...] = ("/usr/share/common-licenses", "/usr/share/doc")) -> list[Doc]:
     """License texts and package READMEs, deduplicated by content, in sorted path order."""
     files: list[Path] = []
     lic, doc = Path(roots[0]), Path(roots[1]) if len(roots) > 1 else None

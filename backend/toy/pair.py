@@ -74,7 +74,8 @@ def quick_config() -> PairConfig:
     return PairConfig(
         target=TargetConfig(block_size=256, batch_size=8, steps=200, warmup=20, log_every=20, eval_docs=16),
         drafter=td.DrafterTrainConfig(steps=100, batch_size=16, batch_tokens=4096, warmup=10, log_every=20),
-        data=td.DataConfig(gen_tokens=48, max_prompt_tokens=256, doc_prompts=64, gen_batch=32, train_rows=96, eval_rows=24),
+        data=td.DataConfig(gen_tokens=48, max_prompt_tokens=256, doc_prompts=64, gen_batch=32, train_rows=96,
+                           eval_rows=24),
         tau_prompts=12)
 
 
@@ -91,11 +92,13 @@ def tiny_config() -> PairConfig:
 
 
 def summary(drafters_rec: dict) -> dict:
-    """The headline: held-out tau (K=4, greedy) and step-1..4 top-1 of each drafter, as trained and as vLLM serves it."""
+    """The headline: held-out tau (K=4, greedy) and step-1..4 top-1 of each drafter, as trained and as vLLM
+    serves it."""
     out = {}
     for name, rec in drafters_rec.items():
         for feed in ("as_trained", "as_served_vllm"):
-            out[f"{name} {feed}"] = {"boundaries": rec["train_boundaries"] if feed == "as_trained" else rec["served_boundaries"]["vllm"],
+            out[f"{name} {feed}"] = {"boundaries": (rec["train_boundaries"] if feed == "as_trained"
+                                                    else rec["served_boundaries"]["vllm"]),
                                      "tau": round(rec["heldout_tau"][feed]["tau"], 3),
                                      "top1_per_step": [round(a, 3) for a in rec["heldout_top1_per_step"][feed]]}
     return out
@@ -163,7 +166,8 @@ def _build(cfg: PairConfig, out: Path, command: str, old_target: dict | None, pr
 
     # 1. target ------------------------------------------------------------------------------------
     corpus = build_corpus(cfg.target.max_offline_chars, cfg.target.sources, echo=cfg.target.echo_docs)
-    target_rec = old_target if old_target is not None else train_target(cfg.target, out / "target", corpus, progress=progress)
+    target_rec = (old_target if old_target is not None
+                  else train_target(cfg.target, out / "target", corpus, progress=progress))
 
     # 2. self-distillation data: generate with the saved target, capture every boundary either convention needs
     t1 = time.time()
@@ -173,20 +177,23 @@ def _build(cfg: PairConfig, out: Path, command: str, old_target: dict | None, pr
     labels = {name: [b.label for b in td.training_boundaries(conv, ids, N)] for name, (conv, _) in DRAFTERS.items()}
     served = {name: {srv: [b.label for b in resolve_ids(srv, ids if write else None, N, version=v)]
                      for srv, v in SERVERS.items()} for name, (_, write) in DRAFTERS.items()}
-    wanted = sorted({lbl for d in labels.values() for lbl in d} | {lbl for s in served.values() for v in s.values() for lbl in v})
+    wanted = sorted({lbl for d in labels.values() for lbl in d}
+                    | {lbl for s in served.values() for v in s.values() for lbl in v})
     train_prompts = td.training_prompts(lm.tokenizer, cfg.data, corpus)
     eval_prompts = td.heldout_prompts(lm.tokenizer, cfg.data)
     held = set(heldout_ids())
     leaked = [s for s, _ in train_prompts if s.startswith("spec_bench:") and int(s.split(":")[1]) in held]
     assert not leaked, f"held-out prompts in the drafter training data: {leaked[:5]}"
-    say(f"[data] {len(train_prompts)} training prompts, {len(eval_prompts)} held-out; capturing {', '.join(wanted)} + F", flush=True)
+    say(f"[data] {len(train_prompts)} training prompts, {len(eval_prompts)} held-out; "
+        f"capturing {', '.join(wanted)} + F", flush=True)
     train_data = td.build_data(lm, train_prompts, wanted, cfg.data.gen_tokens, cfg.data.gen_batch, progress)
     eval_data = td.build_data(lm, eval_prompts, wanted, cfg.data.gen_tokens, cfg.data.gen_batch)
     data_rec = {"train_sequences": len(train_data), "heldout_sequences": len(eval_data),
                 "train_tokens": int(sum(len(s.tokens) for s in train_data)),
                 "generated_tokens_per_sequence": cfg.data.gen_tokens, "captured": wanted + ["F"],
                 "wall_s": round(time.time() - t1, 2)}
-    data_rec["heldout_target_confidence"] = td.target_confidence(eval_data, lm.model.get_output_embeddings().weight.detach().float())
+    data_rec["heldout_target_confidence"] = td.target_confidence(
+        eval_data, lm.model.get_output_embeddings().weight.detach().float())
     sample = eval_data[0]
     data_rec["sample_heldout_generation"] = {
         "source": sample.source, "prompt": lm.tokenizer.decode(sample.tokens[:sample.prompt_len].tolist())[-300:],
@@ -213,14 +220,16 @@ def _build(cfg: PairConfig, out: Path, command: str, old_target: dict | None, pr
         rec["heldout_tau"] = {}
         done: dict[tuple, dict] = {}
         for feed, bl in feeds.items():
-            rec["heldout_top1_per_step"][feed] = td.teacher_forced_accuracy(d, eval_data, bl, lm_head_w, cfg.drafter.ttt_steps)
+            rec["heldout_top1_per_step"][feed] = td.teacher_forced_accuracy(d, eval_data, bl, lm_head_w,
+                                                                            cfg.drafter.ttt_steps)
             key = tuple(bl)
             if key not in done:
                 done[key] = td.simulate_tau(d, tau_data, bl, cfg.tau_k)
             rec["heldout_tau"][feed] = done[key]
         rec["eval_s"] = round(time.time() - t2, 2)
         drafters_rec[name] = rec
-        say(f"[{name}] trained on {', '.join(labels[name])}; held-out top-1 per draft step / tau (K={cfg.tau_k}):", flush=True)
+        say(f"[{name}] trained on {', '.join(labels[name])}; "
+            f"held-out top-1 per draft step / tau (K={cfg.tau_k}):", flush=True)
         for feed in feeds:
             acc = rec["heldout_top1_per_step"][feed]
             say(f"    fed {', '.join(feeds[feed]):<16} ({feed:<17}) top-1 " + " ".join(f"{a:.3f}" for a in acc)
@@ -229,7 +238,8 @@ def _build(cfg: PairConfig, out: Path, command: str, old_target: dict | None, pr
     record = {
         "what": "SpecLens toy pair: target + EAGLE-3 drafters trained on two capture conventions",
         "command": command, "seed": cfg.seed, "device": str(dev),
-        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine(),
+        "device_name": (torch.cuda.get_device_name(dev) if dev.type == "cuda"
+                        else platform.processor() or platform.machine()),
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": __import__("transformers").__version__},
         "git_commit": _git_commit(),
@@ -272,7 +282,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.threads:
         cfg = replace(cfg, threads=a.threads)
     if a.sources:
-        cfg = replace(cfg, target=replace(cfg.target, sources=tuple(s.strip() for s in a.sources.split(",") if s.strip())))
+        cfg = replace(cfg, target=replace(cfg.target,
+                                          sources=tuple(s.strip() for s in a.sources.split(",") if s.strip())))
     if a.echo_docs is not None:
         cfg = replace(cfg, target=replace(cfg.target, echo_docs=a.echo_docs))
     cmd = "python -m backend.toy.pair " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))

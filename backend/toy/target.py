@@ -38,7 +38,8 @@ def init_random(model: torch.nn.Module, seed: int, residual_std: float = 0.08) -
         for name, p in model.named_parameters():
             if p.dim() == 2:
                 fan_in = p.shape[1]
-                std = 1.0 if "embed_tokens" in name else (residual_std if name.endswith(("o_proj.weight", "down_proj.weight")) else 1 / math.sqrt(fan_in))
+                std = 1.0 if "embed_tokens" in name else (
+                    residual_std if name.endswith(("o_proj.weight", "down_proj.weight")) else 1 / math.sqrt(fan_in))
                 p.copy_(torch.randn(p.shape, generator=g) * std)
     randomize_norms(model, g)
 

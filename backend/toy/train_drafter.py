@@ -84,12 +84,14 @@ def chat_prompt_ids(tokenizer, text: str, max_tokens: int) -> list[int]:
     return full[-max_tokens:] if len(full) > max_tokens else full
 
 
-def spec_bench_prompts(tokenizer, rows: list[dict], max_prompt_tokens: int, all_turns: bool = False) -> list[tuple[str, list[int]]]:
+def spec_bench_prompts(tokenizer, rows: list[dict], max_prompt_tokens: int,
+                       all_turns: bool = False) -> list[tuple[str, list[int]]]:
     out = []
     for r in rows:
         turns = [t for t in r.get("turns", []) if isinstance(t, str) and t.strip()]
         for i, t in enumerate(turns if all_turns else turns[:1]):
-            out.append((f"spec_bench:{r['question_id']}" + (f":{i}" if i else ""), chat_prompt_ids(tokenizer, t, max_prompt_tokens)))
+            out.append((f"spec_bench:{r['question_id']}" + (f":{i}" if i else ""),
+                        chat_prompt_ids(tokenizer, t, max_prompt_tokens)))
     return out
 
 
@@ -103,7 +105,8 @@ def doc_prompts(tokenizer, texts: list[str], n: int, max_prompt_tokens: int, see
 
 
 @torch.no_grad()
-def capture(lm, sequences: list[list[int]], labels: list[str], store_dtype: torch.dtype = torch.float32) -> list[dict[str, torch.Tensor]]:
+def capture(lm, sequences: list[list[int]], labels: list[str],
+            store_dtype: torch.dtype = torch.float32) -> list[dict[str, torch.Tensor]]:
     """Boundaries `labels` (e.g. ["S_2", "S_3", "F"]) of each sequence, through the HF engine's hooks."""
     from backend.coords import parse
     from backend.engines.hf import BoundaryHooks
@@ -135,7 +138,8 @@ def drafter_for(target_config, ids: list[int] | None, num_aux: int = 3) -> Eagle
     cfg = DrafterConfig(hidden_size=c.hidden_size, target_hidden_size=c.hidden_size, num_aux=num_aux,
                         vocab_size=c.vocab_size, draft_vocab_size=c.vocab_size, num_heads=c.num_attention_heads,
                         num_kv_heads=c.num_key_value_heads, head_dim=hd, intermediate_size=c.intermediate_size,
-                        rms_norm_eps=c.rms_norm_eps, rope_theta=float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))),
+                        rms_norm_eps=c.rms_norm_eps,
+                        rope_theta=float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))),
                         max_position_embeddings=c.max_position_embeddings, aux_layer_ids_nested=ids,
                         num_aux_source="num_aux_hidden_states")
     return Eagle3Drafter(cfg)
@@ -207,7 +211,8 @@ def ttt_loss(d: Eagle3Drafter, b: Batch, lm_head_w: torch.Tensor, steps: int, pr
             continue
         with torch.no_grad():
             ces.append(float(ce[gen].mean()) if gen.any() else float("nan"))
-            accs.append(float((logits[j].argmax(-1) == teacher.argmax(-1))[gen].float().mean()) if gen.any() else float("nan"))
+            accs.append(float((logits[j].argmax(-1) == teacher.argmax(-1))[gen].float().mean()) if gen.any()
+                        else float("nan"))
     return loss, ces, accs
 
 
@@ -354,7 +359,8 @@ def teacher_forced_accuracy(d: Eagle3Drafter, data: list[Seq], labels: list[str]
 def target_confidence(data: list[Seq], lm_head_w: torch.Tensor) -> dict:
     """How predictable the target's own greedy text is: its greedy-token probability on generated
     positions (mean, and the share above 0.9). A drafter's acceptance tracks this closely."""
-    p = torch.cat([(s.states["F"][s.prompt_len - 1:-1].float().to(lm_head_w.device) @ lm_head_w.T).softmax(-1).max(-1).values
+    p = torch.cat([(s.states["F"][s.prompt_len - 1:-1].float().to(lm_head_w.device) @ lm_head_w.T)
+                   .softmax(-1).max(-1).values
                    for s in data])
     return {"mean_greedy_prob": float(p.mean()), "share_above_0.9": float((p > 0.9).float().mean()),
             "share_below_0.5": float((p < 0.5).float().mean())}
@@ -448,7 +454,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--target", required=True, type=Path)
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--convention", choices=sorted(CONVENTIONS), default="before")
-    p.add_argument("--ids", default=None, help="aux layer ids as the producer writes them, e.g. 2,4,5 (default [2, N//2, N-3])")
+    p.add_argument("--ids", default=None,
+                   help="aux layer ids as the producer writes them, e.g. 2,4,5 (default [2, N//2, N-3])")
     p.add_argument("--no-ids", action="store_true", help="write no aux ids into config.json (speculators <= 0.4)")
     p.add_argument("--steps", type=int, default=DrafterTrainConfig.steps)
     p.add_argument("--ttt-steps", type=int, default=4)

@@ -103,7 +103,8 @@ class TokenStream:
         n_chat = int(round(batch_size * share)) if self.offline_hi > self.offline_lo + block + 1 else batch_size
         if len(self.chat_starts) == 0:
             n_chat = 0
-        chat = self.chat_starts[torch.randint(len(self.chat_starts), (n_chat,), generator=g)] if n_chat else torch.empty(0, dtype=torch.long)
+        chat = (self.chat_starts[torch.randint(len(self.chat_starts), (n_chat,), generator=g)] if n_chat
+                else torch.empty(0, dtype=torch.long))
         span = max(1, self.offline_hi - self.offline_lo - block - 1)
         rand = self.offline_lo + torch.randint(span, (batch_size - n_chat,), generator=g)
         starts = torch.clamp(torch.cat([chat, rand]), max=max(0, n - block - 1))
@@ -189,7 +190,8 @@ def train_target(cfg: TargetConfig, out: Path, corpus: Corpus | None = None, pro
     model.train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
                             lr=cfg.lr, betas=(0.9, 0.95), fused=dev.type == "cuda")
     g = torch.Generator().manual_seed(cfg.seed)
     losses: list[tuple[int, float]] = []
@@ -225,7 +227,8 @@ def train_target(cfg: TargetConfig, out: Path, corpus: Corpus | None = None, pro
     val = heldout_loss(model, tok, cfg.block_size, dev, cfg.eval_docs)
     quoting = heldout_answer_stats(model, tok, cfg.block_size, dev, cfg.eval_docs)
     model.to(SAVE_DTYPES[cfg.save_dtype]).save_pretrained(str(out))
-    norms = torch.cat([p.detach().float().flatten().cpu() for n, p in model.named_parameters() if n.endswith("norm.weight")])
+    norms = torch.cat([p.detach().float().flatten().cpu() for n, p in model.named_parameters()
+                       if n.endswith("norm.weight")])
     record = {
         "config": {**asdict(cfg), "sources": list(cfg.sources)},
         "device": str(dev), "amp_bf16": amp, "steps_done": steps_done, "stopped_early": stopped_early,
@@ -238,7 +241,8 @@ def train_target(cfg: TargetConfig, out: Path, corpus: Corpus | None = None, pro
     }
     if progress:
         print(f"[target] done: {steps_done} steps in {train_s:.1f}s, loss {record['final_loss']:.3f}, "
-              f"held-out loss {val:.3f} (answer spans {quoting['answer_loss']:.3f}, top-1 {quoting['answer_top1']:.2f}; "
+              f"held-out loss {val:.3f} (answer spans {quoting['answer_loss']:.3f}, "
+              f"top-1 {quoting['answer_top1']:.2f}; "
               f"user spans {quoting['user_loss']:.3f}); saved to {out}", flush=True)
     return record
 
@@ -250,7 +254,8 @@ def add_args(p: argparse.ArgumentParser, cfg: TargetConfig, prefix: str = "") ->
         flag = "--" + prefix + name.replace("_", "-")
         kind = type(default) if default is not None else (float if "seconds" in name else int)
         if isinstance(default, bool) or name == "amp":
-            p.add_argument(flag, dest=prefix.replace("-", "_") + name, type=lambda s: s.lower() in ("1", "true", "yes", "on"),
+            p.add_argument(flag, dest=prefix.replace("-", "_") + name,
+                           type=lambda s: s.lower() in ("1", "true", "yes", "on"),
                            default=default, metavar="BOOL")
         else:
             p.add_argument(flag, dest=prefix.replace("-", "_") + name, type=kind, default=default)
