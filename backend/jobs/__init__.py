@@ -30,7 +30,3 @@ dead (same host; another host: no heartbeat for SPECLENS_JOB_STALE_S = 120 s), r
 resumes the run; past the job's max_attempts (default 3) it fails the job and marks its runs failed. SIGTERM or
 SIGINT to a worker interrupts the child (checkpoint), requeues the job without counting an attempt and exits.
 """
-
-from backend.jobs.cli import submit_spec
-
-__all__ = ["submit_spec"]
