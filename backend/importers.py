@@ -25,7 +25,6 @@ a layout, so it picks one from the ids given (k aux ids or all L) or the file na
 from __future__ import annotations
 
 import gzip
-import json
 import re
 import shutil
 import sys
@@ -43,6 +42,7 @@ from backend import coords
 from backend.runs.capture_run import CaptureResult, write_capture_files
 from backend.runs.lifecycle import RunGuard
 from backend.errors import SpecLensError
+from backend.jsonfile import read_object
 from backend.stats import StreamingStats, TokenSample
 from backend.store import catalog
 from backend.store.rundir import RunDir, new_run_id
@@ -377,15 +377,7 @@ def detect_format(path: str | Path, producer_ids: list[int] | None = None,
 
 def _json(p: Path, what: str) -> dict:
     f = p / "config.json" if p.is_dir() else p
-    if not f.exists():
-        raise SpecLensError(f"{f}: {what} not found; pass an existing config.json or its directory")
-    try:
-        d = json.loads(f.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SpecLensError(f"{f}: {what} is not valid JSON ({_first_line(e)}); fix or re-save it") from e
-    if not isinstance(d, dict):
-        raise SpecLensError(f"{f}: {what} is not a JSON object; pass a config.json")
-    return d
+    return read_object(f, what, f"{what} not found; pass an existing config.json or its directory")
 
 
 def ids_from_config(cfg: dict) -> tuple[list[int] | None, str | None]:

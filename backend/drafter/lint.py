@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from backend import coords
 from backend.drafter.config import DrafterConfig, load_config
 from backend.errors import SpecLensError
+from backend.jsonfile import read_object
 
 if TYPE_CHECKING:
     from backend.vllm_runner import RunnerChoice
@@ -117,7 +118,8 @@ def target_info(path: str | Path) -> TargetInfo:
 
     p = Path(path)
     f = p if p.is_file() else p / "config.json"
-    raw = _json_file(f, "target config")
+    raw = read_object(f, "target config", "no target config; pass --target a model directory holding config.json "
+                                          "(saved with save_pretrained), or the config file itself")
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
     try:
         n, h, v = int(text["num_hidden_layers"]), int(text["hidden_size"]), int(text["vocab_size"])
@@ -127,19 +129,6 @@ def target_info(path: str | Path) -> TargetInfo:
                             "save_pretrained") from None
     mt = text.get("model_type") or raw.get("model_type")
     return TargetInfo(str(path), n, h, v, mt, coords.family_of(mt), raw, architectures_of(raw), str(f))
-
-
-def _json_file(f: Path, what: str) -> dict:
-    if not f.is_file():
-        raise SpecLensError(f"{f}: no {what}; pass --target a model directory holding config.json (saved with "
-                            f"save_pretrained), or the config file itself")
-    try:
-        d = json.loads(f.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SpecLensError(f"{f}: {what} is not valid JSON ({type(e).__name__}); fix or re-download it") from None
-    if not isinstance(d, dict):
-        raise SpecLensError(f"{f}: {what} is not a JSON object; pass a config.json")
-    return d
 
 
 def weight_info(drafter_dir: str | Path, required: bool = True) -> WeightInfo | None:

@@ -84,3 +84,35 @@ def check_hook_tokens(rd, res: dict, expected: int, engine: str, root, hint: str
         rd.fail(f"{engine} ran {seen} tokens through the hooks, the prompts hold {expected}{hint}")
         catalog.refresh(root)
         raise SpecLensError(f"capture {rd.run_id}: token count mismatch inside {engine} ({seen} != {expected})")
+
+
+@dataclass
+class CaptureStart:
+    """What a serving engine's capture starts from: the prompts as token ids and its (new or resumed) run."""
+    info: SimpleNamespace
+    seqs: list[list[int]]
+    labels: list[str]
+    run_id: str
+    rd: object                     # backend.store.rundir.RunDir
+    start: int                     # prompts already done (a resumed run)
+    state: object | None           # statistics state of the checkpoint
+    sample: dict | None            # sample tensors of the checkpoint
+
+
+def start_capture(settings, name: str | None, root, engine: str, version: str) -> CaptureStart:
+    """The target's tokenizer and shape (no weights), the prompts encoded exactly as the HF engine encodes them,
+    the boundaries asked for, and the capture run created or resumed (backend/runs/capture_run.py)."""
+    from backend import coords
+    from backend.prompts import encode_all, load_prompts
+    from backend.runs import capture_run as cr
+    from backend.store.rundir import new_run_id
+
+    prompts = load_prompts(settings.prompts, settings.limit)
+    info = target_info(settings.model)
+    seqs = encode_all(info.tokenizer, prompts, settings.prompts, settings.chat_template, settings.max_prompt_tokens)
+    labels = coords.labels(cr.boundaries(settings.boundaries, info.n_layers))
+    run_id = new_run_id("capture", name)
+    rd, start, state, sample_t = cr.open_or_resume(run_id, settings, info, labels, root, len(prompts),
+                                                  engine_version=f"{engine} {version}")
+    return CaptureStart(info, seqs, labels, run_id, rd, start, state, sample_t)
+

@@ -389,24 +389,17 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
     """`capture --engine sglang`: the HF capture's run directory, boundaries read inside an SGLang server."""
     from tqdm import tqdm
 
-    from backend.engines.base import check_hook_tokens, rebuild_capture, target_info
+    from backend.engines.base import check_hook_tokens, rebuild_capture, start_capture
     from backend.engines.sglang_hooks import hook_specs
-    from backend.prompts import encode_all, load_prompts
     from backend.runs import capture_run as cr
     from backend.runs.lifecycle import RunGuard, one_line
     from backend.store import catalog
-    from backend.store.rundir import new_run_id
 
     version = require()
     if settings.sample_tokens < 0:
         raise SpecLensError("--sample-tokens must be >= 0")
-    prompts = load_prompts(settings.prompts, settings.limit)
-    info = target_info(settings.model)
-    seqs = encode_all(info.tokenizer, prompts, settings.prompts, settings.chat_template, settings.max_prompt_tokens)
-    labels = coords.labels(cr.boundaries(settings.boundaries, info.n_layers))
-    run_id = new_run_id("capture", name)
-    rd, start, state, sample_t = cr.open_or_resume(run_id, settings, info, labels, root, len(prompts),
-                                                  engine_version=f"sglang {version}")
+    c = start_capture(settings, name, root, "sglang", version)
+    info, seqs, labels, run_id, rd, start = c.info, c.seqs, c.labels, c.run_id, c.rd, c.start
     if start:
         rd.fail("an SGLang capture cannot resume inside a new server; run it again with another --name")
         catalog.refresh(root)

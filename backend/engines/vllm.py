@@ -396,21 +396,15 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
 
     from tqdm import tqdm
 
-    from backend.engines.base import check_hook_tokens, rebuild_capture, target_info
-    from backend.prompts import encode_all, load_prompts
+    from backend.engines.base import check_hook_tokens, rebuild_capture, start_capture
     from backend.runs import capture_run as cr
     from backend.runs.lifecycle import RunGuard
-    from backend.store.rundir import new_run_id
 
     version = require()
     opts = opts or EngineOptions()
-    prompts = load_prompts(settings.prompts, settings.limit)
-    info = target_info(settings.model)
-    seqs = encode_all(info.tokenizer, prompts, settings.prompts, settings.chat_template, settings.max_prompt_tokens)
-    labels = coords.labels(cr.boundaries(settings.boundaries, info.n_layers))
-    run_id = new_run_id("capture", name)
-    rd, start, state, sample_t = cr.open_or_resume(run_id, settings, info, labels, root, len(prompts),
-                                                  engine_version=f"vllm {version}")
+    c = start_capture(settings, name, root, "vllm", version)
+    info, seqs, labels, run_id, rd, start, state, sample_t = (c.info, c.seqs, c.labels, c.run_id, c.rd, c.start,
+                                                              c.state, c.sample)
     llm = None
     done, t0 = start, time.perf_counter()
     guard = RunGuard(rd, root, describe=lambda e: f"vLLM: {short_error(e)}",
