@@ -32,10 +32,9 @@ from pathlib import Path
 from backend.config import REPO_ROOT, paths
 from backend.store import catalog
 from backend.store.rundir import COMPLETE, RunDir, list_run_dirs
+from backend.toy.shipped import PAIR_TARBALL, PROMPTS, heldout_prompts, toy_pair
 
-PROMPTS = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
 LIMIT = 40
-PAIR_TARBALL = REPO_ROOT / "models" / "toy-pair.tar.gz"
 BENCH_RUNS = ("demo-bench-matched", "demo-bench-after-layer")
 DEMO_PAIRS = [
     ("demo-fp32", "demo-fp32-again", "aligned"),
@@ -108,33 +107,6 @@ def build_demo(root: Path | None = None, force: bool = False, progress: bool = T
             made.append(run_id)
     catalog.refresh(root)
     return made
-
-
-def toy_pair(root: Path | None = None) -> Path | None:
-    """The shipped toy pair, unpacked once under <data>/models/toy-pair (None when the tarball is absent)."""
-    import tarfile
-
-    out = paths(root).models / "toy-pair"
-    if (out / "drafter-after-layer" / "config.json").exists():
-        return out
-    if not PAIR_TARBALL.exists():
-        return None
-    out.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(PAIR_TARBALL) as tf:
-        tf.extractall(out, filter="data")
-    return out
-
-
-def heldout_prompts(pair: Path) -> Path:
-    """Spec-Bench rows never used to train the pair (TRAINING.json), as a prompts file next to it."""
-    import json
-
-    out = pair / "heldout.jsonl"
-    if not out.exists():
-        ids = set(json.loads((pair / "TRAINING.json").read_text())["heldout_question_ids"])
-        rows = [line for line in PROMPTS.read_text().splitlines() if json.loads(line)["question_id"] in ids]
-        out.write_text("\n".join(rows) + "\n")
-    return out
 
 
 def build_bench_demo(root: Path | None = None, force: bool = False, progress: bool = True, limit: int | None = None,

@@ -70,7 +70,8 @@ def main() -> int:
             dst.mkdir(parents=True, exist_ok=True)
             shutil.copy(out / "TRAINING.json", dst / "TRAINING.json")
             ss.pack(out, dst / "toy-slot-shift.tar.gz")
-            summary["variants"][v] = {"heldout_tau_replay": rec["heldout_tau_replay"], "train_s": rec["train"]["train_s"],
+            summary["variants"][v] = {"heldout_tau_replay": rec["heldout_tau_replay"],
+                                      "train_s": rec["train"]["train_s"],
                                       "steps_done": rec["train"]["steps_done"], "wall_s": rec["wall_s"]}
         except Exception as e:  # noqa: BLE001 - record and go on to the next variant
             summary["variants"][v] = {"error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-2000:]}

@@ -98,7 +98,8 @@ def test_demo_shows_the_drop_and_tells_the_story(tmp_path, monkeypatch):
     assert tau["demo-bench-matched"] >= 2.0
     # the shifted feed costs clearly: below the matched drafter and below the same drafter fed what it was trained on
     assert tau["demo-bench-slot-shift"] <= 0.92 * tau["demo-bench-matched"], tau
-    assert tau["demo-bench-slot-shift"] < tau["demo-bench-slot-shift-patched"] <= tau["demo-bench-slot-shift-fixed"] + 0.05
+    assert (tau["demo-bench-slot-shift"] < tau["demo-bench-slot-shift-patched"]
+            <= tau["demo-bench-slot-shift-fixed"] + 0.05)
     spec = [r for r in runs.index if r in tau and r.startswith("demo-bench-") and not r.endswith("-baseline")]
     assert len(spec) == 4 and all(bool(runs.loc[r, "lossless"]) for r in spec)
     sp = catalog.bench_prompt_speeds(spec, root=tmp_path)

@@ -275,7 +275,7 @@ def pack(out: Path, tarball: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from backend.demo import toy_pair
+    from backend.toy.shipped import toy_pair
 
     p = argparse.ArgumentParser(description="Train the slot-shift drafter (issue 15) for the shipped toy target.")
     p.add_argument("--out", type=Path, required=True)
@@ -289,7 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default=None, help="cpu (default) or cuda")
     p.add_argument("--init-from", default=None, help="warm start from this drafter directory (with --init warm)")
     p.add_argument("--init", choices=("warm-fc", "warm", "cold"), default=None,
-                   help="warm-fc: the matched drafter's layer and head, a fresh fc (default); warm: all of it; cold: random")
+                   help="warm-fc: the matched drafter's layer and head, a fresh fc (default); warm: all of it; "
+                        "cold: random")
     p.add_argument("--data-cache", type=Path, default=None, help="reuse (or write) the generated data here")
     p.add_argument("--pack", type=Path, default=None, help="also write the demo tarball here "
                                                             "(e.g. models/toy-slot-shift.tar.gz)")
@@ -298,7 +299,8 @@ def main(argv: list[str] | None = None) -> None:
     over = {k: v for k, v in vars(a).items() if k not in ("out", "pair", "data_cache", "pack") and v is not None}
     cfg = replace(cfg, **over)
     pair = a.pair or toy_pair()
-    cmd = "python -m backend.toy.slot_shift " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:]))
+    cmd = "python -m backend.toy.slot_shift " + " ".join(shlex.quote(x) for x in
+                                                       (argv if argv is not None else sys.argv[1:]))
     build(a.out, pair, cfg, command=cmd, data_cache=a.data_cache)
     if a.pack:
         print(f"[slot-shift] wrote {pack(a.out, a.pack)} ({a.pack.stat().st_size / 1e6:.1f} MB)")
