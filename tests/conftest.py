@@ -198,8 +198,10 @@ def build_bench_data(root: Path) -> Path:
             + [r for r in rows if r["category"] == "coding"][:1]
         prompts = models / "spec_bench_mini.jsonl"
         prompts.write_text("".join(json.dumps(r) + "\n" for r in pick))
+        # runner v1: vLLM's V1 reading of the nested ids [1, 2, 3]; V2 (what vLLM picks for a Llama target) reads
+        # none, and its default (2, 2, 1) gives only 2 states on 4 layers
         s = BenchSettings(target=str(target), prompts=str(prompts), drafter=str(drafter), num_spec_tokens=BENCH_K,
-                          repeats=2, max_new_tokens=BENCH_MAX_NEW, device="cpu")
+                          repeats=2, max_new_tokens=BENCH_MAX_NEW, device="cpu", runner="v1")
         run_bench(s, name="spec-random", root=root, progress=False)
         lm = hf.load(target, "cpu")
         seqs = [encode(lm.tokenizer, p.text) for p in load_prompts(prompts)]

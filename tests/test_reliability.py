@@ -44,7 +44,8 @@ SEED = int(os.environ.get("SPECLENS_RELIABILITY_SEED", "20261201"))
 SOAK_RUNS = int(os.environ.get("SPECLENS_SOAK_RUNS", "200"))
 REPORT: dict = {}
 CAP_LIMIT = 80                      # prompts of a capture: checkpoints every 16
-BENCH_ARGS = ["--num-spec-tokens", "3", "--repeats", "2", "--max-new-tokens", "12", "--limit", "4"]
+BENCH_ARGS = ["--num-spec-tokens", "3", "--repeats", "2", "--max-new-tokens", "12", "--limit", "4",
+              "--runner", "v1"]    # V1 reads the drafter's nested ids; V2 (vLLM's pick for Llama) would not
 PRELOAD = ["torch", "transformers", "transformers.models.llama.modeling_llama", "pandas", "pyarrow.parquet",
            "safetensors.torch", "duckdb", "backend.__main__", "backend.capture", "backend.bench", "backend.engines.hf",
            "backend.engines.hf_spec", "backend.drafter"]
