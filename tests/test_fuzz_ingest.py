@@ -234,7 +234,8 @@ def _numeric_odd(t: pa.Table, name: str, value) -> pa.Table:
     i = t.schema.get_field_index(name)
     typ = t.schema.field(name).type
     if pa.types.is_integer(typ):
-        value = int(value) if math.isfinite(value) else 2**62
+        # an odd value an int64 column can hold (1e308 cannot: the largest int64 stands in for it)
+        value = max(min(int(value), 2**63 - 1), -2**63) if math.isfinite(value) else 2**62
         return t.set_column(i, name, pa.array([value] * t.num_rows, pa.int64()))
     return t.set_column(i, name, pa.array([value] * t.num_rows, pa.float64()))
 

@@ -291,7 +291,8 @@ def test_kill9_of_the_worker_then_restart_resumes(models: dict, tmp_path: Path, 
            "limit": CAP_LIMIT, "device": "cpu", "sample_tokens": 512, "num_cpus": 1, "checkpoint_every": 4}
     ben = {"kind": "bench", "name": "w-ben", "target": str(models["target"]), "drafter": str(models["drafter"]),
            "prompts": str(models["bench_prompts"]), "num_spec_tokens": 3, "repeats": 2, "max_new_tokens": 12,
-           "limit": 4, "device": "cpu", "num_cpus": 1, "seed": 7}
+           "limit": 4, "device": "cpu", "num_cpus": 1, "seed": 7,
+           "runner": "v1"}    # V1 reads the drafter's nested ids; V2 (vLLM's pick for Llama) would not
     from backend.bench import run_bench
     from backend.capture import run_capture
     from backend.jobs import spec as specs
