@@ -297,6 +297,27 @@ def browser_floor(work: Path, n: int = 3) -> list[float]:
     return times
 
 
+def time_view(browser, url: str, selector: str, height: int = 1000, shot: Path | None = None,
+              settle_ms: int = 1000, full_page: bool = False) -> tuple[float, float, int]:
+    """One view in a fresh browser context (cold cache): seconds to the first `selector`, seconds until the script
+    is done, and the exceptions the page shows; a screenshot to `shot` when given."""
+    ctx = browser.new_context(viewport={"width": 1440, "height": height})
+    pg = ctx.new_page()
+    t = time.perf_counter()
+    pg.goto(url)
+    pg.wait_for_selector(selector, state="attached", timeout=120_000)
+    first = round(time.perf_counter() - t, 3)
+    pg.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', state="attached",
+                         timeout=120_000)
+    done = round(time.perf_counter() - t, 3)
+    exc = pg.locator('[data-testid="stException"]').count()
+    if shot is not None:
+        pg.wait_for_timeout(settle_ms)
+        pg.screenshot(path=str(shot), full_page=full_page)
+    ctx.close()
+    return first, done, exc
+
+
 def browser_views(root: Path, shots: Path | None, repeats: int = 3) -> dict:
     """Each view `repeats` times, in rounds over the views, each time in a fresh browser context (cold cache):
     seconds from navigation to the first chart (Runs: the runs table) attached, and to the script's end; the
@@ -321,20 +342,12 @@ def browser_views(root: Path, shots: Path | None, repeats: int = 3) -> dict:
                     query = "&".join(f"{k}={v}" for k, v in params.items())
                     path = "/" + name.split("?")[0] + (f"?{query}" if query else "")
                     sel = TABLE if name.startswith("runs") else CHART
-                    ctx = browser.new_context(viewport={"width": 1440, "height": 1000})      # cold cache
-                    pg = ctx.new_page()
-                    t = time.perf_counter()
-                    pg.goto(url + path)
-                    pg.wait_for_selector(sel, state="attached", timeout=120_000)
-                    res[name]["first_paint_s"].append(round(time.perf_counter() - t, 3))
-                    pg.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]',
-                                         state="attached", timeout=120_000)
-                    res[name]["script_done_s"].append(round(time.perf_counter() - t, 3))
-                    res[name]["exceptions"] += pg.locator('[data-testid="stException"]').count()
-                    if shots and rep == 0:
-                        pg.wait_for_timeout(1000)
-                        pg.screenshot(path=str(shots / f"bench-{list(res).index(name) + 1}-{name.split('?')[0]}.png"))
-                    ctx.close()
+                    shot = (shots / f"bench-{list(res).index(name) + 1}-{name.split('?')[0]}.png"
+                            if shots and rep == 0 else None)
+                    first, done, exc = time_view(browser, url + path, sel, shot=shot)     # cold cache
+                    res[name]["first_paint_s"].append(first)
+                    res[name]["script_done_s"].append(done)
+                    res[name]["exceptions"] += exc
             for name, r in res.items():
                 firsts = r["first_paint_s"]
                 out[name] = {**r, "median_s": sorted(firsts)[len(firsts) // 2],

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from pages_bench import CHART, CHROMIUM_ARGS, _serve, _stop  # noqa: E402
+from pages_bench import CHART, CHROMIUM_ARGS, _serve, _stop, time_view  # noqa: E402
 
 VIEWS = (("feeds", "/feeds"), ("feeds-by-check", "/feeds?check=chk-after"), ("regression", "/regression?group=0"))
 
@@ -65,20 +65,12 @@ def main() -> None:
             res = {n: {"first_chart_s": [], "script_done_s": [], "exceptions": 0} for n, _ in VIEWS}
             for rep in range(a.repeats):
                 for name, path in VIEWS:
-                    ctx = browser.new_context(viewport={"width": 1440, "height": 1400})
-                    pg = ctx.new_page()
-                    t = time.perf_counter()
-                    pg.goto(url + path)
-                    pg.wait_for_selector(CHART, state="attached", timeout=120_000)
-                    res[name]["first_chart_s"].append(round(time.perf_counter() - t, 3))
-                    pg.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]',
-                                         state="attached", timeout=120_000)
-                    res[name]["script_done_s"].append(round(time.perf_counter() - t, 3))
-                    res[name]["exceptions"] += pg.locator('[data-testid="stException"]').count()
-                    if shots and rep == 0:
-                        pg.wait_for_timeout(1500)
-                        pg.screenshot(path=str(shots / f"{name}.png"), full_page=True)
-                    ctx.close()
+                    first, done, exc = time_view(browser, url + path, CHART, height=1400, settle_ms=1500,
+                                                 full_page=True,
+                                                 shot=shots / f"{name}.png" if shots and rep == 0 else None)
+                    res[name]["first_chart_s"].append(first)
+                    res[name]["script_done_s"].append(done)
+                    res[name]["exceptions"] += exc
             for name, r in res.items():
                 f = sorted(r["first_chart_s"])
                 out[name] = {**r, "median_first_chart_s": f[len(f) // 2]}

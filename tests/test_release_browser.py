@@ -4,13 +4,13 @@ exception, and the Feeds chart's CSV download holds the matrix. Screenshots go t
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from backend.demo import PAIR_TARBALL
+from tests import test_browser
 from tests.test_browser import CHROMIUM, TIMEOUT_MS, browser_page, open_view, streamlit_server
 from tests.test_release_pages import build_release_data
 
@@ -28,18 +28,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
+shots = test_browser.shots        # the screenshots folder fixture (SPECLENS_SCREENSHOTS or a temp dir)
+
+
 @pytest.fixture(scope="module")
 def page(server: str):
     with browser_page(server) as pg:
         yield pg
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = Path(os.environ["SPECLENS_SCREENSHOTS"]) if os.environ.get("SPECLENS_SCREENSHOTS") else \
-        tmp_path_factory.mktemp("screenshots")
-    d.mkdir(parents=True, exist_ok=True)
-    return d
 
 
 def test_feeds_page_in_a_browser(page, server: str, shots: Path) -> None:
