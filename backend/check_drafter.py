@@ -29,7 +29,6 @@ from backend.model_id import fingerprint
 from backend.store.rundir import COMPLETE, RunDir, atomic_write_json, new_run_id
 
 RESULT = "check.json"
-SEVERITY_ORDER = ("error", "warning", "info", "ok")
 AT_CHANCE = "Inconclusive: the drafter predicts no better than chance"
 VERSION = 1
 DEFAULT_PROMPTS = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
@@ -252,6 +251,8 @@ def _common(s: CheckSettings, cfg, target, weights, readings, focus, findings) -
 
 def _lint_report(s: CheckSettings, cfg, target, weights, readings, focus, findings, choice) -> dict:
     """`--lint-only`: what each engine feeds, from config files alone; what the drafter was trained on is open."""
+    from backend.drafter import lint as L
+
     report = _common(s, cfg, target, weights, readings, focus, findings)
     fed = "; ".join(f"{r.name} feeds {', '.join(r.boundaries)}" if r.boundaries else
                     f"{r.name} cannot serve it" + (f" (it would capture {', '.join(r.captures)})" if r.captures else "")
@@ -259,7 +260,7 @@ def _lint_report(s: CheckSettings, cfg, target, weights, readings, focus, findin
     runner = (f" vLLM runs its {choice.runner.upper()} model runner for "
               f"{'/'.join(target.architectures) or 'this target'}"
               f" ({choice.reason}).")
-    worst = min((f["severity"] for f in report["findings"]), key=SEVERITY_ORDER.index, default="info")
+    worst = min((f["severity"] for f in report["findings"]), key=L.SEVERITIES.index, default="info")
     report.update({
         "mode": "lint", "runner_choice": choice.to_json(),
         "verdict": f"Lint only (config files, no model loaded): {fed}.{runner} Whether the drafter was trained on "

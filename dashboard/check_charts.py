@@ -10,6 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from backend.align import Alignment
+from backend.drafter.lint import SEVERITIES
 
 # metric -> (axis title, lower is better, number format)
 METRICS: dict[str, tuple[str, bool, str]] = {
@@ -19,7 +20,6 @@ METRICS: dict[str, tuple[str, bool, str]] = {
 }
 BEST, FED, BOTH, OTHER = "#2ca02c", "#d62728", "#1f77b4", "#b0b0b0"
 _LAYOUT = dict(template="plotly_white", margin=dict(l=70, r=30, t=70, b=60), font=dict(size=13))
-SEVERITY_ORDER = ("error", "warning", "info", "ok")
 
 
 def lint_table(rep: dict) -> pd.DataFrame:
@@ -121,7 +121,7 @@ def step_curves(rep: dict) -> go.Figure:
 def findings(rep: dict) -> list[tuple[str, str, str]]:
     """(severity, source, text), most severe first; the verdict is shown on its own and left out here."""
     fs = [(f["severity"], f.get("source", "lint"), f["text"]) for f in rep["findings"] if f["text"] != rep["verdict"]]
-    return sorted(fs, key=lambda f: SEVERITY_ORDER.index(f[0]) if f[0] in SEVERITY_ORDER else 9)
+    return sorted(fs, key=lambda f: SEVERITIES.index(f[0]) if f[0] in SEVERITIES else 9)
 
 
 def findings_frame(rep: dict) -> pd.DataFrame:
