@@ -15,7 +15,9 @@ Pages (each view is addressable by its URL query parameters):
 
 import streamlit as st
 
-st.set_page_config(page_title="SpecLens", page_icon=":material/troubleshoot:", layout="wide")
+from dashboard import ui
+
+ui.page_setup()       # page config (title, local favicon, wide), compact style, a fresh report bundle for this run
 
 RUNS = st.Page("pages/runs.py", title="Runs", url_path="runs", icon=":material/list:")
 ALIGNMENT = st.Page("pages/alignment.py", title="Layer alignment", url_path="alignment", icon=":material/grid_on:")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import re
 from functools import partial
+from pathlib import Path
+from urllib.parse import urlencode
 from typing import Any, Callable, Sequence, TypeVar
 
 import pandas as pd
@@ -190,10 +192,12 @@ def default_stats_runs(ids: list[str], n: int = 3) -> list[str]:
 # ---------------------------------------------------------------------------- output
 
 def verdict_banner(findings: Sequence[Any]) -> None:
-    """One coloured banner per finding: success when aligned, error or warning otherwise."""
+    """One coloured banner per finding: success when aligned, error or warning otherwise. The texts are the view's
+    verdict in its exported charts and report bundle."""
     for f in findings:
         show, icon = _BANNER.get(f.kind, (st.warning, ":material/warning:"))
         show(f.text, icon=icon)
+        note_verdict(f.text)
 
 
 def warning_list(lines: Sequence[str]) -> None:
@@ -207,15 +211,73 @@ def _file_stem(name: str) -> str:
 
 
 def chart_with_downloads(fig: go.Figure, df: pd.DataFrame, name: str) -> None:
-    """The chart, then PNG / SVG / HTML / CSV download buttons. Files are made only when clicked."""
+    """The chart in the app's theme (Streamlit's plotly theme, light or dark), then PNG / SVG / HTML / CSV download
+    buttons, and next to the first chart of a view its report bundle (`report_button`). Files are made only when
+    clicked; PNG, SVG and HTML carry the view's verdict above the chart, in the figure's own (light) style."""
     stem = _file_stem(name)
-    st.plotly_chart(fig, theme=None, key=f"chart_{stem}", config={"displaylogo": False})
+    report = _report()
+    first = not report.charts
+    report.charts[stem] = (fig, df)
+    report.link = view_link()
+    st.plotly_chart(fig, theme="streamlit", key=f"chart_{stem}", config={"displaylogo": False})
     images = exports.images_available()
     row = st.container(horizontal=True, gap="small")        # content-wide buttons: readable in half-width columns
     for fmt in exports.FORMATS:
         no_image = fmt in ("png", "svg") and not images
-        row.download_button(
-            fmt.upper(), data=partial(exports.export, fig, df, fmt), file_name=f"{stem}.{fmt}",
+        row.download_button(   # report.verdict: the list the page goes on filling; read when the button is clicked
+            fmt.upper(), data=partial(exports.export, fig, df, fmt, report.verdict), file_name=f"{stem}.{fmt}",
             mime=exports.MIME[fmt], on_click="ignore", key=f"dl_{stem}_{fmt}", icon=":material/download:",
             disabled=no_image, width="content",
             help="needs Chromium (Debian `chromium`) on the server" if no_image else f"download as {fmt.upper()}")
+    if first:
+        report_button(stem, where=row)
+
+
+# ---------------------------------------------------------------------------- page set-up, theme, report bundle
+
+FAVICON = Path(__file__).resolve().parent / "assets" / "favicon.png"   # served by this server: no font-CDN icon
+# Streamlit leaves about 6rem above the first element (room for its header); the top navigation needs less
+_STYLE = """<style>
+[data-testid="stMainBlockContainer"] { padding-top: 3.5rem; }
+</style>"""
+_REPORT = "speclens_report"
+
+
+def page_setup() -> None:
+    """Called by app.py before every page runs: the page config (title, the local favicon, wide layout), the compact
+    style, and a fresh report for this run (what chart_with_downloads and the verdict calls gather for the bundle)."""
+    st.set_page_config(page_title="SpecLens", page_icon=str(FAVICON), layout="wide")
+    st.html(_STYLE)
+    st.session_state[_REPORT] = exports.Report()
+
+
+def _report() -> exports.Report:
+    """This run's report (page_setup starts one per run; a page run on its own, as in AppTest, starts it here)."""
+    if not isinstance(st.session_state.get(_REPORT), exports.Report):
+        st.session_state[_REPORT] = exports.Report()
+    return st.session_state[_REPORT]
+
+
+def note_verdict(text: str) -> None:
+    """Record a verdict line the page shows (verdict_banner does it for its findings): it is written above the
+    exported charts and into the report bundle."""
+    _report().note_verdict(text)
+
+
+def view_link() -> str:
+    """The view's full link: the page's URL in the browser with the current query parameters."""
+    query = urlencode(st.query_params.to_dict(), safe=",")
+    base = st.context.url or ""
+    return f"{base}?{query}" if query else base
+
+
+def report_button(stem: str, where: Any = st) -> None:
+    """The view's report bundle as one zip download (made when clicked, so charts drawn after this button are in)."""
+    report = _report()
+    report.link = view_link()
+    where.download_button(
+        "Report", data=partial(exports.bundle, report), file_name=f"{stem}_report.zip", mime="application/zip",
+        on_click="ignore", key="dl_report_bundle", icon=":material/folder_zip:", width="content",
+        help="this whole view in one zip: every chart as PNG and SVG with the verdict, its data as CSV, "
+             "verdict.txt and README.txt with the view's link")
+
