@@ -4,13 +4,14 @@ figures, plus the tables behind them (what a chart's CSV download holds). No Str
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from backend import coords
+from backend import coords, stats_compare
 
 if TYPE_CHECKING:  # the alignment module imports torch; the statistics page need not
     from backend.align import Alignment
@@ -56,16 +57,73 @@ def _matrix(m: list[list[float | None]]) -> np.ndarray:
 
 # ---------------------------------------------------------------------------- alignment
 
+@dataclass(frozen=True)
+class AlignmentScale:
+    """One metric's fixed colour scale: the same for every pair, so two pairs' heatmaps compare and a pair whose
+    values all lie near one number (a rotated basis: cosines of +-0.006) is not stretched over the whole range.
+    log: the colour is log10 of the value (values below 10**zmin take the lowest colour)."""
+
+    zmin: float
+    zmax: float
+    colorscale: tuple[tuple[float, str], ...]
+    log: bool
+    short: str          # under the colorbar title
+    note: str           # the page caption's sentence
+
+    def colorbar(self, title: str) -> dict:
+        bar = dict(title=dict(text=f"{title}<br><sup>{self.short}</sup>", side="right"))
+        if self.log:
+            vals = list(range(int(self.zmin), int(self.zmax) + 1))
+            text = [f"{10.0 ** v:g}" for v in vals]
+            text[0], text[-1] = f"\u2264{text[0]}", f"\u2265{text[-1]}"
+            bar.update(tickvals=vals, ticktext=text)
+        return bar
+
+
+def _scale(colors: list[str], reverse: bool = False) -> tuple[tuple[float, str], ...]:
+    cs = colors[::-1] if reverse else colors
+    return tuple((i / (len(cs) - 1), c) for i, c in enumerate(cs))
+
+
+# docs/DASHBOARD.md: cosine -1..1 diverging (0 = white: unrelated); relative L2 log10 from 1e-4 (identical) to 10,
+# so bf16 rounding (1e-3..1e-2) has its own colours; CKA 0..1
+_RDBU = ["#67001f", "#b2182b", "#d6604d", "#f4a582", "#fddbc7", "#f7f7f7", "#d1e5f0", "#92c5de", "#4393c3",
+         "#2166ac", "#053061"]
+_VIRIDIS = ["#440154", "#482878", "#3e4989", "#31688e", "#26828e", "#1f9e89", "#35b779", "#6ece58", "#b5de2b",
+            "#fde725"]
+ALIGNMENT_SCALES: dict[str, AlignmentScale] = {
+    "cosine": AlignmentScale(-1.0, 1.0, _scale(_RDBU), False, "fixed scale -1 to 1",
+                             "cosine on a fixed scale from -1 (red) through 0 (white: unrelated directions, as in a "
+                             "rotated basis) to 1 (blue: same direction)"),
+    "rel_l2": AlignmentScale(-4.0, 1.0, _scale(_VIRIDIS, reverse=True), True, "fixed log scale 1e-4 to 10",
+                             "relative L2 on a fixed log scale from 1e-4 or less (yellow: identical) to 10 (purple); "
+                             "bf16 rounding lies near 1e-3 to 1e-2, unrelated states near 1"),
+    "cka": AlignmentScale(0.0, 1.0, _scale(_VIRIDIS), False, "fixed scale 0 to 1",
+                          "linear CKA on a fixed scale from 0 (purple: unrelated) to 1 (yellow: same up to rotation "
+                          "and scale)"),
+}
+
+
+def alignment_scale_note(metric: str) -> str:
+    """The page caption's words for the metric's colour scale (the same for every pair)."""
+    return ALIGNMENT_SCALES[metric].note
+
+
 def alignment_heatmap(al: Alignment, metric: str = "cosine") -> go.Figure:
-    """A (rows) x B (columns) matrix of one metric, with the best-match path over it."""
-    title, lower_better = METRICS[metric]
-    z = _matrix(getattr(al, metric))
-    small = max(z.shape) <= _CELL_TEXT_MAX
+    """A (rows) x B (columns) matrix of one metric on its fixed colour scale (ALIGNMENT_SCALES), with the
+    best-match path over it."""
+    title, _ = METRICS[metric]
+    sc = ALIGNMENT_SCALES[metric]
+    vals = _matrix(getattr(al, metric))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.log10(np.maximum(vals, 10.0 ** sc.zmin)) if sc.log else vals
+    small = max(vals.shape) <= _CELL_TEXT_MAX
+    text = [["" if np.isnan(v) else format(v, ".2g" if sc.log else ".3g") for v in row] for row in vals]
     fig = go.Figure(go.Heatmap(
-        z=z, x=al.b_labels, y=al.a_labels, colorscale="Viridis", reversescale=lower_better,
-        colorbar=dict(title=dict(text=title, side="right")),
-        texttemplate="%{z:.3g}" if small else None, textfont=dict(size=11),
-        hovertemplate=f"A %{{y}} x B %{{x}}<br>{title}: %{{z:.5g}}<extra></extra>"))
+        z=z, x=al.b_labels, y=al.a_labels, zmin=sc.zmin, zmax=sc.zmax, zauto=False, colorscale=sc.colorscale,
+        colorbar=sc.colorbar(title), customdata=vals, text=text, hoverongaps=False,
+        texttemplate="%{text}" if small else None, textfont=dict(size=11),
+        hovertemplate=f"A %{{y}} x B %{{x}}<br>{title}: %{{customdata:.5g}}<extra></extra>"))
     from backend.align import MATCH_COS   # a "best" match below this is noise (e.g. a rotated basis): not drawn
 
     row = max(14, min(46, 900 // max(1, len(al.a_labels))))      # pixels per A boundary
@@ -114,26 +172,108 @@ def boundary_order(stats: pd.DataFrame) -> list[str]:
     return coords.sort_labels(list(dict.fromkeys(stats["boundary"]))) if len(stats) else []
 
 
+STAT_MODES: dict[str, str] = {
+    "values": "values",
+    "diff": "difference (candidate - reference)",
+    "rel": "relative difference (%)",
+}
+
+
+def _with_depth(stats: pd.DataFrame) -> pd.DataFrame:
+    return stats if "depth" in stats else stats_compare.with_depth(stats, {})
+
+
 def stat_frame(stats: pd.DataFrame, stat: str) -> pd.DataFrame:
-    return stats.reindex(columns=["run_id", "boundary", "ord", stat]).reset_index(drop=True)
+    """What the per-boundary chart shows (its CSV): run, boundary, its depth (S_b at b, F after S_N), the value."""
+    return _with_depth(stats).reindex(columns=["run_id", "boundary", "ord", "depth", stat]).reset_index(drop=True)
+
+
+def _gapped(depth: list[float], *cols: list) -> tuple[list, ...]:
+    """Points in depth order with a None between two that are not neighbours (a boundary the capture lacks), so
+    plotly leaves a gap there instead of drawing a line through it."""
+    out: tuple[list, ...] = ([],) + tuple([] for _ in cols)
+    prev = None
+    for i, d in enumerate(depth):
+        if prev is not None and d - prev > 1:
+            for o in out:
+                o.append(None)
+        out[0].append(d)
+        for o, c in zip(out[1:], cols):
+            o.append(c[i])
+        prev = d
+    return out
+
+
+def _depth_axis(frame: pd.DataFrame, most: int = 34) -> dict:
+    """A linear x axis in depth with the boundary labels as ticks (every k-th one when there are many, F kept)."""
+    ticks = frame.drop_duplicates("depth").sort_values("depth")
+    ticks = ticks[ticks["depth"].notna()]
+    if len(ticks) > most:
+        step = math.ceil(len(ticks) / most)
+        keep = [i % step == 0 or b == "F" for i, b in enumerate(ticks["boundary"])]
+        ticks = ticks[keep]
+    return dict(title="boundary (x = depth: S_b at b, F after S_N; gaps: boundaries a capture lacks)",
+                type="linear", tickmode="array", tickvals=ticks["depth"].tolist(), ticktext=ticks["boundary"].tolist(),
+                zeroline=False)
+
+
+def _stat_style(k: int) -> dict:
+    """Colour, dash and symbol of the k-th chosen run, the same in the values and the difference charts."""
+    return dict(line=dict(color=_PALETTE[k % len(_PALETTE)], dash=_DASHES[k % len(_DASHES)], width=2.5),
+                marker=dict(symbol=_SYMBOLS[k % len(_SYMBOLS)], size=9, color=_PALETTE[k % len(_PALETTE)]))
 
 
 def stat_curves(stats: pd.DataFrame, stat: str, runs: list[str]) -> go.Figure:
-    """One line per run: the statistic at each boundary, x in stream order (S_0 ... S_N, F)."""
+    """One line per run: the statistic at each boundary, x spaced by depth (stats_compare.with_depth); a boundary a
+    capture lacks is a gap in its line, never a segment drawn across it."""
+    d = _with_depth(stats)
     fig = go.Figure()
     for k, run in enumerate(runs):
-        g = stats[stats["run_id"] == run].sort_values("ord")
+        g = d[d["run_id"] == run].sort_values("depth")
         if len(g):   # dashes and symbols keep identical curves (same model twice) tellable apart
-            fig.add_trace(go.Scatter(x=g["boundary"], y=g[stat], mode="lines+markers", name=run,
-                                     line=dict(dash=_DASHES[k % len(_DASHES)], width=2.5),
-                                     marker=dict(symbol=_SYMBOLS[k % len(_SYMBOLS)], size=9),
-                                     hovertemplate=f"{run} %{{x}}: %{{y:.5g}}<extra></extra>"))
+            x, y, lbl = _gapped(g["depth"].tolist(), g[stat].tolist(), g["boundary"].tolist())
+            fig.add_trace(go.Scatter(x=x, y=y, customdata=lbl, mode="lines+markers", name=run, **_stat_style(k),
+                                     hovertemplate=f"{run} %{{customdata}}: %{{y:.5g}}<extra></extra>"))
     fig.update_layout(
-        **_LAYOUT, height=460, title=dict(text=f"{STATS[stat]} per boundary"),
-        xaxis=dict(title="boundary (stream order)", type="category", categoryorder="array",
-                   categoryarray=boundary_order(stats)),
+        **_LAYOUT, height=460, title=dict(text=f"{STATS[stat]} per boundary"), xaxis=_depth_axis(d),
         yaxis=dict(title=STATS[stat], rangemode="tozero" if stat == "nonfinite_tokens" else "normal"),
         legend=dict(title="run"))
+    return fig
+
+
+def stat_diff_frame(comp: stats_compare.StatComparison) -> pd.DataFrame:
+    """What the difference chart shows (its CSV): per candidate and boundary both hold, reference, value, difference
+    and relative difference."""
+    return comp.frame.reset_index(drop=True)
+
+
+def stat_diff_curves(comp: stats_compare.StatComparison, mode: str, runs: list[str]) -> go.Figure:
+    """Per candidate: the statistic minus the reference's (mode "diff") or the relative difference in % (mode
+    "rel") at each boundary both hold, x by depth, gaps where either lacks a boundary."""
+    f, fig = comp.frame, go.Figure()
+    label = STATS[comp.stat]
+    for k, run in enumerate(runs):
+        g = f[f["run_id"] == run].sort_values("depth")
+        if run == comp.reference or not len(g):
+            continue
+        y = (g["diff"] if mode == "diff" else 100 * g["rel"]).astype(float)
+        y = [None if not math.isfinite(v) else v for v in y]
+        x, yy, lbl, ref, val = _gapped(g["depth"].tolist(), y, g["boundary"].tolist(), g["reference"].tolist(),
+                                       g["value"].tolist())
+        fig.add_trace(go.Scatter(
+            x=x, y=yy, customdata=[None if b is None else [b, r, v] for b, r, v in zip(lbl, ref, val)],
+            mode="lines+markers", name=f"{run} - {comp.reference}", **_stat_style(k),
+            hovertemplate=f"{run} %{{customdata[0]}}: %{{customdata[2]:.5g}} vs %{{customdata[1]:.5g}}: "
+                          f"%{{y:+.4g}}{'%' if mode == 'rel' else ''}<extra></extra>"))
+    fig.add_hline(y=0, line=dict(color="#555", dash="dash"), annotation_text=f"reference {comp.reference}",
+                  annotation_position="bottom right")
+    what = "difference" if mode == "diff" else "relative difference"
+    fig.update_layout(
+        **_LAYOUT, height=480, legend=dict(title="candidate - reference"),
+        title=dict(text=f"{label}: {what} from {comp.reference}"),
+        xaxis=_depth_axis(f if len(f) else _with_depth(pd.DataFrame(columns=["run_id", "boundary"]))),
+        yaxis=dict(title=f"{label}, candidate - reference" if mode == "diff" else
+                   f"{label}: (candidate - reference) / |reference|", ticksuffix="%" if mode == "rel" else None))
     return fig
 
 

@@ -7,7 +7,7 @@ import json
 import streamlit as st
 
 from dashboard import charts, check_charts, ui
-from backend.check_drafter import check_runs, load_check
+from backend.drafter.check_result import load_check
 from backend.store import catalog
 
 HOW = ("`python -m backend check-drafter --drafter DRAFTER_DIR --target TARGET_DIR` stores a check here; "
@@ -17,7 +17,7 @@ BANNER = {"ok": (st.success, ":material/check_circle:"), "warning": (st.warning,
 
 st.title("Drafter check")
 ui.rescan()
-runs = ui.guarded(check_runs)
+runs = ui.guarded(catalog.list_runs, kind="check", status="complete")
 ids = runs["run_id"].tolist()
 if not ids:
     st.info(f"No drafter checks yet. {HOW}")
@@ -45,6 +45,8 @@ else:
                f"was trained on is not checked; took {rep['timing']['total']:.2f} s.")
 show, icon = BANNER.get(rep["verdict_severity"], BANNER["warning"])
 show(rep["verdict"], icon=icon)
+ui.note_verdict(rep["verdict"])
+ui.note_verdict(rep["verdict"])        # above exported charts, in the report bundle
 
 st.subheader("What each engine feeds")
 st.caption("From the drafter's config.json and the conventions table (backend/conventions.yaml): where each engine "
@@ -57,27 +59,26 @@ if choice:
                "The V2 runner reads only top-level ids, V1 the top level, then `eagle_config`.")
 st.dataframe(check_charts.lint_table(rep), hide_index=True, key="lint", column_config={
     "verdict is about": st.column_config.CheckboxColumn("verdict"),
-    "problem": st.column_config.TextColumn(width="large")})
+    "problem": st.column_config.TextColumn(width="large", help="what is wrong with this reading, in words")})
 
 if rep["candidates"]:
     st.subheader("Accuracy by candidate")
     st.caption("Each candidate boundary set fed to the drafter, teacher-forced over the target's own greedy answers: "
                "top-1 agreement with the target's next token (step 1, and steps 2..K unrolled from the drafter's own "
                "hidden), predicted tau, and the cross-entropy against the target's distribution that ranks them "
-               "(z: how many standard errors a candidate's cross-entropy lies above the best's, paired over slots).")
+               "(z: how many standard errors a candidate's cross-entropy lies above the best's, paired over slots). "
+               f"Bars and table are ranked by {check_charts.METRICS[metric][0]} (`Rank chart by`); axes start at 0; "
+               "`check rank` is the check's own order, by cross-entropy.")
     left, right = st.columns([3, 2])
     with left:
-        ui.chart_with_downloads(check_charts.candidate_bars(rep, metric), check_charts.candidates_table(rep),
+        ui.chart_with_downloads(check_charts.candidate_bars(rep, metric), check_charts.candidates_table(rep, metric),
                                 f"drafter_check_{run}_{metric}")
     with right:
         ui.chart_with_downloads(check_charts.step_curves(rep), check_charts.step_frame(rep),
                                 f"drafter_check_{run}_steps")
-    st.dataframe(check_charts.candidates_table(rep), hide_index=True, key="candidates", column_config={
-        "cross_entropy": st.column_config.NumberColumn("cross-entropy", format="%.4f"),
-        "z vs best": st.column_config.NumberColumn(format="%.1f"),
-        "tau": st.column_config.NumberColumn(format="%.2f"),
-        **{c: st.column_config.NumberColumn(format="percent") for c in check_charts.candidates_table(rep).columns
-           if "accuracy" in c}})
+    st.dataframe(check_charts.candidates_display(rep, metric), hide_index=True, key="candidates", column_config={
+        "problem": st.column_config.TextColumn(width="large", help="what is wrong with this candidate, in words"),
+        "why": st.column_config.TextColumn("why tried")})
 
 st.subheader("Findings")
 for severity, source, text in check_charts.findings(rep):
@@ -93,8 +94,7 @@ if table is not None:
                f"{'ids ' + str(td['ids']) + ' from ' + td['ids_from'] if td['ids'] else 'the producer default ids'}; "
                "each stored state's best match among the target's boundaries "
                "on the same token ids.")
-    st.dataframe(table, hide_index=True, key="training", column_config={
-        "best cosine": st.column_config.NumberColumn(format="%.4f")})
+    st.dataframe(table, hide_index=True, key="training")
     al = check_charts.training_alignment(rep)
     ui.chart_with_downloads(charts.alignment_heatmap(al, "cosine"), charts.alignment_long(al),
                             f"drafter_check_{run}_training_data")

@@ -1,27 +1,50 @@
-"""Hidden-state statistics: per-boundary curves across captures and one capture's outlier dimensions
-(?runs=a,b&stat=&run=)."""
+"""Hidden-state statistics: per-boundary curves across captures, their difference from a reference capture, and one
+capture's outlier dimensions (?runs=a,b&stat=&mode=values|diff|rel&ref=&run=)."""
 
 import streamlit as st
 
 from dashboard import charts, ui
+from backend import stats_compare
 from backend.store import catalog
 
 st.title("Hidden-state statistics")
 runs = ui.load_runs()
 ids = ui.complete_captures(runs)
 ui.need_captures(ids, 1)
-ui.unknown_runs(["runs", "run"], ids, runs)
+ui.unknown_runs(["runs", "run", "ref"], ids, runs)
 
-c1, c2 = st.columns([3, 1])
+c1, c2, c3, c4 = st.columns([3, 2, 2, 2])
 chosen = ui.multiselect("Captures", ids, "runs", ui.default_stats_runs(ids), where=c1, placeholder="pick captures")
 stat = ui.select("Statistic", list(charts.STATS), "stat", "mean_norm", where=c2, format_func=charts.STATS.get)
+mode = ui.select("Show", list(charts.STAT_MODES), "mode", "values", where=c3, sticky=False,
+                 format_func=charts.STAT_MODES.get)
 if not chosen:
     st.info("Pick at least one capture.")
     st.stop()
+ref = None
+if mode != "values":
+    ref = ui.select("Reference", ui.capped(ids, [ui.qp_get("ref") or "", chosen[0]]), "ref", chosen[0], where=c4)
 
-stats = ui.guarded(catalog.boundary_stats, chosen)
-ui.chart_with_downloads(charts.stat_curves(stats, stat, chosen), charts.stat_frame(stats, stat),
-                        f"stats_{stat}_{'_'.join(chosen)}")
+shown = list(dict.fromkeys([*chosen, *([ref] if ref else [])]))
+stats = ui.guarded(catalog.boundary_stats, shown)
+sel = runs[runs["run_id"].isin(shown)]
+n_layers = dict(zip(sel["run_id"], sel["n_layers"]))
+stats = stats_compare.with_depth(stats, n_layers)
+if mode == "values":
+    st.caption("x is depth: S_b at b, F one step after S_N; a boundary a capture lacks is a gap in its line. "
+               "`Show: difference` compares every capture with a reference.")
+    ui.chart_with_downloads(charts.stat_curves(stats, stat, chosen), charts.stat_frame(stats, stat),
+                            f"stats_{stat}_{'_'.join(chosen)}")
+else:
+    comp = stats_compare.compare(stats, stat, ref, shown, n_layers, label=charts.STATS[stat])
+    st.info(comp.verdict, icon=":material/compare_arrows:")
+    ui.note_verdict(comp.verdict)
+    ui.note_verdict(comp.verdict)        # above exported charts, in the report bundle
+    st.caption(f"Each capture minus the reference `{ref}` at every boundary both hold "
+               f"({'absolute' if mode == 'diff' else 'relative to the reference, in %'}); x is depth, gaps where "
+               "either capture lacks a boundary.")
+    ui.chart_with_downloads(charts.stat_diff_curves(comp, mode, shown), charts.stat_diff_frame(comp),
+                            f"stats_{stat}_{mode}_vs_{ref}_{'_'.join(chosen)}")
 
 st.subheader("Outlier dimensions")
 run = ui.select("Capture", chosen, "run", chosen[0])
