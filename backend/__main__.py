@@ -83,16 +83,16 @@ def cmd_align(a: argparse.Namespace) -> int:
 
 
 def cmd_runs(a: argparse.Namespace) -> int:
-    from backend.store import catalog
+    from backend.store.catalog import Catalog
 
-    catalog.refresh()
+    Catalog().write.refresh()
     if a.json:       # every run with the headline figures of bench runs (tau, acceptance, speedup + CI, lossless)
-        df = catalog.runs_overview()
+        df = Catalog().read.runs_overview()
         if a.kind:
             df = df[df["kind"] == a.kind]
         print(df.to_json(orient="records", date_format="iso"))
         return 0
-    df = catalog.list_runs(kind=a.kind)
+    df = Catalog().read.list_runs(kind=a.kind)
     if df.empty:
         print("no runs yet: try `python -m backend demo`")
         return 0
@@ -102,10 +102,10 @@ def cmd_runs(a: argparse.Namespace) -> int:
 
 
 def cmd_db(a: argparse.Namespace) -> int:
-    from backend.store import catalog
+    from backend.store.catalog import Catalog
 
-    p = catalog.refresh(full=True)
-    n = len(catalog.list_runs())
+    p = Catalog().write.refresh(full=True)
+    n = len(Catalog().read.list_runs())
     print(f"catalog rebuilt: {p} ({n} runs)")
     return 0
 

@@ -32,8 +32,7 @@ from backend import metrics
 from backend.errors import SpecLensError
 from backend.model_id import fingerprint
 from backend.prompts import Prompt, encode_all, load_prompts
-from backend.runs.lifecycle import RunGuard
-from backend.store import catalog
+from backend.runs.lifecycle import Run, RunGuard
 from backend.store.rundir import (COMPLETE, RUNNING, RunDir, atomic_write_json, atomic_write_parquet,
                                   list_run_dirs, new_run_id)
 
@@ -258,14 +257,12 @@ def _manifest(s: BenchSettings, lm, spec: _Spec | None, base: BenchResult | None
     }
 
 
-def _open_or_resume(run_id: str, s: BenchSettings, lm, spec, base, root, n_prompts: int) -> tuple[RunDir, list[dict]]:
+def _open_or_resume(run_id: str, s: BenchSettings, lm, spec, base, root, n_prompts: int) -> tuple[Run, list[dict]]:
     manifest = _manifest(s, lm, spec, base, n_prompts)
     try:
-        rd = RunDir.create(run_id, manifest, root)
-        catalog.refresh(root)
-        return rd, []
+        return Run.create(run_id, manifest, root), []
     except SpecLensError:
-        rd = RunDir.open(run_id, root)
+        rd = Run.open(run_id, root)
     m = rd.manifest()
     if m.get("status") == COMPLETE:
         raise SpecLensError(f"run '{run_id}' is already complete ({rd.path}); pick another --name")
@@ -273,9 +270,7 @@ def _open_or_resume(run_id: str, s: BenchSettings, lm, spec, base, root, n_promp
         raise SpecLensError(f"run '{run_id}' was started with other settings ({rd.manifest_path}); "
                             "resume it with the same options or pick another --name")
     done = _read_journal(rd)
-    rd.claim()
-    rd.update(baseline_run=manifest["baseline_run"], progress={"done": len(done), "total": n_prompts * s.repeats})
-    catalog.refresh(root)
+    rd.claim(baseline_run=manifest["baseline_run"], progress={"done": len(done), "total": n_prompts * s.repeats})
     return rd, done
 
 
@@ -378,7 +373,7 @@ def _row(run_id: str, r: int, i: int, p: Prompt, n_prompt: int, gen) -> dict:
             "drafts": len(gen.accepted), "output_hash": output_hash(gen.tokens)}
 
 
-def _run(rd: RunDir, lm, s: BenchSettings, prompts, seqs, spec, base, done: list[dict], root, progress,
+def _run(rd: Run, lm, s: BenchSettings, prompts, seqs, spec, base, done: list[dict], root, progress,
          stop_after) -> BenchResult:
     from backend.engines.hf_spec import AuxCapture
 
@@ -387,7 +382,7 @@ def _run(rd: RunDir, lm, s: BenchSettings, prompts, seqs, spec, base, done: list
     aux = AuxCapture(lm, spec.aux["boundaries"]) if spec and spec.proposer is not None else None
     t_manifest, ran = time.monotonic(), 0
     what = "speculative" if spec else "baseline"
-    guard = RunGuard(rd, root, save=lambda: rd.update(progress={"done": len(done), "total": len(units)}),
+    guard = RunGuard(rd, save=lambda: rd.progress(len(done), len(units), checkpoint=True),
                      save_on_error=False, keep_interrupt=stop_after is not None,
                      interrupted=lambda: f"interrupted after {len(done)}/{len(units)} generations; run the same "
                                          f"command again to resume")
@@ -409,7 +404,7 @@ def _run(rd: RunDir, lm, s: BenchSettings, prompts, seqs, spec, base, done: list
                     ran += 1
                     bar.update(1)
                     if time.monotonic() - t_manifest > 2.0:
-                        rd.update(progress={"done": len(done), "total": len(units)})
+                        rd.progress(len(done), len(units))
                         t_manifest = time.monotonic()
                     if stop_after is not None and ran >= stop_after and len(done) < len(units):
                         raise KeyboardInterrupt
@@ -425,7 +420,7 @@ def _run(rd: RunDir, lm, s: BenchSettings, prompts, seqs, spec, base, done: list
 # ---------------------------------------------------------------------- results
 
 
-def _finish(rd: RunDir, s: BenchSettings, spec, base: BenchResult | None, done: list[dict], root) -> BenchResult:
+def _finish(rd: Run, s: BenchSettings, spec, base: BenchResult | None, done: list[dict], root) -> BenchResult:
     done = sorted(done, key=lambda u: (u["row"]["repeat"], u["row"]["prompt_index"]))
     prompts_df = pd.DataFrame([u["row"] for u in done])
     steps_df = pd.DataFrame(
@@ -464,7 +459,6 @@ def _finish(rd: RunDir, s: BenchSettings, spec, base: BenchResult | None, done: 
     j = rd.file(JOURNAL)
     if j.exists():
         os.remove(j)
-    catalog.refresh(root)
     return BenchResult(rd.run_id, rd.path, COMPLETE, base.run_id if base else None, fig["tau"],
                        fig["acceptance_rate"], tps, fig["speedup"], fig["lossless"], fig["mismatched_prompts"])
 

@@ -76,7 +76,7 @@ def run_capture(settings: CaptureSettings, name: str | None = None, root: Path |
     cap = Capturer(stats, sample)
     t0 = time.perf_counter()
     done = start
-    guard = RunGuard(rd, root, save=lambda: checkpoint(rd, stats, sample, done, len(seqs)),
+    guard = RunGuard(rd, save=lambda: checkpoint(rd, stats, sample, done, len(seqs)),
                      interrupted=lambda: f"interrupted after {done}/{len(seqs)} prompts; run the same command again "
                                          f"to resume")
     with guard, hf.BoundaryHooks(lm, wanted, cap.sink):
@@ -93,7 +93,7 @@ def run_capture(settings: CaptureSettings, name: str | None = None, root: Path |
                 bar.close()
                 return CaptureResult(run_id, rd.path, 0, done, time.perf_counter() - t0)
         bar.close()
-    return finish(rd, stats, sample, labels, total_tokens, len(seqs), time.perf_counter() - t0, root)
+    return finish(rd, stats, sample, labels, total_tokens, len(seqs), time.perf_counter() - t0)
 
 
 class Capturer:

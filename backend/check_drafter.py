@@ -26,9 +26,9 @@ from pathlib import Path
 from backend.config import REPO_ROOT
 from backend.errors import SpecLensError
 from backend.model_id import fingerprint
-from backend.store.rundir import COMPLETE, RunDir, atomic_write_json, new_run_id
+from backend.drafter.check_result import RESULT
+from backend.store.rundir import atomic_write_json, new_run_id
 
-RESULT = "check.json"
 AT_CHANCE = "Inconclusive: the drafter predicts no better than chance"
 VERSION = 1
 DEFAULT_PROMPTS = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
@@ -365,7 +365,7 @@ def _ranking_notes(cands) -> list:
 # ---------------------------------------------------------------------------- storage
 
 def _save(run_id: str, s: CheckSettings, report: dict, root: Path | None) -> Path:
-    from backend.store import catalog
+    from backend.runs.lifecycle import Run
 
     t = report["target_info"]
     best = report.get("best_candidate") or {}
@@ -389,10 +389,9 @@ def _save(run_id: str, s: CheckSettings, report: dict, root: Path | None) -> Pat
         "headline": {"tokens": sample.get("answer_tokens", 0), "prompts": sample.get("prompts", 0),
                      "seconds": report["timing"]["total"]},
     }
-    rd = RunDir.create(run_id, manifest, root)
+    rd = Run.create(run_id, manifest, root)
     atomic_write_json(rd.file(RESULT), report)
     rd.complete()
-    catalog.refresh(root)
     return rd.path
 
 
@@ -402,29 +401,6 @@ def _transformers_version() -> str | None:
         return f"transformers {transformers.__version__}"
     except ImportError:  # pragma: no cover
         return None
-
-
-def load_check(run_id: str, root: Path | None = None) -> dict:
-    """The stored result of a complete check run (what the Drafter check page shows)."""
-    rd = RunDir.open(run_id, root)
-    m = rd.manifest()
-    if m.get("kind") != "check":
-        raise SpecLensError(f"run '{run_id}' is a {m.get('kind')} run, not a drafter check; pick a check run")
-    if rd.effective_status(m) != COMPLETE:
-        raise SpecLensError(f"check '{run_id}' is {rd.effective_status(m)}; "
-                            f"run `python -m backend check-drafter` again")
-    f = rd.file(RESULT)
-    try:
-        return json.loads(f.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise SpecLensError(f"{f}: unreadable check result ({type(e).__name__}); run the check again") from None
-
-
-def check_runs(root: Path | None = None):
-    """Complete check runs, newest first (catalog rows)."""
-    from backend.store import catalog
-
-    return catalog.list_runs(kind="check", status=COMPLETE, root=root)
 
 
 # ---------------------------------------------------------------------------- command line

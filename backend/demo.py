@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 from backend.config import REPO_ROOT, paths
-from backend.store import catalog
+from backend.runs.lifecycle import Run
+from backend.store.catalog import Catalog
 from backend.store.rundir import COMPLETE, RunDir, list_run_dirs
 from backend.toy.shipped import PAIR_TARBALL, PROMPTS, heldout_prompts, toy_pair
 
@@ -72,7 +73,7 @@ def _fresh(run_id: str, root: Path | None, force: bool) -> bool:
     """True when the run must be (re)built; removes a stale or incomplete run directory."""
     if not force and _complete(run_id, root):
         return False
-    shutil.rmtree(paths(root).runs / run_id, ignore_errors=True)
+    Run.remove(run_id, root)
     return True
 
 
@@ -105,7 +106,6 @@ def build_demo(root: Path | None = None, force: bool = False, progress: bool = T
             write_training_data(target, PROMPTS, fmt, out, limit=limit, **kw)
             import_capture(out, fmt, num_layers=8, name=run_id, root=root)
             made.append(run_id)
-    catalog.refresh(root)
     return made
 
 
@@ -133,7 +133,6 @@ def build_bench_demo(root: Path | None = None, force: bool = False, progress: bo
                           device="cpu")
         r = run_bench(s, name=run_id, root=root, progress=progress)
         made.append(r.run_id)
-    catalog.refresh(root)
     return made
 
 
@@ -229,7 +228,6 @@ def build_slot_shift_demo(root: Path | None = None, force: bool = False, progres
                                     training_data=str(slot / "training-data"), training_format="speculators-legacy"),
                       name=SLOT_CHECK_RUN, root=root, progress=progress)
         made.append(r.run_id)
-    catalog.refresh(root)
     return made
 
 
@@ -248,15 +246,15 @@ def story(root: Path | None = None) -> list[str] | None:
 def _story(root: Path | None) -> list[str] | None:
     import urllib.parse
 
-    runs = catalog.bench_runs(root=root, run_ids=list(STORY_RUNS)).set_index("run_id")
-    checks = catalog.check_manifests(root=root)
+    runs = Catalog(root).read.bench_runs(run_ids=list(STORY_RUNS)).set_index("run_id")
+    checks = Catalog(root).read.check_manifests()
     if any(r not in runs.index or runs.loc[r, "status"] != COMPLETE for r in STORY_RUNS):
         return None
     from backend.compare import tau_gap
 
     tau = {r: float(runs.loc[r, "tau"]) for r in STORY_RUNS}
     m, s, p, f = (tau[r] for r in STORY_RUNS)
-    by_run = {r: g for r, g in catalog.bench_prompt_speeds(list(STORY_RUNS), root=root).groupby("run_id")}
+    by_run = {r: g for r, g in Catalog(root).read.bench_prompt_speeds(list(STORY_RUNS)).groupby("run_id")}
     gap = tau_gap("demo-bench-matched", "demo-bench-slot-shift", by_run)
     ci = f", 95% CI {gap[0]:.2f} to {gap[1]:.2f} lower over {gap[2]} held-out prompts" if gap else ""
     chk = SLOT_CHECK_RUN if SLOT_CHECK_RUN in checks else None
@@ -301,7 +299,7 @@ def run_demo(force: bool = False, progress: bool = True, root: Path | None = Non
     build_baseline(root, force, progress)
     slot = _spawn_slot_shift(root, force)
     build_bench_demo(root, force, progress)
-    for r in catalog.bench_runs(root=root, run_ids=list(BENCH_RUNS)).itertuples():
+    for r in Catalog(root).read.bench_runs(run_ids=list(BENCH_RUNS)).itertuples():
         print(f"  bench {r.run_id}: tau {r.tau:.2f}, {r.tokens_per_s:.1f} tok/s, speedup {r.speedup:.2f}x, "
               f"lossless {r.lossless}")
     print(f"benchmark demo ready in {time.perf_counter() - t1:.1f} s; open http://localhost:8501/compare?runs="
@@ -315,8 +313,7 @@ def run_demo(force: bool = False, progress: bool = True, root: Path | None = Non
         if slot.wait() != 0:
             print(f"slot-shift benches failed (exit {slot.returncode}); see {slot.log}:\n"
                   + slot.log.read_text(errors="replace")[-3000:])
-    catalog.refresh(root)
-    for r in catalog.bench_runs(root=root, run_ids=list(SLOT_RUNS)).itertuples():
+    for r in Catalog(root).read.bench_runs(run_ids=list(SLOT_RUNS)).itertuples():
         print(f"  bench {r.run_id}: tau {r.tau:.2f}, speedup {r.speedup:.2f}x, lossless {r.lossless}")
     print(f"slot-shift demo ready {time.perf_counter() - t3:.1f} s later ({time.perf_counter() - t0:.0f} s in all); "
           f"open http://localhost:8501/drafter?run={SLOT_CHECK_RUN}")

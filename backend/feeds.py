@@ -45,10 +45,10 @@ class FeedRow:
 def trained_on(drafter: str | Path, target: str | Path, root: Path | None = None) -> dict | None:
     """The newest complete full drafter check of this drafter and target that found trained-on boundaries:
     {run_id, boundaries, severity}; None when there is none."""
-    from backend.store import catalog
+    from backend.store.catalog import Catalog
 
     d, t = str(Path(drafter).resolve()), str(Path(target).resolve())
-    for run_id, m in catalog.check_manifests(root).items():
+    for run_id, m in Catalog(root).read.check_manifests().items():
         chk = m.get("check") or {}
         if chk.get("mode") == "lint" or not chk.get("best"):
             continue
@@ -59,9 +59,9 @@ def trained_on(drafter: str | Path, target: str | Path, root: Path | None = None
 
 def check_pair(run_id: str, root: Path | None = None) -> tuple[str, str]:
     """(drafter, target) paths of a stored drafter check run."""
-    from backend.store import catalog
+    from backend.store.catalog import Catalog
 
-    m = catalog.check_manifests(root).get(run_id)
+    m = Catalog(root).read.check_manifests().get(run_id)
     if m is None:
         raise SpecLensError(f"no complete drafter check run '{run_id}'; list them with `python -m backend runs`")
     return m["drafter"]["path"], m["model"]["path"]
@@ -182,14 +182,14 @@ def page_pair(drafter: str | None, target: str | None, check: str | None, root: 
     (?drafter=&target=) that lie under SPECLENS_MODEL_ROOTS (default: the data root and <repo>/models) or belong
     to a stored drafter check; anything else is refused with one line (a URL must not read arbitrary files)."""
     from backend.config import model_roots
-    from backend.store import catalog
+    from backend.store.catalog import Catalog
 
     if check:
         return check_pair(check, root)
     if not drafter or not target:
         raise SpecLensError("name a drafter and a target (?drafter=DIR&target=DIR) or a drafter check (?check=RUN)")
-    known = {(m.get("drafter") or {}).get("path") for m in catalog.check_manifests(root).values()} | \
-        {(m.get("model") or {}).get("path") for m in catalog.check_manifests(root).values()}
+    known = {(m.get("drafter") or {}).get("path") for m in Catalog(root).read.check_manifests().values()} | \
+        {(m.get("model") or {}).get("path") for m in Catalog(root).read.check_manifests().values()}
     roots = model_roots()
     for p in (drafter, target):
         rp = Path(p).expanduser().resolve()

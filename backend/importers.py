@@ -40,12 +40,11 @@ from tqdm import tqdm
 
 from backend import coords
 from backend.runs.capture_run import CaptureResult, write_capture_files
-from backend.runs.lifecycle import RunGuard
+from backend.runs.lifecycle import Run, RunGuard
 from backend.errors import SpecLensError
 from backend.jsonfile import read_object
 from backend.stats import StreamingStats, TokenSample
-from backend.store import catalog
-from backend.store.rundir import RunDir, new_run_id
+from backend.store.rundir import new_run_id
 
 SAMPLE_TOKENS, SAMPLE_PER_SEQ = 4096, 512
 DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
@@ -524,13 +523,12 @@ def import_capture(path: str | Path, fmt: str | None = None, producer_ids: list[
         manifest["source"]["detected"] = plan.detected
     if plan.n_skipped:
         manifest["source"]["skipped"] = {"files": plan.n_skipped, "examples": plan.skipped}
-    rd = RunDir.create(run_id, manifest, root)
-    catalog.refresh(root)
+    rd = Run.create(run_id, manifest, root)
     t0 = time.perf_counter()
-    with RunGuard(rd, root, interrupted=lambda: "interrupted; import again under a new --name",
+    with RunGuard(rd, interrupted=lambda: "interrupted; import again under a new --name",
                   describe=lambda e: f"{type(e).__name__}: {_first_line(e)}"):
         stats, sample = _stream(plan, rd, shape, sample_tokens, sample_per_seq, progress)
-    return write_capture_files(rd, stats, sample, plan.labels, len(plan.files), root,
+    return write_capture_files(rd, stats, sample, plan.labels, len(plan.files),
                                seconds=time.perf_counter() - t0)
 
 
@@ -560,7 +558,7 @@ def _check(plan: Plan, f: Path, rec: Record, shape: tuple[int, torch.dtype, str]
     return shape
 
 
-def _stream(plan: Plan, rd: RunDir, shape: tuple[int, torch.dtype, str], sample_tokens: int, sample_per_seq: int,
+def _stream(plan: Plan, rd: Run, shape: tuple[int, torch.dtype, str], sample_tokens: int, sample_per_seq: int,
             progress: bool) -> tuple[StreamingStats, TokenSample]:
     """Read the files one at a time into streaming statistics and the token sample (bounded memory)."""
     H, dtype, _ = shape
@@ -577,7 +575,7 @@ def _stream(plan: Plan, rd: RunDir, shape: tuple[int, torch.dtype, str], sample_
         if sample.room(int(rec.token_ids.shape[0])):
             sample.add(rec.token_ids, dict(enumerate(rec.states)))
         if time.monotonic() - last_update > 2.0:
-            rd.update(progress={"done": done, "total": len(plan.files)})
+            rd.progress(done, len(plan.files))
             last_update = time.monotonic()
     bar.close()
     return stats, sample

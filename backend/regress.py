@@ -44,12 +44,12 @@ def _run(df, run_id: str) -> dict:
 def compare(baseline: str, candidate: str, max_tau_drop: float = 0.02, root: Path | None = None) -> dict:
     """The verdict of `candidate` against `baseline` (see the module docstring) with the figures behind it and
     one line saying why."""
-    from backend.store import catalog
+    from backend.store.catalog import Catalog
 
     if max_tau_drop < 0:
         raise SpecLensError(f"--max-tau-drop {max_tau_drop}: must be >= 0")
-    catalog.refresh(root)
-    runs = catalog.bench_history(root=root, run_ids=[baseline, candidate])
+    Catalog(root).write.refresh()
+    runs = Catalog(root).read.bench_history(run_ids=[baseline, candidate])
     b, c = _run(runs, baseline), _run(runs, candidate)
     for key, what in (("model_key", "target"), ("drafter_key", "drafter"), ("num_spec_tokens", "K")):
         if b.get(key) != c.get(key):
@@ -57,7 +57,7 @@ def compare(baseline: str, candidate: str, max_tau_drop: float = 0.02, root: Pat
                                 f"regress compares runs of one drafter and target")
     if not (b.get("num_spec_tokens") or 0) > 0:
         raise SpecLensError(f"{baseline} is a plain-decoding run (no drafter); pass the speculative runs")
-    frames = catalog.bench_prompt_speeds([baseline, candidate], root)
+    frames = Catalog(root).read.bench_prompt_speeds([baseline, candidate])
     per = {r: frames[frames["run_id"] == r].groupby("prompt_id")[["accepted", "drafts"]].sum()
            for r in (baseline, candidate)}
     shared = per[baseline].index.intersection(per[candidate].index)
@@ -118,9 +118,9 @@ def history(root: Path | None = None):
     """Bench runs with a drafter, grouped for the Regression page: one group per (target, drafter, K), oldest first.
     Returns {group label: DataFrame} (no SQL here: catalog.bench_history); `with_release` adds the release labels
     of the runs a page shows."""
-    from backend.store import catalog
+    from backend.store.catalog import Catalog
 
-    df = catalog.bench_history(root=root, reading=False)
+    df = Catalog(root).read.bench_history(reading=False)
     df = df[(df["status"] == "complete") & (df["num_spec_tokens"].fillna(0) > 0)]
     out = {}
     for (model, drafter, k), g in df.groupby(["model", "drafter", "num_spec_tokens"], sort=False, dropna=False):
@@ -131,11 +131,11 @@ def history(root: Path | None = None):
 def with_release(g, root: Path | None = None):
     """The runs of `g` with their release label (engine release; for HF benches also the engine reading applied),
     ordered by release, then date."""
-    from backend.store import catalog
+    from backend.store.catalog import Catalog
 
     if g.empty:
         return g.assign(release=[])
-    full = catalog.bench_history(root=root, run_ids=g["run_id"].tolist())
+    full = Catalog(root).read.bench_history(run_ids=g["run_id"].tolist())
     cols = ["engine", "engine_version", "aux_producer", "aux_version", "aux_runner"]
     keys = full[cols].astype("string").fillna("")
     labels = {tuple(r.values()): release_label(r) for r in keys.drop_duplicates().to_dict("records")}
@@ -170,10 +170,10 @@ def group_table(g, root: Path | None = None):
     the group's first run [95% CI paired over shared prompts], speedup [95% CI], acceptance, lossless."""
     import pandas as pd
 
-    from backend.store import catalog
+    from backend.store.catalog import Catalog
 
     ids = g["run_id"].tolist()
-    frames = catalog.bench_prompt_speeds(ids, root)
+    frames = Catalog(root).read.bench_prompt_speeds(ids)
     per = {r: f.groupby("prompt_id")[["accepted", "drafts"]].sum() for r, f in frames.groupby("run_id")}
     first = ids[0] if ids else None
     rows = []

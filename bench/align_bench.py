@@ -42,7 +42,7 @@ def fake_run(root: Path, run_id: str, n_layers: int, tokens: int, hidden: int, s
     rd = RunDir.create(run_id, {"kind": "capture", "engine": "bench", "boundaries": labels, "dtype": "bf16",
                                 "model": {"n_layers": n_layers, "hidden_size": hidden}}, root)
     atomic_save_safetensors(rd.file("sample.safetensors"), t)
-    rd.complete()
+    rd.update(status="complete")
 
 
 def main() -> None:

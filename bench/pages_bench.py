@@ -4,8 +4,8 @@
    figures, steps.parquet, prompts.parquet; annotations.json with tags on some runs and a pinned baseline per
    target), numbers random but consistent (tau from the steps, tokens/s rising with it). Groups of 10 runs share
    a target, dataset and paired baseline (1 plain-decoding baseline + 9 drafter runs).
-2. Builds the catalog with the project's own `catalog.refresh(full=True)` (timed), then times the incremental
-   refresh with nothing changed (what the Runs page does on every render) and after one annotation edit.
+2. Builds the catalog with the project's own `Catalog(root).write.refresh(full=True)` (timed), then times the
+   incremental refresh with nothing changed (what the Runs page does on every render) and after one annotation edit.
 3. Per page view: the first server-side render with streamlit's AppTest, in a fresh process each (cold: the
    process imports the app's modules) and a second fresh AppTest in the same process (warm: a running server
    has imported them), and a one-line script for AppTest's own fixed cost; then in a real browser (`streamlit
@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from backend import annotations  # noqa: E402
 from backend.netutil import free_port  # noqa: E402
-from backend.store import catalog  # noqa: E402
+from backend.store.catalog import Catalog  # noqa: E402
 
 K = 4
 PROMPTS = 24                        # per run and repeat
@@ -388,20 +388,20 @@ def main() -> None:
             result["data"] = {"reused": str(root)}
         else:
             result["data"] = build_root(root, a.runs, a.steps)
-            _, result["data"]["catalog_full_refresh_s"] = _timed(catalog.refresh, root, full=True)
+            _, result["data"]["catalog_full_refresh_s"] = _timed(Catalog(root).write.refresh, full=True)
         result["data"]["catalog_mb"] = round((root / "speclens.duckdb").stat().st_size / 2**20, 1)
         result["data"]["runs_dir_mb"] = round(sum(f.stat().st_size for f in (root / "runs").rglob("*") if f.is_file())
                                               / 2**20, 1)
-        _, result["data"]["refresh_nothing_changed_s"] = _timed(catalog.refresh, root)
+        _, result["data"]["refresh_nothing_changed_s"] = _timed(Catalog(root).write.refresh)
         os.environ["SPECLENS_DATA"] = str(root)
         some = "bench-00013-d11"
         _, result["data"]["annotation_save_s"] = _timed(annotations.save, some, tags="bench-edit", root=root)
-        _, result["data"]["refresh_after_one_edit_s"] = _timed(catalog.refresh, root)
+        _, result["data"]["refresh_after_one_edit_s"] = _timed(Catalog(root).write.refresh)
         ids = ["bench-00001-d07", "bench-00002-d14", "bench-00011-d17"]
-        queries = {"runs_overview": lambda: catalog.runs_overview(root=root),
-                   "bench_histogram_3_runs": lambda: catalog.bench_histogram(ids, root=root),
-                   "bench_categories_3_runs": lambda: catalog.bench_categories(ids, root=root),
-                   "bench_runs_all": lambda: catalog.bench_runs(root=root)}
+        queries = {"runs_overview": lambda: Catalog(root).read.runs_overview(),
+                   "bench_histogram_3_runs": lambda: Catalog(root).read.bench_histogram(ids),
+                   "bench_categories_3_runs": lambda: Catalog(root).read.bench_categories(ids),
+                   "bench_runs_all": lambda: Catalog(root).read.bench_runs()}
         result["queries_s"] = {k: _timed(q)[1] for k, q in queries.items()}
         result["apptest_first_render"] = apptest_views(root)
         result["apptest_harness_one_line_script_cold_s"] = apptest_harness()

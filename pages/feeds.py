@@ -7,13 +7,13 @@ import streamlit as st
 
 from backend import feeds
 from dashboard import release_charts, ui
-from backend.check_drafter import check_runs
+from backend.store.catalog import Catalog
 
 HOW = ("`python -m backend feeds --drafter DRAFTER_DIR --target TARGET_DIR` prints the same matrix; "
        "`python -m backend check-drafter ...` stores a check whose pair this page can open.")
 
 st.title("Feeds across engine releases")
-checks = ui.guarded(check_runs)
+checks = ui.guarded(Catalog().read.check_runs)
 ids = checks["run_id"].tolist()
 names = {r.run_id: f"{r.run_id}  ({r.drafter or '?'} on {r.model or '?'})" for r in checks.itertuples()}
 drafter, target = ui.qp_get("drafter"), ui.qp_get("target")
@@ -37,6 +37,7 @@ st.caption(f"Drafter `{m['drafter']}` ({m['drafter_ids']['format']} format; {ids
            f"'seen' = run on real hardware (vLLM 0.24.0, 0.25.1; SGLang 0.5.15), 'inferred' = read in the code.")
 for line in feeds.summary(m):
     (st.warning if "differs" in line else st.markdown)(line)
+    ui.note_verdict(line)        # above exported charts, in the report bundle
 ui.chart_with_downloads(release_charts.feeds_grid(m), release_charts.feeds_table(m),
                         f"feeds_{ti['architectures'][0] if ti['architectures'] else 'target'}_{ti['n_layers']}")
 st.subheader("Where the answer changed")

@@ -37,14 +37,14 @@ def _unfinished_runs(root: Path) -> None:
     RunDir.create("live-run", {**base, "progress": {"done": 3, "total": 12}}, root)
     gone = RunDir.create("dead-run", {**base, "progress": {"done": 5, "total": 12}}, root)
     gone.update(pid=2**22 + 12345)          # beyond pid_max: never alive
-    RunDir.create("broken-run", base, root).fail("OutOfMemoryError: CUDA out of memory")
+    RunDir.create("broken-run", base, root).update(status="failed", error="OutOfMemoryError: CUDA out of memory")
 
 
 def build_dashboard_data(root: Path) -> Path:
     """Captures a1, a2 (fp32, identical), b16 (bf16), nan1 (NaN in the prompts holding " travel") and three
     unfinished runs."""
     from backend.capture import CaptureSettings, run_capture
-    from backend.store import catalog
+    from backend.store.catalog import Catalog
     from backend.toy.target import build_random_target
 
     model = build_random_target(root / "models" / "toy", n_layers=8, hidden=256, seed=0)
@@ -54,7 +54,7 @@ def build_dashboard_data(root: Path) -> Path:
         run_capture(CaptureSettings(model=str(m), prompts=str(PROMPTS), limit=DASH_LIMIT, dtype=dtype, device="cpu"),
                     name=name, root=root, progress=False)
     _unfinished_runs(root)
-    catalog.refresh(root)
+    Catalog(root).write.refresh()
     return root
 
 
@@ -181,7 +181,7 @@ def build_bench_data(root: Path) -> Path:
     from backend.drafter import DrafterConfig, Eagle3Drafter, init_random
     from backend.engines import hf
     from backend.prompts import encode, load_prompts
-    from backend.store import catalog
+    from backend.store.catalog import Catalog
     from backend.toy.target import build_random_target
 
     threads = torch.get_num_threads()
@@ -210,7 +210,7 @@ def build_bench_data(root: Path) -> Path:
         run_capture(CaptureSettings(model=str(target), prompts=str(prompts), limit=2, device="cpu"), name="cap-tiny",
                     root=root, progress=False)
         annotations.save("spec-oracle", tags="oracle,demo", notes="scripted proposals", root=root)
-        catalog.refresh(root)
+        Catalog(root).write.refresh()
     finally:
         torch.set_num_threads(threads)
     return root

@@ -19,7 +19,7 @@ from backend.drafter.aux import drafter_aux_boundaries
 from backend.engines.hf_spec import EagleProposer, Sampler, decode_plain, verify
 from backend.errors import SpecLensError
 from backend.prompts import encode, load_prompts
-from backend.store import catalog
+from backend.store.catalog import Catalog
 
 K, MAX_NEW, V = 3, 20, 512
 
@@ -103,11 +103,11 @@ def test_bench_files_and_manifest(greedy, root):
     assert len(summ["histogram"]) == K + 1 and sum(summ["histogram"]) == len(steps)
     assert len(summ["per_position"]["rates"]) == K and set(summ["per_category"]) == {"writing", "math"}
     # catalog: the new tables and named queries
-    br = catalog.bench_runs(root=root).set_index("run_id")
+    br = Catalog(root).read.bench_runs().set_index("run_id")
     assert br.loc["greedy", "lossless"] and br.loc["greedy", "baseline_run"] == greedy.baseline_run
-    assert len(catalog.bench_steps(["greedy"], root=root)) == len(steps)
-    assert catalog.bench_histogram(["greedy"], root=root)["steps"].sum() == len(steps)
-    cats = catalog.bench_categories([greedy.baseline_run], root=root)
+    assert len(Catalog(root).read.bench_steps(["greedy"])) == len(steps)
+    assert Catalog(root).read.bench_histogram(["greedy"])["steps"].sum() == len(steps)
+    cats = Catalog(root).read.bench_categories([greedy.baseline_run])
     assert set(cats["category"]) == {"writing", "math"} and (cats["tau"] == 1.0).all()
 
 
@@ -222,7 +222,7 @@ def test_resume_equals_uninterrupted(target, drafter, prompts, root, greedy):
     m = json.loads((cut.path / "manifest.json").read_text())
     assert cut.status == "failed" and m["status"] != "complete" and "resume" in m["error"]
     assert m["progress"]["done"] == 2 and len((cut.path / "journal.jsonl").read_text().splitlines()) == 2
-    assert catalog.bench_runs(root=root).set_index("run_id").loc["cut", "status"] != "complete"
+    assert Catalog(root).read.bench_runs().set_index("run_id").loc["cut", "status"] != "complete"
     with open(cut.path / "journal.jsonl", "a") as f:       # a torn last line, as a kill mid-write leaves
         f.write('{"row": {"repe')
     resumed = run_bench(s, name="cut", root=root, progress=False)

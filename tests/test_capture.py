@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from backend.capture import CaptureSettings, run_capture
 from backend.errors import SpecLensError
-from backend.store import catalog
+from backend.store.catalog import Catalog
 from backend.store.rundir import RunDir
 
 
@@ -53,9 +53,9 @@ def test_stats_written_and_cataloged(tiny_llama, prompts_file, data_root):
     assert (df["n_tokens"] == r.tokens).all() and r.tokens > 100
     assert (df["mean_norm"] > 0).all() and df["kurtosis"].notna().all()
     assert load_file(str(r.path / "sample.safetensors"))["S_0"].shape == (100, 64)
-    runs = catalog.list_runs(root=data_root)
+    runs = Catalog(data_root).read.list_runs()
     assert runs.loc[0, "run_id"] == "s" and runs.loc[0, "status"] == "complete"
-    assert len(catalog.boundary_stats(["s"], root=data_root)) == 10
+    assert len(Catalog(data_root).read.boundary_stats(["s"])) == 10
 
 
 def test_resume_equals_uninterrupted(tiny_llama, prompts_file, data_root):

@@ -3,54 +3,54 @@
 import multiprocessing as mp
 import time
 
-from backend.store import catalog
+from backend.store.catalog import Catalog
 from backend.store.rundir import RunDir
 
 
 def _writer(root, n, stop):
     for i in range(n):
         rd = RunDir.create(f"w{i:03d}", {"kind": "capture", "engine": "hf", "boundaries": ["S_0"]}, root)
-        rd.complete(headline={"tokens": i})
-        catalog.refresh(root)
+        rd.update(status="complete", headline={"tokens": i})
+        Catalog(root).write.refresh()
     stop.set()
 
 
 def test_rebuild_and_status(data_root):
-    RunDir.create("done", {"kind": "capture", "engine": "hf"}, data_root).complete()
+    RunDir.create("done", {"kind": "capture", "engine": "hf"}, data_root).update(status="complete")
     rd = RunDir.create("dead", {"kind": "capture", "engine": "hf"}, data_root)
     rd.update(pid=2**22 + 12345)                      # a process that does not exist: the run died
-    RunDir.create("bad", {"kind": "capture", "engine": "hf"}, data_root).fail("boom: one line")
-    catalog.refresh(data_root)
-    df = catalog.list_runs(root=data_root).set_index("run_id")
+    RunDir.create("bad", {"kind": "capture", "engine": "hf"}, data_root).update(status="failed", error="boom: one line")
+    Catalog(data_root).write.refresh()
+    df = Catalog(data_root).read.list_runs().set_index("run_id")
     assert df.loc["done", "status"] == "complete"
     assert df.loc["dead", "status"] == "interrupted"   # never shown as complete or running
     assert df.loc["bad", "status"] == "failed" and df.loc["bad", "error"] == "boom: one line"
     (data_root / "speclens.duckdb").unlink()
-    assert len(catalog.list_runs(root=data_root)) == 3  # rebuilt from the run directories
+    assert len(Catalog(data_root).read.list_runs()) == 3  # rebuilt from the run directories
 
 
 def test_readers_never_fail_while_writer_refreshes(data_root):
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
-    catalog.refresh(data_root)
+    Catalog(data_root).write.refresh()
     w = ctx.Process(target=_writer, args=(data_root, 40, stop))
     w.start()
     reads, errors, seen = 0, [], 0
     deadline = time.time() + 120
     while not stop.is_set() and time.time() < deadline:
         try:
-            seen = max(seen, len(catalog.list_runs(root=data_root)))
+            seen = max(seen, len(Catalog(data_root).read.list_runs()))
             reads += 1
         except Exception as e:  # any error a page would show
             errors.append(repr(e))
     w.join(30)
     assert errors == []
     assert reads > 10
-    assert len(catalog.list_runs(root=data_root)) == 40
+    assert len(Catalog(data_root).read.list_runs()) == 40
 
 
 def test_filters_use_parameters_not_sql(data_root):
-    RunDir.create("r1", {"kind": "capture", "engine": "hf"}, data_root).complete()
-    catalog.refresh(data_root)
-    assert catalog.list_runs(kind="capture' OR '1'='1", root=data_root).empty
-    assert len(catalog.list_runs(kind="capture", root=data_root)) == 1
+    RunDir.create("r1", {"kind": "capture", "engine": "hf"}, data_root).update(status="complete")
+    Catalog(data_root).write.refresh()
+    assert Catalog(data_root).read.list_runs(kind="capture' OR '1'='1").empty
+    assert len(Catalog(data_root).read.list_runs(kind="capture")) == 1

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.check_drafter import CheckSettings, load_check, run_check
+from backend.check_drafter import CheckSettings, run_check
+from backend.store.catalog import Catalog
 from backend.demo import PAIR_TARBALL, toy_pair
 from backend.drafter import lint as L
 from backend.errors import SpecLensError
@@ -117,7 +118,7 @@ def test_after_layer_drafter_via_cli_json(checks, root) -> None:
     texts = [f["text"] for f in rep["findings"] if f["source"] == "training_data"]
     assert any(t.startswith("Training data and serving disagree") for t in texts), texts
     assert rep["timing"]["total"] <= 60, rep["timing"]
-    assert load_check("chk-after", root)["best_candidate"]["boundaries"] == ["S_3", "S_5", "S_6"]
+    assert Catalog(root).read.drafter_check("chk-after")["best_candidate"]["boundaries"] == ["S_3", "S_5", "S_6"]
 
 
 def test_matched_drafter_is_a_match(checks) -> None:

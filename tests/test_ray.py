@@ -50,7 +50,7 @@ def test_ray_sweep_of_8_toy_pair_jobs_over_2_nodes(cluster, data_root, pair, mon
     from backend.jobs import queue
     from backend.jobs.cli import submit_spec
     from backend.jobs.worker import run_ray
-    from backend.store import catalog
+    from backend.store.catalog import Catalog
 
     monkeypatch.setenv("SPECLENS_MODEL_ROOTS", str(pair))
     drafters = [pair / "drafter-matched", pair / "drafter-after-layer"]
@@ -71,13 +71,13 @@ def test_ray_sweep_of_8_toy_pair_jobs_over_2_nodes(cluster, data_root, pair, mon
     results = [queue.find(j["job_id"], data_root)[1]["result"] for j in jobs]
     pids = {json.loads((data_root / "runs" / r["run"] / "manifest.json").read_text())["pid"] for r in results}
     assert os.getpid() not in pids and len(pids) >= 2
-    catalog.refresh(data_root)
-    runs = catalog.list_runs(root=data_root)
+    Catalog(data_root).write.refresh()
+    runs = Catalog(data_root).read.list_runs()
     ours = runs[runs["run_id"].str.startswith("rs-")]
     # 8 sweep runs + one paired baseline per temperature, shared by the jobs that started together on two nodes
     assert len(ours) == 8 + 2, sorted(ours["run_id"])
     assert (runs["status"] == "complete").all(), runs[["run_id", "status"]]
-    bench = catalog.bench_runs(root=data_root).set_index("run_id")
+    bench = Catalog(data_root).read.bench_runs().set_index("run_id")
     for j in jobs:
         assert bench.loc[j["job_id"], "baseline_run"] in set(runs["run_id"])
     greedy = [j["job_id"] for j in jobs if j["settings"]["temperature"] == 0.0]

@@ -45,7 +45,7 @@ def plant_drop(root: Path, src: str, run_id: str, keep: float = 0.4) -> None:
 
     import pandas as pd
 
-    from backend.store import catalog
+    from backend.store.catalog import Catalog
 
     d = root / "runs" / run_id
     shutil.copytree(root / "runs" / src, d)
@@ -59,7 +59,7 @@ def plant_drop(root: Path, src: str, run_id: str, keep: float = 0.4) -> None:
     m["bench"]["tau"] = 1 + pr["accepted"].sum() / pr["drafts"].sum()
     m["bench"]["acceptance_rate"] = pr["accepted"].sum() / (pr["drafts"].sum() * m["num_spec_tokens"])
     (d / "manifest.json").write_text(json.dumps(m))
-    catalog.refresh(root)
+    Catalog(root).write.refresh()
 
 
 def _cli(root: Path, *args: str) -> subprocess.CompletedProcess:

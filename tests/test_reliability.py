@@ -35,7 +35,7 @@ import pandas as pd
 import pytest
 
 from backend.config import REPO_ROOT
-from backend.store import catalog
+from backend.store.catalog import Catalog
 from backend.store.rundir import RunDir
 
 PROMPTS = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
@@ -164,12 +164,12 @@ def same_bench(ref: Path, got: Path, spec: bool) -> None:
 
 
 def catalog_whole(root: Path, rid: str, kind: str, ref_row_count: int) -> None:
-    row = catalog.get_run(rid, root)
+    row = Catalog(root).read.get_run(rid)
     assert row is not None and row["status"] == "complete", (rid, row and row["status"])
     if kind == "capture":
-        assert len(catalog.boundary_stats([rid], root=root)) == row["n_boundaries"] == ref_row_count
+        assert len(Catalog(root).read.boundary_stats([rid])) == row["n_boundaries"] == ref_row_count
     else:
-        assert len(catalog.bench_prompts([rid], root=root)) == ref_row_count
+        assert len(Catalog(root).read.bench_prompts([rid])) == ref_row_count
 
 
 # ---------------------------------------------------------------------------- (a) kill -9 trials
@@ -179,8 +179,8 @@ def _watch_until(root: Path, ids: list[str], until: float, seen: dict[str, set])
     """Refresh and read the catalog (as a dashboard does) until `until`; record every status seen per run."""
     while time.monotonic() < until:
         try:
-            catalog.refresh(root)
-            st = catalog.run_states(ids, root)
+            Catalog(root).write.refresh()
+            st = Catalog(root).read.run_states(ids)
             for r, s in zip(st["run_id"], st["status"]):
                 seen.setdefault(r, set()).add(s)
         except Exception as e:  # noqa: BLE001 - a reader must never fail
@@ -240,14 +240,14 @@ def test_kill9_at_random_points_then_resume_equals_uninterrupted(forkserver, mod
         assert p.exitcode in (-signal.SIGKILL, 0), p.exitcode
         at_kill = {r: _manifest_status(root, r) for r in ids}
         progress = {r: _progress(root, r) for r in ids}
-        catalog.refresh(root)
-        after = catalog.run_states(ids, root)
+        Catalog(root).write.refresh()
+        after = Catalog(root).read.run_states(ids)
         after = dict(zip(after["run_id"], after["status"]))
         for r in ids:
             if at_kill[r] != "complete":                         # died unfinished: never complete in the catalog
                 assert "complete" not in seen.get(r, set()), (r, seen)
                 assert after.get(r) in (None, "interrupted"), (r, after.get(r))
-                assert catalog.boundary_stats([r], root=root).empty and catalog.bench_prompts([r], root=root).empty
+                assert Catalog(root).read.boundary_stats([r]).empty and Catalog(root).read.bench_prompts([r]).empty
             else:                                                 # finished before the kill: whole already
                 if kind == "capture":
                     same_capture(ref / "runs" / "ref-cap", root / "runs" / r)
@@ -268,7 +268,7 @@ def test_kill9_at_random_points_then_resume_equals_uninterrupted(forkserver, mod
             catalog_whole(root, f"{name}-baseline", "bench", ref_prompts)
         trials.append({"kind": kind, "name": name, "kill_after_s": round(delay, 2), "state_at_kill": at_kill,
                        "progress_at_kill": progress, "restarted": restarted})
-    runs = catalog.list_runs(root=root)
+    runs = Catalog(root).read.list_runs()
     assert sorted(runs["run_id"]) == sorted(expected), "a run duplicated or missing"
     assert (runs["status"] == "complete").all()
     REPORT["kill9"] = {"trials": len(trials), "seed": SEED, "reference_s": {"capture": round(t_cap, 2),
@@ -329,8 +329,8 @@ def test_kill9_of_the_worker_then_restart_resumes(models: dict, tmp_path: Path, 
         child_gone_s = time.monotonic() - t_kill
         assert not _alive(child), f"the job child {child} outlived its worker by {child_gone_s:.1f} s"
         at_kill = {r: _manifest_status(root, r) for r in ids}
-        catalog.refresh(root)
-        after = catalog.run_states(ids, root)
+        Catalog(root).write.refresh()
+        after = Catalog(root).read.run_states(ids)
         after = dict(zip(after["run_id"], after["status"]))
         for r in ids:
             if at_kill[r] != "complete":
@@ -345,8 +345,8 @@ def test_kill9_of_the_worker_then_restart_resumes(models: dict, tmp_path: Path, 
     same_capture(ref / "runs" / "ref-cap", root / "runs" / "w-cap")
     same_bench(ref / "runs" / "ref-ben", root / "runs" / "w-ben", spec=True)
     same_bench(ref / "runs" / "ref-ben-baseline", root / "runs" / "w-ben-baseline", spec=False)
-    catalog.refresh(root)
-    runs = catalog.list_runs(root=root)
+    Catalog(root).write.refresh()
+    runs = Catalog(root).read.list_runs()
     assert sorted(runs["run_id"]) == ["w-ben", "w-ben-baseline", "w-cap"] and (runs["status"] == "complete").all()
     REPORT["worker_kill9"] = {"trials": len(trials), "detail": trials, "seconds": round(time.monotonic() - t0, 1)}
 
@@ -356,7 +356,7 @@ def test_kill9_of_the_worker_then_restart_resumes(models: dict, tmp_path: Path, 
 
 def writer_main(root: str, template: str, n: int, done_flag: str) -> None:
     """Write n runs as the CLI does: RunDir.create (running), the result files, complete; refresh after each."""
-    from backend.store import catalog as cat
+    from backend.store.catalog import Catalog
 
     src = Path(template)
     for i in range(n):
@@ -366,13 +366,13 @@ def writer_main(root: str, template: str, n: int, done_flag: str) -> None:
         for k in ("run_id", "status", "pid", "host", "created", "updated", "finished"):
             m.pop(k, None)
         rd = RunDir.create(f"soak-{i:04d}", {**m, "progress": {"done": 0, "total": m["progress"]["total"]}}, Path(root))
-        cat.refresh(root)
+        Catalog(root).write.refresh()
         for f in tpl.iterdir():
             if f.suffix in (".parquet", ".safetensors") or f.name == "summary.json":
                 shutil.copyfile(f, rd.file("." + f.name + ".tmp"))
                 os.replace(rd.file("." + f.name + ".tmp"), rd.file(f.name))
-        rd.complete(progress=m["progress"])
-        cat.refresh(root)
+        rd.update(status="complete", progress=m["progress"])
+        Catalog(root).write.refresh()
     Path(done_flag).write_text("done")
 
 
@@ -413,8 +413,8 @@ def test_writer_200_runs_while_4_browsers_reload(bench_root: Path, tmp_path: Pat
 
     root = tmp_path / "data"
     shutil.copytree(bench_root / "runs", root / "runs")
-    catalog.refresh(root)
-    seed_runs = len(catalog.list_runs(root=root))
+    Catalog(root).write.refresh()
+    seed_runs = len(Catalog(root).read.list_runs())
     flag = tmp_path / "writer.done"
     sessions = [{"loads": 0, "seconds": 0.0, "errors": []} for _ in range(4)]
     t0 = time.monotonic()
@@ -445,7 +445,7 @@ def test_writer_200_runs_while_4_browsers_reload(bench_root: Path, tmp_path: Pat
     total = seed_runs + SOAK_RUNS
     for s in sessions:
         assert f"of {total} runs shown" in s["final_caption"], s["final_caption"]
-    runs = catalog.list_runs(root=root)
+    runs = Catalog(root).read.list_runs()
     assert len(runs) == total and (runs["status"] == "complete").all()
     assert sorted(r for r in runs["run_id"] if r.startswith("soak-")) == [f"soak-{i:04d}" for i in range(SOAK_RUNS)]
 

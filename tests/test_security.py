@@ -25,7 +25,7 @@ from backend import annotations
 from dashboard import auth
 from backend.config import REPO_ROOT
 from backend.errors import SpecLensError
-from backend.store import catalog
+from backend.store.catalog import Catalog
 from backend.store.rundir import RunDir
 
 APP = str(REPO_ROOT / "app.py")
@@ -54,7 +54,7 @@ def world(bench_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     secret: `<tmp>/outside/runs/evil`. SPECLENS_READONLY unset: the default."""
     root = tmp_path / "data"
     shutil.copytree(bench_root / "runs", root / "runs")
-    catalog.refresh(root)
+    Catalog(root).write.refresh()
     evil = tmp_path / "outside" / "runs" / "evil"
     evil.mkdir(parents=True)
     m = json.loads((root / "runs" / "cap-tiny" / "manifest.json").read_text())
@@ -232,8 +232,8 @@ def test_backend_refuses_run_ids_that_leave_the_runs_folder(world: dict) -> None
                          lambda: get_alignment("cap-tiny", value, root)):
                 with pytest.raises(SpecLensError):
                     call()
-            assert catalog.get_run(value, root) is None
-            assert catalog.boundary_stats([value], root=root).empty
+            assert Catalog(root).read.get_run(value) is None
+            assert Catalog(root).read.boundary_stats([value]).empty
         assert not outside_touches(log.paths, world), (value, outside_touches(log.paths, world)[:3])
     monkeypatch_free = world["root"] / "alignments"
     assert not monkeypatch_free.exists() or all(p.parent == monkeypatch_free for p in monkeypatch_free.rglob("*"))
@@ -247,7 +247,7 @@ def test_backend_refuses_run_ids_that_leave_the_runs_folder(world: dict) -> None
 
 def test_url_params_never_build_sql(world: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     sql = SqlLog(monkeypatch)
-    n = len(catalog.list_runs(root=world["root"]))
+    n = len(Catalog(world["root"]).read.list_runs())
     for page, params in PAGE_PARAMS.items():
         for inj in INJECTIONS[:3]:
             run_page(page, {p: inj for p in params})
@@ -264,15 +264,16 @@ def test_url_params_never_build_sql(world: dict, monkeypatch: pytest.MonkeyPatch
 def test_catalog_calls_bind_injection_strings(world: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     root = world["root"]
     sql = SqlLog(monkeypatch)
-    n = len(catalog.list_runs(root=root))
+    n = len(Catalog(root).read.list_runs())
     for inj in INJECTIONS:
-        assert catalog.list_runs(kind=inj, root=root).empty and catalog.list_runs(status=inj, root=root).empty
-        assert catalog.get_run(inj, root) is None and catalog.run_manifests([inj], root) == {}
-        assert catalog.run_states([inj, "spec-oracle"], root)["run_id"].tolist() == ["spec-oracle"]
-        for fn in (catalog.boundary_stats, catalog.bench_prompts, catalog.bench_steps, catalog.bench_histogram,
-                   catalog.bench_categories, catalog.bench_prompt_speeds):
-            assert fn([inj], root=root).empty, fn.__name__
-        assert catalog.bench_runs(status=inj, root=root).empty and catalog.bench_runs(run_ids=[inj], root=root).empty
+        assert Catalog(root).read.list_runs(kind=inj).empty and Catalog(root).read.list_runs(status=inj).empty
+        assert Catalog(root).read.get_run(inj) is None and Catalog(root).read.run_manifests([inj]) == {}
+        assert Catalog(root).read.run_states([inj, "spec-oracle"])["run_id"].tolist() == ["spec-oracle"]
+        read = Catalog(root).read
+        for fn in (read.boundary_stats, read.bench_prompts, read.bench_steps, read.bench_histogram,
+                   read.bench_categories, read.bench_prompt_speeds):
+            assert fn([inj]).empty, fn.__name__
+        assert Catalog(root).read.bench_runs(status=inj).empty and Catalog(root).read.bench_runs(run_ids=[inj]).empty
     assert not [s for s in sql.sql if MARK in s]
     catalog_whole(root, n)
 
@@ -283,7 +284,7 @@ def test_tags_and_notes_never_build_sql(world: dict, monkeypatch: pytest.MonkeyP
     root = world["root"]
     monkeypatch.setenv("SPECLENS_READONLY", "0")
     sql = SqlLog(monkeypatch)
-    n = len(catalog.list_runs(root=root))
+    n = len(Catalog(root).read.list_runs())
     for i, inj in enumerate(INJECTIONS[:3]):
         at = run_page("pages/runs.py", {"run": "spec-random"})
         at.text_input(key="tags_spec-random").input(inj)
@@ -296,12 +297,12 @@ def test_tags_and_notes_never_build_sql(world: dict, monkeypatch: pytest.MonkeyP
         (save,) = [b for b in at.button if b.label == "Save"]
         at = save.click().run()
         assert not at.exception and not at.error
-        row = catalog.get_run("spec-random", root)
+        row = Catalog(root).read.get_run("spec-random")
         assert row["notes"] == inj and row["tags"] == f"ok-{i}"
         at = run_page("pages/runs.py", {"tag": f"ok-{i}"})
         assert at.dataframe[0].value["run_id"].tolist() == ["spec-random"]
-    catalog.refresh(root, full=True)
-    assert catalog.get_run("spec-random", root)["notes"] == INJECTIONS[2]
+    Catalog(root).write.refresh(full=True)
+    assert Catalog(root).read.get_run("spec-random")["notes"] == INJECTIONS[2]
     assert not [s for s in sql.sql if MARK in s]
     catalog_whole(root, n)
 

@@ -84,7 +84,7 @@ def test_demo_shows_the_drop_and_tells_the_story(tmp_path, monkeypatch):
     from backend import metrics
     from backend.bench import BenchSettings, run_bench
     from backend.demo import build_slot_shift_demo, heldout_prompts, story, toy_pair
-    from backend.store import catalog
+    from backend.store.catalog import Catalog
 
     pair = toy_pair(tmp_path)
     run_bench(BenchSettings(target=str(pair / "target"), drafter=str(pair / "drafter-matched"),
@@ -92,8 +92,8 @@ def test_demo_shows_the_drop_and_tells_the_story(tmp_path, monkeypatch):
                             repeats=1, device="cpu"), name="demo-bench-matched", root=tmp_path, progress=False)
     assert story(tmp_path) is None                                   # not until the slot-shift runs exist
     build_slot_shift_demo(tmp_path, progress=False, limit=40)
-    catalog.refresh(tmp_path)
-    runs = catalog.bench_runs(root=tmp_path).set_index("run_id")
+    Catalog(tmp_path).write.refresh()
+    runs = Catalog(tmp_path).read.bench_runs().set_index("run_id")
     tau = runs["tau"].to_dict()
     assert tau["demo-bench-matched"] >= 2.0
     # the shifted feed costs clearly: below the matched drafter and below the same drafter fed what it was trained on
@@ -102,7 +102,7 @@ def test_demo_shows_the_drop_and_tells_the_story(tmp_path, monkeypatch):
             <= tau["demo-bench-slot-shift-fixed"] + 0.05)
     spec = [r for r in runs.index if r in tau and r.startswith("demo-bench-") and not r.endswith("-baseline")]
     assert len(spec) == 4 and all(bool(runs.loc[r, "lossless"]) for r in spec)
-    sp = catalog.bench_prompt_speeds(spec, root=tmp_path)
+    sp = Catalog(tmp_path).read.bench_prompt_speeds(spec)
     per = {r: g.groupby("prompt_id")[["accepted", "drafts"]].sum() for r, g in sp.groupby("run_id")}
     for better in ("demo-bench-matched", "demo-bench-slot-shift-fixed"):
         a, b = per[better], per["demo-bench-slot-shift"]

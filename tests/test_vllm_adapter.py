@@ -197,15 +197,18 @@ def test_hook_token_count_mismatch_fails_the_run(data_root):
     """An engine whose hooks saw other tokens than the prompts hold (prefix caching, padding) must not leave a
     capture that looks complete: the run is failed with the counts, and the error names them."""
     from backend.engines.base import check_hook_tokens
-    from backend.store.rundir import RunDir
+    from backend.runs.lifecycle import Run
+    from backend.store.catalog import Catalog
 
-    rd = RunDir.create("eng-cap", {"kind": "capture", "engine": "vllm"}, data_root)
-    check_hook_tokens(rd, {"tokens_seen": 12, "forwards": 2}, 12, "vLLM", data_root)
+    rd = Run.create("eng-cap", {"kind": "capture", "engine": "vllm", "model": {"path": None},
+                                "progress": {"done": 0, "total": 1}}, data_root)
+    check_hook_tokens(rd, {"tokens_seen": 12, "forwards": 2}, 12, "vLLM")
     assert rd.manifest()["engine_check"] == {"tokens_expected": 12, "tokens_seen_by_hooks": 12, "forward_passes": 2}
     with pytest.raises(SpecLensError, match=r"mismatch inside vLLM \(9 != 12\)"):
-        check_hook_tokens(rd, {"tokens_seen": 9, "forwards": 1}, 12, "vLLM", data_root, hint=" (prefix caching?)")
+        check_hook_tokens(rd, {"tokens_seen": 9, "forwards": 1}, 12, "vLLM", hint=" (prefix caching?)")
     m = rd.manifest()
     assert m["status"] == "failed" and "9 tokens" in m["error"] and "prefix caching" in m["error"]
+    assert Catalog(data_root).read.run_states(["eng-cap"])["status"].tolist() == ["failed"]   # re-indexed at once
 
 
 def test_prediction_follows_the_runner(tmp_path):

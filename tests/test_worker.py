@@ -23,7 +23,7 @@ from backend.errors import SpecLensError
 from backend.jobs import queue, spec as specs
 from backend.jobs.cli import submit_spec
 from backend.jobs.worker import _tag_runs, run_worker
-from backend.store import catalog
+from backend.store.catalog import Catalog
 from backend.store.rundir import RunDir
 
 PROMPTS = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
@@ -57,13 +57,13 @@ def test_submit_then_worker_once_gives_a_complete_run(env, data_root, tiny_llama
                          capture_output=True, text=True, timeout=120)
     assert sub.returncode == 0 and "queued cap-one" in sub.stdout, sub.stderr
     assert state_of("cap-one", data_root) == "pending"
-    assert catalog.list_runs(root=data_root).empty                          # nothing ran yet
+    assert Catalog(data_root).read.list_runs().empty                          # nothing ran yet
     w = subprocess.run([sys.executable, "-m", "backend", "worker", "--once"], cwd=REPO_ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert w.returncode == 0, w.stderr
     assert state_of("cap-one", data_root) == "done"
-    catalog.refresh(data_root)
-    runs = catalog.list_runs(root=data_root).set_index("run_id")
+    Catalog(data_root).write.refresh()
+    runs = Catalog(data_root).read.list_runs().set_index("run_id")
     assert list(runs.index) == ["cap-one"] and runs.loc["cap-one", "status"] == "complete"
     m = json.loads((data_root / "runs" / "cap-one" / "manifest.json").read_text())
     assert m["job"]["id"] == "cap-one" and m["progress"] == {"done": 4, "total": 4}
@@ -171,8 +171,8 @@ def test_cancel_pending_and_running_jobs(env, data_root, tiny_llama):
     assert m["status"] == "failed" and "cancelled" in m["error"]
     assert m["progress"]["done"] < m["progress"]["total"] == 100
     assert not (data_root / "runs" / "never").exists()
-    catalog.refresh(data_root)
-    assert catalog.list_runs(root=data_root).set_index("run_id").loc["long", "status"] == "failed"
+    Catalog(data_root).write.refresh()
+    assert Catalog(data_root).read.list_runs().set_index("run_id").loc["long", "status"] == "failed"
     assert not (data_root / "queue" / "running" / "long.cancel").exists()
 
 
@@ -232,8 +232,8 @@ def test_job_of_a_dead_worker_is_resumed_and_equals_an_uninterrupted_run(env, da
     pa = pd.read_parquet(full_ben.path / "prompts.parquet")
     pb = pd.read_parquet(data_root / "runs" / "ben-crash" / "prompts.parquet")
     assert list(pa["output_hash"]) == list(pb["output_hash"]) and len(pb) == 6     # same samples at T = 0.8
-    catalog.refresh(data_root)
-    runs = catalog.list_runs(root=data_root)
+    Catalog(data_root).write.refresh()
+    runs = Catalog(data_root).read.list_runs()
     assert sorted(runs["run_id"]) == ["ben-crash", "cap-crash"]                   # resumed, not duplicated
     assert (runs["status"] == "complete").all()
 

@@ -72,17 +72,14 @@ def rebuild_capture(res: dict, hidden: int, sample_tokens: int, sample_per_promp
     return stats, sample
 
 
-def check_hook_tokens(rd, res: dict, expected: int, engine: str, root, hint: str = "", **extra) -> None:
+def check_hook_tokens(rd, res: dict, expected: int, engine: str, hint: str = "", **extra) -> None:
     """Record how many tokens the engine ran through the hooks next to the prompts' count; a difference means
     the statistics are not the prompts' (cached prefixes, padding): the run is failed and the error says so."""
     seen = int(res["tokens_seen"])
-    rd.update(engine_check={"tokens_expected": expected, "tokens_seen_by_hooks": seen,
+    rd.record(engine_check={"tokens_expected": expected, "tokens_seen_by_hooks": seen,
                             "forward_passes": int(res["forwards"]), **extra})
     if seen != expected:
-        from backend.store import catalog
-
         rd.fail(f"{engine} ran {seen} tokens through the hooks, the prompts hold {expected}{hint}")
-        catalog.refresh(root)
         raise SpecLensError(f"capture {rd.run_id}: token count mismatch inside {engine} ({seen} != {expected})")
 
 
@@ -93,7 +90,7 @@ class CaptureStart:
     seqs: list[list[int]]
     labels: list[str]
     run_id: str
-    rd: object                     # backend.store.rundir.RunDir
+    rd: object                     # backend.runs.lifecycle.Run
     start: int                     # prompts already done (a resumed run)
     state: object | None           # statistics state of the checkpoint
     sample: dict | None            # sample tensors of the checkpoint

@@ -393,7 +393,6 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
     from backend.engines.sglang_hooks import hook_specs
     from backend.runs import capture_run as cr
     from backend.runs.lifecycle import RunGuard, one_line
-    from backend.store import catalog
 
     version = require()
     if settings.sample_tokens < 0:
@@ -402,7 +401,6 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
     info, seqs, labels, run_id, rd, start = c.info, c.seqs, c.labels, c.run_id, c.rd, c.start
     if start:
         rd.fail("an SGLang capture cannot resume inside a new server; run it again with another --name")
-        catalog.refresh(root)
         raise SpecLensError(f"capture {run_id}: SGLang captures restart from the beginning; use another --name")
     hook_dir = Path(tempfile.mkdtemp(prefix="speclens-sglang-cap-"))
     spec = ServerSpec(model=settings.model, capture=True,
@@ -411,13 +409,13 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
                                        settings.sample_per_prompt))
     t0 = time.perf_counter()
     server = None
-    guard = RunGuard(rd, root, note=lambda: server.death_note() if server is not None else "",
+    guard = RunGuard(rd, note=lambda: server.death_note() if server is not None else "",
                      describe=lambda e: f"SGLang capture stopped: {one_line(e)}",
                      interrupted=lambda: "SGLang capture stopped: KeyboardInterrupt: ")
     try:
         with guard:
             server = Server(spec, log=(log_dir / "server.log") if log_dir else None)
-            rd.update(server={"start_seconds": round(server.start_seconds, 1), "argv": spec.argv(server.port)[1:]})
+            rd.record(server={"start_seconds": round(server.start_seconds, 1), "argv": spec.argv(server.port)[1:]})
             _trigger(server.url, hook_dir, "reset")
             bar = tqdm(total=len(seqs), desc=f"capture {run_id} (sglang)", unit="prompt", disable=not progress,
                        file=sys.stderr)
@@ -432,8 +430,8 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
         shutil.rmtree(hook_dir, ignore_errors=True)
     stats, sample = rebuild_capture(res, info.hidden_size, settings.sample_tokens, settings.sample_per_prompt)
     expected = sum(len(x) for x in seqs)
-    check_hook_tokens(rd, res, expected, "SGLang", root, layers_to_capture=res.get("layers_to_capture"))
-    return cr.finish(rd, stats, sample, labels, expected, len(seqs), time.perf_counter() - t0, root)
+    check_hook_tokens(rd, res, expected, "SGLang", layers_to_capture=res.get("layers_to_capture"))
+    return cr.finish(rd, stats, sample, labels, expected, len(seqs), time.perf_counter() - t0)
 
 
 __all__ = ["Server", "ServerSpec", "ServerEngine", "run_capture", "accepted_lengths", "metrics"]

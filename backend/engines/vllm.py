@@ -407,7 +407,7 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
                                                               c.state, c.sample)
     llm = None
     done, t0 = start, time.perf_counter()
-    guard = RunGuard(rd, root, describe=lambda e: f"vLLM: {short_error(e)}",
+    guard = RunGuard(rd, describe=lambda e: f"vLLM: {short_error(e)}",
                      wrap=lambda e: SpecLensError(f"capture {run_id} failed in vLLM: {short_error(e)}"),
                      interrupted=lambda: f"interrupted after {done}/{len(seqs)} prompts; run the same command again "
                                          f"to resume")
@@ -433,10 +433,10 @@ def run_capture(settings, name: str | None = None, root: Path | None = None, pro
         if llm is not None:
             shutdown(llm)
     stats, sample = rebuild_capture(res, info.hidden_size, settings.sample_tokens, settings.sample_per_prompt)
-    check_hook_tokens(rd, res, sum(len(x) for x in seqs[start:]), "vLLM", root,
+    check_hook_tokens(rd, res, sum(len(x) for x in seqs[start:]), "vLLM",
                       hint=" (prefix caching or padding on?); the statistics would not be the prompts'")
     return cr.finish(rd, stats, sample, labels, sum(len(x) for x in seqs), len(seqs),
-                     time.perf_counter() - t0, root)
+                     time.perf_counter() - t0)
 
 
 def run_extract(settings, ids: list[int], name: str | None = None, root: Path | None = None,

@@ -27,6 +27,7 @@ from typing import Callable
 from backend.config import REPO_ROOT, data_root
 from backend.errors import SpecLensError
 from backend.jobs import queue as q
+from backend.runs.lifecycle import Run
 from backend.store.rundir import COMPLETE, RunDir, _pid_alive, now
 
 CANCEL_GRACE_S = 30.0
@@ -117,11 +118,8 @@ def fail_runs(job: dict, msg: str, root: Path) -> list[str]:
             continue
         if m.get("status") == COMPLETE or (m.get("job") or {}).get("id") not in (None, job["job_id"]):
             continue
-        rd.fail(msg)
+        Run(rd, root).fail(msg)                # re-indexed there
         out.append(rid)
-    if out:
-        from backend.store import catalog
-        catalog.refresh(root)
     return out
 
 
@@ -274,8 +272,6 @@ class Worker:
             fail_runs(job, f"job {job_id} failed: {err}", root)
             q.move(job_id, "running", "failed", root, finished=now(), error=err, exit_code=rc)
             state = "failed"
-        from backend.store import catalog
-        catalog.refresh(root)
         self.log(f"job {job_id} -> {state}")
         return state
 
@@ -366,8 +362,6 @@ def run_ray(address: str, root: Path | str | None = None, once: bool = False, on
                     state = "failed"
             cancelling.discard(jid)
             finished += 1
-            from backend.store import catalog
-            catalog.refresh(root)
             log(f"job {jid} -> {state}")
 
 

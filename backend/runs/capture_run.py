@@ -16,8 +16,8 @@ from backend import coords
 from backend.errors import SpecLensError
 from backend.model_id import fingerprint
 from backend.stats import StatsState, StreamingStats, TokenSample, norm_bin_edges
-from backend.store import catalog
-from backend.store.rundir import COMPLETE, RunDir, atomic_save_safetensors, atomic_write_parquet
+from backend.runs.lifecycle import Run
+from backend.store.rundir import COMPLETE, atomic_save_safetensors, atomic_write_parquet
 
 CHECKPOINT = "checkpoint.safetensors"
 
@@ -48,7 +48,7 @@ def boundaries(wanted: list[str] | None, n_layers: int) -> list[coords.Boundary]
 
 def open_or_resume(run_id: str, settings, lm, labels: list[str], root: Path | None, n_prompts: int,
                    engine_version: str | None = None):
-    """Create the capture run, or claim the interrupted one of the same name and settings: (RunDir, prompts done,
+    """Create the capture run, or claim the interrupted one of the same name and settings: (Run, prompts done,
     statistics state, sample tensors) from its last checkpoint. A complete run or other settings are refused."""
     manifest = {
         "kind": "capture", "engine": settings.engine, "engine_version": engine_version or transformers_version(),
@@ -62,11 +62,9 @@ def open_or_resume(run_id: str, settings, lm, labels: list[str], root: Path | No
         "dataset": Path(settings.prompts).name,
     }
     try:
-        rd = RunDir.create(run_id, manifest, root)
-        catalog.refresh(root)
-        return rd, 0, None, None
+        return Run.create(run_id, manifest, root), 0, None, None
     except SpecLensError:
-        rd = RunDir.open(run_id, root)
+        rd = Run.open(run_id, root)
     m = rd.manifest()
     if m.get("status") == COMPLETE:
         raise SpecLensError(f"run '{run_id}' is already complete ({rd.path}); pick another --name")
@@ -87,9 +85,7 @@ def open_or_resume(run_id: str, settings, lm, labels: list[str], root: Path | No
                                 f"delete it to restart this run from the beginning") from e
         state = StatsState.from_tensors({k[6:]: v for k, v in t.items() if k.startswith("stats.")}, lm.device)
         sample_t = {k[7:]: v for k, v in t.items() if k.startswith("sample.")}
-    rd.claim()
-    rd.update(progress={"done": start, "total": n_prompts})
-    catalog.refresh(root)
+    rd.claim(progress={"done": start, "total": n_prompts})
     return rd, start, state, sample_t
 
 
@@ -99,17 +95,16 @@ def transformers_version() -> str:
     return f"transformers {transformers.__version__}"
 
 
-def checkpoint(rd: RunDir, stats: StreamingStats, sample: TokenSample, done: int, total: int) -> None:
+def checkpoint(rd: Run, stats: StreamingStats, sample: TokenSample, done: int, total: int) -> None:
     """The accumulators and the progress, so a run started again resumes here."""
     t = {f"stats.{k}": v.detach().cpu() for k, v in stats.state.tensors().items()}
     t.update({f"sample.{k}": v for k, v in sample.tensors().items()})
     atomic_save_safetensors(rd.file(CHECKPOINT), t, metadata={"done": str(done)})
-    rd.update(progress={"done": done, "total": total})
-    catalog.refresh(rd.path.parent.parent)   # the dashboard's progress bar reads the catalog
+    rd.progress(done, total, checkpoint=True)   # the dashboard's progress bar reads the catalog
 
 
-def finish(rd: RunDir, stats: StreamingStats, sample: TokenSample, labels: list[str], tokens: int,
-           n_prompts: int, seconds: float, root) -> CaptureResult:
+def finish(rd: Run, stats: StreamingStats, sample: TokenSample, labels: list[str], tokens: int,
+           n_prompts: int, seconds: float) -> CaptureResult:
     """Write the statistics and the sample, mark the run complete, drop the checkpoint."""
     table = stats.table()
     table.insert(0, "run_id", rd.run_id)
@@ -130,13 +125,12 @@ def finish(rd: RunDir, stats: StreamingStats, sample: TokenSample, labels: list[
     ck = rd.file(CHECKPOINT)
     if ck.exists():
         ck.unlink()
-    catalog.refresh(root)
     return CaptureResult(rd.run_id, rd.path, headline["tokens"], n_prompts, seconds, nonfinite)
 
 
-def write_capture_files(rd: RunDir, stats: StreamingStats, sample: TokenSample, labels: list[str],
-                        n_sequences: int, root=None, extra: dict | None = None, seconds: float = 0.0) -> CaptureResult:
+def write_capture_files(rd: Run, stats: StreamingStats, sample: TokenSample, labels: list[str],
+                        n_sequences: int, extra: dict | None = None, seconds: float = 0.0) -> CaptureResult:
     """Shared by importers: write the same files a capture writes and mark the run complete."""
     if extra:
-        rd.update(**extra)
-    return finish(rd, stats, sample, labels, 0, n_sequences, seconds, root)
+        rd.record(**extra)
+    return finish(rd, stats, sample, labels, 0, n_sequences, seconds)

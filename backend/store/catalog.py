@@ -220,7 +220,7 @@ def _plan(root: Path | None) -> _Plan | None:
     return _Plan(entries, changed, [r for r in old if r not in on_disk])
 
 
-def refresh(root: Path | None = None, full: bool = False) -> Path:
+def _refresh(root: Path | None, full: bool = False) -> Path:
     """Bring the catalog up to date with the run directories and swap it into place atomically: only the runs
     that changed are re-read (nothing is written when none did); full=True rebuilds it from scratch."""
     p = paths(root)
@@ -471,26 +471,6 @@ _SNAPSHOT: ContextVar[_Snap | None] = ContextVar("catalog_snapshot", default=Non
 _READ_ATTEMPTS = 4
 
 
-@contextmanager
-def snapshot(root: Path | None = None) -> Iterator[None]:
-    """Run several named queries on one connection and one version of the catalog (a page's figures then agree
-    with each other, and it opens the file once). Nests; per thread."""
-    p = paths(root)
-    cur = _SNAPSHOT.get()
-    if cur is not None and cur.catalog == p.catalog:
-        yield
-        return
-    if not p.catalog.exists():
-        refresh(root)
-    snap = _with_retry(lambda: _Snap(p.catalog))
-    token = _SNAPSHOT.set(snap)
-    try:
-        yield
-    finally:
-        _SNAPSHOT.reset(token)
-        snap.con.close()
-
-
 def _with_retry(fn):
     """Run a read; a refresh that swaps the file in while DuckDB opens or reads it can surface as an IO error
     (seen on a loaded CI machine: "could not read enough bytes"): the read is retried on the new file."""
@@ -503,185 +483,308 @@ def _with_retry(fn):
             time.sleep(0.02 * (attempt + 1))
 
 
-def _df(sql: str, params: list | None = None, root: Path | None = None) -> pd.DataFrame:
-    p = paths(root)
-    cur = _SNAPSHOT.get()
-    if cur is not None and cur.catalog == p.catalog:
-        def in_snapshot() -> pd.DataFrame:
-            try:
-                return cur.con.execute(sql, params or []).df()
-            except duckdb.IOException:
-                cur.reopen()
-                raise
-        return _with_retry(in_snapshot)
-    if not p.catalog.exists():
-        refresh(root)
-
-    def once() -> pd.DataFrame:
-        con = _open(p.catalog)
-        try:
-            return con.execute(sql, params or []).df()
-        finally:
-            con.close()
-    return _with_retry(once)
-
-
 def _ids(run_ids) -> list[str]:
     return [str(r) for r in run_ids]
 
 
-# ---------------------------------------------------------------------- named queries (pages call these)
-# Values always travel as bound parameters, never as SQL text.
-
-def list_runs(kind: str | None = None, status: str | None = None, root: Path | None = None) -> pd.DataFrame:
-    """Runs, newest first, optionally filtered by kind and status (bound parameters, never string SQL)."""
-    return _df("""SELECT * EXCLUDE (manifest, sig) FROM runs
-                  WHERE (? IS NULL OR kind = ?) AND (? IS NULL OR status = ?)
-                  ORDER BY created DESC, run_id""", [kind, kind, status, status], root)
+# ---------------------------------------------------------------------- the catalog object
 
 
-def run_states(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
-    """run_id, kind and status of the given runs (those in the catalog)."""
-    return _df("SELECT run_id, kind, status FROM runs WHERE list_contains(?, run_id)", [_ids(run_ids)], root)
+class CatalogReader:
+    """The read side: named queries (pages and CLIs call these; values always travel as bound parameters, never
+    as SQL text), and the derived results that live beside the catalog (the alignment cache, stored drafter
+    checks), so that pages read through the catalog only."""
+
+    def __init__(self, root: Path | None = None):
+        self.paths = paths(root)
+        self.root = self.paths.root
+
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Run several named queries on one connection and one version of the catalog (a page's figures then agree
+        with each other, and it opens the file once). Nests; per thread."""
+        p = self.paths
+        cur = _SNAPSHOT.get()
+        if cur is not None and cur.catalog == p.catalog:
+            yield
+            return
+        if not p.catalog.exists():
+            _refresh(self.root)
+        snap = _with_retry(lambda: _Snap(p.catalog))
+        token = _SNAPSHOT.set(snap)
+        try:
+            yield
+        finally:
+            _SNAPSHOT.reset(token)
+            snap.con.close()
+
+    def _df(self, sql: str, params: list | None = None) -> pd.DataFrame:
+        p = self.paths
+        cur = _SNAPSHOT.get()
+        if cur is not None and cur.catalog == p.catalog:
+            def in_snapshot() -> pd.DataFrame:
+                try:
+                    return cur.con.execute(sql, params or []).df()
+                except duckdb.IOException:
+                    cur.reopen()
+                    raise
+            return _with_retry(in_snapshot)
+        if not p.catalog.exists():
+            _refresh(self.root)
+
+        def once() -> pd.DataFrame:
+            con = _open(p.catalog)
+            try:
+                return con.execute(sql, params or []).df()
+            finally:
+                con.close()
+        return _with_retry(once)
+
+    # ------------------------------------------------------------------ derived results beside the catalog
+
+    def alignment(self, run_a: str, run_b: str):
+        """Which boundary of capture A matches which of B (backend/align.py), from the alignment cache
+        (data/alignments/), recomputed when either run changed."""
+        from backend.align import get_alignment
+
+        return get_alignment(run_a, run_b, self.root)
+
+    def drafter_check(self, run_id: str) -> dict:
+        """The stored result of a complete drafter check run (backend/drafter/check_result.py)."""
+        from backend.drafter.check_result import load_check
+
+        return load_check(run_id, self.root)
+
+    def check_runs(self) -> pd.DataFrame:
+        """Complete drafter check runs, newest first."""
+        return self.list_runs(kind="check", status="complete")
+
+    # ------------------------------------------------------------------ named queries
 
 
-def runs_overview(root: Path | None = None) -> pd.DataFrame:
-    """Every run (as list_runs) with the headline figures of bench runs: tau, acceptance rate, tokens/s and
-    the speedup over the paired baseline with its CI (NULL for captures)."""
-    return _df("""SELECT r.* EXCLUDE (manifest, sig), b.num_spec_tokens, b.tau, b.acceptance_rate, b.tokens_per_s,
-                         b.speedup, b.speedup_ci_low, b.speedup_ci_high, b.lossless
-                  FROM runs r LEFT JOIN bench_runs b USING (run_id)
-                  ORDER BY r.created DESC, r.run_id""", [], root)
+    def list_runs(self, kind: str | None = None, status: str | None = None) -> pd.DataFrame:
+        """Runs, newest first, optionally filtered by kind and status (bound parameters, never string SQL)."""
+        return self._df("""SELECT * EXCLUDE (manifest, sig) FROM runs
+                      WHERE (? IS NULL OR kind = ?) AND (? IS NULL OR status = ?)
+                      ORDER BY created DESC, run_id""", [kind, kind, status, status])
 
+    def run_states(self, run_ids: list[str]) -> pd.DataFrame:
+        """run_id, kind and status of the given runs (those in the catalog)."""
+        return self._df("SELECT run_id, kind, status FROM runs WHERE list_contains(?, run_id)", [_ids(run_ids)])
 
-def run_ids(kind: str | None = None, status: str | None = "complete", root: Path | None = None) -> list[str]:
-    return list_runs(kind, status, root)["run_id"].tolist()
+    def runs_overview(self) -> pd.DataFrame:
+        """Every run (as list_runs) with the headline figures of bench runs: tau, acceptance rate, tokens/s and
+        the speedup over the paired baseline with its CI (NULL for captures)."""
+        return self._df("""SELECT r.* EXCLUDE (manifest, sig), b.num_spec_tokens, b.tau, b.acceptance_rate,
+                             b.tokens_per_s, b.speedup, b.speedup_ci_low, b.speedup_ci_high, b.lossless
+                      FROM runs r LEFT JOIN bench_runs b USING (run_id)
+                      ORDER BY r.created DESC, r.run_id""", [])
 
+    def run_ids(self, kind: str | None = None, status: str | None = "complete") -> list[str]:
+        return self.list_runs(kind, status)["run_id"].tolist()
 
-def get_run(run_id: str, root: Path | None = None) -> dict | None:
-    df = _df("SELECT * FROM runs WHERE run_id = ?", [run_id], root)
-    if df.empty:
-        return None
-    row = df.iloc[0].to_dict()
-    row["manifest"] = json.loads(row["manifest"]) if row.get("manifest") else {}
-    return row
+    def get_run(self, run_id: str) -> dict | None:
+        df = self._df("SELECT * FROM runs WHERE run_id = ?", [run_id])
+        if df.empty:
+            return None
+        row = df.iloc[0].to_dict()
+        row["manifest"] = json.loads(row["manifest"]) if row.get("manifest") else {}
+        return row
 
+    def run_manifests(self, run_ids: list[str]) -> dict[str, dict]:
+        """run_id -> manifest (as the run directory holds it) for the given runs that are in the catalog."""
+        if not run_ids:
+            return {}
+        df = self._df("SELECT run_id, manifest FROM runs WHERE list_contains(?, run_id)", [_ids(run_ids)])
+        return {r: json.loads(m) if m else {} for r, m in zip(df["run_id"], df["manifest"])}
 
-def run_manifests(run_ids: list[str], root: Path | None = None) -> dict[str, dict]:
-    """run_id -> manifest (as the run directory holds it) for the given runs that are in the catalog."""
-    if not run_ids:
-        return {}
-    df = _df("SELECT run_id, manifest FROM runs WHERE list_contains(?, run_id)", [_ids(run_ids)], root)
-    return {r: json.loads(m) if m else {} for r, m in zip(df["run_id"], df["manifest"])}
+    def check_manifests(self) -> dict[str, dict]:
+        """run_id -> manifest of every complete drafter check run (backend/check_drafter.py), newest first."""
+        df = self._df("""SELECT run_id, manifest FROM runs WHERE kind = 'check' AND status = 'complete'
+                    ORDER BY created DESC, run_id""", [])
+        return {r: json.loads(m) if m else {} for r, m in zip(df["run_id"], df["manifest"])}
 
+    def pinned_baselines(self) -> pd.DataFrame:
+        """Bench runs pinned as the baseline of their target (backend/annotations.py): run_id, model, model_path,
+        model_key."""
+        return self._df("""SELECT run_id, model, model_path, model_key FROM runs WHERE pinned AND kind = 'bench'
+                      ORDER BY created DESC, run_id""", [])
 
-def check_manifests(root: Path | None = None) -> dict[str, dict]:
-    """run_id -> manifest of every complete drafter check run (backend/check_drafter.py), newest first."""
-    df = _df("""SELECT run_id, manifest FROM runs WHERE kind = 'check' AND status = 'complete'
-                ORDER BY created DESC, run_id""", [], root)
-    return {r: json.loads(m) if m else {} for r, m in zip(df["run_id"], df["manifest"])}
+    def boundary_stats(self, run_ids: list[str]) -> pd.DataFrame:
+        """Per-boundary statistics of the given runs, in stream order."""
+        if not run_ids:
+            return pd.DataFrame()
+        return self._df("""SELECT * FROM boundary_stats WHERE list_contains(?, run_id) ORDER BY run_id, ord""",
+                   [_ids(run_ids)])
 
+    def bench_runs(self, status: str | None = None, run_ids: list[str] | None = None) -> pd.DataFrame:
+        """Bench runs with their headline figures (tau, acceptance, tokens/s, speedup and CI, lossless), the target's
+        path and the pinned flag, newest first; only `run_ids` when given."""
+        ids = None if run_ids is None else _ids(run_ids)
+        return self._df("""SELECT b.*, r.model_path, r.model_key, r.pinned FROM bench_runs b JOIN runs r USING (run_id)
+                      WHERE (? IS NULL OR b.status = ?)
+                        AND (?::VARCHAR[] IS NULL OR list_contains(?::VARCHAR[], b.run_id))
+                      ORDER BY b.created DESC, b.run_id""", [status, status, ids, ids])
 
-def pinned_baselines(root: Path | None = None) -> pd.DataFrame:
-    """Bench runs pinned as the baseline of their target (backend/annotations.py): run_id, model, model_path,
-    model_key."""
-    return _df("""SELECT run_id, model, model_path, model_key FROM runs WHERE pinned AND kind = 'bench'
-                  ORDER BY created DESC, run_id""", [], root)
-
-
-def boundary_stats(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
-    """Per-boundary statistics of the given runs, in stream order."""
-    if not run_ids:
-        return pd.DataFrame()
-    return _df("""SELECT * FROM boundary_stats WHERE list_contains(?, run_id) ORDER BY run_id, ord""",
-               [_ids(run_ids)], root)
-
-
-def bench_runs(status: str | None = None, root: Path | None = None, run_ids: list[str] | None = None) -> pd.DataFrame:
-    """Bench runs with their headline figures (tau, acceptance, tokens/s, speedup and CI, lossless), the target's
-    path and the pinned flag, newest first; only `run_ids` when given."""
-    ids = None if run_ids is None else _ids(run_ids)
-    return _df("""SELECT b.*, r.model_path, r.model_key, r.pinned FROM bench_runs b JOIN runs r USING (run_id)
-                  WHERE (? IS NULL OR b.status = ?) AND (?::VARCHAR[] IS NULL OR list_contains(?::VARCHAR[], b.run_id))
-                  ORDER BY b.created DESC, b.run_id""", [status, status, ids, ids], root)
-
-
-def bench_history(root: Path | None = None, run_ids: list[str] | None = None, reading: bool = True) -> pd.DataFrame:
-    """Bench runs with their headline figures and what the Regression page groups them by: engine, engine_version,
-    model (name), model_key, drafter (name), drafter_key (the drafter's fingerprint, else its path), the engine
-    reading the drafter's aux ids was benched with (aux_producer, aux_version, aux_runner, aux_boundaries: a JSON
-    list), created; oldest first; only `run_ids` when given; reading=False leaves out the manifest fields
-    (drafter_key, aux_*)."""
-    ids = None if run_ids is None else _ids(run_ids)
-    if not reading:         # without the manifest fields (JSON reads of every manifest: ~0.2 s on 10,000 runs)
-        return _df("""SELECT b.*, r.engine, r.engine_version, r.model_path, r.model_key
+    def bench_history(self, run_ids: list[str] | None = None, reading: bool = True) -> pd.DataFrame:
+        """Bench runs with their headline figures and what the Regression page groups them by: engine, engine_version,
+        model (name), model_key, drafter (name), drafter_key (the drafter's fingerprint, else its path), the engine
+        reading the drafter's aux ids was benched with (aux_producer, aux_version, aux_runner, aux_boundaries: a JSON
+        list), created; oldest first; only `run_ids` when given; reading=False leaves out the manifest fields
+        (drafter_key, aux_*)."""
+        ids = None if run_ids is None else _ids(run_ids)
+        if not reading:         # without the manifest fields (JSON reads of every manifest: ~0.2 s on 10,000 runs)
+            return self._df("""SELECT b.*, r.engine, r.engine_version, r.model_path, r.model_key
+                          FROM bench_runs b JOIN runs r USING (run_id)
+                          WHERE (?::VARCHAR[] IS NULL OR list_contains(?::VARCHAR[], b.run_id))
+                          ORDER BY b.created, b.run_id""", [ids, ids])
+        return self._df("""SELECT b.*, r.engine, r.engine_version, r.model_path, r.model_key,
+                             coalesce(json_extract_string(r.manifest, '$.drafter.fingerprint'),
+                                      json_extract_string(r.manifest, '$.drafter.path')) AS drafter_key,
+                             json_extract_string(r.manifest, '$.aux.producer') AS aux_producer,
+                             json_extract_string(r.manifest, '$.aux.version') AS aux_version,
+                             json_extract_string(r.manifest, '$.aux.runner') AS aux_runner,
+                             json_extract_string(r.manifest, '$.aux.boundaries') AS aux_boundaries
                       FROM bench_runs b JOIN runs r USING (run_id)
                       WHERE (?::VARCHAR[] IS NULL OR list_contains(?::VARCHAR[], b.run_id))
-                      ORDER BY b.created, b.run_id""", [ids, ids], root)
-    return _df("""SELECT b.*, r.engine, r.engine_version, r.model_path, r.model_key,
-                         coalesce(json_extract_string(r.manifest, '$.drafter.fingerprint'),
-                                  json_extract_string(r.manifest, '$.drafter.path')) AS drafter_key,
-                         json_extract_string(r.manifest, '$.aux.producer') AS aux_producer,
-                         json_extract_string(r.manifest, '$.aux.version') AS aux_version,
-                         json_extract_string(r.manifest, '$.aux.runner') AS aux_runner,
-                         json_extract_string(r.manifest, '$.aux.boundaries') AS aux_boundaries
-                  FROM bench_runs b JOIN runs r USING (run_id)
-                  WHERE (?::VARCHAR[] IS NULL OR list_contains(?::VARCHAR[], b.run_id))
-                  ORDER BY b.created, b.run_id""", [ids, ids], root)
+                      ORDER BY b.created, b.run_id""", [ids, ids])
+
+    def bench_index(self) -> pd.DataFrame:
+        """Every bench run, newest first, with what a run picker needs: run_id, status, num_spec_tokens, model_path,
+        model_key, baseline_run."""
+        return self._df("""SELECT b.run_id, b.status, b.num_spec_tokens, r.model_path, r.model_key, b.baseline_run
+                      FROM bench_runs b JOIN runs r USING (run_id) ORDER BY b.created DESC, b.run_id""", [])
+
+    def bench_prompts(self, run_ids: list[str]) -> pd.DataFrame:
+        """Per repeat x prompt rows of the given bench runs (tokens/s, TTFT, TPOT, accepted, drafts, output hash)."""
+        if not run_ids:
+            return pd.DataFrame(columns=list(BENCH_PROMPT_COLUMNS))
+        return self._df("""SELECT * FROM bench_prompts WHERE list_contains(?, run_id)
+                      ORDER BY run_id, repeat, prompt_index""", [_ids(run_ids)])
+
+    def bench_prompt_speeds(self, run_ids: list[str]) -> pd.DataFrame:
+        """Tokens/s, accepted draft tokens and drafts of every repeat x prompt of the given bench runs, with the
+        prompt's category: what a speedup, a tau difference and their bootstrap intervals are computed from
+        (backend/metrics.py)."""
+        cols = ["run_id", "repeat", "prompt_index", "prompt_id", "category", "tokens_per_s", "accepted", "drafts"]
+        if not run_ids:
+            return pd.DataFrame(columns=cols)
+        return self._df(f"""SELECT {', '.join(cols)} FROM bench_prompts WHERE list_contains(?, run_id)
+                       ORDER BY run_id, repeat, prompt_index""", [_ids(run_ids)])
+
+    def bench_steps(self, run_ids: list[str]) -> pd.DataFrame:
+        """Accepted length of every verify step of the given bench runs (raw rows: for export and tests; pages
+        use the aggregates below)."""
+        if not run_ids:
+            return pd.DataFrame(columns=list(BENCH_STEP_COLUMNS))
+        return self._df("""SELECT * FROM bench_steps WHERE list_contains(?, run_id)
+                      ORDER BY run_id, repeat, prompt_id, step""", [_ids(run_ids)])
+
+    def bench_histogram(self, run_ids: list[str]) -> pd.DataFrame:
+        """Verify steps per accepted length: run_id, accepted, steps, share (of the run's steps)."""
+        if not run_ids:
+            return pd.DataFrame(columns=["run_id", "accepted", "steps", "share"])
+        return self._df("""SELECT run_id, accepted, count(*) AS steps,
+                             count(*) / sum(count(*)) OVER (PARTITION BY run_id) AS share
+                      FROM bench_steps WHERE list_contains(?, run_id)
+                      GROUP BY run_id, accepted ORDER BY run_id, accepted""", [_ids(run_ids)])
+
+    def bench_categories(self, run_ids: list[str]) -> pd.DataFrame:
+        """Per run and prompt category: prompts, mean tokens/s, mean TTFT/TPOT and tau = 1 + accepted / drafts
+        (1.0 for plain decoding; the definition of backend/metrics.py)."""
+        if not run_ids:
+            return pd.DataFrame(columns=["run_id", "category", "prompts", "tokens_per_s", "ttft", "tpot", "tau"])
+        return self._df("""SELECT run_id, category, count(DISTINCT prompt_id) AS prompts,
+                             avg(tokens_per_s) AS tokens_per_s, avg(ttft) AS ttft, avg(tpot) AS tpot,
+                             CASE WHEN sum(drafts) > 0 THEN 1 + sum(accepted) / sum(drafts) ELSE 1.0 END AS tau
+                      FROM bench_prompts WHERE list_contains(?, run_id)
+                      GROUP BY run_id, category ORDER BY run_id, category""", [_ids(run_ids)])
 
 
-def bench_index(root: Path | None = None) -> pd.DataFrame:
-    """Every bench run, newest first, with what a run picker needs: run_id, status, num_spec_tokens, model_path,
-    model_key, baseline_run."""
-    return _df("""SELECT b.run_id, b.status, b.num_spec_tokens, r.model_path, r.model_key, b.baseline_run
-                  FROM bench_runs b JOIN runs r USING (run_id) ORDER BY b.created DESC, b.run_id""", [], root)
+class CatalogWriter:
+    """The write side: brings the index up to date with the run directories. A run's own state changes reach it
+    through one place, `backend.runs.lifecycle.Run` (create, claim, checkpoint, fail, complete)."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = paths(root).root
+
+    def refresh(self, full: bool = False) -> Path:
+        """Bring the catalog up to date with the run directories and swap it into place atomically: only the runs
+        that changed are re-read (nothing is written when none did); full=True rebuilds it from scratch."""
+        return _refresh(self.root, full)
 
 
-def bench_prompts(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
-    """Per repeat x prompt rows of the given bench runs (tokens/s, TTFT, TPOT, accepted, drafts, output hash)."""
-    if not run_ids:
-        return pd.DataFrame(columns=list(BENCH_PROMPT_COLUMNS))
-    return _df("""SELECT * FROM bench_prompts WHERE list_contains(?, run_id)
-                  ORDER BY run_id, repeat, prompt_index""", [_ids(run_ids)], root)
+class Catalog:
+    """The DuckDB index of one data root (default $SPECLENS_DATA): `Catalog(root).read` (queries) and
+    `Catalog(root).write` (re-index). The root is held here once, not passed to every query."""
+
+    def __init__(self, root: Path | str | None = None):
+        self.root = paths(root).root
+        self.path = paths(root).catalog
+        self.read = CatalogReader(self.root)
+        self.write = CatalogWriter(self.root)
 
 
-def bench_prompt_speeds(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
-    """Tokens/s, accepted draft tokens and drafts of every repeat x prompt of the given bench runs, with the
-    prompt's category: what a speedup, a tau difference and their bootstrap intervals are computed from
-    (backend/metrics.py)."""
-    cols = ["run_id", "repeat", "prompt_index", "prompt_id", "category", "tokens_per_s", "accepted", "drafts"]
+# ---------------------------------------------------------------------- TEMPORARY: module-level reads (to be removed)
+_ROOT_POS = {"list_runs": 2, "run_states": 1, "runs_overview": 0, "run_ids": 2, "get_run": 1, "run_manifests": 1,
+             "check_manifests": 0, "pinned_baselines": 0, "boundary_stats": 1, "bench_runs": 1, "bench_history": 0,
+             "bench_index": 0, "bench_prompts": 1, "bench_prompt_speeds": 1, "bench_steps": 1, "bench_histogram": 1,
+             "bench_categories": 1}
+
+
+def _legacy(name: str, pos: int):
+    def call(*args, root=None, **kw):
+        args = list(args)
+        if root is None and len(args) > pos:
+            root = args.pop(pos)
+        return getattr(Catalog(root).read, name)(*args, **kw)
+    return call
+
+
+for _n, _p in _ROOT_POS.items():
+    globals()[_n] = _legacy(_n, _p)
+
+
+def refresh(root: Path | None = None, full: bool = False) -> Path:
+    return Catalog(root).write.refresh(full)
+
+
+def snapshot(root: Path | None = None):
+    return Catalog(root).read.snapshot()
+
+
+def bench_prompt_timings(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
+    """Per repeat x prompt timings of the given bench runs: output tokens, seconds, tokens/s, TTFT, TPOT, accepted
+    draft tokens and drafts, with the prompt's category: what both throughput definitions, TTFT/TPOT, the
+    speedups and their bootstrap intervals are computed from (backend/metrics.py; the Compare page's Speed tab).
+    The prompt text and the output hash are left out."""
+    cols = ["run_id", "repeat", "prompt_index", "prompt_id", "category", "output_tokens", "seconds", "tokens_per_s",
+            "ttft", "tpot", "accepted", "drafts"]
     if not run_ids:
         return pd.DataFrame(columns=cols)
-    return _df(f"""SELECT {', '.join(cols)} FROM bench_prompts WHERE list_contains(?, run_id)
-                   ORDER BY run_id, repeat, prompt_index""", [_ids(run_ids)], root)
+    return CatalogReader(root)._df(f"""SELECT {', '.join(cols)} FROM bench_prompts WHERE list_contains(?, run_id)
+                                       ORDER BY run_id, repeat, prompt_index""", [_ids(run_ids)])
 
 
-def bench_steps(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
-    """Accepted length of every verify step of the given bench runs (raw rows: for export and tests; pages
-    use the aggregates below)."""
-    if not run_ids:
-        return pd.DataFrame(columns=list(BENCH_STEP_COLUMNS))
-    return _df("""SELECT * FROM bench_steps WHERE list_contains(?, run_id)
-                  ORDER BY run_id, repeat, prompt_id, step""", [_ids(run_ids)], root)
+def run_choices(root: Path | None = None) -> pd.DataFrame:
+    """run_id, kind and status of every run, newest first: what the run page's picker lists (no other columns, so
+    that it stays light on a 10,000-run catalog)."""
+    return CatalogReader(root)._df("SELECT run_id, kind, status FROM runs ORDER BY created DESC, run_id", [])
 
 
-def bench_histogram(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
-    """Verify steps per accepted length: run_id, accepted, steps, share (of the run's steps)."""
-    if not run_ids:
-        return pd.DataFrame(columns=["run_id", "accepted", "steps", "share"])
-    return _df("""SELECT run_id, accepted, count(*) AS steps,
-                         count(*) / sum(count(*)) OVER (PARTITION BY run_id) AS share
-                  FROM bench_steps WHERE list_contains(?, run_id)
-                  GROUP BY run_id, accepted ORDER BY run_id, accepted""", [_ids(run_ids)], root)
-
-
-def bench_categories(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
-    """Per run and prompt category: prompts, mean tokens/s, mean TTFT/TPOT and tau = 1 + accepted / drafts
-    (1.0 for plain decoding; the definition of backend/metrics.py)."""
-    if not run_ids:
-        return pd.DataFrame(columns=["run_id", "category", "prompts", "tokens_per_s", "ttft", "tpot", "tau"])
-    return _df("""SELECT run_id, category, count(DISTINCT prompt_id) AS prompts, avg(tokens_per_s) AS tokens_per_s,
-                         avg(ttft) AS ttft, avg(tpot) AS tpot,
-                         CASE WHEN sum(drafts) > 0 THEN 1 + sum(accepted) / sum(drafts) ELSE 1.0 END AS tau
-                  FROM bench_prompts WHERE list_contains(?, run_id)
-                  GROUP BY run_id, category ORDER BY run_id, category""", [_ids(run_ids)], root)
+def bench_prompt_table(run_id: str, baseline_run: str | None = None, root: Path | None = None) -> pd.DataFrame:
+    """One row per prompt of a bench run, its repeats pooled: prompt_index, prompt_id, category, repeats, accepted and
+    drafts (sums), output_tokens and seconds (sums), tokens_per_s, ttft and tpot (means over repeats), output_hash
+    (the smallest) and hashes (distinct output hashes over repeats), and same_as_baseline: whether every repeat's
+    output hash equals the `baseline_run`'s for the same prompt and repeat (NULL without baseline rows). The run
+    page's per-prompt table (backend/run_view.py); at most one row per prompt, never the per-step rows."""
+    return CatalogReader(root)._df("""
+        SELECT p.prompt_index, p.prompt_id, p.category, count(*) AS repeats, sum(p.accepted) AS accepted,
+               sum(p.drafts) AS drafts, sum(p.output_tokens) AS output_tokens, sum(p.seconds) AS seconds,
+               avg(p.tokens_per_s) AS tokens_per_s, avg(p.ttft) AS ttft, avg(p.tpot) AS tpot,
+               min(p.output_hash) AS output_hash, count(DISTINCT p.output_hash) AS hashes,
+               bool_and(p.output_hash = b.output_hash) AS same_as_baseline
+        FROM bench_prompts p
+        LEFT JOIN bench_prompts b ON b.run_id = ? AND b.prompt_id = p.prompt_id AND b.repeat = p.repeat
+        WHERE p.run_id = ?
+        GROUP BY p.prompt_index, p.prompt_id, p.category ORDER BY p.prompt_index""", [baseline_run, run_id])

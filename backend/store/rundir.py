@@ -150,20 +150,12 @@ class RunDir:
         atomic_write_json(self.manifest_path, m)
 
     def update(self, **fields: Any) -> dict:
+        """Rewrite manifest fields as they are (a file operation: no re-index). A run's state changes go through
+        backend.runs.lifecycle.Run, which also re-indexes the catalog."""
         m = self.manifest()
         m.update(fields)
         self.write_manifest(m)
         return m
-
-    def claim(self) -> dict:
-        """Mark a resumed run as running in this process."""
-        return self.update(status=RUNNING, pid=os.getpid(), host=socket.gethostname(), error=None)
-
-    def complete(self, **fields: Any) -> dict:
-        return self.update(status=COMPLETE, finished=now(), **fields)
-
-    def fail(self, error: str) -> dict:
-        return self.update(status=FAILED, error=error, finished=now())
 
     def effective_status(self, m: dict | None = None) -> str:
         """running -> interrupted when the writing process is gone (same host)."""
