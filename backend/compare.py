@@ -1,9 +1,12 @@
 """What the Compare page shows about two or more bench runs, as data: accepted-length histograms, per-position
-acceptance, throughput, speedup against a baseline with its confidence interval, per-category figures, the
-settings that differ, and a headline sentence.
+acceptance, throughput under both definitions (metrics.THROUGHPUT: mean per-prompt tokens/s as Spec-Bench; total
+tokens over total time as `vllm bench serve` and SGLang's scripts), TTFT and TPOT, the speedup against a baseline
+under both, each with its 95% interval, per-category figures, the settings that differ, speedup tiles and a short
+headline.
 
 Inputs are catalog aggregates only (GROUP BY in DuckDB: steps per accepted length, per-category sums) and
-per-prompt tokens/s (what a bootstrap interval resamples); never the per-step rows. Every number comes from
+per-prompt timings (tokens, seconds, tokens/s, TTFT, TPOT: what a bootstrap interval resamples); never the
+per-step rows. Every number comes from
 backend/metrics.py (tau, per-position rates, speedup and CI, mean/std); this module only selects and pairs.
 
 Baselines: "paired" = each run's own paired baseline (the speedup and CI the bench stored, same seed and
@@ -22,6 +25,7 @@ import pandas as pd
 
 from backend import coords, metrics
 from backend.store import catalog
+from backend.store.catalog import Catalog
 
 BASELINES = {"paired": "each run's paired baseline", "pinned": "the pinned baseline of the run's target"}
 VIEWS = ("Acceptance", "Speed", "Per category", "Settings that differ")   # the Compare page's tabs (?view=)
@@ -43,12 +47,36 @@ class Comparison:
     config: pd.DataFrame                           # setting, then one column per run: only the differing settings
     headline: str
     warnings: list[str] = field(default_factory=list)
+    tiles: list["Tile"] = field(default_factory=list)   # one per run: speedup in words, before the headline
+
+
+@dataclass
+class Tile:
+    """One run's speedup as a tile: `value` ("0.82x"), `delta` ("-18% · slower than without a drafter"), `tone`
+    ("slower", "faster", "unclear" when the 95% CI covers 1, "none" without a speedup), and the lines under it
+    (interval, the other throughput definition, what the figure rests on)."""
+
+    run_id: str
+    value: str
+    delta: str | None
+    tone: str
+    lines: list[str]
 
 
 FIGURE_COLUMNS = ["run_id", "drafter", "model", "dataset", "num_spec_tokens", "temperature", "repeats", "drafts", "tau",
                   "acceptance_rate", "tokens_per_s", "tokens_per_s_std", "baseline_run", "baseline_source",
                   "baseline_tokens_per_s", "baseline_tokens_per_s_std", "speedup", "speedup_ci_low",
-                  "speedup_ci_high", "ci_method", "lossless", "mismatched_prompts"]
+                  "speedup_ci_high", "ci_method", "lossless", "mismatched_prompts",
+                  # both throughput definitions (metrics.THROUGHPUT), TTFT and TPOT (seconds), 95% bootstrap intervals
+                  "prompts", "tokens_per_s_ci_low", "tokens_per_s_ci_high", "throughput_total",
+                  "throughput_total_ci_low", "throughput_total_ci_high", "baseline_tokens_per_s_ci_low",
+                  "baseline_tokens_per_s_ci_high", "baseline_throughput_total", "baseline_throughput_total_ci_low",
+                  "baseline_throughput_total_ci_high", "baseline_plain", "baseline_repeats",
+                  "speedup_total", "speedup_total_ci_low", "speedup_total_ci_high",
+                  "ttft", "ttft_ci_low", "ttft_ci_high", "tpot", "tpot_ci_low", "tpot_ci_high",
+                  "baseline_ttft", "baseline_ttft_ci_low", "baseline_ttft_ci_high",
+                  "baseline_tpot", "baseline_tpot_ci_low", "baseline_tpot_ci_high"]
+SPEED_FIGURES = ("tokens_per_s", "throughput_total", "ttft", "tpot")    # per run: metrics.Estimate each
 
 
 def default_runs(bench: pd.DataFrame, n: int = 3) -> list[str]:
@@ -84,10 +112,10 @@ class Acceptance:
 
 def load_acceptance(run_ids: list[str], root: Path | None = None) -> Acceptance:
     """Accepted-length histograms (GROUP BY in DuckDB) and, from them, tau and per-position rates (metrics)."""
-    with catalog.snapshot(root):
-        runs = catalog.bench_runs(run_ids=run_ids, root=root).set_index("run_id")
+    with Catalog(root).read.snapshot():
+        runs = Catalog(root).read.bench_runs(run_ids=run_ids).set_index("run_id")
         ids = [r for r in dict.fromkeys(run_ids) if r in runs.index]
-        hist = catalog.bench_histogram(ids, root=root)
+        hist = Catalog(root).read.bench_histogram(ids)
     acc = {r: _acceptance(hist[hist["run_id"] == r], _k(runs.loc[r])) for r in ids}
     return Acceptance(ids, runs, acc, _histogram_frame(acc), _positions_frame(acc))
 
@@ -98,7 +126,7 @@ def compare(run_ids: list[str], baseline: str = "paired", root: Path | None = No
     `acceptance`: load_acceptance(run_ids) when the caller has it already (the page draws it first)."""
     if baseline not in BASELINES:
         raise ValueError(f"baseline must be one of {list(BASELINES)}, not {baseline!r}")
-    with catalog.snapshot(root):
+    with Catalog(root).read.snapshot():
         return _compare(acceptance or load_acceptance(run_ids, root), baseline, root)
 
 
@@ -107,16 +135,26 @@ def _compare(ac: Acceptance, baseline: str, root: Path | None) -> Comparison:
     warnings: list[str] = []
     bases = _baselines(ids, runs, baseline, root, warnings)
     need = list(dict.fromkeys(ids + [b for b in bases.values() if b]))
-    speeds = catalog.bench_prompt_speeds(need, root=root)
+    speeds = catalog.bench_prompt_timings(need, root=root)
     by_run = {r: g for r, g in speeds.groupby("run_id")}
-    base_info = catalog.bench_runs(run_ids=[b for b in bases.values() if b], root=root).set_index("run_id")
+    base_info = Catalog(root).read.bench_runs(run_ids=[b for b in bases.values() if b]).set_index("run_id")
+    est = {r: run_speed(by_run.get(r)) for r in need}
     rows = []
     for r in ids:
         row, a, b = runs.loc[r], acc[r], bases[r]
         tps, tps_std = _mean_std_over_repeats(by_run.get(r))
         btps, btps_std = _mean_std_over_repeats(by_run.get(b)) if b else (math.nan, math.nan)
         sp = _speedup(r, b, baseline, row, by_run)
-        rows.append({
+        tps = est[r]["tokens_per_s"].value if not math.isnan(est[r]["tokens_per_s"].value) else tps
+        btps = est[b]["tokens_per_s"].value if b and not math.isnan(est[b]["tokens_per_s"].value) else btps
+        spt = _speedup_total(by_run.get(r), by_run.get(b) if b else None)
+        extra = {**_flat("", est[r]), **(_flat("baseline_", est[b]) if b else {}),
+                 "prompts": est[r]["tokens_per_s"].n_prompts, "speedup_total": spt.mean if spt else None,
+                 "speedup_total_ci_low": spt.ci_low if spt else None,
+                 "speedup_total_ci_high": spt.ci_high if spt else None,
+                 "baseline_plain": (_k(base_info.loc[b]) == 0) if b and b in base_info.index else None,
+                 "baseline_repeats": _num(base_info["repeats"].get(b)) if b else None}
+        rows.append({**extra,
             "run_id": r, "drafter": row["drafter"], "model": row["model"], "dataset": row["dataset"],
             "num_spec_tokens": _k(row), "temperature": row["temperature"], "repeats": row["repeats"],
             "drafts": a.drafts if a else 0, "tau": a.tau if a else _num(row["tau"], 1.0),
@@ -128,14 +166,52 @@ def _compare(ac: Acceptance, baseline: str, root: Path | None) -> Comparison:
             "speedup": sp[0], "speedup_ci_low": sp[1], "speedup_ci_high": sp[2], "ci_method": sp[3],
             "lossless": row["lossless"], "mismatched_prompts": row["mismatched_prompts"]})
     figures = pd.DataFrame(rows, columns=FIGURE_COLUMNS)
-    manifests = catalog.run_manifests(ids, root=root)
-    warnings += drafter_diagnosis(manifests, catalog.check_manifests(root=root))
+    manifests = Catalog(root).read.run_manifests(ids)
+    warnings += drafter_diagnosis(manifests, Catalog(root).read.check_manifests())
     warnings += _warnings(figures, runs)
+    cats = _categories(ids, bases, by_run, root)
     return Comparison(
         run_ids=ids, baseline=baseline, figures=figures, histogram=ac.histogram,
-        positions=ac.positions, categories=_categories(ids, bases, by_run, root),
-        config=config_diff(manifests, ids), headline=headline(figures, lambda a, b: tau_gap(a, b, by_run)),
-        warnings=warnings)
+        positions=ac.positions, categories=cats, config=config_diff(manifests, ids),
+        headline=headline(figures, lambda a, b: tau_gap(a, b, by_run), cats), warnings=warnings,
+        tiles=tiles(figures))
+
+
+def _grid(frame: pd.DataFrame, col: str) -> list[list[float]]:
+    """One column of a run's per-prompt rows as R repeats x P prompts (NaN where a repeat lacks a prompt)."""
+    g = frame.pivot_table(index="repeat", columns="prompt_id", values=col, aggfunc="first", dropna=False)
+    return g.to_numpy(dtype=float).tolist()
+
+
+def run_speed(frame: pd.DataFrame | None) -> dict[str, metrics.Estimate]:
+    """A run's per-prompt timings -> both throughputs, TTFT and TPOT, each a metrics.Estimate with its interval.
+    Total tokens / total time uses the prompts that every repeat decoded."""
+    if frame is None or frame.empty:
+        return {k: metrics.NAN_ESTIMATE for k in SPEED_FIGURES}
+    out = {k: metrics.mean_estimate(_grid(frame, k)) for k in ("tokens_per_s", "ttft", "tpot")}
+    tok, sec = (pd.DataFrame(_grid(frame, c)) for c in ("output_tokens", "seconds"))
+    whole = tok.notna().all() & sec.notna().all()
+    out["throughput_total"] = (metrics.total_throughput(tok.loc[:, whole].to_numpy().tolist(),
+                                                        sec.loc[:, whole].to_numpy().tolist())
+                               if whole.any() else metrics.NAN_ESTIMATE)
+    return out
+
+
+def _flat(prefix: str, est: dict[str, metrics.Estimate]) -> dict[str, float]:
+    out = {}
+    for k, e in est.items():
+        out.update({f"{prefix}{k}": e.value, f"{prefix}{k}_ci_low": e.ci_low, f"{prefix}{k}_ci_high": e.ci_high})
+    return out
+
+
+def _speedup_total(method: pd.DataFrame | None, base: pd.DataFrame | None) -> metrics.Speedup | None:
+    """Speedup by total tokens over total time, paired as the per-prompt speedup (paired_speeds)."""
+    if method is None or base is None or method.empty or base.empty:
+        return None
+    tok, sec = paired_speeds(method, base, "output_tokens"), paired_speeds(method, base, "seconds")
+    if tok is None or sec is None:
+        return None
+    return metrics.speedup_total(tok[0], sec[0], tok[1], sec[1])
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -204,7 +280,7 @@ def _baselines(ids: list[str], runs: pd.DataFrame, baseline: str, root, warnings
     """run -> the run its speedup is measured against (None: no baseline)."""
     out = {r: (runs.loc[r, "baseline_run"] if isinstance(runs.loc[r, "baseline_run"], str) else None) for r in ids}
     if baseline == "pinned":
-        pinned = catalog.pinned_baselines(root=root)
+        pinned = Catalog(root).read.pinned_baselines()
         by_target = dict(zip(pinned["model_key"][::-1], pinned["run_id"][::-1]))       # newest wins
         missing = []
         for r in ids:
@@ -216,7 +292,7 @@ def _baselines(ids: list[str], runs: pd.DataFrame, baseline: str, root, warnings
         if missing:
             warnings.append(f"No pinned baseline for the target of {_names(missing)}: their paired baseline is used "
                             "(pin one on the Runs page).")
-    complete = set(catalog.bench_runs(status="complete", run_ids=[b for b in out.values() if b], root=root)["run_id"])
+    complete = set(Catalog(root).read.bench_runs(status="complete", run_ids=[b for b in out.values() if b])["run_id"])
     for r, b in out.items():
         if b and b not in complete:
             warnings.append(f"Baseline `{b}` of `{r}` is not a complete bench run in the catalog: "
@@ -237,9 +313,9 @@ def _mean_std_over_repeats(speeds: pd.DataFrame | None) -> tuple[float, float]:
     return metrics.mean_std(per_repeat)
 
 
-def _speed_map(speeds: pd.DataFrame) -> dict[tuple[int, str], float]:
+def _speed_map(speeds: pd.DataFrame, col: str = "tokens_per_s") -> dict[tuple[int, str], float]:
     """(repeat, prompt_id) -> tokens/s (plain dicts: pairing dozens of small groups in pandas is slow)."""
-    return dict(zip(zip(speeds["repeat"].tolist(), speeds["prompt_id"].tolist()), speeds["tokens_per_s"].tolist()))
+    return dict(zip(zip(speeds["repeat"].tolist(), speeds["prompt_id"].tolist()), speeds[col].tolist()))
 
 
 def _per_prompt_mean(m: dict[tuple[int, str], float]) -> dict[tuple[int, str], float]:
@@ -249,12 +325,13 @@ def _per_prompt_mean(m: dict[tuple[int, str], float]) -> dict[tuple[int, str], f
     return {(0, p): sum(v) / len(v) for p, v in sums.items()}
 
 
-def paired_speeds(method: pd.DataFrame, base: pd.DataFrame) -> tuple[list[list[float]], list[list[float]]] | None:
-    """Per-prompt tokens/s of a run and its baseline as metrics.speedup wants them: R repeats x P prompts, paired
-    by prompt. Same repeats on both sides: paired by (repeat, prompt); otherwise each prompt's tokens/s is first
-    averaged over that run's repeats (R = 1). Prompts missing from any repeat of either side are left out.
-    None when they share no prompt."""
-    m, b = _speed_map(method), _speed_map(base)
+def paired_speeds(method: pd.DataFrame, base: pd.DataFrame, col: str = "tokens_per_s"
+                  ) -> tuple[list[list[float]], list[list[float]]] | None:
+    """Per-prompt tokens/s (or another per-prompt column: output_tokens, seconds) of a run and its baseline as
+    metrics.speedup wants them: R repeats x P prompts, paired by prompt. Same repeats on both sides: paired by
+    (repeat, prompt); otherwise each prompt's value is first averaged over that run's repeats (R = 1). Prompts
+    missing from any repeat of either side are left out. None when they share no prompt."""
+    m, b = _speed_map(method, col), _speed_map(base, col)
     if {r for r, _ in m} != {r for r, _ in b}:
         m, b = _per_prompt_mean(m), _per_prompt_mean(b)
     reps = sorted({r for r, _ in m})
@@ -305,29 +382,34 @@ def _positions_frame(acc: dict[str, metrics.AcceptanceStats | None]) -> pd.DataF
     return pd.DataFrame(rows, columns=["run_id", "position", "accepted_at_pos", "drafts", "rate"])
 
 
-CATEGORY_COLUMNS = ["run_id", "category", "prompts", "tau", "tokens_per_s", "baseline_run", "baseline_tokens_per_s",
-                    "speedup", "speedup_ci_low", "speedup_ci_high"]
+CATEGORY_COLUMNS = ["run_id", "category", "prompts", "tau", "tau_ci_low", "tau_ci_high", "tokens_per_s", "baseline_run",
+                    "baseline_tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high"]
 
 
 def _categories(ids: list[str], bases: dict, by_run: dict, root) -> pd.DataFrame:
-    """Per run and Spec-Bench category: prompts, tau and tokens/s (catalog aggregates), and the speedup over the
-    run's baseline on that category's prompts with a bootstrap CI (metrics.speedup)."""
-    cats = catalog.bench_categories(list(dict.fromkeys(ids + [b for b in bases.values() if b])), root=root)
+    """Per run and Spec-Bench category: prompts, tau and tokens/s (catalog aggregates), tau's bootstrap interval
+    over the category's prompts (metrics.tau_estimate), and the speedup over the run's baseline on that category's
+    prompts with a bootstrap CI (metrics.speedup)."""
+    cats = Catalog(root).read.bench_categories(list(dict.fromkeys(ids + [b for b in bases.values() if b])))
     base_tps = {(r, c): t for r, c, t in zip(cats["run_id"], cats["category"], cats["tokens_per_s"])}
     split = {run: {c: g for c, g in df.groupby("category")} for run, df in by_run.items()}
     rows = []
     for r in ids:
         b = bases[r]
         for c in cats[cats["run_id"] == r].itertuples():
-            sp = (None, None, None)
+            sp, tci = (None, None, None), (None, None)
             m, bb = split.get(r, {}).get(c.category), split.get(b, {}).get(c.category) if b else None
+            if m is not None and m["drafts"].fillna(0).sum() > 0:
+                t = metrics.tau_estimate(m.groupby("prompt_id")[["accepted", "drafts"]].sum().to_numpy(),
+                                         n_boot=CATEGORY_BOOT)
+                tci = (t.ci_low, t.ci_high)
             if m is not None and bb is not None:
                 pairs = paired_speeds(m, bb)
                 if pairs is not None:
                     s = metrics.speedup(*pairs, n_boot=CATEGORY_BOOT)
                     sp = (s.mean, s.ci_low, s.ci_high)
             rows.append({"run_id": r, "category": c.category, "prompts": int(c.prompts), "tau": c.tau,
-                         "tokens_per_s": c.tokens_per_s, "baseline_run": b,
+                         "tau_ci_low": tci[0], "tau_ci_high": tci[1], "tokens_per_s": c.tokens_per_s, "baseline_run": b,
                          "baseline_tokens_per_s": base_tps.get((b, c.category)), "speedup": sp[0],
                          "speedup_ci_low": sp[1], "speedup_ci_high": sp[2]})
     return pd.DataFrame(rows, columns=CATEGORY_COLUMNS)
@@ -359,6 +441,108 @@ def _x(v) -> str:
     return f"{v:.2f}x"
 
 
+def _pp(a: float, b: float) -> str:
+    """The difference of two speedups in percentage points ("+11 pp"), never as a speedup ("0.11x")."""
+    return f"{100 * (a - b):+.0f} pp".replace("-", "\u2212")
+
+
+def _ok(v) -> bool:
+    return not math.isnan(_num(v))
+
+
+def _ci(lo, hi, digits: int = 2) -> str:
+    return f" [{_num(lo):.{digits}f}, {_num(hi):.{digits}f}]" if _ok(lo) and _ok(hi) else ""
+
+
+def speed_words(mean, lo, hi, plain_baseline: bool | None = True, baseline_run: str | None = None
+                ) -> tuple[str, str]:
+    """(tone, words) of a speedup: "slower than without a drafter" below 1, "faster ..." above 1, "no clear
+    difference ..." when its 95% CI covers 1; against a baseline that itself drafts, "than its baseline `b`"."""
+    than = "without a drafter" if plain_baseline or not baseline_run else f"its baseline `{baseline_run}`"
+    if not _ok(mean):
+        return "none", "no speedup: no baseline to measure it against"
+    if _ok(lo) and _ok(hi) and _num(lo) <= 1.0 <= _num(hi):
+        return "unclear", f"no clear difference from {'decoding ' if than.startswith('without') else ''}{than}"
+    if _num(mean) < 1.0:
+        return "slower", f"slower than {than}"
+    return "faster", f"faster than {than}"
+
+
+def _basis(r: dict) -> str:
+    reps, n = _num(r.get("repeats"), 0), _num(r.get("prompts"), 0)
+    reps = int(reps) if reps else 1
+    return f"{reps} repeat{'s' if reps != 1 else ''} x {int(n)} prompts"
+
+
+def tiles(fig: pd.DataFrame) -> list[Tile]:
+    """One tile per run: its speedup by mean per-prompt tokens/s with the 95% CI and in words, the speedup by total
+    tokens over total time, and the repeats x prompts it rests on."""
+    out = []
+    for r in fig.to_dict("records"):
+        if not _ok(r.get("speedup")):
+            plain = _k(r) == 0 if "num_spec_tokens" in r else False
+            tps = r.get("tokens_per_s")
+            out.append(Tile(r["run_id"], "plain decoding" if plain else "no speedup", None, "none",
+                            [f"{_num(tps):.1f} tokens/s (mean per-prompt)" if _ok(tps) else "no baseline", _basis(r)]))
+            continue
+        tone, words = speed_words(r["speedup"], r.get("speedup_ci_low"), r.get("speedup_ci_high"),
+                                  r.get("baseline_plain"), r.get("baseline_run"))
+        lines = [f"95% CI{_ci(r.get('speedup_ci_low'), r.get('speedup_ci_high'))} · mean per-prompt tokens/s"]
+        if _ok(r.get("speedup_total")):
+            lines.append(f"{_x(r['speedup_total'])}{_ci(r.get('speedup_total_ci_low'), r.get('speedup_total_ci_high'))}"
+                         " by total tokens / total time")
+        lines.append(f"{_basis(r)}, against `{r.get('baseline_run')}`")
+        if _ok(r.get("tau")) and _k(r) > 0:
+            lines.insert(0, f"tau {r['tau']:.2f}" + (f" · {r['acceptance_rate']:.0%} of drafts accepted"
+                                                     if _ok(r.get("acceptance_rate")) else ""))
+        out.append(Tile(r["run_id"], _x(r["speedup"]), f"{100 * (r['speedup'] - 1):+.0f}% · {words}", tone, lines))
+    return out
+
+
+@dataclass
+class Definition:
+    key: str               # metrics.THROUGHPUT key
+    name: str
+    definition: str
+    lines: list[str]       # one per run: its figure, its baseline's, the speedup, each with its 95% CI
+
+
+def speed_definitions(fig: pd.DataFrame) -> list[Definition]:
+    """Both throughput definitions (metrics.THROUGHPUT), named and defined, with every run's figure under each."""
+    out = []
+    for key, col, sp in (("per_prompt", "tokens_per_s", "speedup"), ("total", "throughput_total", "speedup_total")):
+        name, definition = metrics.THROUGHPUT[key]
+        lines = []
+        for r in fig.to_dict("records"):
+            ci = _ci(r.get(col + "_ci_low"), r.get(col + "_ci_high"), 1)
+            line = f"`{r['run_id']}`: **{_num(r.get(col)):.1f}** tokens/s{ci}"
+            if r.get("baseline_run") and _ok(r.get(f"baseline_{col}")):
+                line += (f" against {_num(r.get(f'baseline_{col}')):.1f}"
+                         f"{_ci(r.get(f'baseline_{col}_ci_low'), r.get(f'baseline_{col}_ci_high'), 1)}"
+                         f" for `{r['baseline_run']}`")
+                if _ok(r.get(sp)):
+                    line += f": **{_x(r[sp])}**{_ci(r.get(sp + '_ci_low'), r.get(sp + '_ci_high'))}"
+            lines.append(line)
+        out.append(Definition(key, name, definition, lines))
+    return out
+
+
+def latency_lines(fig: pd.DataFrame) -> list[str]:
+    """Per run: mean TTFT and TPOT over prompts in ms with their 95% intervals, and its baseline's."""
+    def ms(r: dict, k: str) -> str:
+        if not _ok(r.get(k)):
+            return "not recorded"
+        lo, hi = _num(r.get(f"{k}_ci_low")) * 1000, _num(r.get(f"{k}_ci_high")) * 1000
+        return f"{_num(r[k]) * 1000:.2f} ms{_ci(lo, hi)}"
+    out = []
+    for r in fig.to_dict("records"):
+        line = f"`{r['run_id']}`: TTFT {ms(r, 'ttft')}, TPOT {ms(r, 'tpot')}"
+        if r.get("baseline_run") and (_ok(r.get("baseline_ttft")) or _ok(r.get("baseline_tpot"))):
+            line += f" (baseline `{r['baseline_run']}`: TTFT {ms(r, 'baseline_ttft')}, TPOT {ms(r, 'baseline_tpot')})"
+        out.append(line)
+    return out
+
+
 def tau_gap(best: str, worst: str, by_run: dict[str, pd.DataFrame]) -> tuple[float, float, int] | None:
     """95% paired bootstrap interval of tau(best) - tau(worst) over the prompts both runs decoded (by prompt id,
     summed over repeats), and how many they share; None when they share fewer than 2 prompts."""
@@ -376,41 +560,105 @@ def tau_gap(best: str, worst: str, by_run: dict[str, pd.DataFrame]) -> tuple[flo
     return lo, hi, len(shared)
 
 
-def headline(fig: pd.DataFrame, gap=None) -> str:
-    """One sentence: every run's tau and speedup [95% CI], then what the weakest drafter run loses against the
-    strongest, e.g. "`a`: tau 2.61 (speedup 1.93x [1.71, 2.10]); `b`: tau 1.35 (...) — `b` loses 1.26 in tau
-    against `a` (95% CI 1.10-1.41 over 80 shared prompts; 48% of its tau; 0.95x of speedup)".
+SAME_TAU = 0.05          # categories whose tau differ by at most this between two runs "accept alike"
+NOISY_RATIO = 1.25       # ... and whose tokens/s differ by this factor or more point at timing noise
+
+
+def category_noise(cats: pd.DataFrame | None) -> str | None:
+    """A sentence when the categories disagree: two runs accept alike in a category (tau within SAME_TAU) yet their
+    tokens/s there differ by NOISY_RATIO or more (the largest such gap), or one run's category speedups lie on both
+    sides of 1 with intervals that exclude it."""
+    if cats is None or cats.empty:
+        return None
+    best = None
+    for cat, g in cats.groupby("category"):
+        rows = g.dropna(subset=["tau", "tokens_per_s"]).to_dict("records")
+        for i, a in enumerate(rows):
+            for b in rows[i + 1:]:
+                lo, hi = sorted((a["tokens_per_s"], b["tokens_per_s"]))
+                if abs(a["tau"] - b["tau"]) <= SAME_TAU and lo > 0 and hi / lo >= NOISY_RATIO:
+                    if best is None or hi / lo > best[0]:
+                        best = (hi / lo, cat, a, b)
+    if best:
+        _, cat, a, b = best
+        return (f"Per category, speed is noisy: in {cat}, `{a['run_id']}` and `{b['run_id']}` accept alike (tau "
+                f"{a['tau']:.2f} and {b['tau']:.2f}) yet ran at {a['tokens_per_s']:.0f} and {b['tokens_per_s']:.0f} "
+                "tokens/s; read per-category speeds with their intervals.")
+    for run, g in cats.groupby("run_id", sort=False):
+        up = g[g["speedup_ci_low"].astype(float) > 1.0]
+        down = g[g["speedup_ci_high"].astype(float) < 1.0]
+        if len(up) and len(down):
+            u, d = up.loc[up["speedup"].idxmax()], down.loc[down["speedup"].idxmin()]
+            return (f"The categories disagree: `{run}` is faster on {u['category']} ({_x(u['speedup'])}) and slower "
+                    f"on {d['category']} ({_x(d['speedup'])}).")
+    return None
+
+
+def headline(fig: pd.DataFrame, gap=None, cats: pd.DataFrame | None = None) -> str:
+    """A few short sentences (the tiles above it carry each run's figures): whether the drafters are faster or
+    slower than decoding without one, under both throughput definitions; what the weakest drafter run loses in tau
+    against the strongest, e.g. "`b` loses 1.26 in tau against `a` (95% CI 1.10 to 1.41 over 80 shared prompts; 48%
+    of its tau); its speedup: \u221280 pp (1.10x against 1.90x)"; the repeats and prompts the figures rest on; and
+    per-category noise when categories disagree (category_noise).
     gap(best_id, worst_id) -> (ci_low, ci_high, shared prompts) or None: the paired interval of the loss."""
+    recs = fig.to_dict("records")
     parts = []
-    for r in fig.itertuples():
-        s = f"`{r.run_id}`: tau {r.tau:.2f}"
-        if r.speedup is not None and not math.isnan(_num(r.speedup)):
-            ci = (f" [{r.speedup_ci_low:.2f}, {r.speedup_ci_high:.2f}]"
-                  if not math.isnan(_num(r.speedup_ci_low)) and not math.isnan(_num(r.speedup_ci_high)) else "")
-            s += f" (speedup {_x(r.speedup)}{ci})"
+    sped = [r for r in recs if _ok(r.get("speedup")) and _k(r) > 0]
+    if sped:
+        tones = [speed_words(r["speedup"], r.get("speedup_ci_low"), r.get("speedup_ci_high"), r.get("baseline_plain"),
+                             r.get("baseline_run"))[0] for r in sped]
+        plain = all(r.get("baseline_plain") is not False for r in sped)
+        than = "decoding without one" if plain else "its baseline"
+        one, same = len(sped) == 1, len(set(tones)) == 1
+        short = {"slower": "slower", "faster": "faster", "unclear": "no clear difference"}
+        figs = ", ".join(f"`{r['run_id']}` {_x(r['speedup'])}" + ("" if same else f" ({short[t]})")
+                         for r, t in zip(sped, tones))
+        tot = [r for r in sped if _ok(r.get("speedup_total"))]
+        if tot:
+            figs += (" by mean per-prompt tokens/s; "
+                     + ", ".join(f"{_x(r['speedup_total'])}" for r in tot) + " by total tokens / total time")
+        if same and tones[0] in ("slower", "faster"):
+            lead = f"**{'The drafter' if one else 'Every drafter'} here is {tones[0]} than {than}**"
+        elif all(t in ("slower", "unclear") for t in tones):
+            lead = f"**No drafter here is clearly faster than {than}**"
         else:
-            s += " (no baseline: no speedup)"
-        parts.append(s)
-    text = "; ".join(parts)
+            lead = f"Speedup over {than}"
+        parts.append(f"{lead}: {figs}.")
+    elif recs:
+        parts.append("No speedup: " + ", ".join(f"`{r['run_id']}`" for r in recs) + " have no baseline.")
     spec = fig[(fig["num_spec_tokens"] > 0) & (fig["drafts"] > 0)]
     if len(spec) >= 2:
         best, worst = spec.loc[spec["tau"].idxmax()], spec.loc[spec["tau"].idxmin()]
         loss = best["tau"] - worst["tau"]
         if loss < 0.005:
-            text += " — every drafter accepts alike (tau within 0.01)."
+            parts.append("Every drafter accepts alike (tau within 0.01).")
         else:
+            text = f"`{worst['run_id']}` loses {loss:.2f} in tau against `{best['run_id']}` ("
             ci = gap(best["run_id"], worst["run_id"]) if gap else None
-            text += f" — `{worst['run_id']}` loses {loss:.2f} in tau against `{best['run_id']}` ("
             if ci:
                 lo, hi, n = ci
                 text += (f"95% CI {lo:.2f} to {hi:.2f} over {n} shared prompts"
                          + (", so not clearly lower; " if lo <= 0 else "; "))
-            text += f"{100 * loss / best['tau']:.0f}% of its tau"
-            if not math.isnan(_num(best["speedup"])) and not math.isnan(_num(worst["speedup"])):
-                ds = best["speedup"] - worst["speedup"]
-                text += f"; {_x(ds)} of speedup" if ds >= 0 else f"; yet {_x(-ds)} more speedup"
-            text += ")."
-    return text
+            text += f"{100 * loss / best['tau']:.0f}% of its tau)"
+            if _ok(best.get("speedup")) and _ok(worst.get("speedup")):
+                ds = _pp(worst["speedup"], best["speedup"])
+                text += (f"; its speedup: {ds} ({_x(worst['speedup'])} against {_x(best['speedup'])})"
+                         if worst["speedup"] <= best["speedup"] else
+                         f", yet its speedup is higher: {ds} ({_x(worst['speedup'])} against {_x(best['speedup'])})")
+            parts.append(text + ".")
+    if recs:
+        bases = {_basis(r) for r in recs}
+        reps = {int(_num(r.get("repeats"), 1) or 1) for r in recs}
+        rest = (f"Each figure rests on {bases.pop()}" if len(bases) == 1 else
+                "The figures rest on " + ", ".join(f"`{r['run_id']}` {_basis(r)}" for r in recs))
+        rest += "; 95% intervals resample prompts"
+        if reps == {1}:
+            rest += " (one repeat: run-to-run timing noise is not measured)"
+        parts.append(rest + ".")
+    noise = category_noise(cats)
+    if noise:
+        parts.append(noise)
+    return " ".join(parts)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, str]:

@@ -253,3 +253,112 @@ def speedup(method_tps: Sequence[Sequence[float]], baseline_tps: Sequence[Sequen
     else:
         raise ValueError(f"unknown ci method {ci!r}; use 'bootstrap' or 't'")
     return Speedup(mean, std, per_rep, lo, hi, ci, R, P)
+
+
+# ---------------------------------------------------------------------- throughput: two definitions, with intervals
+
+# The two throughput figures people quote differ (the demo: 140.8 against 70.6 tokens/s for one run); the Compare
+# page names both. key -> (name, definition)
+THROUGHPUT = {
+    "per_prompt": ("mean per-prompt tokens/s",
+                   "each prompt's output tokens over its own generation time, averaged over the prompts (and repeats); "
+                   "every prompt counts the same: Spec-Bench's figure"),
+    "total": ("total tokens / total time",
+              "all output tokens over all generation time, prompts run one after another; long answers weigh more: "
+              "the output throughput that `vllm bench serve` and SGLang's bench scripts print"),
+}
+
+
+@dataclass
+class Estimate:
+    """A figure with its 95% bootstrap interval over prompts (repeats of a prompt stay together)."""
+
+    value: float
+    ci_low: float
+    ci_high: float
+    n_repeats: int
+    n_prompts: int               # prompts the figure rests on (those with a value)
+    level: float = 0.95
+
+    def to_dict(self) -> dict:
+        return {"value": self.value, "ci_low": self.ci_low, "ci_high": self.ci_high, "n_repeats": self.n_repeats,
+                "n_prompts": self.n_prompts, "level": self.level}
+
+
+NAN_ESTIMATE = Estimate(math.nan, math.nan, math.nan, 0, 0)
+
+
+def _interval(samples: np.ndarray) -> tuple[float, float]:
+    """2.5th and 97.5th percentiles (nearest rank, as `speedup`) of the finite bootstrap samples."""
+    d = np.sort(samples[np.isfinite(samples)])
+    if not len(d):
+        return math.nan, math.nan
+    return float(d[int(0.025 * (len(d) - 1))]), float(d[int(math.ceil(0.975 * (len(d) - 1)))])
+
+
+def _rp(values: Sequence[Sequence[float | None]]) -> np.ndarray:
+    """R repeats x P prompts as float64, None -> NaN."""
+    return np.array([[np.nan if v is None else v for v in row] for row in values], dtype=np.float64).reshape(
+        len(values), -1)
+
+
+def mean_estimate(values: Sequence[Sequence[float | None]], n_boot: int = 2000, seed: int = 0) -> Estimate:
+    """Mean over prompts of a per-prompt figure (tokens/s, TTFT, TPOT). values[r][p], R repeats x P prompts, None or
+    NaN where a prompt has no value (TPOT of a one-token answer). Each prompt's value is averaged over its repeats
+    first; the interval resamples prompts. With every value present this is the mean over repeats of each repeat's
+    mean over prompts (the tokens/s the bench stores)."""
+    v = _rp(values)
+    if v.size == 0:
+        return NAN_ESTIMATE
+    n = np.isfinite(v).sum(0)
+    per_prompt = np.where(np.isfinite(v), v, 0.0).sum(0)[n > 0] / n[n > 0]
+    if not len(per_prompt):
+        return Estimate(math.nan, math.nan, math.nan, v.shape[0], 0)
+    idx = np.random.default_rng(seed).integers(0, len(per_prompt), size=(n_boot, len(per_prompt)))
+    lo, hi = _interval(per_prompt[idx].mean(1))
+    return Estimate(float(per_prompt.mean()), lo, hi, v.shape[0], len(per_prompt))
+
+
+def total_throughput(output_tokens: Sequence[Sequence[float]], seconds: Sequence[Sequence[float]],
+                     n_boot: int = 2000, seed: int = 0) -> Estimate:
+    """Total output tokens over total generation time (`throughput`) of R repeats x P prompts, with a bootstrap
+    interval over prompts (each prompt's tokens and seconds summed over its repeats)."""
+    t, s = _rp(output_tokens), _rp(seconds)
+    if t.size == 0 or t.shape != s.shape:
+        raise ValueError("total_throughput needs output tokens and seconds of the same repeats x prompts shape")
+    tp, sp = t.sum(0), s.sum(0)
+    idx = np.random.default_rng(seed).integers(0, len(tp), size=(n_boot, len(tp)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo, hi = _interval(tp[idx].sum(1) / sp[idx].sum(1))
+    return Estimate(throughput(float(tp.sum()), float(sp.sum())), lo, hi, t.shape[0], t.shape[1])
+
+
+def speedup_total(method_tokens: Sequence[Sequence[float]], method_seconds: Sequence[Sequence[float]],
+                  baseline_tokens: Sequence[Sequence[float]], baseline_seconds: Sequence[Sequence[float]],
+                  n_boot: int = 2000, seed: int = 0) -> Speedup:
+    """Speedup by total tokens over total time: speedup_r = (sum_p tokens / sum_p seconds of the method in repeat r)
+    / (the same of the baseline); mean +- std over r. 95% CI: paired bootstrap over prompts (tokens and seconds
+    summed over repeats first). Arrays R repeats x P prompts, prompts paired by index (as `speedup`)."""
+    mt, ms, bt, bs = (_rp(x) for x in (method_tokens, method_seconds, baseline_tokens, baseline_seconds))
+    if mt.size == 0 or not (mt.shape == ms.shape == bt.shape == bs.shape):
+        raise ValueError("speedup_total needs tokens and seconds of the same repeats x prompts shape on both sides")
+    R, P = mt.shape
+    per_rep = [float((mt[r].sum() / ms[r].sum()) / (bt[r].sum() / bs[r].sum())) for r in range(R)]
+    mean, std = mean_std(per_rep)
+    idx = np.random.default_rng(seed).integers(0, P, size=(n_boot, P))
+    m_t, m_s, b_t, b_s = mt.sum(0), ms.sum(0), bt.sum(0), bs.sum(0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo, hi = _interval((m_t[idx].sum(1) / m_s[idx].sum(1)) / (b_t[idx].sum(1) / b_s[idx].sum(1)))
+    return Speedup(mean, std, per_rep, lo, hi, "bootstrap", R, P)
+
+
+def tau_estimate(per_prompt: Sequence[Sequence[float]], n_boot: int = 2000, seed: int = 0) -> Estimate:
+    """tau = 1 + sum(accepted) / sum(drafts) over prompts, with a bootstrap interval over prompts. per_prompt[p] =
+    (accepted, drafts) of prompt p summed over its repeats (n_repeats is reported as 0: not known here)."""
+    a = np.asarray(per_prompt, dtype=np.float64).reshape(-1, 2)
+    if not len(a) or a[:, 1].sum() <= 0:
+        return Estimate(1.0, 1.0, 1.0, 0, len(a)) if len(a) else NAN_ESTIMATE
+    idx = np.random.default_rng(seed).integers(0, len(a), size=(n_boot, len(a)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo, hi = _interval(1 + a[idx, 0].sum(1) / a[idx, 1].sum(1))
+    return Estimate(float(1 + a[:, 0].sum() / a[:, 1].sum()), lo, hi, 0, len(a))

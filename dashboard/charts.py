@@ -480,72 +480,193 @@ def acceptance_curves(pos: pd.DataFrame, run_ids: list[str]) -> go.Figure:
     return fig
 
 
-def _err(values) -> list[float]:
-    return [0.0 if v is None or _nan(v) else float(v) for v in values]
+def _ci_arrays(values, lo, hi) -> dict:
+    """Asymmetric error bars from a value and its interval (0 where either is missing)."""
+    v = pd.to_numeric(pd.Series(list(values)), errors="coerce")
+    up = (pd.to_numeric(pd.Series(list(hi)), errors="coerce") - v).clip(lower=0).fillna(0)
+    down = (v - pd.to_numeric(pd.Series(list(lo)), errors="coerce")).clip(lower=0).fillna(0)
+    return dict(type="data", symmetric=False, array=up.tolist(), arrayminus=down.tolist(), visible=True,
+                thickness=1.5, width=6)
+
+
+def _col(df: pd.DataFrame, name: str) -> pd.Series:
+    return df[name] if name in df else pd.Series([np.nan] * len(df), index=df.index)
+
+
+_TOTAL_PATTERN = dict(shape="/", fgcolor="#ffffff", size=7, solidity=0.35)   # total tokens / total time: hatched
+THROUGHPUT_NAMES = {"tokens_per_s": "mean per-prompt tokens/s (Spec-Bench)",
+                    "throughput_total": "total tokens / total time (vLLM, SGLang benches)"}
+
+
+def _side_by_side(titles: list[str], **kw) -> go.Figure:
+    from plotly.subplots import make_subplots
+
+    return make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.08, **kw)
 
 
 def throughput_bars(fig_df: pd.DataFrame) -> go.Figure:
-    """Mean per-prompt tokens/s of each run and of its baseline (error bars: std over repeats)."""
-    fig = go.Figure()
-    fig.add_trace(go.Bar(x=fig_df["run_id"], y=fig_df["tokens_per_s"], name="run",
-                         marker_color=[run_colors(list(fig_df["run_id"]))[r] for r in fig_df["run_id"]],
-                         error_y=dict(type="data", array=_err(fig_df["tokens_per_s_std"]), visible=True),
-                         hovertemplate="%{x}: %{y:.1f} tokens/s<extra></extra>"))
-    base = fig_df["baseline_tokens_per_s"]
-    if base.notna().any():
-        fig.add_trace(go.Bar(x=fig_df["run_id"], y=base, name="its baseline", marker_color="#b0b0b0",
-                             customdata=fig_df["baseline_run"].fillna("-"),
-                             error_y=dict(type="data", array=_err(fig_df["baseline_tokens_per_s_std"]), visible=True),
-                             hovertemplate="baseline %{customdata}: %{y:.1f} tokens/s<extra></extra>"))
-    fig.update_layout(**_LAYOUT, height=420, barmode="group", title=dict(text="Throughput (mean per-prompt tokens/s)"),
-                      xaxis=dict(title="run", type="category"), yaxis=dict(title="tokens/s", rangemode="tozero"),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0))
+    """Both throughput definitions side by side (backend.metrics.THROUGHPUT), each run beside its baseline (grey),
+    error bars: 95% bootstrap intervals over prompts."""
+    runs = list(fig_df["run_id"])
+    colors = run_colors(runs)
+    fig = _side_by_side(["mean per-prompt tokens/s", "total tokens / total time"], shared_yaxes=True)
+    for i, key in enumerate(THROUGHPUT_NAMES, start=1):
+        fig.add_trace(go.Bar(x=runs, y=_col(fig_df, key), name="run", legendgroup="run", showlegend=i == 1,
+                             marker_color=[colors[r] for r in runs],
+                             error_y=_ci_arrays(_col(fig_df, key), _col(fig_df, f"{key}_ci_low"),
+                                                _col(fig_df, f"{key}_ci_high")),
+                             hovertemplate=f"%{{x}}: %{{y:.1f}} tokens/s ({THROUGHPUT_NAMES[key]})<extra></extra>"),
+                      row=1, col=i)
+        base = _col(fig_df, f"baseline_{key}")
+        if base.notna().any():
+            fig.add_trace(go.Bar(x=runs, y=base, name="its baseline", legendgroup="base", showlegend=i == 1,
+                                 marker_color="#b0b0b0", customdata=fig_df["baseline_run"].fillna("-"),
+                                 error_y=_ci_arrays(base, _col(fig_df, f"baseline_{key}_ci_low"),
+                                                    _col(fig_df, f"baseline_{key}_ci_high")),
+                                 hovertemplate="baseline %{customdata}: %{y:.1f} tokens/s<extra></extra>"),
+                          row=1, col=i)
+    fig.update_layout(**_LAYOUT, height=440, barmode="group", title=dict(text="Throughput, two definitions (95% CI)"),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.08, xanchor="right", x=1.0))
+    fig.update_xaxes(type="category", categoryorder="array", categoryarray=runs)
+    fig.update_yaxes(title_text="tokens/s", rangemode="tozero", row=1, col=1)
     return fig
 
 
 def speedup_chart(fig_df: pd.DataFrame, against: str) -> go.Figure:
-    """Speedup over the baseline, one bar per run, 95% CI as error bars, a line at 1.0 (as fast as the baseline)."""
-    d = fig_df[fig_df["speedup"].notna()]
-    mean = d["speedup"].astype(float)
-    hi = (d["speedup_ci_high"].astype(float) - mean).clip(lower=0).fillna(0)
-    lo = (mean - d["speedup_ci_low"].astype(float)).clip(lower=0).fillna(0)
-    colors = run_colors(list(fig_df["run_id"]))
-    fig = go.Figure(go.Bar(
-        x=d["run_id"], y=mean, marker_color=[colors[r] for r in d["run_id"]], name="speedup",
-        customdata=list(zip(d["speedup_ci_low"], d["speedup_ci_high"], d["baseline_run"].fillna("-"))),
-        error_y=dict(type="data", symmetric=False, array=hi.tolist(), arrayminus=lo.tolist(), visible=True,
-                     thickness=2, width=8),
-        hovertemplate="%{x}: %{y:.2f}x [%{customdata[0]:.2f}, %{customdata[1]:.2f}] over %{customdata[2]}"
-                      "<extra></extra>"))
-    fig.add_hline(y=1.0, line=dict(color="#555", dash="dash"), annotation_text="baseline speed",
+    """Speedup over the baseline under both throughput definitions (solid: mean per-prompt tokens/s; hatched: total
+    tokens / total time), 95% CI as error bars, a line at 1.0 (as fast as the baseline): below it, slower."""
+    d = fig_df[fig_df["speedup"].notna() | _col(fig_df, "speedup_total").notna()]
+    runs = list(fig_df["run_id"])
+    colors = run_colors(runs)
+    fig = go.Figure()
+    for key, name, pattern in (("speedup", THROUGHPUT_NAMES["tokens_per_s"], None),
+                               ("speedup_total", THROUGHPUT_NAMES["throughput_total"], _TOTAL_PATTERN)):
+        y = pd.to_numeric(_col(d, key), errors="coerce")
+        lo, hi = _col(d, f"{key}_ci_low"), _col(d, f"{key}_ci_high")
+        fig.add_trace(go.Bar(
+            x=d["run_id"], y=y, name=name, marker=dict(color=[colors[r] for r in d["run_id"]], pattern=pattern),
+            customdata=list(zip(lo, hi, d["baseline_run"].fillna("-"))),
+            error_y=_ci_arrays(y, lo, hi),
+            hovertemplate=f"%{{x}}: %{{y:.2f}}x [%{{customdata[0]:.2f}}, %{{customdata[1]:.2f}}] over "
+                          f"%{{customdata[2]}}, {name}<extra></extra>"))
+    fig.add_hline(y=1.0, line=dict(color="#555", dash="dash"), annotation_text="as fast as the baseline",
                   annotation_position="top left")
-    top = max([1.0, *[float(v) for v in d["speedup_ci_high"].fillna(0)], *mean.tolist()])
-    fig.update_layout(**_LAYOUT, height=420, showlegend=False,
+    highs = pd.to_numeric(pd.concat([_col(d, "speedup_ci_high"), _col(d, "speedup_total_ci_high"), _col(d, "speedup"),
+                                     _col(d, "speedup_total")]), errors="coerce").dropna().tolist()
+    top = max([1.0, *highs])
+    fig.update_layout(**_LAYOUT, height=440, barmode="group",
                       title=dict(text=f"Speedup over {against} (95% confidence interval)"),
-                      xaxis=dict(title="run", type="category", categoryorder="array",
-                                 categoryarray=list(fig_df["run_id"])),
-                      yaxis=dict(title="speedup (x)", range=[0, top * 1.15]))
+                      xaxis=dict(title="run", type="category", categoryorder="array", categoryarray=runs),
+                      yaxis=dict(title="speedup (x; below 1 = slower)", range=[0, top * 1.15]),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0))
     return fig
 
 
+def latency_chart(fig_df: pd.DataFrame) -> go.Figure:
+    """TTFT and TPOT in milliseconds (mean over prompts), each run beside its baseline, 95% bootstrap intervals."""
+    runs = list(fig_df["run_id"])
+    colors = run_colors(runs)
+    fig = _side_by_side(["TTFT: time to first token", "TPOT: time per later token"])
+    for i, key in enumerate(("ttft", "tpot"), start=1):
+        for prefix, name, col in (("", "run", [colors[r] for r in runs]), ("baseline_", "its baseline", "#b0b0b0")):
+            ms = pd.to_numeric(_col(fig_df, f"{prefix}{key}"), errors="coerce") * 1000
+            if not ms.notna().any():
+                continue
+            lo = pd.to_numeric(_col(fig_df, f"{prefix}{key}_ci_low"), errors="coerce") * 1000
+            hi = pd.to_numeric(_col(fig_df, f"{prefix}{key}_ci_high"), errors="coerce") * 1000
+            fig.add_trace(go.Bar(x=runs, y=ms, name=name, legendgroup=name, showlegend=i == 1, marker_color=col,
+                                 error_y=_ci_arrays(ms, lo, hi),
+                                 hovertemplate=f"%{{x}} ({name}): %{{y:.2f}} ms<extra></extra>"), row=1, col=i)
+        fig.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=i)
+    fig.update_layout(**_LAYOUT, height=400, barmode="group", title=dict(text="Latency (95% CI)"),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.08, xanchor="right", x=1.0))
+    fig.update_xaxes(type="category", categoryorder="array", categoryarray=runs)
+    return fig
+
+
+SPEED_COLUMNS = ["run_id", "repeats", "prompts", "tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high",
+                 "throughput_total", "throughput_total_ci_low", "throughput_total_ci_high", "baseline_run",
+                 "baseline_source", "baseline_tokens_per_s", "baseline_tokens_per_s_ci_low",
+                 "baseline_tokens_per_s_ci_high", "baseline_throughput_total", "baseline_throughput_total_ci_low",
+                 "baseline_throughput_total_ci_high", "speedup", "speedup_ci_low", "speedup_ci_high", "ci_method",
+                 "speedup_total", "speedup_total_ci_low", "speedup_total_ci_high", "ttft", "ttft_ci_low",
+                 "ttft_ci_high", "tpot", "tpot_ci_low", "tpot_ci_high", "baseline_ttft", "baseline_tpot", "lossless"]
+
+
 def speed_frame(fig_df: pd.DataFrame) -> pd.DataFrame:
-    """What the throughput and speedup charts show (their CSV)."""
-    return fig_df.reindex(columns=["run_id", "tokens_per_s", "tokens_per_s_std", "baseline_run", "baseline_source",
-                                   "baseline_tokens_per_s", "baseline_tokens_per_s_std", "speedup", "speedup_ci_low",
-                                   "speedup_ci_high", "ci_method", "lossless"]).reset_index(drop=True)
+    """What the throughput, speedup and latency charts show (their CSV): both throughput definitions, speedups,
+    TTFT and TPOT (seconds), each with its 95% interval."""
+    return fig_df.reindex(columns=SPEED_COLUMNS).reset_index(drop=True)
 
 
 def summary_table(fig_df: pd.DataFrame) -> pd.DataFrame:
-    """One row per compared run, as shown under the headline."""
-    out = fig_df.reindex(columns=["run_id", "drafter", "model", "dataset", "num_spec_tokens", "tau", "acceptance_rate",
-                                  "tokens_per_s", "baseline_run", "speedup", "speedup_ci_low", "speedup_ci_high",
-                                  "lossless"]).copy()
-    return out.rename(columns={"num_spec_tokens": "K", "model": "target", "speedup_ci_low": "CI low",
-                               "speedup_ci_high": "CI high", "acceptance_rate": "acceptance"})
+    """One row per compared run: acceptance, both throughputs, both speedups, TTFT/TPOT in ms, intervals as text."""
+    f = fig_df
+    out = pd.DataFrame({
+        "run_id": f["run_id"], "drafter": _col(f, "drafter"), "K": _col(f, "num_spec_tokens"), "tau": f["tau"],
+        "acceptance": _col(f, "acceptance_rate"), "repeats": _col(f, "repeats"), "prompts": _col(f, "prompts"),
+        "tok/s per-prompt mean": _col(f, "tokens_per_s"),
+        "95% CI (per-prompt)": _cis(_col(f, "tokens_per_s_ci_low"), _col(f, "tokens_per_s_ci_high"), 1),
+        "tok/s total/time": _col(f, "throughput_total"),
+        "95% CI (total)": _cis(_col(f, "throughput_total_ci_low"), _col(f, "throughput_total_ci_high"), 1),
+        "baseline": _col(f, "baseline_run"),
+        "speedup (per-prompt)": _col(f, "speedup"), "95% CI": _cis(_col(f, "speedup_ci_low"),
+                                                                  _col(f, "speedup_ci_high")),
+        "speedup (total)": _col(f, "speedup_total"),
+        "95% CI (speedup total)": _cis(_col(f, "speedup_total_ci_low"), _col(f, "speedup_total_ci_high")),
+        "TTFT ms": pd.to_numeric(_col(f, "ttft"), errors="coerce") * 1000,
+        "95% CI (TTFT)": _cis(_col(f, "ttft_ci_low") * 1000, _col(f, "ttft_ci_high") * 1000),
+        "TPOT ms": pd.to_numeric(_col(f, "tpot"), errors="coerce") * 1000,
+        "95% CI (TPOT)": _cis(_col(f, "tpot_ci_low") * 1000, _col(f, "tpot_ci_high") * 1000),
+        "lossless": _col(f, "lossless")})
+    return out.reset_index(drop=True)
 
 
-def _ci_text(lo, hi) -> str:
-    return "" if lo is None or hi is None or _nan(lo) or _nan(hi) else f"[{float(lo):.2f}, {float(hi):.2f}]"
+def _cis(lo: pd.Series, hi: pd.Series, digits: int = 2) -> list[str]:
+    return [_ci_text(a, b, digits) for a, b in zip(pd.to_numeric(lo, errors="coerce"),
+                                                   pd.to_numeric(hi, errors="coerce"))]
+
+
+CATEGORY_FRAME_COLUMNS = ["run_id", "category", "prompts", "tau", "tau_ci_low", "tau_ci_high", "tokens_per_s",
+                          "baseline_run", "baseline_tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high"]
+
+
+def category_frame(cats: pd.DataFrame) -> pd.DataFrame:
+    """What the per-category chart shows (its CSV)."""
+    return cats.reindex(columns=CATEGORY_FRAME_COLUMNS).reset_index(drop=True)
+
+
+def category_chart(cats: pd.DataFrame, run_ids: list[str]) -> go.Figure:
+    """Per Spec-Bench category: tau (left) and speedup over each run's baseline (right), one bar series per run,
+    95% bootstrap intervals over the category's prompts; the speedup panel has a line at 1 (below: slower)."""
+    colors = run_colors(run_ids)
+    cat_order = sorted(cats["category"].dropna().unique()) if len(cats) else []
+    n = cats.groupby("category")["prompts"].max() if len(cats) else pd.Series(dtype=float)
+    labels = {c: f"{c} ({int(n[c])})" for c in cat_order}
+    fig = _side_by_side(["tau (mean acceptance length)", "speedup over the baseline"])
+    for r in run_ids:
+        g = cats[cats["run_id"] == r].set_index("category").reindex(cat_order)
+        x = [labels[c] for c in cat_order]
+        for i, (key, fmt) in enumerate((("tau", ".2f"), ("speedup", ".2f")), start=1):
+            y = pd.to_numeric(g[key], errors="coerce")
+            fig.add_trace(go.Bar(x=x, y=y, name=r, legendgroup=r, showlegend=i == 1, marker_color=colors[r],
+                                 error_y=_ci_arrays(y, g[f"{key}_ci_low"], g[f"{key}_ci_high"]),
+                                 hovertemplate=f"{r}, %{{x}}: {key} %{{y:{fmt}}}<extra></extra>"), row=1, col=i)
+    fig.add_hline(y=1.0, line=dict(color="#555", dash="dash"), row=1, col=2)
+    fig.update_layout(**_LAYOUT, height=440, barmode="group",
+                      title=dict(text="Per category (prompts in brackets; 95% CI over the category's prompts)"),
+                      legend=dict(title="run", orientation="h", yanchor="bottom", y=1.08, xanchor="right", x=1.0))
+    fig.update_xaxes(type="category", categoryorder="array", categoryarray=[labels[c] for c in cat_order])
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_yaxes(title_text="tau", row=1, col=1)
+    fig.update_yaxes(title_text="speedup (x)", row=1, col=2)
+    return fig
+
+
+def _ci_text(lo, hi, digits: int = 2) -> str:
+    if lo is None or hi is None or _nan(lo) or _nan(hi):
+        return ""
+    return f"[{float(lo):.{digits}f}, {float(hi):.{digits}f}]"
 
 
 def category_table(cats: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:

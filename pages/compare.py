@@ -1,7 +1,7 @@
-"""Compare bench runs (?runs=a,b,c&baseline=paired|pinned&view=Acceptance|Speed|...): accepted-length histograms,
-per-position acceptance,
-throughput and speedup with 95% CIs, per-category figures and the settings that differ. Numbers: backend/compare.py
-(from backend/metrics.py); data: catalog aggregates."""
+"""Compare bench runs (?runs=a,b,c&baseline=paired|pinned&view=Acceptance|Speed|...): speedup tiles and a short
+headline, then accepted-length histograms, per-position acceptance, throughput under both definitions (mean
+per-prompt tokens/s; total tokens / total time), speedups, TTFT and TPOT with 95% CIs, per-category figures and the
+settings that differ. Numbers: backend/compare.py (from backend/metrics.py); data: catalog aggregates."""
 
 import streamlit as st
 
@@ -28,7 +28,7 @@ if len(chosen) < 2:
     st.info("Pick at least two bench runs to compare.")
     st.stop()
 
-headline, warnings = st.empty(), st.empty()           # filled once the speed figures are in
+tile_row, headline, warnings = st.empty(), st.empty(), st.empty()     # filled once the speed figures are in
 # lazy tabs: only the open one runs and is sent (?view=Speed reproduces a view); the first paint stays light
 acc_tab, speed_tab, cat_tab, cfg_tab = st.tabs(list(compare.VIEWS), key="view", on_change="rerun",
                                                bind="query-params")
@@ -46,12 +46,26 @@ if acc_tab.open:
 
 with st.spinner(f"Speedups of {len(acc.run_ids)} runs ..."):
     cmp = ui.guarded(compare.compare, chosen, against, acceptance=acc)
+TONE = {"slower": "normal", "faster": "normal", "unclear": "off", "none": "off"}
+with tile_row.container():
+    for start in range(0, len(cmp.tiles), 4):                        # four tiles a row
+        for col, tile in zip(st.columns(4), cmp.tiles[start:start + 4]):
+            with col.container(border=True):
+                st.metric(tile.run_id, tile.value, tile.delta, delta_color=TONE[tile.tone])
+                st.caption("  \n".join(tile.lines))
 headline.container(border=True).markdown(cmp.headline)
+ui.note_verdict(cmp.headline)        # above exported charts, in the report bundle
 with warnings.container():
     ui.warning_list(cmp.warnings)
 
 if speed_tab.open:
     with speed_tab:
+        st.caption("Two throughput figures, both with 95% bootstrap intervals over prompts; they differ when prompts "
+                   "of different lengths run at different speeds:")
+        for col, d in zip(st.columns(2), compare.speed_definitions(cmp.figures)):
+            with col.container(border=True, key=f"definition_{d.key}"):
+                st.markdown(f"**{d.name.capitalize()}**: {d.definition}.")
+                st.markdown("\n".join(f"- {line}" for line in d.lines))
         left, right = st.columns(2)
         speed = charts.speed_frame(cmp.figures)
         with left:
@@ -59,16 +73,28 @@ if speed_tab.open:
         with right:
             ui.chart_with_downloads(charts.speedup_chart(cmp.figures, compare.BASELINES[against]), speed,
                                     f"speedup_{against}_{stem}")
+        left, right = st.columns(2)
+        with left:
+            ui.chart_with_downloads(charts.latency_chart(cmp.figures), speed, f"latency_{stem}")
+        with right.container(border=True, key="latency"):
+            st.markdown("**TTFT** (time to first token: the prompt's prefill) and **TPOT** (time per output token "
+                        "after the first), means over prompts with 95% intervals:")
+            st.markdown("\n".join(f"- {line}" for line in compare.latency_lines(cmp.figures)))
+        two = {"format": "%.2f"}
         st.dataframe(charts.summary_table(cmp.figures), hide_index=True, key="summary", column_config={
-            "tau": st.column_config.NumberColumn(format="%.2f"),
+            "tau": st.column_config.NumberColumn(**two),
             "acceptance": st.column_config.NumberColumn(format="percent"),
-            "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.1f"),
-            **{c: st.column_config.NumberColumn(format="%.2f") for c in ("speedup", "CI low", "CI high")}})
+            **{c: st.column_config.NumberColumn(format="%.1f") for c in ("tok/s per-prompt mean", "tok/s total/time")},
+            **{c: st.column_config.NumberColumn(**two) for c in ("speedup (per-prompt)", "speedup (total)", "TTFT ms",
+                                                                 "TPOT ms")}})
 
 if cat_tab.open:
     with cat_tab:
         st.caption("Spec-Bench categories: tau (mean acceptance length), mean per-prompt tokens/s, and the speedup "
-                   "over the same baseline on that category's prompts with its 95% bootstrap interval.")
+                   "over the same baseline on that category's prompts, each with its 95% bootstrap interval over "
+                   "the category's prompts (few prompts: wide intervals).")
+        ui.chart_with_downloads(charts.category_chart(cmp.categories, cmp.run_ids),
+                                charts.category_frame(cmp.categories), f"per_category_{stem}")
         categories = charts.category_table(cmp.categories, cmp.run_ids)
         st.dataframe(categories, hide_index=True, key="categories",
                      column_config={c: st.column_config.NumberColumn(format="%.2f") for c in categories.columns

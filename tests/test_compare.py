@@ -159,7 +159,45 @@ def test_comparison_numbers_come_from_aggregates(bench: Path, monkeypatch: pytes
     assert set(c.categories["category"]) == {"writing", "math", "coding"}
     assert c.config["setting"].tolist() == ["drafter.proposer"], "only what differs"
     assert "`spec-random` loses 1.26 in tau against `spec-oracle`" in c.headline
-    assert "speedup" in c.headline and "[" in c.headline
+    assert "Each figure rests on 2 repeats x 4 prompts" in c.headline
+
+
+def test_speed_figures_match_numpy_on_the_raw_rows(bench: Path) -> None:
+    """Both throughput definitions, TTFT, TPOT and the speedup by total time agree with numpy on the runs' own
+    prompts.parquet (not the catalog); the per-prompt figures are those the bench stored."""
+    import pandas as pd
+
+    c = compare.compare(["spec-random", "spec-oracle"], root=bench)
+    f = c.figures.set_index("run_id")
+    raw = {r: pd.read_parquet(bench / "runs" / r / "prompts.parquet")
+           for r in ("spec-random", "spec-oracle", "spec-random-baseline")}
+    for r in ("spec-random", "spec-oracle"):
+        d, b = raw[r], raw["spec-random-baseline"]
+        assert f.loc[r, "tokens_per_s"] == pytest.approx(d.groupby("prompt_id")["tokens_per_s"].mean().mean())
+        assert f.loc[r, "throughput_total"] == pytest.approx(d["output_tokens"].sum() / d["seconds"].sum())
+        assert f.loc[r, "baseline_throughput_total"] == pytest.approx(b["output_tokens"].sum() / b["seconds"].sum())
+        assert f.loc[r, "ttft"] == pytest.approx(d.groupby("prompt_id")["ttft"].mean().mean())
+        assert f.loc[r, "tpot"] == pytest.approx(d.groupby("prompt_id")["tpot"].mean().mean())
+        per_rep = [(g["output_tokens"].sum() / g["seconds"].sum())
+                   / (b[b.repeat == k]["output_tokens"].sum() / b[b.repeat == k]["seconds"].sum())
+                   for k, g in d.groupby("repeat")]
+        assert f.loc[r, "speedup_total"] == pytest.approx(np.mean(per_rep))
+        for k in ("tokens_per_s", "throughput_total", "ttft", "tpot", "speedup_total"):
+            assert f.loc[r, f"{k}_ci_low"] <= f.loc[r, f"{k}_ci_high"], k
+        assert f.loc[r, "tokens_per_s_ci_low"] <= f.loc[r, "tokens_per_s"] <= f.loc[r, "tokens_per_s_ci_high"]
+        assert f.loc[r, "prompts"] == 4 and f.loc[r, "repeats"] == 2 and bool(f.loc[r, "baseline_plain"])
+    tiles = {t.run_id: t for t in c.tiles}
+    # the random drafter accepts nothing and drafts 3 tokens a step: slower than decoding without it, every repeat
+    assert f.loc["spec-random", "speedup_ci_high"] < 1 and tiles["spec-random"].tone == "slower"
+    assert "slower than without a drafter" in tiles["spec-random"].delta
+    assert tiles["spec-random"].lines[-1].startswith("2 repeats x 4 prompts")
+    assert tiles["spec-oracle"].lines[0] == f"tau {f.loc['spec-oracle', 'tau']:.2f} · 42% of drafts accepted"
+    lines = {d.key: d for d in compare.speed_definitions(c.figures)}
+    assert f"**{f.loc['spec-random', 'throughput_total']:.1f}** tokens/s" in lines["total"].lines[0]
+    cats = c.categories.set_index(["run_id", "category"])
+    w = raw["spec-oracle"][raw["spec-oracle"]["category"] == "writing"]
+    assert cats.loc[("spec-oracle", "writing"), "tau"] == pytest.approx(1 + w["accepted"].sum() / w["drafts"].sum())
+    assert (cats["tau_ci_low"] <= cats["tau"] + 1e-9).all() and (cats["tau"] <= cats["tau_ci_high"] + 1e-9).all()
 
 
 def test_speedup_against_the_pinned_baseline(own: Path) -> None:
@@ -188,14 +226,54 @@ def test_config_diff_and_headline_words() -> None:
                          "speedup_ci_low": 1.7, "speedup_ci_high": 2.1},
                         {"run_id": "drafter-after-layer", "tau": 1.35, "num_spec_tokens": 4, "drafts": 10,
                          "speedup": 1.1, "speedup_ci_low": 1.0, "speedup_ci_high": 1.2}])
-    assert compare.headline(fig) == ("`drafter-matched`: tau 2.61 (speedup 1.90x [1.70, 2.10]); `drafter-after-layer`: "
-                                     "tau 1.35 (speedup 1.10x [1.00, 1.20]) — `drafter-after-layer` loses 1.26 in tau "
-                                     "against `drafter-matched` (48% of its tau; 0.80x of speedup).")
+    fig = fig.assign(repeats=1, prompts=80, baseline_plain=True)
+    assert compare.headline(fig) == (
+        "Speedup over decoding without one: `drafter-matched` 1.90x (faster), `drafter-after-layer` 1.10x (no clear "
+        "difference). `drafter-after-layer` loses 1.26 in tau against `drafter-matched` (48% of its tau); its speedup: "
+        "\u221280 pp (1.10x against 1.90x). Each figure rests on 1 repeat x 80 prompts; 95% intervals resample prompts "
+        "(one repeat: run-to-run timing noise is not measured).")
     with_ci = compare.headline(fig, lambda best, worst: (1.1, 1.4, 80)
                                if (best, worst) == ("drafter-matched", "drafter-after-layer") else None)
-    assert with_ci.endswith("loses 1.26 in tau against `drafter-matched` (95% CI 1.10 to 1.40 over 80 shared prompts; "
-                            "48% of its tau; 0.80x of speedup).")
+    assert "loses 1.26 in tau against `drafter-matched` (95% CI 1.10 to 1.40 over 80 shared prompts; 48% of its tau)" \
+        in with_ci
     assert "not clearly lower" in compare.headline(fig, lambda b, w: (-0.1, 0.3, 8))
+    # the issue's demo figures: both drafters slower; the weaker-tau one faster by 11 percentage points, not "0.11x"
+    slow = fig.assign(speedup=[0.82, 0.93], speedup_ci_low=[0.78, 0.88], speedup_ci_high=[0.86, 0.97],
+                      speedup_total=[0.54, 0.74], speedup_total_ci_low=[0.5, 0.7], speedup_total_ci_high=[0.58, 0.78])
+    h = compare.headline(slow)
+    assert h.startswith("**Every drafter here is slower than decoding without one**: `drafter-matched` 0.82x, "
+                        "`drafter-after-layer` 0.93x by mean per-prompt tokens/s; 0.54x, 0.74x by total tokens / "
+                        "total time.")
+    assert "yet its speedup is higher: +11 pp (0.93x against 0.82x)" in h and "0.11x" not in h
+    assert compare.speed_words(0.82, 0.78, 0.86) == ("slower", "slower than without a drafter")
+    assert compare.speed_words(1.3, 1.1, 1.5)[0] == "faster"
+    assert compare.speed_words(0.97, 0.9, 1.04) == ("unclear", "no clear difference from decoding without a drafter")
+    assert compare.speed_words(0.8, 0.7, 0.9, False, "other")[1] == "slower than its baseline `other`"
+    assert compare.speed_words(None, None, None)[0] == "none"
+
+
+def test_category_noise_in_words() -> None:
+    """Two runs that accept alike in a category (the issue's coding 92 vs 190 tok/s at the same tau) get a sentence;
+    categories that agree get none; one run faster on one category and slower on another (intervals excluding 1)
+    gets one too."""
+    import pandas as pd
+
+    def cats(rows):
+        cols = ["run_id", "category", "tau", "tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high"]
+        return pd.DataFrame(rows, columns=cols)
+
+    noisy = cats([("a", "coding", 2.10, 92.0, 0.6, 0.5, 0.7), ("b", "coding", 2.12, 190.0, 1.2, 1.1, 1.3),
+                  ("a", "math", 2.5, 150.0, 0.9, 0.8, 1.0), ("b", "math", 1.5, 140.0, 0.9, 0.8, 1.0)])
+    assert compare.category_noise(noisy) == (
+        "Per category, speed is noisy: in coding, `a` and `b` accept alike (tau 2.10 and 2.12) yet ran at 92 and 190 "
+        "tokens/s; read per-category speeds with their intervals.")
+    calm = noisy.assign(tokens_per_s=[92.0, 100.0, 150.0, 140.0])
+    assert compare.category_noise(calm) is None
+    split = cats([("a", "coding", 2.0, 90.0, 0.6, 0.5, 0.7), ("a", "writing", 2.6, 150.0, 1.4, 1.2, 1.6)])
+    assert compare.category_noise(split) == ("The categories disagree: `a` is faster on writing (1.40x) and slower on "
+                                             "coding (0.60x).")
+    assert "speed is noisy" in compare.headline(
+        pd.DataFrame([{"run_id": "a", "tau": 2.1, "num_spec_tokens": 3, "drafts": 5, "speedup": None}]), None, noisy)
 
 
 # ---------------------------------------------------------------------------- Runs page (AppTest)
@@ -284,8 +362,11 @@ def test_read_only_hides_the_editor(bench: Path, monkeypatch: pytest.MonkeyPatch
 def test_compare_page(bench: Path) -> None:
     at = open_page("pages/compare.py", runs=RUNS)
     assert params(at) == {"runs": RUNS, "baseline": "paired"}
-    md = texts(at.markdown)
-    assert "`spec-random`: tau 1.00" in md and "`spec-oracle`: tau 2.26" in md and "loses 1.26 in tau" in md
+    tiles = {m.label: m.value for m in at.metric}
+    assert list(tiles) == ["spec-random", "spec-oracle"], "a speedup tile per run, before the headline"
+    captions = texts(at.caption)
+    assert "tau 1.00 · 0% of drafts accepted" in captions and "tau 2.26 · 42% of drafts accepted" in captions
+    assert "loses 1.26 in tau" in texts(at.markdown)
     hist, pos = figures(at)                    # the Acceptance tab is open; the other tabs are not run
     assert [t["name"] for t in hist["data"]] == ["spec-random", "spec-oracle"] and hist["layout"]["barmode"] == "group"
     assert values(hist["data"][1]["y"]).sum() == pytest.approx(1.0), "normalised"
@@ -296,17 +377,33 @@ def test_compare_page(bench: Path) -> None:
     assert labels.count("CSV") == 2 and labels.count("PNG") == 2 and labels.count("SVG") == 2
 
     at = open_page("pages/compare.py", runs=RUNS, view="Speed")
-    tput, speed = figures(at)
-    assert [t["name"] for t in tput["data"]] == ["run", "its baseline"]
+    tput, speed, latency = figures(at)
+    assert [t["name"] for t in tput["data"]] == ["run", "its baseline"] * 2, "both definitions, each with a baseline"
+    assert [a["text"] for a in tput["layout"]["annotations"]] == ["mean per-prompt tokens/s",
+                                                                  "total tokens / total time"]
+    assert [t["name"] for t in speed["data"]] == ["mean per-prompt tokens/s (Spec-Bench)",
+                                                  "total tokens / total time (vLLM, SGLang benches)"]
     bar = speed["data"][0]
     assert list(bar["x"]) == ["spec-random", "spec-oracle"] and bar["error_y"]["symmetric"] is False
     assert "paired baseline" in speed["layout"]["title"]["text"]
+    assert {a["text"] for a in latency["layout"]["annotations"]} >= {"TTFT: time to first token"}
     (summary,) = (d.value for d in at.dataframe)
     assert summary["run_id"].tolist() == ["spec-random", "spec-oracle"]
-    assert "loses 1.26 in tau" in texts(at.markdown), "the headline stays above every tab"
+    assert {"tok/s per-prompt mean", "tok/s total/time", "TTFT ms", "TPOT ms", "speedup (total)"} <= set(summary)
+    md = texts(at.markdown)
+    assert "loses 1.26 in tau" in md, "the headline stays above every tab"
+    assert "**Mean per-prompt tokens/s**" in md and "**Total tokens / total time**" in md and "TPOT" in md
+    tiles = {m.label: m for m in at.metric}
+    assert list(tiles) == ["spec-random", "spec-oracle"] and tiles["spec-random"].value.endswith("x")
+    assert "slower than without a drafter" in tiles["spec-random"].proto.delta
 
-    (cats,) = (d.value for d in open_page("pages/compare.py", runs=RUNS, view="Per category").dataframe)
+    at = open_page("pages/compare.py", runs=RUNS, view="Per category")
+    (cats,) = (d.value for d in at.dataframe)
     assert cats["category"].tolist() == ["coding", "math", "writing"] and "spec-oracle · speedup" in cats
+    (chart,) = figures(at)
+    assert [t["name"] for t in chart["data"]] == ["spec-random"] * 2 + ["spec-oracle"] * 2   # tau, speedup per run
+    assert list(chart["data"][2]["x"]) == ["coding (1)", "math (1)", "writing (2)"]
+    assert values(chart["data"][2]["y"]) == pytest.approx(cats["spec-oracle · tau"].to_numpy())
     at = open_page("pages/compare.py", runs=RUNS, view="Settings that differ")
     (diff,) = (d.value for d in at.dataframe)
     assert diff["setting"].tolist() == ["drafter.proposer"] and not at.get("plotly_chart")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from backend import metrics as M
@@ -139,3 +140,59 @@ def test_tau_difference_hand_computed():
     assert d == pytest.approx(0.0) and lo < 0 < hi
     with pytest.raises(ValueError, match="same prompts"):
         M.tau_difference([[1, 2]], [[1, 2], [1, 2]])
+
+
+# ---------------------------------------------------------------------- the two throughput definitions, intervals
+
+def test_two_throughput_definitions_hand_computed():
+    """One repeat, two prompts: 10 tokens in 1 s (10 tok/s) and 30 tokens in 4 s (7.5 tok/s).
+    Mean per-prompt tokens/s (Spec-Bench) = (10 + 7.5) / 2 = 8.75; total tokens / total time (vLLM/SGLang
+    benches) = 40 / 5 = 8.0: the long answer weighs more in the second."""
+    per_prompt = M.mean_estimate([[10.0, 7.5]])
+    total = M.total_throughput([[10, 30]], [[1.0, 4.0]])
+    assert per_prompt.value == pytest.approx(8.75) and total.value == pytest.approx(8.0)
+    assert (per_prompt.n_repeats, per_prompt.n_prompts) == (1, 2) == (total.n_repeats, total.n_prompts)
+    # every resample of two prompts is (a, a), (a, b) or (b, b): per-prompt means 10, 8.75, 7.5; totals 10, 8, 7.5
+    assert 7.5 <= per_prompt.ci_low <= per_prompt.value <= per_prompt.ci_high <= 10.0
+    assert 7.5 <= total.ci_low <= total.value <= total.ci_high <= 10.0
+    assert set(M.THROUGHPUT) == {"per_prompt", "total"} and "Spec-Bench" in M.THROUGHPUT["per_prompt"][1]
+    assert "vllm bench serve" in M.THROUGHPUT["total"][1]
+
+
+def test_mean_estimate_matches_numpy_with_missing_values():
+    """R x P values with NaN/None (TPOT of a one-token answer): each prompt averaged over its repeats, then over
+    prompts; the interval (bootstrap over prompts) holds the mean; identical prompts give a zero-width interval."""
+    rng = np.random.default_rng(3)
+    v = rng.gamma(4.0, 25.0, size=(3, 40))
+    v[0, 5] = np.nan
+    v[:, 7] = np.nan                                       # no value in any repeat: the prompt is left out
+    rows = [[None if np.isnan(x) else float(x) for x in row] for row in v]
+    e = M.mean_estimate(rows, n_boot=1000, seed=2)
+    assert e.value == pytest.approx(float(np.nanmean(np.delete(v, 7, axis=1), axis=0).mean()))
+    assert e.n_prompts == 39 and e.n_repeats == 3 and e.ci_low < e.value < e.ci_high
+    # a 95% interval of a mean of 39 values: about +-1.96 sd / sqrt(39)
+    sd = np.nanmean(np.delete(v, 7, axis=1), axis=0).std(ddof=1) / math.sqrt(39)
+    assert e.ci_high - e.ci_low == pytest.approx(2 * 1.96 * sd, rel=0.25)
+    flat = M.mean_estimate([[5.0] * 6, [5.0] * 6])
+    assert (flat.value, flat.ci_low, flat.ci_high) == (5.0, 5.0, 5.0)
+    assert math.isnan(M.mean_estimate([[None, None]]).value)
+
+
+def test_speedup_total_hand_computed():
+    """2 repeats x 2 prompts. Method: tokens [[10, 30], [10, 30]], seconds [[1, 2], [1, 3]] -> 40/3, 40/4 tok/s.
+    Baseline: the same tokens in [[2, 6], [2, 6]] s -> 40/8 = 5 tok/s both repeats. Speedups 8/3 and 2; mean 7/3."""
+    s = M.speedup_total([[10, 30], [10, 30]], [[1, 2], [1, 3]], [[10, 30], [10, 30]], [[2, 6], [2, 6]],
+                        n_boot=500)
+    assert s.per_repeat == pytest.approx([8 / 3, 2.0]) and s.mean == pytest.approx(7 / 3)
+    assert s.std == pytest.approx(math.sqrt(2) * (8 / 3 - 7 / 3))    # two values: sd = |a - b| / sqrt(2)
+    # prompts summed over repeats: method 20 tok / 2 s and 60 / 5; baseline 20 / 4 and 60 / 12: ratios 2 and 2.4
+    assert 2.0 - 1e-9 <= s.ci_low <= s.ci_high <= 2.4 + 1e-9 and (s.n_repeats, s.n_prompts) == (2, 2)
+    with pytest.raises(ValueError, match="same repeats x prompts"):
+        M.speedup_total([[1, 2]], [[1, 2]], [[1]], [[1]])
+
+
+def test_tau_estimate_hand_computed():
+    # prompts (accepted, drafts): (3, 2), (0, 2): tau = 1 + 3 / 4 = 1.75; resamples: 2.5, 1.75 or 1.0
+    e = M.tau_estimate([[3, 2], [0, 2]], n_boot=500)
+    assert e.value == pytest.approx(1.75) and 1.0 <= e.ci_low <= 1.75 <= e.ci_high <= 2.5
+    assert M.tau_estimate([[0, 0], [0, 0]]).value == 1.0              # plain decoding
