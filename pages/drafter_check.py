@@ -46,7 +46,6 @@ else:
 show, icon = BANNER.get(rep["verdict_severity"], BANNER["warning"])
 show(rep["verdict"], icon=icon)
 ui.note_verdict(rep["verdict"])
-ui.note_verdict(rep["verdict"])        # above exported charts, in the report bundle
 
 st.subheader("What each engine feeds")
 st.caption("From the drafter's config.json and the conventions table (backend/conventions.yaml): where each engine "

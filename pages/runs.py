@@ -93,7 +93,7 @@ picked = st.dataframe(
         "nonfinite_tokens": st.column_config.NumberColumn(
             "NaN/inf tokens", help="tokens holding NaN or inf, summed over boundaries (left out of statistics)"),
         "model": st.column_config.TextColumn("target"),
-        "engine": st.column_config.TextColumn("engine", width="small"),
+        "engine": st.column_config.TextColumn("engine"),      # sized to its text ("hf transformers 5.x" was cut)
         "boundaries": st.column_config.TextColumn("boundaries", width="medium"),
         "notes": st.column_config.TextColumn("notes", width="medium"),
     })

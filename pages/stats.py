@@ -39,7 +39,6 @@ else:
     comp = stats_compare.compare(stats, stat, ref, shown, n_layers, label=charts.STATS[stat])
     st.info(comp.verdict, icon=":material/compare_arrows:")
     ui.note_verdict(comp.verdict)
-    ui.note_verdict(comp.verdict)        # above exported charts, in the report bundle
     st.caption(f"Each capture minus the reference `{ref}` at every boundary both hold "
                f"({'absolute' if mode == 'diff' else 'relative to the reference, in %'}); x is depth, gaps where "
                "either capture lacks a boundary.")
