@@ -6,6 +6,10 @@ importing the libraries every page needs (pandas, DuckDB,
 pyarrow, plotly, the backend modules) and bringing the catalog up to date. Streamlit runs page scripts in the
 server's process, so the first visitor after a restart no longer pays about 0.6 s of imports and a catalog
 refresh inside the first render (docs/PERFORMANCE.md, "first render after server start").
+
+Server options come from `.streamlit/config.toml` next to app.py (Streamlit reads it whatever the working directory):
+the viewer's toolbar (no Deploy button) and no usage statistics; flags given here override them. With the favicon
+served from dashboard/assets/, a page makes no request beyond this server (tests/test_browser_offline.py).
 """
 
 from __future__ import annotations
