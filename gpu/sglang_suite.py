@@ -7,7 +7,12 @@
    per-position rates, lossless check, and the boundaries SGLang's running target model feeds each drafter
    (`layers_to_capture`) next to what SpecLens predicted.
 3. Server start, capture and benchmark times. RECORDED fixtures for the CPU tests under DIR/recorded/.
-Needs SGLang 0.5.15 (with transformers 5.12.1) and a CUDA GPU.
+4. `--real`: shrunken targets of real families and depths (`--load-format dummy`, config only) with real public
+   drafter configs (tests/data/real_configs, sizes shrunk as gpu/runner_check.py does; ids as written or as the
+   case sets them in eagle_config, where SGLang reads them): `layers_to_capture` read from the running target model
+   next to what SpecLens predicts for the installed release (backend.drafter.aux.drafter_aux_boundaries).
+Ran with SGLang 0.5.15 (transformers 5.12.1) and 0.5.17 (transformers 5.12.1, `--engine-option attention-backend=triton`
+because the bundle sent to the H200 left out sgl_kernel's FA3 library) on a CUDA GPU.
 
 Every experiment runs on its own: an exception is recorded (type, message, traceback tail, the tails of the SGLang
 server logs it wrote under DIR/logs/<experiment>/) and the suite goes on with the next one; DIR/sglang_results.json
@@ -35,6 +40,23 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 DRAFTERS = ("drafter-matched", "drafter-after-layer")
+# name -> (target: gpu/runner_check.py TARGETS or REAL_TARGETS, drafter config file, eagle_config ids; None: as written)
+REAL_CASES = {
+    "deepseekv3_61_nested_1_29_57": ("deepseekv3-61", "specforge_deepseek-v3-671b.json", None),
+    "deepseekv3_61_nested_3_30_58": ("deepseekv3-61", "specforge_deepseek-v3-671b.json", [3, 30, 58]),
+    "llama61_nested_3_30_58": ("llama-61", "specforge_deepseek-v3-671b.json", [3, 30, 58]),
+    "llama32_none": ("llama-32", "specforge_llama3-8b.json", None),
+    "gptoss24_nested_1_11_24": ("gptoss-24", "specforge_deepseek-v3-671b.json", [1, 11, 24]),
+}
+REAL_TARGETS = {
+    "gptoss-24": {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "num_hidden_layers": 24,
+                  "hidden_size": 256, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+                  "head_dim": 64, "vocab_size": 4096, "num_local_experts": 4, "num_experts_per_tok": 2,
+                  "experts_per_token": 2, "sliding_window": 128, "layer_types": ["sliding_attention",
+                                                                                  "full_attention"] * 12,
+                  "rms_norm_eps": 1e-5, "rope_theta": 150000, "max_position_embeddings": 2048, "swiglu_limit": 7.0,
+                  "attention_bias": True, "torch_dtype": "bfloat16", "tie_word_embeddings": False},
+}
 
 
 def env_info() -> dict:
@@ -173,9 +195,9 @@ class Suite:
         s = BenchSettings(target=self.target, drafter=str(self.pair / drafter), prompts=self.prompts,
                           num_spec_tokens=4, temperature=0.0, repeats=1, limit=a.bench_prompts,
                           max_new_tokens=a.max_new_tokens, device=a.device, dtype=a.dtype, engine=engine,
-                          producer="sglang", producer_version="0.5.15",
-                          engine_options={"mem-fraction-static": 0.2, "disable-cuda-graph": True}
-                          if engine == "sglang" else None)
+                          producer="sglang", producer_version=self.res["env"]["sglang"] or "0.5.15",
+                          engine_options={"mem-fraction-static": 0.2, "disable-cuda-graph": True,
+                                          **a.engine_option} if engine == "sglang" else None)
         t = time.perf_counter()
         r = run_bench(s, name=f"h200-toy-{engine}-sgl-{drafter}-{self.tag}", root=a.root, progress=False)
         out = {"run": r.run_id, "status_of_run": r.status, "baseline_run": r.baseline_run, "tau": r.tau,
@@ -191,6 +213,68 @@ class Suite:
         out["histogram"] = summ.get("histogram")
         print(engine, drafter, "tau", r.tau, "lossless", r.lossless, "aux", (out["aux"] or {}).get("boundaries"),
               "engine ids", (out["aux"] or {}).get("engine_ids"), flush=True)
+        return out
+
+    def real_case(self, case: str, logdir: Path) -> dict:
+        """One real-config case: start SGLang on the shrunken target with dummy weights, read `layers_to_capture`
+        from the running target model, and put SpecLens's prediction for the installed release next to it."""
+        import types
+
+        from backend.drafter.aux import drafter_aux_boundaries
+        from backend.drafter.config import load_config
+        from backend.engines import sglang as S
+
+        sys.path.insert(0, str(REPO / "gpu"))
+        import runner_check as rc
+
+        tname, cfile, ids = REAL_CASES[case]
+        tcfg = {**rc.TARGETS, **REAL_TARGETS}[tname]
+        work = self.a.root / "real" / case
+        t, d = work / tname, work / "drafter"
+        for p in (t, d):
+            p.mkdir(parents=True, exist_ok=True)
+        (t / "config.json").write_text(json.dumps(tcfg, indent=1))
+        raw = json.loads((rc.CONFIGS / cfile).read_text())
+        raw.update(hidden_size=tcfg["hidden_size"], intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=64, vocab_size=tcfg["vocab_size"], draft_vocab_size=1024)   # sizes only
+        if ids is not None:
+            raw.pop("eagle_aux_hidden_state_layer_ids", None)
+            raw["eagle_config"] = {**(raw.get("eagle_config") or {}), "eagle_aux_hidden_state_layer_ids": ids,
+                                   "use_aux_hidden_state": True}
+        (d / "config.json").write_text(json.dumps(raw, indent=1))
+        version = self.res["env"]["sglang"]
+        out: dict = {"target": tname, "target_config": tcfg, "drafter_config": cfile, "eagle_config_ids": ids,
+                     "release": version}
+        try:
+            out["predicted"] = drafter_aux_boundaries(load_config(d), tcfg["num_hidden_layers"], tcfg["model_type"],
+                                                      "sglang", version, None)
+        except Exception as e:  # noqa: BLE001 - a prediction that fails is a result too
+            out["predicted"] = {"error": f"{type(e).__name__}: {e}"[:600]}
+        self.res["experiments"][f"real/{case}"] = {"status": "running", **out}
+        self.save()
+        s = types.SimpleNamespace(target=str(t), num_spec_tokens=3, tensor_parallel_size=1, dtype="bf16",
+                                  server_url=None,
+                                  engine_options={"mem-fraction-static": 0.15, "disable-cuda-graph": True,
+                                                  "load-format": "dummy", "context-length": 1024,
+                                                  **self.a.engine_option})
+        t0 = time.perf_counter()
+        eng = S.ServerEngine(s, str(d), eos=[], log_dir=logdir)
+        try:
+            out["server_start_s"] = round(time.perf_counter() - t0, 1)
+            try:                                  # one request, so the info hook has seen a forward pass
+                S.generate(eng.url, [1, 2, 3, 4, 5, 6, 7, 8], 2, 0.0, [], 0)
+            except Exception as e:  # noqa: BLE001
+                out["generate_error"] = f"{type(e).__name__}: {e}"[:600]
+            engine_ids = eng.aux_ids()
+        finally:
+            eng.close()
+        if not engine_ids:
+            raise RuntimeError("layers_to_capture could not be read from the running model")
+        out["layers_to_capture"] = engine_ids
+        out["engine_feeds"] = [f"S_{i}" for i in sorted(set(engine_ids))]
+        pred = out["predicted"].get("boundaries")
+        out["agree"] = out["engine_feeds"] == pred
+        print(f"[real/{case}] engine {out['engine_feeds']} predicted {pred} agree {out['agree']}", flush=True)
         return out
 
     def write_recorded(self) -> None:
@@ -232,10 +316,14 @@ class Suite:
         try:
             if not a.skip_capture:
                 self.run("capture", self.capture)
-            for engine in ("sglang", "hf"):
-                for d in DRAFTERS:
-                    self.run(f"bench/{engine}/{d}", lambda logdir, e=engine, d=d: self.bench(e, d, logdir))
-                    self.write_recorded()
+            if not a.real_only:
+                for engine in ("sglang", "hf"):
+                    for d in DRAFTERS:
+                        self.run(f"bench/{engine}/{d}", lambda logdir, e=engine, d=d: self.bench(e, d, logdir))
+                        self.write_recorded()
+            if a.real or a.real_only:
+                for case in REAL_CASES:
+                    self.run(f"real/{case}", lambda logdir, c=case: self.real_case(c, logdir))
         finally:
             S.ServerEngine.generate = orig
             S.stop_all()
@@ -275,7 +363,13 @@ def main() -> int:
     p.add_argument("--start-timeout", type=float, default=300.0, help="seconds one SGLang server may take to start")
     p.add_argument("--only", type=lambda v: [x for x in v.split(",") if x], default=None,
                    help="comma-separated experiment names or prefixes: capture, bench/sglang, bench/hf/drafter-matched")
+    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="one more SGLang server flag for every bench/real server, e.g. attention-backend=triton")
+    p.add_argument("--real", action="store_true", help="also run the real-config cases (REAL_CASES)")
+    p.add_argument("--real-only", action="store_true", help="only the real-config cases (implies --skip-capture)")
     a = p.parse_args()
+    a.engine_option = dict(kv.split("=", 1) for kv in a.engine_option)
+    a.skip_capture = a.skip_capture or a.real_only
     a.out.mkdir(parents=True, exist_ok=True)
     a.root.mkdir(parents=True, exist_ok=True)
     os.environ["SPECLENS_DATA"] = str(a.root)
