@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from backend import coords, metrics
@@ -177,10 +178,17 @@ def _compare(ac: Acceptance, baseline: str, root: Path | None) -> Comparison:
         tiles=tiles(figures))
 
 
-def _grid(frame: pd.DataFrame, col: str) -> list[list[float]]:
-    """One column of a run's per-prompt rows as R repeats x P prompts (NaN where a repeat lacks a prompt)."""
-    g = frame.pivot_table(index="repeat", columns="prompt_id", values=col, aggfunc="first", dropna=False)
-    return g.to_numpy(dtype=float).tolist()
+def _grids(frame: pd.DataFrame, cols: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Columns of a run's per-prompt rows as R repeats x P prompts (repeats and prompt ids sorted; NaN where a
+    repeat lacks a prompt)."""
+    reps, r = np.unique(frame["repeat"].to_numpy(), return_inverse=True)
+    prompts, p = np.unique(frame["prompt_id"].astype(str).to_numpy(), return_inverse=True)
+    out = {}
+    for c in cols:
+        a = np.full((len(reps), len(prompts)), np.nan)
+        a[r, p] = pd.to_numeric(frame[c], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        out[c] = a
+    return out
 
 
 def run_speed(frame: pd.DataFrame | None) -> dict[str, metrics.Estimate]:
@@ -188,12 +196,12 @@ def run_speed(frame: pd.DataFrame | None) -> dict[str, metrics.Estimate]:
     Total tokens / total time uses the prompts that every repeat decoded."""
     if frame is None or frame.empty:
         return {k: metrics.NAN_ESTIMATE for k in SPEED_FIGURES}
-    out = {k: metrics.mean_estimate(_grid(frame, k)) for k in ("tokens_per_s", "ttft", "tpot")}
-    tok, sec = (pd.DataFrame(_grid(frame, c)) for c in ("output_tokens", "seconds"))
-    whole = tok.notna().all() & sec.notna().all()
-    out["throughput_total"] = (metrics.total_throughput(tok.loc[:, whole].to_numpy().tolist(),
-                                                        sec.loc[:, whole].to_numpy().tolist())
-                               if whole.any() else metrics.NAN_ESTIMATE)
+    g = _grids(frame, ("tokens_per_s", "ttft", "tpot", "output_tokens", "seconds"))
+    out = {k: metrics.mean_estimate(g[k]) for k in ("tokens_per_s", "ttft", "tpot")}
+    tok, sec = g["output_tokens"], g["seconds"]
+    whole = np.isfinite(tok).all(0) & np.isfinite(sec).all(0)
+    out["throughput_total"] = (metrics.total_throughput(tok[:, whole], sec[:, whole]) if whole.any()
+                               else metrics.NAN_ESTIMATE)
     return out
 
 
@@ -393,15 +401,19 @@ def _categories(ids: list[str], bases: dict, by_run: dict, root) -> pd.DataFrame
     cats = Catalog(root).read.bench_categories(list(dict.fromkeys(ids + [b for b in bases.values() if b])))
     base_tps = {(r, c): t for r, c, t in zip(cats["run_id"], cats["category"], cats["tokens_per_s"])}
     split = {run: {c: g for c, g in df.groupby("category")} for run, df in by_run.items()}
+    # (accepted, drafts) per prompt summed over repeats, one GROUP BY per run, split by category
+    sums = {r: df.groupby(["category", "prompt_id"])[["accepted", "drafts"]].sum()
+            for r, df in by_run.items() if r in ids}
+    per_prompt = {r: {c: g.to_numpy(dtype=float) for c, g in t.groupby(level=0)} for r, t in sums.items()}
     rows = []
     for r in ids:
         b = bases[r]
         for c in cats[cats["run_id"] == r].itertuples():
             sp, tci = (None, None, None), (None, None)
             m, bb = split.get(r, {}).get(c.category), split.get(b, {}).get(c.category) if b else None
-            if m is not None and m["drafts"].fillna(0).sum() > 0:
-                t = metrics.tau_estimate(m.groupby("prompt_id")[["accepted", "drafts"]].sum().to_numpy(),
-                                         n_boot=CATEGORY_BOOT)
+            a = per_prompt.get(r, {}).get(c.category)
+            if a is not None and np.nansum(a[:, 1]) > 0:
+                t = metrics.tau_estimate(np.nan_to_num(a), n_boot=CATEGORY_BOOT)
                 tci = (t.ci_low, t.ci_high)
             if m is not None and bb is not None:
                 pairs = paired_speeds(m, bb)
@@ -462,7 +474,7 @@ def speed_words(mean, lo, hi, plain_baseline: bool | None = True, baseline_run: 
     if not _ok(mean):
         return "none", "no speedup: no baseline to measure it against"
     if _ok(lo) and _ok(hi) and _num(lo) <= 1.0 <= _num(hi):
-        return "unclear", f"no clear difference from {'decoding ' if than.startswith('without') else ''}{than}"
+        return "unclear", "no clear difference" + ("" if than.startswith("without") else f" from {than}")
     if _num(mean) < 1.0:
         return "slower", f"slower than {than}"
     return "faster", f"faster than {than}"
@@ -562,12 +574,13 @@ def tau_gap(best: str, worst: str, by_run: dict[str, pd.DataFrame]) -> tuple[flo
 
 SAME_TAU = 0.05          # categories whose tau differ by at most this between two runs "accept alike"
 NOISY_RATIO = 1.25       # ... and whose tokens/s differ by this factor or more point at timing noise
+MIN_CATEGORY_PROMPTS = 5  # a category's speedup interval is read only from this many prompts on
 
 
 def category_noise(cats: pd.DataFrame | None) -> str | None:
     """A sentence when the categories disagree: two runs accept alike in a category (tau within SAME_TAU) yet their
     tokens/s there differ by NOISY_RATIO or more (the largest such gap), or one run's category speedups lie on both
-    sides of 1 with intervals that exclude it."""
+    sides of 1 with intervals that exclude it (categories of MIN_CATEGORY_PROMPTS prompts or more)."""
     if cats is None or cats.empty:
         return None
     best = None
@@ -584,7 +597,7 @@ def category_noise(cats: pd.DataFrame | None) -> str | None:
         return (f"Per category, speed is noisy: in {cat}, `{a['run_id']}` and `{b['run_id']}` accept alike (tau "
                 f"{a['tau']:.2f} and {b['tau']:.2f}) yet ran at {a['tokens_per_s']:.0f} and {b['tokens_per_s']:.0f} "
                 "tokens/s; read per-category speeds with their intervals.")
-    for run, g in cats.groupby("run_id", sort=False):
+    for run, g in cats[cats["prompts"] >= MIN_CATEGORY_PROMPTS].groupby("run_id", sort=False):
         up = g[g["speedup_ci_low"].astype(float) > 1.0]
         down = g[g["speedup_ci_high"].astype(float) < 1.0]
         if len(up) and len(down):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -212,6 +213,15 @@ class Speedup:
                 "n_repeats": self.n_repeats, "n_prompts": self.n_prompts}
 
 
+@lru_cache(maxsize=16)            # 2000 x 116 int64 indices: 1.9 MB each
+def _resamples(n: int, n_boot: int, seed: int) -> np.ndarray:
+    """Bootstrap indices (n_boot resamples of n items), the same for the same (n, n_boot, seed): drawn once and
+    shared by every interval of a page (drawing them is most of an interval's cost). Read-only."""
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    idx.flags.writeable = False
+    return idx
+
+
 def tau_difference(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], n_boot: int = 2000,
                    seed: int = 0) -> tuple[float, float, float]:
     """tau(a) - tau(b) and its 95% paired bootstrap interval over prompts. a[p], b[p] = (accepted, drafts) of
@@ -220,7 +230,7 @@ def tau_difference(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], n
     if len(A) == 0 or A.shape != B.shape or A[:, 1].sum() <= 0 or B[:, 1].sum() <= 0:
         raise ValueError("tau_difference needs (accepted, drafts) of the same prompts for both runs, with drafts")
     diff = float(A[:, 0].sum() / A[:, 1].sum() - B[:, 0].sum() / B[:, 1].sum())
-    idx = np.random.default_rng(seed).integers(0, len(A), size=(n_boot, len(A)))
+    idx = _resamples(len(A), n_boot, seed)
     with np.errstate(divide="ignore", invalid="ignore"):
         d = np.sort(A[idx, 0].sum(1) / A[idx, 1].sum(1) - B[idx, 0].sum(1) / B[idx, 1].sum(1))
     d = d[np.isfinite(d)]
@@ -247,7 +257,7 @@ def speedup(method_tps: Sequence[Sequence[float]], baseline_tps: Sequence[Sequen
     elif ci == "bootstrap":
         m_p = np.asarray(method_tps, dtype=np.float64).mean(0)       # [P], tokens/s averaged over repeats
         b_p = np.asarray(baseline_tps, dtype=np.float64).mean(0)
-        idx = np.random.default_rng(seed).integers(0, P, size=(n_boot, P))   # one resample of prompts per row
+        idx = _resamples(P, n_boot, seed)   # one resample of prompts per row
         ratios = np.sort(m_p[idx].sum(1) / b_p[idx].sum(1))
         lo, hi = float(ratios[int(0.025 * (n_boot - 1))]), float(ratios[int(math.ceil(0.975 * (n_boot - 1)))])
     else:
@@ -298,8 +308,7 @@ def _interval(samples: np.ndarray) -> tuple[float, float]:
 
 def _rp(values: Sequence[Sequence[float | None]]) -> np.ndarray:
     """R repeats x P prompts as float64, None -> NaN."""
-    return np.array([[np.nan if v is None else v for v in row] for row in values], dtype=np.float64).reshape(
-        len(values), -1)
+    return np.asarray(values, dtype=np.float64).reshape(len(values), -1)
 
 
 def mean_estimate(values: Sequence[Sequence[float | None]], n_boot: int = 2000, seed: int = 0) -> Estimate:
@@ -314,7 +323,7 @@ def mean_estimate(values: Sequence[Sequence[float | None]], n_boot: int = 2000, 
     per_prompt = np.where(np.isfinite(v), v, 0.0).sum(0)[n > 0] / n[n > 0]
     if not len(per_prompt):
         return Estimate(math.nan, math.nan, math.nan, v.shape[0], 0)
-    idx = np.random.default_rng(seed).integers(0, len(per_prompt), size=(n_boot, len(per_prompt)))
+    idx = _resamples(len(per_prompt), n_boot, seed)
     lo, hi = _interval(per_prompt[idx].mean(1))
     return Estimate(float(per_prompt.mean()), lo, hi, v.shape[0], len(per_prompt))
 
@@ -327,7 +336,7 @@ def total_throughput(output_tokens: Sequence[Sequence[float]], seconds: Sequence
     if t.size == 0 or t.shape != s.shape:
         raise ValueError("total_throughput needs output tokens and seconds of the same repeats x prompts shape")
     tp, sp = t.sum(0), s.sum(0)
-    idx = np.random.default_rng(seed).integers(0, len(tp), size=(n_boot, len(tp)))
+    idx = _resamples(len(tp), n_boot, seed)
     with np.errstate(divide="ignore", invalid="ignore"):
         lo, hi = _interval(tp[idx].sum(1) / sp[idx].sum(1))
     return Estimate(throughput(float(tp.sum()), float(sp.sum())), lo, hi, t.shape[0], t.shape[1])
@@ -345,7 +354,7 @@ def speedup_total(method_tokens: Sequence[Sequence[float]], method_seconds: Sequ
     R, P = mt.shape
     per_rep = [float((mt[r].sum() / ms[r].sum()) / (bt[r].sum() / bs[r].sum())) for r in range(R)]
     mean, std = mean_std(per_rep)
-    idx = np.random.default_rng(seed).integers(0, P, size=(n_boot, P))
+    idx = _resamples(P, n_boot, seed)
     m_t, m_s, b_t, b_s = mt.sum(0), ms.sum(0), bt.sum(0), bs.sum(0)
     with np.errstate(divide="ignore", invalid="ignore"):
         lo, hi = _interval((m_t[idx].sum(1) / m_s[idx].sum(1)) / (b_t[idx].sum(1) / b_s[idx].sum(1)))
@@ -358,7 +367,7 @@ def tau_estimate(per_prompt: Sequence[Sequence[float]], n_boot: int = 2000, seed
     a = np.asarray(per_prompt, dtype=np.float64).reshape(-1, 2)
     if not len(a) or a[:, 1].sum() <= 0:
         return Estimate(1.0, 1.0, 1.0, 0, len(a)) if len(a) else NAN_ESTIMATE
-    idx = np.random.default_rng(seed).integers(0, len(a), size=(n_boot, len(a)))
+    idx = _resamples(len(a), n_boot, seed)
     with np.errstate(divide="ignore", invalid="ignore"):
         lo, hi = _interval(1 + a[idx, 0].sum(1) / a[idx, 1].sum(1))
     return Estimate(float(1 + a[:, 0].sum() / a[:, 1].sum()), lo, hi, 0, len(a))

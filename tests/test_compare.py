@@ -187,9 +187,15 @@ def test_speed_figures_match_numpy_on_the_raw_rows(bench: Path) -> None:
         assert f.loc[r, "tokens_per_s_ci_low"] <= f.loc[r, "tokens_per_s"] <= f.loc[r, "tokens_per_s_ci_high"]
         assert f.loc[r, "prompts"] == 4 and f.loc[r, "repeats"] == 2 and bool(f.loc[r, "baseline_plain"])
     tiles = {t.run_id: t for t in c.tiles}
-    # the random drafter accepts nothing and drafts 3 tokens a step: slower than decoding without it, every repeat
-    assert f.loc["spec-random", "speedup_ci_high"] < 1 and tiles["spec-random"].tone == "slower"
-    assert "slower than without a drafter" in tiles["spec-random"].delta
+    # the random drafter accepts nothing and drafts 3 tokens a step: slower than decoding without it (0.2-0.7x
+    # here); on a loaded machine its interval may reach 1, and then the tile must say that instead
+    lo, hi = f.loc["spec-random", ["speedup_ci_low", "speedup_ci_high"]]
+    assert f.loc["spec-random", "speedup"] < 1
+    tile = tiles["spec-random"]
+    if hi < 1:
+        assert tile.tone == "slower" and "slower than without a drafter" in tile.delta
+    else:
+        assert lo <= 1 and tile.tone == "unclear" and "no clear difference" in tile.delta
     assert tiles["spec-random"].lines[-1].startswith("2 repeats x 4 prompts")
     assert tiles["spec-oracle"].lines[0] == f"tau {f.loc['spec-oracle', 'tau']:.2f} · 42% of drafts accepted"
     lines = {d.key: d for d in compare.speed_definitions(c.figures)}
@@ -247,7 +253,7 @@ def test_config_diff_and_headline_words() -> None:
     assert "yet its speedup is higher: +11 pp (0.93x against 0.82x)" in h and "0.11x" not in h
     assert compare.speed_words(0.82, 0.78, 0.86) == ("slower", "slower than without a drafter")
     assert compare.speed_words(1.3, 1.1, 1.5)[0] == "faster"
-    assert compare.speed_words(0.97, 0.9, 1.04) == ("unclear", "no clear difference from decoding without a drafter")
+    assert compare.speed_words(0.97, 0.9, 1.04) == ("unclear", "no clear difference")
     assert compare.speed_words(0.8, 0.7, 0.9, False, "other")[1] == "slower than its baseline `other`"
     assert compare.speed_words(None, None, None)[0] == "none"
 
@@ -260,7 +266,7 @@ def test_category_noise_in_words() -> None:
 
     def cats(rows):
         cols = ["run_id", "category", "tau", "tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high"]
-        return pd.DataFrame(rows, columns=cols)
+        return pd.DataFrame(rows, columns=cols).assign(prompts=8)
 
     noisy = cats([("a", "coding", 2.10, 92.0, 0.6, 0.5, 0.7), ("b", "coding", 2.12, 190.0, 1.2, 1.1, 1.3),
                   ("a", "math", 2.5, 150.0, 0.9, 0.8, 1.0), ("b", "math", 1.5, 140.0, 0.9, 0.8, 1.0)])
@@ -272,6 +278,7 @@ def test_category_noise_in_words() -> None:
     split = cats([("a", "coding", 2.0, 90.0, 0.6, 0.5, 0.7), ("a", "writing", 2.6, 150.0, 1.4, 1.2, 1.6)])
     assert compare.category_noise(split) == ("The categories disagree: `a` is faster on writing (1.40x) and slower on "
                                              "coding (0.60x).")
+    assert compare.category_noise(split.assign(prompts=1)) is None, "one prompt a category: no interval to read"
     assert "speed is noisy" in compare.headline(
         pd.DataFrame([{"run_id": "a", "tau": 2.1, "num_spec_tokens": 3, "drafts": 5, "speedup": None}]), None, noisy)
 
@@ -395,7 +402,8 @@ def test_compare_page(bench: Path) -> None:
     assert "**Mean per-prompt tokens/s**" in md and "**Total tokens / total time**" in md and "TPOT" in md
     tiles = {m.label: m for m in at.metric}
     assert list(tiles) == ["spec-random", "spec-oracle"] and tiles["spec-random"].value.endswith("x")
-    assert "slower than without a drafter" in tiles["spec-random"].proto.delta
+    tone = {t.run_id: t for t in compare.compare(RUNS.split(","), root=bench).tiles}["spec-random"].delta
+    assert tiles["spec-random"].proto.delta == tone and tone.startswith("-")
 
     at = open_page("pages/compare.py", runs=RUNS, view="Per category")
     (cats,) = (d.value for d in at.dataframe)
