@@ -97,7 +97,7 @@ def _nan(x) -> bool:
 
 def pct(x: float) -> str:
     """A relative change as a signed percentage with two significant digits: +12%, -1.2%, +0.30%, +0.0042%."""
-    p = 100 * x
+    p = float(f"{100 * x:.2g}")              # two significant digits first: 0.0999999 -> 0.1, not 0.100
     if p == 0:
         return "0%"
     digits = min(6, max(0, 1 - math.floor(math.log10(abs(p)))))

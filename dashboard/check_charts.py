@@ -142,7 +142,6 @@ def candidates_display(rep: dict, metric: str = "cross_entropy") -> pd.DataFrame
     """candidates_table as shown on the page: figures as text, a dash (never "None") where a figure is missing,
     "best" in the z column of the best."""
     df = candidates_table(rep, metric)
-
     out = df.copy().astype(object)
     out["cross_entropy"] = [_num(v, ".4f") for v in df["cross_entropy"]]
     out["z vs best"] = [f"{DASH} (best)" if r == 1 else _num(v, ".1f") for r, v in zip(df["rank"], df["z vs best"])]
@@ -150,7 +149,7 @@ def candidates_display(rep: dict, metric: str = "cross_entropy") -> pd.DataFrame
     for c in df.columns:
         if c.startswith("accuracy"):
             out[c] = [_num(v, ".1%") for v in df[c]]
-    return out.rename(columns={"rank": "check rank", "cross_entropy": "cross-entropy"})
+    return out.rename(columns={"cross_entropy": "cross-entropy"})
 
 
 def candidate_bars(rep: dict, metric: str = "step1_accuracy") -> go.Figure:

@@ -66,8 +66,8 @@ if rep["candidates"]:
                "top-1 agreement with the target's next token (step 1, and steps 2..K unrolled from the drafter's own "
                "hidden), predicted tau, and the cross-entropy against the target's distribution that ranks them "
                "(z: how many standard errors a candidate's cross-entropy lies above the best's, paired over slots). "
-               f"Bars and table are ranked by {check_charts.METRICS[metric][0]} (`Rank chart by`); axes start at 0; "
-               "`check rank` is the check's own order, by cross-entropy.")
+               f"The bars are ranked by {check_charts.METRICS[metric][0]} (`Rank chart by`) and start at 0; the table "
+               "keeps the check's own order (`rank`, by cross-entropy).")
     left, right = st.columns([3, 2])
     with left:
         ui.chart_with_downloads(check_charts.candidate_bars(rep, metric), check_charts.candidates_table(rep, metric),
@@ -75,7 +75,7 @@ if rep["candidates"]:
     with right:
         ui.chart_with_downloads(check_charts.step_curves(rep), check_charts.step_frame(rep),
                                 f"drafter_check_{run}_steps")
-    st.dataframe(check_charts.candidates_display(rep, metric), hide_index=True, key="candidates", column_config={
+    st.dataframe(check_charts.candidates_display(rep), hide_index=True, key="candidates", column_config={
         "problem": st.column_config.TextColumn(width="large", help="what is wrong with this candidate, in words"),
         "why": st.column_config.TextColumn("why tried")})
 

@@ -171,8 +171,9 @@ def test_stats_curves_and_outliers(dash: Path) -> None:
     at = open_page("pages/stats.py", runs="a1,b16", stat="rms")
     curves, outliers = figures(at)
     assert [t["name"] for t in curves["data"]] == ["a1", "b16"]
-    assert curves["layout"]["xaxis"]["categoryarray"][:2] == ["S_0", "S_1"]
-    assert curves["layout"]["xaxis"]["categoryarray"][-1] == "F"
+    x = curves["layout"]["xaxis"]                       # x is depth: S_b at b, F after S_8 at 9
+    assert x["ticktext"][:2] == ["S_0", "S_1"] and x["tickvals"][:2] == [0, 1]
+    assert x["ticktext"][-1] == "F" and x["tickvals"][-1] == 9
     assert outliers["data"][0]["type"] == "heatmap" and outliers["data"][0]["y"][0].startswith("dim ")
     assert params(at) == {"runs": "a1,b16", "stat": "rms", "run": "a1"}
 

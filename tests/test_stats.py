@@ -72,3 +72,71 @@ def test_update_all_equals_per_boundary_updates():
         b.update_all(batch)
     pd.testing.assert_frame_equal(a.table(), b.table(), rtol=1e-6)
     assert torch.equal(a.state.norm_hist, b.state.norm_hist)
+
+
+# ---------------------------------------------------------------------------- stats_compare: the Stats page's verdict
+
+def _boundary_stats(run: str, values: dict[str, float], stat: str = "mean_norm"):
+    import pandas as pd
+
+    return pd.DataFrame({"run_id": run, "boundary": list(values), "ord": range(len(values)),
+                         stat: list(values.values())})
+
+
+def test_verdict_names_the_largest_change_and_where():
+    import pandas as pd
+    import pytest
+
+    from backend import stats_compare as sc
+
+    ref = {"S_0": 10.0, "S_1": 20.0, "S_2": 30.0, "F": 40.0}
+    cand = {"S_0": 10.01, "S_1": 22.4, "S_2": 30.0, "F": 40.04}       # +0.1%, +12%, 0, +0.1%
+    stats = pd.concat([_boundary_stats("fp32", ref), _boundary_stats("bf16", cand)])
+    c = sc.compare(stats, "mean_norm", "fp32", ["fp32", "bf16"], {"fp32": 2, "bf16": 2}, label="mean norm")
+    assert c.verdict == "Largest change: mean norm +12% at S_1 (bf16 vs fp32); elsewhere within 0.10%."
+    row = c.frame.set_index("boundary").loc["S_1"]
+    assert row["diff"] == pytest.approx(2.4) and row["rel"] == pytest.approx(0.12)
+    assert c.frame["depth"].tolist() == [0.0, 1.0, 2.0, 3.0]                 # F one step after S_N (N = 2)
+
+
+def test_verdict_identical_and_missing_boundaries_and_zero_reference():
+    import pandas as pd
+
+    from backend import stats_compare as sc
+
+    ref = {"S_0": 1.0, "S_1": 2.0, "S_2": 3.0, "S_3": 4.0, "F": 5.0}
+    sparse = {"S_0": 1.0, "S_3": 4.0, "F": 5.0}
+    stats = pd.concat([_boundary_stats("full", ref), _boundary_stats("sparse", sparse)])
+    c = sc.compare(stats, "mean_norm", "full", ["full", "sparse"], {"full": 3, "sparse": 3})
+    assert c.verdict.startswith("No change: mean_norm is identical at all 3 boundaries compared (sparse vs full).")
+    assert "sparse: S_1, S_2" in c.verdict and c.missing["sparse"] == ["S_1", "S_2"]
+    assert c.frame["boundary"].tolist() == ["S_0", "S_3", "F"] and c.frame["depth"].tolist() == [0.0, 3.0, 4.0]
+
+    nf = pd.concat([_boundary_stats("ok", {"S_0": 0, "S_1": 0}, "nonfinite_tokens"),
+                    _boundary_stats("nan", {"S_0": 0, "S_1": 37}, "nonfinite_tokens")])
+    v = sc.compare(nf, "nonfinite_tokens", "ok", ["ok", "nan"], {}).verdict
+    assert v == "Largest change: nonfinite_tokens from 0 to 37 at S_1 (nan vs ok); elsewhere no change."
+    assert sc.compare(nf, "nonfinite_tokens", "ok", ["ok"], {}).verdict.startswith("Pick a capture other than")
+
+
+def test_pct_keeps_two_significant_digits():
+    from backend.stats_compare import pct
+
+    assert [pct(x) for x in (0.12, -0.0123, 0.003, 4.2e-5, 0.0)] == ["+12%", "-1.2%", "+0.30%", "+0.0042%", "0%"]
+
+
+def test_verdict_on_real_captures_matches_the_catalog(dash_root):
+    """fp32 against bf16 captures of the same target (tests/conftest.py): the verdict's boundary and figure are the
+    largest relative difference of the catalog's own numbers."""
+    from backend import stats_compare as sc
+    from backend.store import catalog
+
+    stats = catalog.boundary_stats(["a1", "b16"], root=dash_root)
+    c = sc.compare(stats, "rms", "a1", ["a1", "b16"], {"a1": 8, "b16": 8}, label="RMS")
+    a = stats[stats["run_id"] == "a1"].set_index("boundary")["rms"]
+    b = stats[stats["run_id"] == "b16"].set_index("boundary")["rms"]
+    rel = ((b - a) / a.abs()).dropna()
+    top = rel.abs().idxmax()
+    assert 0 < abs(rel[top]) < 0.05                       # bf16 rounding: a small, non-zero change
+    assert c.verdict.startswith(f"Largest change: RMS {sc.pct(rel[top])} at {top} (b16 vs a1); elsewhere within ")
+    assert len(c.frame) == len(rel) == 10
