@@ -8,7 +8,7 @@ import logging
 import re
 from functools import partial
 from pathlib import Path
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 from typing import Any, Callable, Sequence, TypeVar
 
 import pandas as pd
@@ -68,47 +68,173 @@ def _writer(param: str, key: str) -> Callable[[], None]:
     return lambda: qp_set(param, st.session_state[key])
 
 
+# ---------------------------------------------------------------------------- notices for link parameters
+# A link parameter that cannot be shown as asked (a missing run, an unknown choice, a duplicated id) is never
+# replaced silently: one warning names the parameter and its value (cut to SHOWN_MAX characters) and what is shown
+# instead; the URL is then rewritten to what is shown, so a copied link reproduces the view.
+
+SHOWN_MAX = 80           # characters of a link value a notice shows (a 100 KB bogus id is cut, then "…")
+_NOTES = "_qp_notes"     # session_state: this script run's reasons, pickers and substitutions (see _notes)
+
+
+def cut(value: Any, n: int = SHOWN_MAX) -> str:
+    """A value from the URL as a notice shows it: one line, no backticks (it sits in a code span), at most n
+    characters, then an ellipsis."""
+    text = re.sub(r"\s+", " ", str(value)).replace("`", "'")
+    return text if len(text) <= n else text[:n] + "\u2026"
+
+
+def _notes() -> dict:
+    """What this script run learnt about its link parameters: `why` {(param, value): the reason a run id cannot
+    be shown (unknown_runs)}, `groups` (the params of one unknown_runs call), `picked` {param: (label, value)} of
+    the single pickers, `substituted` (params shown otherwise than asked) and `same` (a pair holding one run).
+    Kept in session_state under a token of this run (its cursor table, new on every run, and its page)."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    token = (id(ctx.cursors), ctx.page_script_hash) if ctx is not None else None
+    notes = st.session_state.get(_NOTES)
+    if not isinstance(notes, dict) or notes.get("token") != token:
+        notes = {"token": token, "why": {}, "groups": [], "picked": {}, "substituted": [], "same": None}
+        st.session_state[_NOTES] = notes
+    return notes
+
+
+def _choices(label: str, options: Sequence[str], format_func: Callable[[Any], str] = str) -> str:
+    shown = ", ".join(f"`{cut(format_func(o), 40)}`" for o in list(options)[:8])
+    more = f" and {len(options) - 8} more" if len(options) > 8 else ""
+    return f"not one of the choices of \u201c{label}\u201d ({shown}{more})"
+
+
+def link_notice(text: str) -> None:
+    """One notice about what the link asked for and what is shown instead."""
+    st.warning(text, icon=":material/link_off:")
+
+
+def _head(param: str, value: str, label: str, options: Sequence[str], format_func: Callable[[Any], str]) -> str:
+    why = _notes()["why"].get((param, value))
+    return why or f"`{param}={cut(value)}` (from the URL) is {_choices(label, options, format_func)}"
+
+
 def select(label: str, options: Sequence[str], param: str, default: str, *, where: Any = st,
            sticky: bool = True, **kw: Any) -> str:
-    """A selectbox whose value lives in the URL (`?param=value`); an unknown URL value falls back to default.
-    sticky=False leaves a default value out of the URL (it appears once the user picks one)."""
+    """A selectbox whose value lives in the URL (`?param=value`). An unknown URL value shows a notice naming it and
+    what is shown instead (the default); two run pickers of one unknown_runs pair holding the same run get a notice
+    too (verdict_banner then shows no verdict). sticky=False leaves a default value out of the URL (it appears once
+    the user picks one)."""
     key = f"qp_{param}"
-    value = qp_get(param)
+    asked = qp_get(param)
+    value = asked
     if value not in options:
         value = default if default in options else options[0]
+        if asked is not None:
+            fmt = kw.get("format_func", str)
+            link_notice(f"{_head(param, asked, label, options, fmt)}; showing `{cut(fmt(value))}` instead.")
+            _notes()["substituted"].append(param)
+    _pair_check(param, label, value)
     st.session_state[key] = value
     if sticky or param in st.query_params:
         qp_set(param, value)
     return where.selectbox(label, list(options), key=key, on_change=_writer(param, key), **kw)
 
 
+def _pair_check(param: str, label: str, value: str) -> None:
+    """Two single pickers of one unknown_runs pair (Alignment's A and B) on the same run: say so."""
+    notes = _notes()
+    notes["picked"][param] = (label, value)
+    for group in notes["groups"]:
+        if len(group) == 2 and param in group:
+            other = group[1 - group.index(param)]
+            if other in notes["picked"] and notes["picked"][other][1] == value:
+                notes["same"] = (notes["picked"][other][0], label, value)
+                link_notice(f"\u201c{notes['picked'][other][0]}\u201d and \u201c{label}\u201d are both `{cut(value)}`"
+                            f"{' (the link asks for it twice)' if qp_get(other) == qp_get(param) == value else ''}: "
+                            "a run compared with itself matches trivially, so no verdict is shown. Pick another run.")
+
+
 def multiselect(label: str, options: Sequence[str], param: str, default: Sequence[str], *, where: Any = st,
                 **kw: Any) -> list[str]:
-    """A multiselect whose values live in the URL (`?param=a,b`); absent or all unknown means default."""
+    """A multiselect whose values live in the URL (`?param=a,b`); absent or empty means default. Values the
+    options lack are left out and a value named twice is kept once (a run is never compared with itself), each
+    with a notice; when none is left, the default is shown, and the notice says so."""
     key = f"qp_{param}"
-    wanted = qp_list(param) if param in st.query_params else list(default)
-    value = [v for v in wanted if v in options] or [v for v in default if v in options]
+    fmt = kw.get("format_func", str)
+    if qp_list(param):
+        asked = qp_list(param)
+        wanted = list(dict.fromkeys(asked))
+        value = [v for v in wanted if v in options]
+        lines = [f"{_head(param, v, label, options, fmt)}; left out." for v in wanted if v not in options]
+        twice = [v for v in wanted if asked.count(v) > 1] if len(wanted) < len(asked) else []
+        if twice:
+            lines.append(f"`{param}={cut(qp_get(param))}` names {', '.join(f'`{cut(v)}`' for v in twice[:5])} more "
+                         "than once; each is shown once (a run is not compared with itself).")
+        if not value:
+            value = [v for v in default if v in options]
+            lines.append(f"Nothing in `{param}={cut(qp_get(param))}` can be shown; showing "
+                         f"{', '.join(f'`{cut(fmt(v))}`' for v in value) or 'nothing'} instead.")
+        if lines:
+            link_notice("  \n".join(lines))
+            _notes()["substituted"].append(param)
+    else:
+        value = [v for v in default if v in options]
     st.session_state[key] = value
     qp_set(param, value)
     return where.multiselect(label, list(options), key=key, on_change=_writer(param, key), **kw)
 
 
+def text(label: str, param: str, *, where: Any = st, max_chars: int = 200, **kw: Any) -> str:
+    """A text input whose value lives in the URL (`?param=text`); a longer value is cut, with a notice."""
+    key = f"qp_{param}"
+    value = qp_get(param) or ""
+    if len(value) > max_chars:
+        link_notice(f"`{param}={cut(value)}` (from the URL) is longer than {max_chars} characters; "
+                    f"using its first {max_chars}.")
+        value = value[:max_chars]
+        _notes()["substituted"].append(param)
+    st.session_state[key] = value
+    qp_set(param, value)
+    return where.text_input(label, key=key, on_change=_writer(param, key), max_chars=max_chars, **kw)
+
+
+def ticked(ids: pd.Series, param: str = "ticked") -> list[int]:
+    """Row positions (in `ids`, a table's run_id column) of the runs the URL ticks (`?ticked=a,b`): a link reproduces
+    the ticked rows. Runs the table does not show get a notice."""
+    wanted = list(dict.fromkeys(qp_list(param)))
+    if not wanted:
+        return []
+    shown = ids.reset_index(drop=True)
+    rows = shown.index[shown.isin(wanted)].tolist()
+    missing = sorted(set(wanted) - set(shown.iloc[rows]))
+    if missing:
+        link_notice(f"`{param}` ticks {', '.join(f'`{cut(r)}`' for r in missing[:5])}"
+                    f"{f' and {len(missing) - 5} more' if len(missing) > 5 else ''}, not among the runs shown "
+                    "(filtered out, or not in the catalog); left unticked.")
+    return rows
+
+
+def run_link(run_ids: pd.Series) -> pd.Series:
+    """The run page's link (`run?id=RUN`) of each run id: what every "open" link goes to."""
+    return "run?id=" + run_ids.astype(str).map(lambda r: quote(r, safe=""))
+
+
 def unknown_runs(params: Sequence[str], known: Sequence[str], runs: pd.DataFrame, what: str = "capture") -> None:
-    """One line per run id in the URL that cannot be shown: not in the catalog, or not a complete `what`."""
+    """Why each run id in these URL parameters cannot be shown: not in the catalog, or not a complete `what`. Call
+    it before the pickers of these params: their notice (select, multiselect) names the reason and what is shown
+    instead. Two single pickers of these params on one run (a pair) are named too."""
     status = dict(zip(runs["run_id"], runs["status"]))
     kind = dict(zip(runs["run_id"], runs["kind"]))
     known = set(known)
+    notes = _notes()
+    notes["groups"].append(list(params))
     for p in params:
-        wanted = qp_list(p)
-        then = "left out" if any(r in known for r in wanted) else "showing a default instead"
-        for rid in wanted:
+        for rid in qp_list(p):
             if rid in known:
                 continue
             if rid in status:
                 state = status[rid] if status[rid] != "complete" else f"a {kind[rid]} run"
-                st.warning(f"Run `{rid}` (from the URL, `{p}`) is {state}, not a complete {what}; {then}.")
+                notes["why"][(p, rid)] = f"Run `{cut(rid)}` (from the URL, `{p}`) is {state}, not a complete {what}"
             else:
-                st.warning(f"No run `{rid}` (from the URL, `{p}`) in the catalog at {data_root()}; {then}.")
+                notes["why"][(p, rid)] = f"No run `{cut(rid)}` (from the URL, `{p}`) in the catalog at {data_root()}"
 
 
 # ---------------------------------------------------------------------------- backend calls
@@ -193,11 +319,26 @@ def default_stats_runs(ids: list[str], n: int = 3) -> list[str]:
 
 def verdict_banner(findings: Sequence[Any]) -> None:
     """One coloured banner per finding: success when aligned, error or warning otherwise. The texts are the view's
-    verdict in its exported charts and report bundle."""
+    verdict in its exported charts and report bundle. Never a verdict the link did not ask for: a pair of run
+    pickers on one run (select's notice) shows none, and runs shown instead of the link's (a missing run) turn the
+    banners into neutral notes that say so."""
+    notes = _notes()
+    if notes["same"]:
+        first, second, run = notes["same"]
+        text = f"No verdict: \u201c{first}\u201d and \u201c{second}\u201d are the same run `{cut(run)}`."
+        st.info(text, icon=":material/info:")
+        note_verdict(text)
+        return
+    instead = [p for p in dict.fromkeys(notes["substituted"]) if any(p in g for g in notes["groups"])]
     for f in findings:
         show, icon = _BANNER.get(f.kind, (st.warning, ":material/warning:"))
-        show(f.text, icon=icon)
-        note_verdict(f.text)
+        text = f.text
+        if instead:
+            show, icon = st.info, ":material/info:"
+            text = (f"For the runs shown instead of the link's ({', '.join(f'`{p}`' for p in instead)}: see the "
+                    f"notice above): {f.text}")
+        show(text, icon=icon)
+        note_verdict(text)
 
 
 def warning_list(lines: Sequence[str]) -> None:

@@ -1,7 +1,8 @@
 """Runs: every capture and bench run with its status, filterable by kind, status, engine and its version, target,
-drafter, dataset and tag (?kind=&status=&engine=&version=&target=&drafter=&dataset=&tag=). Tags, notes and the
-pinned baseline of a run (?run=) are edited below the table when SPECLENS_READONLY=0 (read-only by default;
-with [auth] secrets only after a login, dashboard/auth.py)."""
+drafter, dataset and tag (?kind=&status=&engine=&version=&target=&drafter=&dataset=&tag=); the ticked rows are in the
+URL too (?ticked=a,b: a link reproduces the selection that feeds "Compare"), and each row's "open" link goes to the
+run's page (/run?id=). Tags, notes and the pinned baseline of a run (?run=) are edited below the table when
+SPECLENS_READONLY=0 (read-only by default; with [auth] secrets only after a login, dashboard/auth.py)."""
 
 import streamlit as st
 
@@ -79,13 +80,16 @@ if shown.empty:
     st.stop()
 
 table = charts.runs_frame(shown)
+table["view"] = ui.run_link(table["run_id"])          # every run's "open" link: its run page (any status)
 picked = st.dataframe(
     table, hide_index=True, key="runs_table", placeholder="-", on_select="rerun", selection_mode="multi-row",
+    selection_default={"selection": {"rows": ui.ticked(table["run_id"])}},
     column_order=charts.runs_columns(table),
     column_config={
         "run_id": st.column_config.TextColumn("run", pinned=True),
         "view": st.column_config.LinkColumn(
-            "view", display_text="open", help="statistics of a capture; a bench run compared with its baseline"),
+            "view", display_text="open", help="the run's page: settings, what the engine fed, per-prompt table, "
+                                              "files, log and links to every view that shows it"),
         "pinned": st.column_config.CheckboxColumn("pinned", help="the pinned baseline of its target (Compare page)"),
         "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
         "tau": st.column_config.NumberColumn("tau", format="%.2f", help="mean acceptance length, bonus token included"),
@@ -100,6 +104,10 @@ picked = st.dataframe(
 
 rows = picked.selection.rows if picked is not None else []
 chosen = table.iloc[rows] if rows else table.iloc[0:0]
+ui.qp_set("ticked", chosen["run_id"].tolist())         # the ticked rows in the URL: a copied link ticks them again
+if len(chosen) == 1:
+    st.page_link("pages/run.py", label=f"Open `{chosen['run_id'].iloc[0]}`", icon=":material/description:",
+                 query_params={"id": chosen["run_id"].iloc[0]})
 bench_chosen = chosen[(chosen["kind"] == "bench") & (chosen["status"] == "complete")]["run_id"].tolist()
 if len(bench_chosen) >= 2:
     st.page_link("pages/compare.py", label=f"Compare the {len(bench_chosen)} selected bench runs",

@@ -1,0 +1,341 @@
+"""What the run page (`/run?id=RUN`) shows about one run, as data: its settings (the manifest flattened), what the
+engine fed the drafter, a capture's headline, the files of its run directory, the tail of its log, the per-prompt
+table of a bench run (filtered and sorted as the URL says) and the views that show the run.
+
+No SQL here (the rows come from catalog queries: get_run, bench_prompt_table, bench_index, list_runs) and no
+Streamlit: pages/run.py draws what these functions return. tau and the acceptance rate come from backend/metrics.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from backend import metrics
+from backend.compare import NOT_CONFIG, _flatten
+from backend.config import paths
+from backend.store.rundir import valid_run_id
+
+LOG_TAIL_LINES = 40
+LOG_TAIL_BYTES = 64 * 1024          # a log is read from its end: a 2 GB server log costs what a small one does
+MAX_FILES = 200                     # files listed (a run directory holds a handful)
+# the settings a reader looks for first, in this order (the rest follows alphabetically)
+KEY_SETTINGS = ["engine", "engine_version", "model.path", "model.model_type", "model.n_layers", "drafter.path",
+                "drafter.format", "dataset", "num_spec_tokens", "temperature", "repeats", "settings.seed",
+                "settings.max_new_tokens", "dtype", "device", "baseline_run"]
+# per-prompt table: ?sort= values, the column each sorts by and its direction
+SORTS = {"order": ("#", True), "tau": ("tau", True), "-tau": ("tau", False), "tokens_per_s": ("tokens/s", True),
+         "-tokens_per_s": ("tokens/s", False), "ttft": ("TTFT ms", True), "-ttft": ("TTFT ms", False),
+         "acceptance": ("acceptance", True), "-acceptance": ("acceptance", False)}
+SORT_LABELS = {"order": "prompt order", "tau": "tau, lowest first", "-tau": "tau, highest first",
+               "tokens_per_s": "tokens/s, slowest first", "-tokens_per_s": "tokens/s, fastest first",
+               "ttft": "TTFT, shortest first", "-ttft": "TTFT, longest first",
+               "acceptance": "acceptance, lowest first", "-acceptance": "acceptance, highest first"}
+PROMPT_COLUMNS = ["#", "prompt", "category", "repeats", "accepted", "drafted", "acceptance", "tau", "tokens/s",
+                  "TTFT ms", "TPOT ms", "output tokens", "output hash", "same as baseline"]
+
+
+# ---------------------------------------------------------------------------- settings and feeds
+
+def settings_table(manifest: dict) -> pd.DataFrame:
+    """What ran, one row per setting: the manifest flattened (`settings.max_new_tokens`, `drafter.path`, ...), its
+    outcome and bookkeeping left out (compare.NOT_CONFIG: the same keys the Compare page leaves out of its diff);
+    the key settings (engine, versions, model, drafter, dataset, K, temperature, seed) first."""
+    flat = _flatten({k: v for k, v in manifest.items() if k not in NOT_CONFIG and k not in ("aux", "check")})
+    first = [k for k in KEY_SETTINGS if k in flat]
+    keys = first + sorted(k for k in flat if k not in first)
+    return pd.DataFrame({"setting": keys, "value": [flat[k] for k in keys]}, columns=["setting", "value"])
+
+
+@dataclass
+class Fed:
+    """What the engine fed the drafter (a bench run), would feed it (a drafter check) or what was captured."""
+
+    summary: str                                         # one line
+    rows: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=["what", "value"]))
+    warning: str | None = None
+
+
+def _labels(v) -> str:
+    return ", ".join(str(x) for x in v) if isinstance(v, (list, tuple)) else ("-" if v is None else str(v))
+
+
+def fed(manifest: dict) -> Fed:
+    """The boundaries (S_b / F labels, backend/coords.py) the engine fed the drafter, as the manifest records them:
+    a bench run's `aux` (the engine reading, the ids and where they were read, the boundaries fed, those predicted
+    from the config when the running engine reported its own), a check's `check.feeds`, a capture's boundaries."""
+    kind = manifest.get("kind")
+    if kind == "bench":
+        aux = manifest.get("aux") if isinstance(manifest.get("aux"), dict) else None
+        if not aux:
+            return Fed("Plain decoding (no drafter): the engine fed nothing; this run is the baseline that drafter "
+                       "runs of the same prompts and settings are measured against.")
+        reading = " ".join(str(x) for x in (aux.get("producer"), aux.get("version")) if x)
+        runner = f", runner {aux['runner']}" if aux.get("runner") else ""
+        summary = (f"{reading or 'The engine'}{runner} read aux ids [{_labels(aux.get('ids'))}] from "
+                   f"{aux.get('ids_from') or 'its default'} and fed the drafter {_labels(aux.get('boundaries'))}.")
+        rows = [("engine reading", f"{reading or '-'}{runner}"), ("why this runner", aux.get("runner_reason")),
+                ("aux layer ids", f"[{_labels(aux.get('ids'))}]"), ("ids read from", aux.get("ids_from")),
+                ("boundaries fed", _labels(aux.get("boundaries"))),
+                ("predicted from the config", _labels(aux["predicted"]) if aux.get("predicted") else None),
+                ("ids the engine reported", _labels(aux["engine_ids"]) if aux.get("engine_ids") else None)]
+        return Fed(summary, _rows(rows), aux.get("warning"))
+    if kind == "check":
+        c = manifest.get("check") if isinstance(manifest.get("check"), dict) else {}
+        engine = " ".join(str(x) for x in (c.get("engine"), c.get("engine_version")) if x) or "the engine"
+        best = c.get("best")
+        runner = f" (runner {c['runner']})" if c.get("runner") else ""
+        summary = (f"{engine}{runner} would feed {_labels(c.get('feeds'))}; "
+                   + (f"the drafter matches {_labels(best)} best." if best else "no drafter run (lint only)."))
+        rows = [("engine", engine), ("runner", c.get("runner")), ("boundaries fed", _labels(c.get("feeds"))),
+                ("best candidate", _labels(best) if best else None), ("mode", c.get("mode")),
+                ("severity", c.get("severity"))]
+        return Fed(summary, _rows(rows))
+    labels = manifest.get("boundaries") or []
+    return Fed(f"A capture: no drafter is fed; it recorded {len(labels)} boundaries ({_labels(labels)}).")
+
+
+def _rows(pairs) -> pd.DataFrame:
+    return pd.DataFrame([(k, str(v)) for k, v in pairs if v not in (None, "", [])], columns=["what", "value"])
+
+
+def capture_headline(manifest: dict) -> list[tuple[str, str]]:
+    """A capture's headline figures: boundaries, tokens, prompts, raw-sample tokens, NaN/inf tokens, seconds."""
+    head = manifest.get("headline") if isinstance(manifest.get("headline"), dict) else {}
+    nonfinite = head.get("nonfinite") if isinstance(head.get("nonfinite"), dict) else {}
+    worst = max(nonfinite.values(), default=0) if nonfinite else 0
+    out = [("boundaries", str(len(manifest.get("boundaries") or []))), ("tokens", _count(head.get("tokens"))),
+           ("prompts", _count(head.get("prompts"))), ("sample tokens", _count(head.get("sample_tokens"))),
+           ("NaN/inf tokens", _count(worst))]
+    if isinstance(head.get("seconds"), (int, float)):
+        out.append(("seconds", f"{head['seconds']:.3g}"))
+    return out
+
+
+def _count(v) -> str:
+    return f"{int(v):,}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+
+# ---------------------------------------------------------------------------- run directory
+
+def files(run_dir: str | Path) -> pd.DataFrame:
+    """The files of a run directory (and of its sub-folders, one level), names and sizes; links are listed, never
+    followed."""
+    out = []
+    try:
+        top = sorted(os.scandir(run_dir), key=lambda e: e.name)
+    except OSError:
+        return pd.DataFrame(columns=["file", "bytes", "size"])
+    for e in top:
+        if e.is_dir(follow_symlinks=False):
+            try:
+                inner = sorted(os.scandir(e.path), key=lambda x: x.name)
+            except OSError:
+                inner = []
+            out += [(f"{e.name}/{x.name}", _size(x)) for x in inner if not x.is_dir(follow_symlinks=False)]
+        else:
+            out.append((e.name, _size(e)))
+        if len(out) >= MAX_FILES:
+            break
+    df = pd.DataFrame(out[:MAX_FILES], columns=["file", "bytes"])
+    return df.assign(size=[human_size(b) for b in df["bytes"]])
+
+
+def _size(e: os.DirEntry) -> int | None:
+    try:
+        return e.stat(follow_symlinks=False).st_size
+    except OSError:
+        return None
+
+
+def human_size(n: int | None) -> str:
+    if n is None or n != n:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+@dataclass
+class LogTail:
+    path: str                      # relative to the data root
+    lines: list[str]
+
+
+def log_tail(run_dir: str | Path, manifest: dict, root: Path | None = None, n: int = LOG_TAIL_LINES) -> LogTail | None:
+    """The last n lines of the run's log: a `*.log` file in its run directory (the newest), else the log of the job
+    that made it (`queue/logs/<job id>.log`, backend/jobs); None when there is none."""
+    d = Path(run_dir)
+    try:
+        logs = [e for e in os.scandir(d) if e.name.endswith(".log") and e.is_file(follow_symlinks=False)]
+    except OSError:
+        logs = []
+    base = paths(root).root
+    if logs:
+        f = max(logs, key=lambda e: e.stat(follow_symlinks=False).st_mtime)
+        path, shown = Path(f.path), f"runs/{d.name}/{f.name}"
+    else:
+        job = manifest.get("job") if isinstance(manifest.get("job"), dict) else {}
+        jid = str(job.get("id") or "")
+        if not jid or not valid_run_id(jid):
+            return None
+        path, shown = base / "queue" / "logs" / f"{jid}.log", f"queue/logs/{jid}.log"
+        if path.is_symlink() or not path.is_file():
+            return None
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - LOG_TAIL_BYTES))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    lines = [ln.rstrip()[:500] for ln in text.splitlines() if ln.strip()]
+    return LogTail(shown, lines[-n:])
+
+
+# ---------------------------------------------------------------------------- per-prompt table (bench runs)
+
+def prompt_table(agg: pd.DataFrame, k: int, greedy: bool) -> pd.DataFrame:
+    """One row per prompt (its repeats pooled) from catalog.bench_prompt_table: accepted and drafted draft tokens,
+    the acceptance rate and tau (backend/metrics.py: tau = 1 + accepted / verify steps), mean tokens/s, TTFT and
+    TPOT (ms), output tokens, the output hash ("(n differ)" when repeats disagree) and, for a greedy run with a
+    baseline, whether every repeat's output equals the baseline's."""
+    stats = [metrics.AcceptanceStats(drafts=int(d), draft_tokens=int(d) * k, accepted=int(a))
+             for a, d in zip(agg["accepted"].fillna(0).tolist(), agg["drafts"].fillna(0).tolist())]
+    hashes = [h if n <= 1 else f"{h} ({n} differ)" for h, n in zip(agg["output_hash"].fillna("").tolist(),
+                                                                      agg["hashes"].fillna(0).astype(int).tolist())]
+    same = agg["same_as_baseline"] if greedy else pd.Series([None] * len(agg), index=agg.index, dtype=object)
+    return pd.DataFrame({
+        "#": agg["prompt_index"].astype("Int64"), "prompt": agg["prompt_id"].astype(str),
+        "category": agg["category"].fillna(""), "repeats": agg["repeats"].astype("Int64"),
+        "accepted": agg["accepted"].astype("Int64"), "drafted": [s.draft_tokens for s in stats],
+        "acceptance": [s.acceptance_rate for s in stats], "tau": [s.tau for s in stats],
+        "tokens/s": agg["tokens_per_s"], "TTFT ms": agg["ttft"] * 1000.0, "TPOT ms": agg["tpot"] * 1000.0,
+        "output tokens": agg["output_tokens"], "output hash": hashes, "same as baseline": same,
+    }, columns=PROMPT_COLUMNS).reset_index(drop=True)
+
+
+def prompt_columns(table: pd.DataFrame, k: int, greedy_with_baseline: bool) -> list[str]:
+    """The per-prompt columns worth showing: no acceptance figures for plain decoding, no baseline check without a
+    greedy baseline."""
+    drop = set() if k > 0 else {"accepted", "drafted", "acceptance", "tau"}
+    if not greedy_with_baseline:
+        drop.add("same as baseline")
+    return [c for c in table.columns if c not in drop]
+
+
+def filter_prompts(table: pd.DataFrame, categories: list[str], text: str, sort: str) -> pd.DataFrame:
+    """The rows of these categories (all when none) holding `text` (case-insensitive) in the prompt id, category or
+    output hash, sorted by `sort` (SORTS; missing values last)."""
+    out = table
+    if categories:
+        out = out[out["category"].isin(categories)]
+    needle = (text or "").strip().lower()
+    if needle:
+        hay = out["prompt"].str.lower() + "\n" + out["category"].str.lower() + "\n" + out["output hash"].str.lower()
+        out = out[hay.str.contains(needle, regex=False)]
+    col, ascending = SORTS.get(sort, SORTS["order"])
+    return out.sort_values([col, "#"], ascending=[ascending, True], na_position="last", kind="stable")
+
+
+# ---------------------------------------------------------------------------- views that show the run
+
+@dataclass
+class Link:
+    view: str                      # compare | stats | alignment | drafter | feeds | regression | runs | run
+    label: str
+    params: dict[str, str]
+
+
+def links(run: dict, bench: pd.DataFrame | None = None, captures: pd.DataFrame | None = None,
+          checks: pd.DataFrame | None = None, groups: list[str] | None = None) -> list[Link]:
+    """The views that show this run, each with the query parameters that open it on this run. `run`: a
+    catalog.get_run row (its manifest parsed); `bench`: catalog.bench_index (bench runs and their baselines);
+    `captures`: complete captures (catalog.list_runs) for an alignment partner of the same target; `checks`:
+    complete drafter checks (drafter and target names); `groups`: the Regression page's group labels
+    (regress.history), in its order. Views need a complete run; the Runs page always lists it."""
+    rid, kind, m = run["run_id"], run.get("kind"), run.get("manifest") or {}
+    out = [Link("runs", "Runs (this run's row ticked)", {"ticked": rid})]
+    if run.get("status") != "complete":
+        return out
+    if kind == "capture":
+        out.append(Link("stats", "Hidden-state stats", {"runs": rid, "run": rid}))
+        other = _partner(rid, run.get("model_key"), captures)
+        if other:
+            out.append(Link("alignment", f"Layer alignment with `{other}` (same target)", {"a": other, "b": rid}))
+    elif kind == "check":
+        out += [Link("drafter", "Drafter check", {"run": rid}), Link("feeds", "Feeds across releases", {"check": rid})]
+    elif kind == "bench":
+        out += _bench_links(run, m, bench, checks, groups)
+    return out
+
+
+def _partner(rid: str, model_key, captures: pd.DataFrame | None) -> str | None:
+    """The newest other complete capture of the same target (else none)."""
+    if captures is None or captures.empty or not isinstance(model_key, str):
+        return None
+    same = captures[(captures["model_key"] == model_key) & (captures["run_id"] != rid)]
+    return str(same["run_id"].iloc[0]) if len(same) else None
+
+
+def _bench_links(run: dict, m: dict, bench: pd.DataFrame | None, checks: pd.DataFrame | None,
+                 groups: list[str] | None) -> list[Link]:
+    rid, out = run["run_id"], []
+    base = run.get("baseline_run")
+    done = bench[bench["status"] == "complete"] if bench is not None and not bench.empty else None
+    if isinstance(base, str) and base:
+        out.append(Link("compare", f"Compare with its paired baseline `{base}`", {"runs": f"{rid},{base}"}))
+    elif done is not None:
+        users = done[done["baseline_run"] == rid]["run_id"].tolist()
+        if users:
+            shown = users[:5]
+            out.append(Link("compare", f"Compare with the {len(shown)} drafter run(s) measured against it",
+                            {"runs": ",".join(shown + [rid])}))
+    drafter = m.get("drafter") if isinstance(m.get("drafter"), dict) else {}
+    model = m.get("model") if isinstance(m.get("model"), dict) else {}
+    if drafter.get("path") and model.get("path"):
+        out.append(Link("feeds", "Feeds across releases (this drafter on this target)",
+                        {"drafter": str(drafter["path"]), "target": str(model["path"])}))
+    if checks is not None and not checks.empty and run.get("drafter"):
+        mine = checks[(checks["drafter"] == run.get("drafter")) & (checks["model"] == run.get("model"))]
+        if len(mine):
+            out.append(Link("drafter", f"Drafter check `{mine['run_id'].iloc[0]}` (same drafter and target)",
+                            {"run": str(mine["run_id"].iloc[0])}))
+    k = m.get("num_spec_tokens")
+    if groups and run.get("drafter") and isinstance(k, int) and k > 0:
+        label = f"{run.get('drafter')} on {run.get('model')} (K={k})"
+        if label in groups:
+            out.append(Link("regression", "Regression over engine releases", {"group": str(groups.index(label))}))
+    return out
+
+
+def bench_figures(manifest: dict) -> list[tuple[str, str]]:
+    """A bench run's stored headline (the manifest's `bench`, backend/metrics.py definitions) as (label, value)."""
+    b = manifest.get("bench") if isinstance(manifest.get("bench"), dict) else {}
+    sp = b.get("speedup") if isinstance(b.get("speedup"), dict) else {}
+
+    def num(v, f: str) -> str:
+        return format(v, f) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else "-"
+    out = [("tau", num(b.get("tau"), ".2f")), ("acceptance", num(b.get("acceptance_rate"), ".1%")),
+           ("tokens/s (mean per prompt)", num(b.get("tokens_per_s"), ",.1f")),
+           ("tokens/s (total tokens / total time)", num(b.get("throughput"), ",.1f")),
+           ("TTFT ms", num(b.get("ttft") * 1000 if isinstance(b.get("ttft"), (int, float)) else None, ".1f")),
+           ("TPOT ms", num(b.get("tpot") * 1000 if isinstance(b.get("tpot"), (int, float)) else None, ".2f"))]
+    if sp:
+        ci = (f" (95% CI {num(sp.get('ci_low'), '.2f')} to {num(sp.get('ci_high'), '.2f')})"
+              if sp.get("ci_low") is not None else "")
+        out.append((f"speedup over the paired baseline{ci}", f"{num(sp.get('mean'), '.2f')}x"))
+    if b.get("lossless") is not None:
+        out.append(("outputs equal the baseline's", "yes" if b["lossless"] else
+                    f"no ({b.get('mismatched_prompts')} prompts differ)"))
+    return out
+
+
+def manifest_text(manifest: dict) -> str:
+    return json.dumps(manifest, indent=1, sort_keys=True, default=str)

@@ -1,0 +1,161 @@
+"""Run (?id=RUN&category=&q=&sort=): one run on one page: its status (and error, or why it stopped), links to every
+view that shows it, its headline figures, what the engine fed the drafter, a bench run's per-prompt table (filtered by
+category and text, sorted; all in the URL), a capture's boundaries, its settings (the manifest flattened), the files
+of its run directory and the tail of its log. Every "open" link of the dashboard comes here. Numbers and tables:
+backend/run_view.py (tau and acceptance from backend/metrics.py); data: catalog queries."""
+
+import streamlit as st
+
+from backend import regress, run_view
+from backend.config import data_root
+from backend.store import catalog
+from dashboard import charts, ui
+
+PAGES = {"runs": "pages/runs.py", "compare": "pages/compare.py", "stats": "pages/stats.py",
+         "alignment": "pages/alignment.py", "drafter": "pages/drafter_check.py", "feeds": "pages/feeds.py",
+         "regression": "pages/regression.py"}
+ICONS = {"runs": ":material/list:", "compare": ":material/compare_arrows:", "stats": ":material/show_chart:",
+         "alignment": ":material/grid_on:", "drafter": ":material/fact_check:", "feeds": ":material/alt_route:",
+         "regression": ":material/trending_down:"}
+STATUS = {"complete": "green", "running": "blue", "interrupted": "orange", "failed": "red", "quarantined": "red"}
+
+ui.rescan()
+choices = ui.guarded(catalog.run_choices)
+if choices.empty:
+    st.info(ui.NO_DATA.format(root=data_root()))
+    st.stop()
+ids = choices["run_id"].tolist()
+ui.unknown_runs(["id"], ids, choices, what="run")
+head, pick = st.columns([3, 1], vertical_alignment="bottom")
+rid = ui.select("Open another run", ui.capped(ids, [ui.qp_get("id") or "", ids[0]]), "id", ids[0], where=pick,
+                help=f"lists the {ui.MAX_OPTIONS} newest runs and the one in the URL" if len(ids) > ui.MAX_OPTIONS
+                else None)
+run = ui.guarded(catalog.get_run, rid)
+if run is None:                       # gone between the two queries (a rescan removed it)
+    st.info(f"Run `{ui.cut(rid)}` left the catalog; pick another.")
+    st.stop()
+m = run["manifest"]
+kind, status = run.get("kind") or "?", run.get("status") or "?"
+head.title(f"Run {rid}")
+
+facts = [f":{STATUS.get(status, 'gray')}-badge[{status}]", f"**{kind}**"]
+engine = charts.engine_label(run.get("engine"), run.get("engine_version"))
+facts += [f"engine `{engine}`" if engine else None, f"target `{run['model']}`" if run.get("model") else None,
+          f"drafter `{run['drafter']}`" if run.get("drafter") else None,
+          f"dataset `{run['dataset']}`" if run.get("dataset") else None,
+          f"created {run['created']}" if run.get("created") else None,
+          f"tags {', '.join(f'`{t}`' for t in run['tags'].split(','))}" if run.get("tags") else None]
+st.markdown(" · ".join(f for f in facts if f))
+if run.get("notes"):
+    st.caption(f"Notes: {run['notes']}")
+if status in ("failed", "quarantined"):
+    st.error(f"{status.capitalize()}: {run.get('error') or 'no reason recorded'}", icon=":material/error:")
+elif status == "interrupted":
+    done, total = charts.progress(run.get("progress_done"), run.get("progress_total"))
+    st.warning(f"Interrupted at {done} / {total}: its process is gone. Run the same command (same `--name`) to "
+               "resume it.", icon=":material/pause_circle:")
+elif status == "running":
+    done, total = charts.progress(run.get("progress_done"), run.get("progress_total"))
+    st.progress(done / total if total else 0.0, text=f"running: {done} / {total}")
+
+# ---------------------------------------------------------------------------- views that show this run
+
+bench = ui.guarded(catalog.bench_index) if kind == "bench" else None
+captures = ui.guarded(catalog.list_runs, "capture", "complete") if kind == "capture" else None
+checks = ui.guarded(catalog.list_runs, "check", "complete") if kind == "bench" and run.get("drafter") else None
+groups = list(ui.guarded(regress.history)) if kind == "bench" and run.get("drafter") else None
+links = run_view.links(run, bench, captures, checks, groups)
+row = st.container(horizontal=True, gap="small", key="run_links")
+for link in links:
+    row.page_link(PAGES[link.view], label=link.label, icon=ICONS[link.view], query_params=link.params)
+if status != "complete":
+    st.caption("The other views show complete runs only.")
+
+# ---------------------------------------------------------------------------- headline and feeds
+
+if kind == "bench":
+    figures = run_view.bench_figures(m)
+    if any(v != "-" for _, v in figures):
+        with st.container(horizontal=True, gap="medium", key="run_figures"):
+            for label, value in figures:
+                st.metric(label, value, border=True, width="content")
+elif kind == "capture":
+    with st.container(horizontal=True, gap="medium", key="run_figures"):
+        for label, value in run_view.capture_headline(m):
+            st.metric(label, value, border=True, width="content")
+
+st.subheader("What the engine fed the drafter" if kind != "capture" else "Boundaries")
+fed = run_view.fed(m)
+st.markdown(fed.summary)
+if fed.warning:
+    st.warning(fed.warning, icon=":material/warning:")
+if not fed.rows.empty:
+    st.container(key="run_fed").dataframe(fed.rows, hide_index=True, width="content")
+if kind == "capture" and status == "complete":
+    stats = ui.guarded(catalog.boundary_stats, [rid])
+    if not stats.empty:
+        st.container(key="run_boundaries").dataframe(
+            stats[["boundary", "n_tokens", "nonfinite_tokens", "mean_norm", "rms", "max_abs", "kurtosis"]],
+            hide_index=True, column_config={
+                "n_tokens": st.column_config.NumberColumn("tokens"),
+                "mean_norm": st.column_config.NumberColumn("mean token norm", format="%.3g"),
+                "nonfinite_tokens": st.column_config.NumberColumn("NaN/inf tokens"),
+                **{c: st.column_config.NumberColumn(format="%.3g") for c in ("rms", "max_abs", "kurtosis")}})
+
+# ---------------------------------------------------------------------------- per-prompt table (bench runs)
+
+if kind == "bench":
+    st.subheader("Per prompt")
+    k = int(m.get("num_spec_tokens") or 0)
+    base = run.get("baseline_run") if isinstance(run.get("baseline_run"), str) else None
+    agg = ui.guarded(catalog.bench_prompt_table, rid, base) if status == "complete" else None
+    if agg is None or agg.empty:
+        st.caption("The per-prompt rows are indexed once the run is complete." if status != "complete"
+                   else "No per-prompt rows in the catalog for this run.")
+    else:
+        greedy = not m.get("temperature")
+        table = run_view.prompt_table(agg, k, greedy)
+        c1, c2, c3 = st.columns([2, 2, 1])
+        cats = ui.multiselect("Category", sorted(table["category"].unique()), "category", [], where=c1,
+                              placeholder="all")
+        needle = ui.text("Find", "q", where=c2, placeholder="prompt id, category or output hash")
+        sort = ui.select("Sort by", list(run_view.SORTS), "sort", "order", where=c3, sticky=False,
+                         format_func=run_view.SORT_LABELS.get)
+        shown = run_view.filter_prompts(table, cats, needle, sort)
+        repeats = int(table["repeats"].max())
+        st.caption(f"{len(shown)} of {len(table)} prompts; figures pooled over {repeats} repeat(s): accepted and "
+                   f"drafted draft tokens (K = {k}), acceptance = accepted / drafted, tau = 1 + accepted / verify "
+                   "steps (backend/metrics.py), mean tokens/s, TTFT and TPOT"
+                   + (f"; same as baseline: every repeat's output equals `{base}`'s (greedy)." if greedy and base
+                      else "."))
+        st.container(key="run_prompts").dataframe(shown, hide_index=True,
+                     column_order=run_view.prompt_columns(table, k, greedy and bool(base)), column_config={
+                         "acceptance": st.column_config.NumberColumn(format="percent"),
+                         "tau": st.column_config.NumberColumn(format="%.2f"),
+                         "tokens/s": st.column_config.NumberColumn(format="%.1f"),
+                         "TTFT ms": st.column_config.NumberColumn(format="%.1f"),
+                         "TPOT ms": st.column_config.NumberColumn(format="%.2f"),
+                         "output tokens": st.column_config.NumberColumn(format="%d"),
+                         "same as baseline": st.column_config.CheckboxColumn()})
+
+# ---------------------------------------------------------------------------- settings, files, log
+
+left, right = st.columns([3, 2])
+with left:
+    st.subheader("Settings")
+    st.caption("The manifest flattened (`settings.*` = what a resume must match); results and bookkeeping left out.")
+    st.container(key="run_settings").dataframe(run_view.settings_table(m), hide_index=True,
+                                               column_config={"value": st.column_config.TextColumn(width="large")})
+with right:
+    st.subheader("Files")
+    st.caption(f"`{run.get('path')}`")
+    st.container(key="run_files").dataframe(run_view.files(run["path"]), hide_index=True,
+                                            column_order=["file", "size"])
+    st.download_button("manifest.json", data=run_view.manifest_text(m), file_name=f"{rid}.manifest.json",
+                       mime="application/json", icon=":material/download:", key="dl_manifest")
+
+log = run_view.log_tail(run["path"], m)
+if log is not None:
+    st.subheader("Log")
+    st.caption(f"The last {len(log.lines)} lines of `{log.path}`.")
+    st.code("\n".join(log.lines) or "(empty)", language=None)
