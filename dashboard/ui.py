@@ -111,22 +111,33 @@ def link_notice(text: str) -> None:
     st.warning(text, icon=":material/link_off:")
 
 
-def _head(param: str, value: str, label: str, options: Sequence[str], format_func: Callable[[Any], str]) -> str:
+def _head(param: str, value: str, label: str, options: Sequence[str], format_func: Callable[[Any], str],
+          one_of: bool = False) -> str:
+    """Why a URL value cannot be shown: unknown_runs' reason, else not one of the options (`one_of`: the value is one
+    of the list the parameter holds)."""
     why = _notes()["why"].get((param, value))
-    return why or f"`{param}={cut(value)}` (from the URL) is {_choices(label, options, format_func)}"
+    if why:
+        return why
+    if one_of:
+        return (f"`{param}={cut(qp_get(param))}` (from the URL): `{cut(value)}` is "
+                f"{_choices(label, options, format_func)}")
+    return f"`{param}={cut(value)}` (from the URL) is {_choices(label, options, format_func)}"
 
 
 def select(label: str, options: Sequence[str], param: str, default: str, *, where: Any = st,
            sticky: bool = True, **kw: Any) -> str:
     """A selectbox whose value lives in the URL (`?param=value`). An unknown URL value shows a notice naming it and
-    what is shown instead (the default); two run pickers of one unknown_runs pair holding the same run get a notice
-    too (verdict_banner then shows no verdict). sticky=False leaves a default value out of the URL (it appears once
-    the user picks one)."""
+    what is shown instead (the default; for one of an unknown_runs pair, never the run the other one holds); two run
+    pickers of a pair on the same run get a notice too (verdict_banner then shows no verdict). sticky=False leaves a
+    default value out of the URL (it appears once the user picks one)."""
     key = f"qp_{param}"
     asked = qp_get(param)
     value = asked
     if value not in options:
         value = default if default in options else options[0]
+        partner = _partner(param, options)
+        if value == partner:                  # never pair a run with itself by a fallback (Alignment's A and B)
+            value = next((o for o in options if o != partner), value)
         if asked is not None:
             fmt = kw.get("format_func", str)
             link_notice(f"{_head(param, asked, label, options, fmt)}; showing `{cut(fmt(value))}` instead.")
@@ -136,6 +147,18 @@ def select(label: str, options: Sequence[str], param: str, default: str, *, wher
     if sticky or param in st.query_params:
         qp_set(param, value)
     return where.selectbox(label, list(options), key=key, on_change=_writer(param, key), **kw)
+
+
+def _partner(param: str, options: Sequence[str]) -> str | None:
+    """The run the other picker of param's unknown_runs pair holds (picked already, else valid in the URL)."""
+    notes = _notes()
+    for group in notes["groups"]:
+        if len(group) == 2 and param in group:
+            other = group[1 - group.index(param)]
+            if other in notes["picked"]:
+                return notes["picked"][other][1]
+            return qp_get(other) if qp_get(other) in options else None
+    return None
 
 
 def _pair_check(param: str, label: str, value: str) -> None:
@@ -163,7 +186,7 @@ def multiselect(label: str, options: Sequence[str], param: str, default: Sequenc
         asked = qp_list(param)
         wanted = list(dict.fromkeys(asked))
         value = [v for v in wanted if v in options]
-        lines = [f"{_head(param, v, label, options, fmt)}; left out." for v in wanted if v not in options]
+        lines = [f"{_head(param, v, label, options, fmt, one_of=True)}; left out." for v in wanted if v not in options]
         twice = [v for v in wanted if asked.count(v) > 1] if len(wanted) < len(asked) else []
         if twice:
             lines.append(f"`{param}={cut(qp_get(param))}` names {', '.join(f'`{cut(v)}`' for v in twice[:5])} more "

@@ -34,6 +34,18 @@ def page(server: str):
         yield pg
 
 
+def open_run(page, server: str, path: str, rid: str | None = None) -> None:
+    """Open a view, then wait for its run to be over: the run page's title naming `rid` (else any alert) drawn, then
+    the app idle again (a fresh page is briefly idle before its first run starts)."""
+    open_view(page, server, path, charts=0)
+    if rid is not None:
+        page.wait_for_function("t => [...document.querySelectorAll('h1')].some(h => h.innerText.trim() === t)",
+                               arg=f"Run {rid}")
+    else:
+        page.locator('[data-testid="stAlert"]').first.wait_for()
+    page.wait_for_selector(IDLE, state="attached")
+
+
 def grid_rows(page, key: str | None = None) -> list[list[str]]:
     """The cells of a st.dataframe, row by row (header left out): the one in the container with this key, else the
     page's first."""
@@ -63,7 +75,7 @@ def markdown(page) -> str:
 
 
 def test_run_page_of_a_bench_run(page, server: str, shots: Path) -> None:
-    open_view(page, server, "/run?id=spec-oracle", charts=0)
+    open_run(page, server, "/run?id=spec-oracle", "spec-oracle")
     assert page.locator("h1").first.inner_text().strip() == "Run spec-oracle"
     body = markdown(page)
     # what the engine fed the drafter: vLLM 0.24's V1 reading of the nested ids [1, 2, 3] on the 4-layer target
@@ -95,7 +107,7 @@ def test_run_page_of_a_bench_run(page, server: str, shots: Path) -> None:
 
 
 def test_run_page_filter_from_the_url(page, server: str, shots: Path) -> None:
-    open_view(page, server, "/run?id=spec-oracle&category=writing&sort=-tau", charts=0)
+    open_run(page, server, "/run?id=spec-oracle&category=writing&sort=-tau", "spec-oracle")
     rows = grid_rows(page, "run_prompts")
     assert [r[2] for r in rows] == ["writing", "writing"]
     taus = [float(r[7]) for r in rows]
@@ -111,13 +123,13 @@ def test_run_page_filter_from_the_url(page, server: str, shots: Path) -> None:
     page.wait_for_function("document.querySelectorAll('.st-key-run_prompts [role=row]').length == 2")
     assert [r[1] for r in grid_rows(page, "run_prompts")] == [prompt]
     url = page.url
-    open_view(page, server, url.removeprefix(server), charts=0)
+    open_run(page, server, url.removeprefix(server), "spec-oracle")
     assert [r[1] for r in grid_rows(page, "run_prompts")] == [prompt] and "1 of 4 prompts" in captions(page)
     page.screenshot(path=str(shots / "run-bench-filtered.png"), full_page=True)
 
 
 def test_run_page_of_a_capture(page, server: str, shots: Path) -> None:
-    open_view(page, server, "/run?id=cap-tiny", charts=0)
+    open_run(page, server, "/run?id=cap-tiny", "cap-tiny")
     assert page.locator("h1").first.inner_text().strip() == "Run cap-tiny"
     assert "it recorded 6 boundaries (S_0, S_1, S_2, S_3, S_4, F)" in markdown(page)
     metrics = dict([ln for ln in m.splitlines() if ln.strip()][:2]
@@ -131,7 +143,7 @@ def test_run_page_of_a_capture(page, server: str, shots: Path) -> None:
 
 
 def test_baseline_run_page_does_not_dead_end(page, server: str) -> None:
-    open_view(page, server, "/run?id=spec-random-baseline", charts=0)
+    open_run(page, server, "/run?id=spec-random-baseline", "spec-random-baseline")
     assert "Plain decoding (no drafter)" in markdown(page)
     assert len(grid_rows(page, "run_prompts")) == 4
     page.locator('[data-testid="stPageLink"] a').filter(has_text="Compare with the 2 drafter run").click()
@@ -150,7 +162,7 @@ def test_every_open_link_lands_on_the_run_page(page, server: str) -> None:
     assert set(targets) == {"cap-tiny", "spec-oracle", "spec-random", "spec-random-baseline"}
     assert all(t == f"run?id={rid}" for rid, t in targets.items()), targets
     for rid, target in targets.items():
-        open_view(page, server, "/" + target, charts=0)
+        open_run(page, server, "/" + target, rid)
         assert page.locator("h1").first.inner_text().strip() == f"Run {rid}"
         assert not alerts(page), alerts(page)
     # a click on an "open" cell (the baseline's row) opens its run page: the row's cells are scanned left to right
@@ -206,7 +218,7 @@ def test_ticked_rows_survive_a_reload(page, server: str, shots: Path) -> None:
 
 
 def test_missing_run_is_named_and_the_substitute_too(page, server: str, shots: Path) -> None:
-    open_view(page, server, "/run?id=ghost-run", charts=0)
+    open_run(page, server, "/run?id=ghost-run")
     text = alerts(page).replace("`", "")
     assert "No run ghost-run (from the URL, id)" in text and "showing" in text and "instead" in text
     shown = page.locator("h1").first.inner_text().strip().removeprefix("Run ")
@@ -216,7 +228,7 @@ def test_missing_run_is_named_and_the_substitute_too(page, server: str, shots: P
 
 
 def test_invalid_parameter_value(page, server: str) -> None:
-    open_view(page, server, "/run?id=spec-oracle&sort=worst-first", charts=0)
+    open_run(page, server, "/run?id=spec-oracle&sort=worst-first")
     text = alerts(page).replace("`", "")
     assert "sort=worst-first (from the URL) is not one of the choices of “Sort by”" in text
     assert "showing prompt order instead" in text
@@ -234,7 +246,7 @@ def test_pair_of_missing_runs_shows_no_aligned_verdict(page, server: str, shots:
 
 
 def test_duplicated_id_is_not_compared_with_itself(page, server: str) -> None:
-    open_view(page, server, "/compare?runs=spec-oracle,spec-oracle", charts=0)
+    open_run(page, server, "/compare?runs=spec-oracle,spec-oracle")
     text = alerts(page).replace("`", "")
     assert "runs=spec-oracle,spec-oracle names spec-oracle more than once" in text
     assert "Pick at least two bench runs" in text
@@ -252,9 +264,9 @@ def test_a_100_kb_id_is_cut(page, server: str, shots: Path) -> None:
         assert "x" * 100 not in page.content(), f"{n} characters: printed beyond the cut"
         assert "id=cap-tiny" in page.url or "id=spec-" in page.url, "the URL now names the run shown"
 
-    open_view(page, server, "/run?id=" + "x" * 50_000, charts=0)
+    open_run(page, server, "/run?id=" + "x" * 50_000)
     check(50_000)
-    open_view(page, server, "/run?id=spec-oracle", charts=0)
+    open_run(page, server, "/run?id=spec-oracle", "spec-oracle")
     page.evaluate("""() => { history.pushState({}, "", "/run?id=" + "x".repeat(100000));
                              window.dispatchEvent(new PopStateEvent("popstate", {state: {}})); }""")
     page.wait_for_function("document.querySelectorAll('[data-testid=stAlert]').length > 0")

@@ -191,3 +191,103 @@ def test_stats_unknown_run_in_url(dash: Path) -> None:
     at = open_page("pages/stats.py", runs="a1,ghost")
     assert "No run `ghost`" in texts(at.warning)
     assert [t["name"] for t in figures(at)[0]["data"]] == ["a1"]
+
+
+# ---------------------------------------------------------------------------- run page and link notices (issue 14)
+
+@pytest.fixture
+def benchdata(bench_root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The bench runs of tests/conftest.py (build_bench_data) as SPECLENS_DATA, for this test only."""
+    monkeypatch.setenv("SPECLENS_DATA", str(bench_root))
+    return bench_root
+
+
+def test_runs_open_links_go_to_the_run_page(dash: Path) -> None:
+    table = open_page("pages/runs.py").dataframe[0].value
+    assert len(table) == 7 and set(table["status"]) >= {"complete", "running", "interrupted", "failed"}
+    assert table["view"].tolist() == [f"run?id={r}" for r in table["run_id"]], "every run, of any status"
+
+
+def test_runs_ticked_rows_come_from_the_url(dash: Path) -> None:
+    at = open_page("pages/runs.py", ticked="a2,ghost,a2")
+    assert "`ghost`" in texts(at.warning) and "left unticked" in texts(at.warning)
+    assert params(at)["ticked"] == "a2", "the URL keeps the rows that are ticked"
+    link = at.get("page_link")
+    assert [(p.proto.page, p.proto.query_string) for p in link] == [("run", "id=a2")]
+
+
+def test_run_page_per_prompt_table_equals_the_parquet(benchdata: Path) -> None:
+    import pandas as pd
+
+    at = open_page("pages/run.py", id="spec-oracle")
+    shown = next(d.value for d in at.dataframe if "tau" in d.value.columns).set_index("prompt")
+    raw = pd.read_parquet(benchdata / "runs" / "spec-oracle" / "prompts.parquet")
+    g = raw.groupby("prompt_id")
+    assert sorted(shown.index) == sorted(raw["prompt_id"].astype(str).unique())
+    for pid, rows in g:
+        row = shown.loc[str(pid)]
+        assert row["repeats"] == len(rows) == 2
+        assert row["tau"] == pytest.approx(1 + rows["accepted"].sum() / rows["drafts"].sum())
+        assert row["drafted"] == 3 * rows["drafts"].sum()
+        assert row["tokens/s"] == pytest.approx(rows["tokens_per_s"].mean())
+        assert row["TTFT ms"] == pytest.approx(1000 * rows["ttft"].mean())
+    base = pd.read_parquet(benchdata / "runs" / "spec-random-baseline" / "prompts.parquet")
+    same = raw.merge(base, on=["prompt_id", "repeat"]).eval("output_hash_x == output_hash_y").all()
+    assert shown["same as baseline"].all() == same
+
+
+def test_run_page_filters_from_the_url(benchdata: Path) -> None:
+    at = open_page("pages/run.py", id="spec-oracle", category="writing,ghost", q="8", sort="-tokens_per_s")
+    shown = next(d.value for d in at.dataframe if "tau" in d.value.columns)
+    assert set(shown["category"]) == {"writing"} and all("8" in p for p in shown["prompt"])
+    assert shown["tokens/s"].is_monotonic_decreasing
+    assert "`category=writing,ghost` (from the URL): `ghost` is not one of the choices of \u201cCategory\u201d" in \
+        texts(at.warning), "an unknown category is named, with what the link asked"
+    assert params(at) == {"id": "spec-oracle", "category": "writing", "q": "8", "sort": "-tokens_per_s"}
+
+
+def test_run_page_of_a_failed_run_shows_its_error_and_log(dash: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    shutil.copytree(dash / "runs" / "broken-run", tmp_path / "runs" / "broken-run")
+    lines = [f"step {i}: ok" for i in range(100)] + ["RuntimeError: CUDA out of memory (tried 2 GiB)"]
+    (tmp_path / "runs" / "broken-run" / "capture.log").write_text("\n".join(lines) + "\n")
+    catalog.refresh(tmp_path)
+    monkeypatch.setenv("SPECLENS_DATA", str(tmp_path))
+    at = open_page("pages/run.py", id="broken-run")
+    assert "Failed: OutOfMemoryError: CUDA out of memory" in texts(at.error)
+    (log,) = at.code
+    assert log.value.splitlines() == lines[-40:]
+    files = next(d.value for d in at.dataframe if "file" in d.value.columns)
+    assert {"manifest.json", "capture.log"} <= set(files["file"])
+
+
+def test_pair_of_one_run_shows_no_verdict(dash: Path) -> None:
+    at = open_page("pages/alignment.py", a="a1", b="a1")
+    assert not at.success, "a run compared with itself is no 'Aligned' verdict"
+    assert "are both `a1`" in texts(at.warning) and "No verdict" in texts(at.info)
+
+
+def test_substituted_run_turns_the_verdict_into_a_note(dash: Path) -> None:
+    at = open_page("pages/alignment.py", a="ghost", b="a2")
+    shown = params(at)["a"]
+    assert f"No run `ghost` (from the URL, `a`) in the catalog at {dash}; showing `{shown}` instead." in \
+        texts(at.warning)
+    assert not at.success and not at.error, "no green or red verdict for runs the link did not ask for"
+    assert "For the runs shown instead of the link's" in texts(at.info)
+
+
+def test_invalid_choice_and_long_values_are_named_and_cut(dash: Path) -> None:
+    at = open_page("pages/alignment.py", a="a1", b="a2", metric="bogus")
+    assert "`metric=bogus` (from the URL) is not one of the choices of \u201cMetric\u201d" in texts(at.warning)
+    assert "showing `mean cosine` instead" in texts(at.warning) and params(at)["metric"] == "cosine"
+    assert "Aligned" in texts(at.success), "the runs are the link's: their verdict stands"
+    long = "y" * 100_000
+    at = open_page("pages/stats.py", runs=f"a1,{long}")
+    (w,) = at.warning
+    assert "y" * 80 + "\u2026" in w.value and len(w.value) < 400
+
+
+def test_duplicated_id_is_shown_once(dash: Path) -> None:
+    at = open_page("pages/stats.py", runs="a1,a1")
+    assert "`runs=a1,a1` names `a1` more than once" in texts(at.warning)
+    assert [t["name"] for t in figures(at)[0]["data"]] == ["a1"] and params(at)["runs"] == "a1"
