@@ -78,7 +78,8 @@ def fed(manifest: dict) -> Fed:
         runner = f", runner {aux['runner']}" if aux.get("runner") else ""
         summary = (f"{reading or 'The engine'}{runner} read aux ids [{_labels(aux.get('ids'))}] from "
                    f"{aux.get('ids_from') or 'its default'} and fed the drafter {_labels(aux.get('boundaries'))}.")
-        rows = [("engine reading", f"{reading or '-'}{runner}"), ("why this runner", aux.get("runner_reason")),
+        rows = [("engine reading", f"{reading}{runner}" if reading else None),
+                ("why this runner", aux.get("runner_reason")),
                 ("aux layer ids", f"[{_labels(aux.get('ids'))}]"), ("ids read from", aux.get("ids_from")),
                 ("boundaries fed", _labels(aux.get("boundaries"))),
                 ("predicted from the config", _labels(aux["predicted"]) if aux.get("predicted") else None),
@@ -100,7 +101,8 @@ def fed(manifest: dict) -> Fed:
 
 
 def _rows(pairs) -> pd.DataFrame:
-    return pd.DataFrame([(k, str(v)) for k, v in pairs if v not in (None, "", [])], columns=["what", "value"])
+    return pd.DataFrame([(k, str(v)) for k, v in pairs if v not in (None, "", [], "-", "[-]")],
+                        columns=["what", "value"])
 
 
 def capture_headline(manifest: dict) -> list[tuple[str, str]]:
@@ -334,7 +336,7 @@ def bench_figures(manifest: dict) -> list[tuple[str, str]]:
     if b.get("lossless") is not None:
         out.append(("outputs equal the baseline's", "yes" if b["lossless"] else
                     f"no ({b.get('mismatched_prompts')} prompts differ)"))
-    return out
+    return [(label, value) for label, value in out if value not in ("-", "-x")]
 
 
 def manifest_text(manifest: dict) -> str:

@@ -75,7 +75,7 @@ if status != "complete":
 
 if kind == "bench":
     figures = run_view.bench_figures(m)
-    if any(v != "-" for _, v in figures):
+    if figures:
         with st.container(horizontal=True, gap="medium", key="run_figures"):
             for label, value in figures:
                 st.metric(label, value, border=True, width="content")
