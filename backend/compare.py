@@ -25,7 +25,6 @@ import numpy as np
 import pandas as pd
 
 from backend import coords, metrics
-from backend.store import catalog
 from backend.store.catalog import Catalog
 
 BASELINES = {"paired": "each run's paired baseline", "pinned": "the pinned baseline of the run's target"}
@@ -136,7 +135,7 @@ def _compare(ac: Acceptance, baseline: str, root: Path | None) -> Comparison:
     warnings: list[str] = []
     bases = _baselines(ids, runs, baseline, root, warnings)
     need = list(dict.fromkeys(ids + [b for b in bases.values() if b]))
-    speeds = catalog.bench_prompt_timings(need, root=root)
+    speeds = Catalog(root).read.bench_prompt_timings(need)
     by_run = {r: g for r, g in speeds.groupby("run_id")}
     base_info = Catalog(root).read.bench_runs(run_ids=[b for b in bases.values() if b]).set_index("run_id")
     est = {r: run_speed(by_run.get(r)) for r in need}
@@ -674,12 +673,12 @@ def headline(fig: pd.DataFrame, gap=None, cats: pd.DataFrame | None = None) -> s
     return " ".join(parts)
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, str]:
+def flatten(d: dict, prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict) and v:
-            out.update(_flatten(v, key + "."))
+            out.update(flatten(v, key + "."))
         else:
             out[key] = v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
     return out
@@ -688,7 +687,7 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, str]:
 def config_diff(manifests: dict[str, dict], run_ids: list[str]) -> pd.DataFrame:
     """The settings (manifest keys flattened: `settings.max_new_tokens`, `drafter.path`, ...) whose values differ
     between the runs, one row each, one column per run; results and bookkeeping left out (NOT_CONFIG)."""
-    flat = {r: _flatten({k: v for k, v in (manifests.get(r) or {}).items() if k not in NOT_CONFIG}) for r in run_ids}
+    flat = {r: flatten({k: v for k, v in (manifests.get(r) or {}).items() if k not in NOT_CONFIG}) for r in run_ids}
     keys = sorted(set().union(*flat.values())) if flat else []
     rows = [{"setting": k, **{r: flat[r].get(k, ABSENT) for r in run_ids}} for k in keys
             if len({flat[r].get(k, ABSENT) for r in run_ids}) > 1]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from backend import metrics
-from backend.compare import NOT_CONFIG, _flatten
+from backend.compare import NOT_CONFIG, flatten
 from backend.config import paths
 from backend.store.rundir import valid_run_id
 
@@ -45,7 +45,7 @@ def settings_table(manifest: dict) -> pd.DataFrame:
     """What ran, one row per setting: the manifest flattened (`settings.max_new_tokens`, `drafter.path`, ...), its
     outcome and bookkeeping left out (compare.NOT_CONFIG: the same keys the Compare page leaves out of its diff);
     the key settings (engine, versions, model, drafter, dataset, K, temperature, seed) first."""
-    flat = _flatten({k: v for k, v in manifest.items() if k not in NOT_CONFIG and k not in ("aux", "check")})
+    flat = flatten({k: v for k, v in manifest.items() if k not in NOT_CONFIG and k not in ("aux", "check")})
     first = [k for k in KEY_SETTINGS if k in flat]
     keys = first + sorted(k for k in flat if k not in first)
     return pd.DataFrame({"setting": keys, "value": [flat[k] for k in keys]}, columns=["setting", "value"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 import numpy as np
 import pandas as pd
@@ -364,20 +365,14 @@ def engine_label(engine, version) -> str | None:
     return f"{engine} {version}" if isinstance(version, str) and version else engine
 
 
-def _view_link(run_id: str, kind, status, baseline) -> str | None:
-    if status != "complete":
-        return None
-    if kind == "bench":
-        paired = isinstance(baseline, str) and baseline
-        return f"compare?runs={run_id},{baseline}" if paired else f"compare?runs={run_id}"
-    if kind == "check":
-        return f"drafter?run={run_id}"
-    return f"stats?runs={run_id}&run={run_id}"
+def run_links(run_ids: pd.Series) -> pd.Series:
+    """The run page's link (`run?id=RUN`) of each run id: what every "open" link goes to."""
+    return "run?id=" + run_ids.astype(str).map(lambda r: quote(r, safe=""))
 
 
 def runs_frame(runs: pd.DataFrame) -> pd.DataFrame:
     """The runs table as shown: one row per run (captures and bench runs), progress of unfinished runs as a
-    fraction, a link to the statistics of a complete capture or the comparison of a bench run with its baseline,
+    fraction, a link to the run's page (any status),
     the bench figures (tau, speedup over the paired baseline) and the user's tags, notes and pinned flag."""
     def frac(done, total, status) -> float | None:
         if status == "complete" or _nan(total) or _nan(done) or float(total) <= 0:
@@ -392,8 +387,7 @@ def runs_frame(runs: pd.DataFrame) -> pd.DataFrame:
 
     out = pd.DataFrame({
         "run_id": runs["run_id"],
-        "view": [_view_link(r, k, s, b) for r, k, s, b in zip(py("run_id"), py("kind"), py("status"),
-                                                              py("baseline_run"))],
+        "view": run_links(runs["run_id"]),
         "status": runs["status"], "kind": runs["kind"], "pinned": col("pinned").fillna(False).astype(bool),
         "tags": col("tags").fillna(""), "model": runs["model"], "drafter": col("drafter"),
         "engine": [engine_label(e, v) for e, v in zip(py("engine"), py("engine_version"))],

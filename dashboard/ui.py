@@ -8,7 +8,7 @@ import logging
 import re
 from functools import partial
 from pathlib import Path
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 from typing import Any, Callable, Sequence, TypeVar
 
 import pandas as pd
@@ -18,7 +18,7 @@ import streamlit as st
 from dashboard import exports
 from backend.config import data_root
 from backend.errors import SpecLensError
-from backend.store import catalog
+from backend.store.catalog import Catalog, CatalogReader
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
@@ -235,11 +235,6 @@ def ticked(ids: pd.Series, param: str = "ticked") -> list[int]:
     return rows
 
 
-def run_link(run_ids: pd.Series) -> pd.Series:
-    """The run page's link (`run?id=RUN`) of each run id: what every "open" link goes to."""
-    return "run?id=" + run_ids.astype(str).map(lambda r: quote(r, safe=""))
-
-
 def unknown_runs(params: Sequence[str], known: Sequence[str], runs: pd.DataFrame, what: str = "capture") -> None:
     """Why each run id in these URL parameters cannot be shown: not in the catalog, or not a complete `what`. Call
     it before the pickers of these params: their notice (select, multiselect) names the reason and what is shown
@@ -276,21 +271,26 @@ def guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     raise AssertionError("unreachable")  # st.stop() raises
 
 
+def catalog() -> CatalogReader:
+    """The catalog's read side for this data root ($SPECLENS_DATA): what every page reads through."""
+    return Catalog(data_root()).read
+
+
 def rescan() -> None:
     """Rebuild the catalog from the run directories (current status and progress of running runs)."""
     try:
-        catalog.refresh()
+        Catalog(data_root()).write.refresh()
     except Exception as e:  # noqa: BLE001 - a read-only data root still shows the last catalog
         st.caption(f"Could not rescan the run directories ({type(e).__name__}: {e}); showing the last catalog.")
 
 
-def load_runs(refresh: bool = False, query: Callable[[], pd.DataFrame] = catalog.list_runs) -> pd.DataFrame:
-    """All runs (from `query`, catalog.list_runs by default), newest first; stops the page with a hint when there
+def load_runs(refresh: bool = False, query: Callable[[], pd.DataFrame] | None = None) -> pd.DataFrame:
+    """All runs (from `query`, the catalog's list_runs by default), newest first; stops the page with a hint when there
     are none. refresh=True rescans the run directories first (statuses of running/interrupted runs, progress,
     annotations); the rescan re-reads only what changed."""
     if refresh:
         rescan()
-    runs = guarded(query)
+    runs = guarded(query or catalog().list_runs)
     if runs.empty:
         st.info(NO_DATA.format(root=data_root()))
         st.stop()

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from dashboard import charts, ui
-from backend.align import MATCH_COS, get_alignment
+from backend.align import MATCH_COS
 
 st.title("Layer alignment")
 runs = ui.load_runs()
@@ -19,7 +19,7 @@ metric = ui.select("Metric", list(charts.METRICS), "metric", "cosine", where=c3,
                    format_func=lambda m: charts.METRICS[m][0])
 
 with st.spinner(f"Aligning {a} with {b} ..."):
-    al = ui.guarded(get_alignment, a, b)
+    al = ui.guarded(ui.catalog().alignment, a, b)
 
 ui.verdict_banner(al.verdict)
 ui.warning_list(al.warnings)

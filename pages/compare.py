@@ -7,13 +7,13 @@ import streamlit as st
 
 from backend import compare
 from dashboard import charts, ui
-from backend.store import catalog
 
 st.title("Compare bench runs")
-bench = ui.guarded(catalog.bench_index)
+cat = ui.catalog()
+bench = ui.guarded(cat.bench_index)
 ids = ui.complete_bench(bench)
 ui.need_bench(ids, 2)
-ui.unknown_runs(["runs"], ids, ui.guarded(catalog.run_states, ui.qp_list("runs")), what="bench run")
+ui.unknown_runs(["runs"], ids, ui.guarded(cat.run_states, ui.qp_list("runs")), what="bench run")
 
 c1, c2 = st.columns([3, 1])
 default = compare.default_runs(bench)

@@ -7,8 +7,6 @@ import json
 import streamlit as st
 
 from dashboard import charts, check_charts, ui
-from backend.drafter.check_result import load_check
-from backend.store import catalog
 
 HOW = ("`python -m backend check-drafter --drafter DRAFTER_DIR --target TARGET_DIR` stores a check here; "
        "`make demo` unpacks the toy pair (data/models/toy-pair) to try it on.")
@@ -17,12 +15,13 @@ BANNER = {"ok": (st.success, ":material/check_circle:"), "warning": (st.warning,
 
 st.title("Drafter check")
 ui.rescan()
-runs = ui.guarded(catalog.list_runs, kind="check", status="complete")
+cat = ui.catalog()
+runs = ui.guarded(cat.check_runs)
 ids = runs["run_id"].tolist()
 if not ids:
     st.info(f"No drafter checks yet. {HOW}")
     st.stop()
-ui.unknown_runs(["run"], ids, ui.guarded(catalog.run_states, ui.qp_list("run")), what="drafter check")
+ui.unknown_runs(["run"], ids, ui.guarded(cat.run_states, ui.qp_list("run")), what="drafter check")
 names = {r.run_id: f"{r.run_id}  ({r.drafter or '?'} on {r.model or '?'})" for r in runs.itertuples()}
 
 c1, c2 = st.columns([3, 2])
@@ -30,7 +29,7 @@ run = ui.select("Check", ui.capped(ids, [ui.qp_get("run") or "", ids[0]]), "run"
                 format_func=lambda r: names.get(r, r))
 metric = ui.select("Rank chart by", list(check_charts.METRICS), "metric", "step1_accuracy", where=c2,
                    format_func=lambda m: check_charts.METRICS[m][0])
-rep = ui.guarded(load_check, run)
+rep = ui.guarded(cat.drafter_check, run)
 
 s = rep.get("sample")
 about = (f"Drafter `{rep['drafter']}` ({rep['drafter_info']['format']} format, k={rep['drafter_info']['num_aux']}) on "

@@ -7,13 +7,12 @@ import streamlit as st
 
 from backend import feeds
 from dashboard import release_charts, ui
-from backend.store.catalog import Catalog
 
 HOW = ("`python -m backend feeds --drafter DRAFTER_DIR --target TARGET_DIR` prints the same matrix; "
        "`python -m backend check-drafter ...` stores a check whose pair this page can open.")
 
 st.title("Feeds across engine releases")
-checks = ui.guarded(Catalog().read.check_runs)
+checks = ui.guarded(ui.catalog().check_runs)
 ids = checks["run_id"].tolist()
 names = {r.run_id: f"{r.run_id}  ({r.drafter or '?'} on {r.model or '?'})" for r in checks.itertuples()}
 drafter, target = ui.qp_get("drafter"), ui.qp_get("target")

@@ -8,7 +8,6 @@ import streamlit as st
 
 from backend import regress, run_view
 from backend.config import data_root
-from backend.store import catalog
 from dashboard import charts, ui
 
 PAGES = {"runs": "pages/runs.py", "compare": "pages/compare.py", "stats": "pages/stats.py",
@@ -20,7 +19,8 @@ ICONS = {"runs": ":material/list:", "compare": ":material/compare_arrows:", "sta
 STATUS = {"complete": "green", "running": "blue", "interrupted": "orange", "failed": "red", "quarantined": "red"}
 
 ui.rescan()
-choices = ui.guarded(catalog.run_choices)
+cat = ui.catalog()
+choices = ui.guarded(cat.run_choices)
 if choices.empty:
     st.info(ui.NO_DATA.format(root=data_root()))
     st.stop()
@@ -30,7 +30,7 @@ head, pick = st.columns([3, 1], vertical_alignment="bottom")
 rid = ui.select("Open another run", ui.capped(ids, [ui.qp_get("id") or "", ids[0]]), "id", ids[0], where=pick,
                 help=f"lists the {ui.MAX_OPTIONS} newest runs and the one in the URL" if len(ids) > ui.MAX_OPTIONS
                 else None)
-run = ui.guarded(catalog.get_run, rid)
+run = ui.guarded(cat.get_run, rid)
 if run is None:                       # gone between the two queries (a rescan removed it)
     st.info(f"Run `{ui.cut(rid)}` left the catalog; pick another.")
     st.stop()
@@ -60,9 +60,9 @@ elif status == "running":
 
 # ---------------------------------------------------------------------------- views that show this run
 
-bench = ui.guarded(catalog.bench_index) if kind == "bench" else None
-captures = ui.guarded(catalog.list_runs, "capture", "complete") if kind == "capture" else None
-checks = ui.guarded(catalog.list_runs, "check", "complete") if kind == "bench" and run.get("drafter") else None
+bench = ui.guarded(cat.bench_index) if kind == "bench" else None
+captures = ui.guarded(cat.list_runs, "capture", "complete") if kind == "capture" else None
+checks = ui.guarded(cat.list_runs, "check", "complete") if kind == "bench" and run.get("drafter") else None
 groups = list(ui.guarded(regress.history)) if kind == "bench" and run.get("drafter") else None
 links = run_view.links(run, bench, captures, checks, groups)
 row = st.container(horizontal=True, gap="small", key="run_links")
@@ -92,7 +92,7 @@ if fed.warning:
 if not fed.rows.empty:
     st.container(key="run_fed").dataframe(fed.rows, hide_index=True, width="content")
 if kind == "capture" and status == "complete":
-    stats = ui.guarded(catalog.boundary_stats, [rid])
+    stats = ui.guarded(cat.boundary_stats, [rid])
     if not stats.empty:
         st.container(key="run_boundaries").dataframe(
             stats[["boundary", "n_tokens", "nonfinite_tokens", "mean_norm", "rms", "max_abs", "kurtosis"]],
@@ -108,7 +108,7 @@ if kind == "bench":
     st.subheader("Per prompt")
     k = int(m.get("num_spec_tokens") or 0)
     base = run.get("baseline_run") if isinstance(run.get("baseline_run"), str) else None
-    agg = ui.guarded(catalog.bench_prompt_table, rid, base) if status == "complete" else None
+    agg = ui.guarded(cat.bench_prompt_table, rid, base) if status == "complete" else None
     if agg is None or agg.empty:
         st.caption("The per-prompt rows are indexed once the run is complete." if status != "complete"
                    else "No per-prompt rows in the catalog for this run.")

@@ -9,7 +9,6 @@ import streamlit as st
 from backend import annotations
 from dashboard import auth, charts, ui
 from backend.demo import story as demo_story
-from backend.store import catalog
 
 LIVE_EVERY_S = 5
 STATUSES = ["complete", "running", "interrupted", "failed", "quarantined"]
@@ -20,7 +19,8 @@ if story := demo_story():      # `make demo`: the slot-shift case in three lines
     with st.container(border=True, key="demo_story"):
         for line in story:
             st.markdown(line)
-runs = ui.load_runs(refresh=True, query=catalog.runs_overview)
+cat = ui.catalog()
+runs = ui.load_runs(refresh=True, query=cat.runs_overview)
 
 
 def options(col: str) -> list[str]:
@@ -52,7 +52,7 @@ st.caption(f"{len(shown)} of {len(runs)} runs shown; " + ", ".join(f"{counts[s]}
 def live_progress(run_ids: list[str]) -> None:
     """Progress bars of running runs, rescanned every few seconds; a full rerun once one of them ends."""
     ui.rescan()
-    now = ui.guarded(catalog.list_runs)
+    now = ui.guarded(cat.list_runs)
     now = now[now["run_id"].isin(run_ids)]
     if len(now) != len(run_ids) or (now["status"] != "running").any():
         st.rerun()
@@ -80,7 +80,6 @@ if shown.empty:
     st.stop()
 
 table = charts.runs_frame(shown)
-table["view"] = ui.run_link(table["run_id"])          # every run's "open" link: its run page (any status)
 picked = st.dataframe(
     table, hide_index=True, key="runs_table", placeholder="-", on_select="rerun", selection_mode="multi-row",
     selection_default={"selection": {"rows": ui.ticked(table["run_id"])}},

@@ -5,7 +5,6 @@ import streamlit as st
 
 from dashboard import charts, ui
 from backend import stats_compare
-from backend.store import catalog
 
 st.title("Hidden-state statistics")
 runs = ui.load_runs()
@@ -26,7 +25,8 @@ if mode != "values":
     ref = ui.select("Reference", ui.capped(ids, [ui.qp_get("ref") or "", chosen[0]]), "ref", chosen[0], where=c4)
 
 shown = list(dict.fromkeys([*chosen, *([ref] if ref else [])]))
-stats = ui.guarded(catalog.boundary_stats, shown)
+cat = ui.catalog()
+stats = ui.guarded(cat.boundary_stats, shown)
 sel = runs[runs["run_id"].isin(shown)]
 n_layers = dict(zip(sel["run_id"], sel["n_layers"]))
 stats = stats_compare.with_depth(stats, n_layers)

@@ -31,7 +31,7 @@ def build_chart_data(root: Path, dash_root: Path) -> Path:
     """dash_root's runs and catalog copied to `root`, then: `rot1` (a capture of a rotated copy of dash_root's toy
     target), `sparse16` (bf16, only SPARSE), and, when the toy pair ships, the drafter check `chk-after`."""
     from backend.capture import CaptureSettings, run_capture
-    from backend.store import catalog
+    from backend.store.catalog import Catalog
     from backend.toy.rotate import write_rotated
 
     shutil.copytree(dash_root / "runs", root / "runs")
@@ -49,7 +49,7 @@ def build_chart_data(root: Path, dash_root: Path) -> Path:
         run_check(CheckSettings(drafter=str(pair / "drafter-after-layer"), target=str(pair / "target"), device="cpu",
                                 num_prompts=4, new_tokens=24, prompts=str(heldout_prompts(pair))), name=CHECK,
                   root=root, progress=False)
-    catalog.refresh(root)
+    Catalog(root).write.refresh()
     return root
 
 

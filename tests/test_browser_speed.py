@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 
 from backend import metrics
-from backend.store import catalog
+from backend.store.catalog import Catalog
 from tests import test_browser
 from tests.test_browser import CHART, CHROMIUM, TIMEOUT_MS, browser_page, open_view, streamlit_server
 
@@ -43,7 +43,7 @@ def _grid(rows, run: str, col: str) -> list[list[float]]:
 @pytest.fixture(scope="module")
 def expected(bench_root: Path) -> dict:
     """What backend.metrics computes from the catalog's per-prompt rows of the runs and their paired baseline."""
-    rows = catalog.bench_prompt_timings(RUNS + [BASE], root=bench_root)
+    rows = Catalog(bench_root).read.bench_prompt_timings(RUNS + [BASE])
     est = {}
     for r in RUNS + [BASE]:
         est[r] = {"per_prompt": metrics.mean_estimate(_grid(rows, r, "tokens_per_s")),
@@ -51,7 +51,7 @@ def expected(bench_root: Path) -> dict:
                   "ttft": metrics.mean_estimate(_grid(rows, r, "ttft")),
                   "tpot": metrics.mean_estimate(_grid(rows, r, "tpot"))}
         if r != BASE:       # the per-prompt speedup as the bench stored it (metrics.speedup, its own seed and order)
-            stored = catalog.bench_runs(run_ids=[r], root=bench_root).iloc[0]
+            stored = Catalog(bench_root).read.bench_runs(run_ids=[r]).iloc[0]
             est[r]["speedup"] = (stored["speedup"], stored["speedup_ci_low"], stored["speedup_ci_high"])
             assert stored["speedup"] == pytest.approx(
                 metrics.speedup(_grid(rows, r, "tokens_per_s"), _grid(rows, BASE, "tokens_per_s")).mean)

@@ -14,7 +14,7 @@ import pytest
 
 from backend import annotations, compare
 from backend.errors import SpecLensError
-from backend.store import catalog
+from backend.store.catalog import Catalog, CatalogReader
 import test_browser
 from test_browser import CHART, CHROMIUM, TIMEOUT_MS, alerts, browser_page, open_view, streamlit_server
 from test_pages import figures, open_page, params, texts, values
@@ -37,7 +37,7 @@ def own(bench_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pa
     (SPECLENS_READONLY=0: the dashboard is read-only by default)."""
     root = tmp_path / "data"
     shutil.copytree(bench_root / "runs", root / "runs")
-    catalog.refresh(root)
+    Catalog(root).write.refresh()
     monkeypatch.setenv("SPECLENS_DATA", str(root))
     monkeypatch.setenv("SPECLENS_READONLY", "0")
     return root
@@ -65,24 +65,24 @@ def test_annotations_round_trip_and_injection_is_literal(own: Path) -> None:
     assert (own / "runs" / "spec-random" / "manifest.json").read_bytes() == before, "results stay immutable"
     on_disk = json.loads((own / "runs" / "spec-random" / "annotations.json").read_text())
     assert on_disk["notes"].startswith(INJECTION) and on_disk["tags"] == ["fast", "k3"]
-    catalog.refresh(own)
-    row = catalog.list_runs(root=own).set_index("run_id").loc["spec-random"]
+    Catalog(own).write.refresh()
+    row = Catalog(own).read.list_runs().set_index("run_id").loc["spec-random"]
     assert row["tags"] == "fast,k3" and row["notes"] == INJECTION + "\nsecond line"
-    assert len(catalog.list_runs(root=own)) == 4 and len(catalog.bench_runs(root=own)) == 3   # nothing dropped
+    assert len(Catalog(own).read.list_runs()) == 4 and len(Catalog(own).read.bench_runs()) == 3   # nothing dropped
     with pytest.raises(SpecLensError, match="not allowed"):
         annotations.save("spec-random", tags=INJECTION, root=own)
     assert annotations.read("spec-random", own).tags == ["fast", "k3"], "a rejected edit changes nothing"
     for bad in ("../spec-random", "spec-random/../../x", INJECTION):
         with pytest.raises(SpecLensError, match="not a valid run id"):
             annotations.save(bad, notes="x", root=own)
-    assert catalog.list_runs(kind=INJECTION, root=own).empty
+    assert Catalog(own).read.list_runs(kind=INJECTION).empty
 
 
 def test_pin_one_baseline_per_target(own: Path) -> None:
     annotations.save("spec-random-baseline", pinned=True, root=own)
     annotations.save("spec-random", pinned=True, root=own)      # same target: the previous pin goes
-    catalog.refresh(own)
-    assert catalog.pinned_baselines(root=own)["run_id"].tolist() == ["spec-random"]
+    Catalog(own).write.refresh()
+    assert Catalog(own).read.pinned_baselines()["run_id"].tolist() == ["spec-random"]
     assert annotations.read("spec-random-baseline", own).pinned is False
     with pytest.raises(SpecLensError, match="only bench runs"):
         annotations.save("cap-tiny", pinned=True, root=own)
@@ -101,31 +101,31 @@ def test_read_only_refuses_writes(own: Path, monkeypatch: pytest.MonkeyPatch) ->
 def test_refresh_reads_only_what_changed(own: Path) -> None:
     cat = own / "speclens.duckdb"
     stamp = cat.stat().st_mtime_ns
-    catalog.refresh(own)
+    Catalog(own).write.refresh()
     assert cat.stat().st_mtime_ns == stamp, "nothing changed: nothing written"
-    steps = len(catalog.bench_steps(["spec-oracle"], root=own))
+    steps = len(Catalog(own).read.bench_steps(["spec-oracle"]))
     annotations.save("spec-oracle", notes="edited", root=own)
-    catalog.refresh(own)
+    Catalog(own).write.refresh()
     assert cat.stat().st_mtime_ns != stamp
-    assert catalog.get_run("spec-oracle", own)["notes"] == "edited"
-    assert len(catalog.bench_steps(["spec-oracle"], root=own)) == steps, "its tables re-read once, not twice"
+    assert Catalog(own).read.get_run("spec-oracle")["notes"] == "edited"
+    assert len(Catalog(own).read.bench_steps(["spec-oracle"])) == steps, "its tables re-read once, not twice"
     shutil.rmtree(own / "runs" / "cap-tiny")
-    catalog.refresh(own)
-    assert "cap-tiny" not in catalog.list_runs(root=own)["run_id"].tolist()
-    assert catalog.boundary_stats(["cap-tiny"], root=own).empty
-    whole = catalog.refresh(own, full=True)
-    assert whole == cat and len(catalog.bench_steps(["spec-oracle"], root=own)) == steps
+    Catalog(own).write.refresh()
+    assert "cap-tiny" not in Catalog(own).read.list_runs()["run_id"].tolist()
+    assert Catalog(own).read.boundary_stats(["cap-tiny"]).empty
+    whole = Catalog(own).write.refresh(full=True)
+    assert whole == cat and len(Catalog(own).read.bench_steps(["spec-oracle"])) == steps
 
 
 def test_unreadable_manifest_is_quarantined_and_not_reread(own: Path) -> None:
     bad = own / "runs" / "half-written"
     bad.mkdir()
     (bad / "manifest.json").write_text('{"run_id": "half-wr')
-    catalog.refresh(own)
-    row = catalog.get_run("half-written", own)
+    Catalog(own).write.refresh()
+    row = Catalog(own).read.get_run("half-written")
     assert row["status"] == "quarantined" and "unreadable manifest" in row["error"]
     stamp = (own / "speclens.duckdb").stat().st_mtime_ns
-    catalog.refresh(own)
+    Catalog(own).write.refresh()
     assert (own / "speclens.duckdb").stat().st_mtime_ns == stamp
 
 
@@ -135,18 +135,18 @@ def test_old_catalog_schema_is_rebuilt(own: Path) -> None:
     con = duckdb.connect(str(own / "speclens.duckdb"))
     con.execute("UPDATE catalog_meta SET value = '1'")
     con.close()
-    catalog.refresh(own)
-    assert len(catalog.runs_overview(root=own)) == 4
+    Catalog(own).write.refresh()
+    assert len(Catalog(own).read.runs_overview()) == 4
 
 
 # ---------------------------------------------------------------------------- comparison data
 
 def test_comparison_numbers_come_from_aggregates(bench: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(catalog, "bench_steps", lambda *a, **k: pytest.fail("per-step rows loaded"))
-    monkeypatch.setattr(catalog, "bench_prompts", lambda *a, **k: pytest.fail("all prompt columns loaded"))
+    monkeypatch.setattr(CatalogReader, "bench_steps", lambda *a, **k: pytest.fail("per-step rows loaded"))
+    monkeypatch.setattr(CatalogReader, "bench_prompts", lambda *a, **k: pytest.fail("all prompt columns loaded"))
     c = compare.compare(["spec-random", "spec-oracle"], root=bench)
     f = c.figures.set_index("run_id")
-    br = catalog.bench_runs(root=bench).set_index("run_id")
+    br = Catalog(bench).read.bench_runs().set_index("run_id")
     for r in ("spec-random", "spec-oracle"):
         assert f.loc[r, "tau"] == pytest.approx(br.loc[r, "tau"]), "tau from the histogram = tau as benched"
         assert f.loc[r, "speedup"] == pytest.approx(br.loc[r, "speedup"])
@@ -210,7 +210,7 @@ def test_speedup_against_the_pinned_baseline(own: Path) -> None:
     c = compare.compare(["spec-random", "spec-oracle"], "pinned", root=own)
     assert "No pinned baseline" in " ".join(c.warnings)
     annotations.save("spec-random", pinned=True, root=own)
-    catalog.refresh(own)
+    Catalog(own).write.refresh()
     c = compare.compare(["spec-random", "spec-oracle"], "pinned", root=own)
     f = c.figures.set_index("run_id")
     assert f.loc["spec-random", "speedup"] == pytest.approx(1.0)
@@ -296,8 +296,8 @@ def test_runs_page_shows_bench_runs_and_captures(bench: Path) -> None:
     assert t.loc["spec-oracle", "kind"] == "bench" and t.loc["cap-tiny", "kind"] == "capture"
     assert t.loc["spec-oracle", "tau"] > 2 and t.loc["spec-oracle", "drafter"] == "drafter-random"
     assert t.loc["spec-oracle", "tags"] == "oracle,demo"
-    assert t.loc["spec-oracle", "view"] == "compare?runs=spec-oracle,spec-random-baseline"
-    assert t.loc["cap-tiny", "view"] == "stats?runs=cap-tiny&run=cap-tiny"
+    assert t.loc["spec-oracle", "view"] == "run?id=spec-oracle"          # every "open" link: the run page
+    assert t.loc["cap-tiny", "view"] == "run?id=cap-tiny"
     assert params(at) == {}, "defaults stay out of the URL"
 
 
@@ -342,7 +342,7 @@ def test_annotation_editing_round_trip(own: Path) -> None:
     assert "Saved the annotations of `spec-random`" in texts(at.success)
     row = table(at).set_index("run_id").loc["spec-random"]
     assert row["tags"] == "fast,k3" and row["notes"] == INJECTION and bool(row["pinned"])
-    assert catalog.get_run("spec-random", own)["notes"] == INJECTION
+    assert Catalog(own).read.get_run("spec-random")["notes"] == INJECTION
     at = open_page("pages/runs.py", tag="k3")
     assert table(at)["run_id"].tolist() == ["spec-random"]
 
@@ -354,7 +354,7 @@ def test_bad_tags_are_refused_on_the_page(own: Path) -> None:
     at = _save(at)
     assert "not allowed" in texts(at.error) and not at.exception
     assert annotations.read("spec-oracle", own).tags == ["oracle", "demo"]
-    assert len(catalog.list_runs(root=own)) == 4
+    assert len(Catalog(own).read.list_runs()) == 4
 
 
 def test_read_only_hides_the_editor(bench: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -423,7 +423,7 @@ def test_compare_default_view_and_baseline_switch(own: Path) -> None:
     at.selectbox(key="qp_baseline").set_value("pinned").run()
     assert params(at)["baseline"] == "pinned" and "No pinned baseline" in texts(at.warning)
     annotations.save("spec-random-baseline", pinned=True, root=own)
-    catalog.refresh(own)
+    Catalog(own).write.refresh()
     at = open_page("pages/compare.py", runs="spec-oracle,spec-random,spec-random-baseline", baseline="pinned",
                    view="Speed")
     assert not at.warning or "plain decoding" in texts(at.warning)
@@ -557,7 +557,7 @@ def test_different_targets_warning_follows_the_weights_not_the_path(own: Path) -
         m = json.loads(p.read_text())
         m["model"].update(model)
         p.write_text(json.dumps(m))
-        catalog.refresh(own)
+        Catalog(own).write.refresh()
 
     edit("spec-oracle", path="/mnt/gpu-node/models/same-target")
     assert not [w for w in compare.compare(ids, "paired", root=own).warnings if "different targets" in w]

@@ -40,6 +40,7 @@ PAGE_PARAMS = {
     "pages/compare.py": ["runs", "baseline"],
     "pages/alignment.py": ["a", "b", "metric"],
     "pages/stats.py": ["runs", "stat", "run"],
+    "pages/run.py": ["id", "category", "q", "sort"],
 }
 AUTH = {"redirect_uri": "http://localhost:8501/oauth2callback", "cookie_secret": "x" * 32, "client_id": "speclens",
         "client_secret": "s", "server_metadata_url": "https://idp.example/.well-known/openid-configuration"}

@@ -129,9 +129,9 @@ def test_verdict_on_real_captures_matches_the_catalog(dash_root):
     """fp32 against bf16 captures of the same target (tests/conftest.py): the verdict's boundary and figure are the
     largest relative difference of the catalog's own numbers."""
     from backend import stats_compare as sc
-    from backend.store import catalog
+    from backend.store.catalog import Catalog
 
-    stats = catalog.boundary_stats(["a1", "b16"], root=dash_root)
+    stats = Catalog(dash_root).read.boundary_stats(["a1", "b16"])
     c = sc.compare(stats, "rms", "a1", ["a1", "b16"], {"a1": 8, "b16": 8}, label="RMS")
     a = stats[stats["run_id"] == "a1"].set_index("boundary")["rms"]
     b = stats[stats["run_id"] == "b16"].set_index("boundary")["rms"]

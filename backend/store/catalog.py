@@ -700,6 +700,41 @@ class CatalogReader:
                       FROM bench_prompts WHERE list_contains(?, run_id)
                       GROUP BY run_id, category ORDER BY run_id, category""", [_ids(run_ids)])
 
+    def bench_prompt_timings(self, run_ids: list[str]) -> pd.DataFrame:
+        """Per repeat x prompt timings of the given bench runs: output tokens, seconds, tokens/s, TTFT, TPOT, accepted
+        draft tokens and drafts, with the prompt's category: what both throughput definitions, TTFT/TPOT, the
+        speedups and their bootstrap intervals are computed from (backend/metrics.py; the Compare page's Speed tab).
+        The prompt text and the output hash are left out."""
+        cols = ["run_id", "repeat", "prompt_index", "prompt_id", "category", "output_tokens", "seconds", "tokens_per_s",
+                "ttft", "tpot", "accepted", "drafts"]
+        if not run_ids:
+            return pd.DataFrame(columns=cols)
+        return self._df(f"""SELECT {', '.join(cols)} FROM bench_prompts WHERE list_contains(?, run_id)
+                                           ORDER BY run_id, repeat, prompt_index""", [_ids(run_ids)])
+
+    def run_choices(self) -> pd.DataFrame:
+        """run_id, kind and status of every run, newest first: what the run page's picker lists (no other columns, so
+        that it stays light on a 10,000-run catalog)."""
+        return self._df("SELECT run_id, kind, status FROM runs ORDER BY created DESC, run_id", [])
+
+    def bench_prompt_table(self, run_id: str, baseline_run: str | None = None) -> pd.DataFrame:
+        """One row per prompt of a bench run, its repeats pooled: prompt_index, prompt_id, category, repeats, accepted
+        and drafts (sums), output_tokens and seconds (sums), tokens_per_s, ttft and tpot (means over repeats),
+        output_hash (the smallest) and hashes (distinct output hashes over repeats), and same_as_baseline: whether
+        every repeat's output hash equals the `baseline_run`'s for the same prompt and repeat (NULL without baseline
+        rows). The run page's per-prompt table (backend/run_view.py); at most one row per prompt, never the per-step
+        rows."""
+        return self._df("""
+            SELECT p.prompt_index, p.prompt_id, p.category, count(*) AS repeats, sum(p.accepted) AS accepted,
+                   sum(p.drafts) AS drafts, sum(p.output_tokens) AS output_tokens, sum(p.seconds) AS seconds,
+                   avg(p.tokens_per_s) AS tokens_per_s, avg(p.ttft) AS ttft, avg(p.tpot) AS tpot,
+                   min(p.output_hash) AS output_hash, count(DISTINCT p.output_hash) AS hashes,
+                   bool_and(p.output_hash = b.output_hash) AS same_as_baseline
+            FROM bench_prompts p
+            LEFT JOIN bench_prompts b ON b.run_id = ? AND b.prompt_id = p.prompt_id AND b.repeat = p.repeat
+            WHERE p.run_id = ?
+            GROUP BY p.prompt_index, p.prompt_id, p.category ORDER BY p.prompt_index""", [baseline_run, run_id])
+
 
 class CatalogWriter:
     """The write side: brings the index up to date with the run directories. A run's own state changes reach it
@@ -723,68 +758,3 @@ class Catalog:
         self.path = paths(root).catalog
         self.read = CatalogReader(self.root)
         self.write = CatalogWriter(self.root)
-
-
-# ---------------------------------------------------------------------- TEMPORARY: module-level reads (to be removed)
-_ROOT_POS = {"list_runs": 2, "run_states": 1, "runs_overview": 0, "run_ids": 2, "get_run": 1, "run_manifests": 1,
-             "check_manifests": 0, "pinned_baselines": 0, "boundary_stats": 1, "bench_runs": 1, "bench_history": 0,
-             "bench_index": 0, "bench_prompts": 1, "bench_prompt_speeds": 1, "bench_steps": 1, "bench_histogram": 1,
-             "bench_categories": 1}
-
-
-def _legacy(name: str, pos: int):
-    def call(*args, root=None, **kw):
-        args = list(args)
-        if root is None and len(args) > pos:
-            root = args.pop(pos)
-        return getattr(Catalog(root).read, name)(*args, **kw)
-    return call
-
-
-for _n, _p in _ROOT_POS.items():
-    globals()[_n] = _legacy(_n, _p)
-
-
-def refresh(root: Path | None = None, full: bool = False) -> Path:
-    return Catalog(root).write.refresh(full)
-
-
-def snapshot(root: Path | None = None):
-    return Catalog(root).read.snapshot()
-
-
-def bench_prompt_timings(run_ids: list[str], root: Path | None = None) -> pd.DataFrame:
-    """Per repeat x prompt timings of the given bench runs: output tokens, seconds, tokens/s, TTFT, TPOT, accepted
-    draft tokens and drafts, with the prompt's category: what both throughput definitions, TTFT/TPOT, the
-    speedups and their bootstrap intervals are computed from (backend/metrics.py; the Compare page's Speed tab).
-    The prompt text and the output hash are left out."""
-    cols = ["run_id", "repeat", "prompt_index", "prompt_id", "category", "output_tokens", "seconds", "tokens_per_s",
-            "ttft", "tpot", "accepted", "drafts"]
-    if not run_ids:
-        return pd.DataFrame(columns=cols)
-    return CatalogReader(root)._df(f"""SELECT {', '.join(cols)} FROM bench_prompts WHERE list_contains(?, run_id)
-                                       ORDER BY run_id, repeat, prompt_index""", [_ids(run_ids)])
-
-
-def run_choices(root: Path | None = None) -> pd.DataFrame:
-    """run_id, kind and status of every run, newest first: what the run page's picker lists (no other columns, so
-    that it stays light on a 10,000-run catalog)."""
-    return CatalogReader(root)._df("SELECT run_id, kind, status FROM runs ORDER BY created DESC, run_id", [])
-
-
-def bench_prompt_table(run_id: str, baseline_run: str | None = None, root: Path | None = None) -> pd.DataFrame:
-    """One row per prompt of a bench run, its repeats pooled: prompt_index, prompt_id, category, repeats, accepted and
-    drafts (sums), output_tokens and seconds (sums), tokens_per_s, ttft and tpot (means over repeats), output_hash
-    (the smallest) and hashes (distinct output hashes over repeats), and same_as_baseline: whether every repeat's
-    output hash equals the `baseline_run`'s for the same prompt and repeat (NULL without baseline rows). The run
-    page's per-prompt table (backend/run_view.py); at most one row per prompt, never the per-step rows."""
-    return CatalogReader(root)._df("""
-        SELECT p.prompt_index, p.prompt_id, p.category, count(*) AS repeats, sum(p.accepted) AS accepted,
-               sum(p.drafts) AS drafts, sum(p.output_tokens) AS output_tokens, sum(p.seconds) AS seconds,
-               avg(p.tokens_per_s) AS tokens_per_s, avg(p.ttft) AS ttft, avg(p.tpot) AS tpot,
-               min(p.output_hash) AS output_hash, count(DISTINCT p.output_hash) AS hashes,
-               bool_and(p.output_hash = b.output_hash) AS same_as_baseline
-        FROM bench_prompts p
-        LEFT JOIN bench_prompts b ON b.run_id = ? AND b.prompt_id = p.prompt_id AND b.repeat = p.repeat
-        WHERE p.run_id = ?
-        GROUP BY p.prompt_index, p.prompt_id, p.category ORDER BY p.prompt_index""", [baseline_run, run_id])
