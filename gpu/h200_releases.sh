@@ -10,14 +10,18 @@ set -u
 sgl_sha=$1 vllm_sha=$2 secs=${3:-500}
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 install() {  # stage-dir sha256 target
+  [ -f "$3/.done" ] && return 0
   (cd "$1" && cat part* > b.tar && test "$(sha256sum b.tar | cut -d' ' -f1)" = "$2" && mkdir -p w && tar xf b.tar -C w \
     && rm b.tar && python3 -m pip install -q --no-index --no-deps --no-compile --target "$3" w/*.whl) \
-    && echo "installed $1 into $3" || echo "INSTALL FAILED: $1"
+    && touch "$3/.done" && echo "installed $1 into $3" || echo "INSTALL FAILED: $1"
 }
 t0=$(date +%s)
 install /tmp/stage_s "$sgl_sha" /tmp/site_sgl &
 install /tmp/stage_v "$vllm_sha" /tmp/site_vllm &
 wait
+for site in /tmp/site_sgl /tmp/site_vllm; do   # the project's own needs that the image lacks (.whl: duckdb)
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target $site .whl/*.whl
+done
 echo "install: $(( $(date +%s) - t0 )) s"
 R=/tmp/res && mkdir -p $R
 PYTHONPATH=/tmp/site_sgl python3 -c "import sglang, sgl_kernel, transformers, torch; print('sglang', sglang.__version__,

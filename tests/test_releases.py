@@ -1,6 +1,7 @@
 """Engine releases: the conventions table over vLLM 0.20..0.33 and SGLang 0.5.1..0.5.23 (derived from the wheels by
 tools/rederive_conventions.py), vLLM's runner choice per release, the H200 runs of vLLM 0.24.0 and 0.25.1, and
-`python -m backend feeds`. No wheel is downloaded here: docs/results/conventions_derived.json holds what the script
+`python -m backend feeds` (the SGLang 0.5.17 and vLLM 0.25.1 toy runs: tests/test_h200_records.py).
+No wheel is downloaded here: docs/results/conventions_derived.json holds what the script
 read from them, and the table is checked against it (the script itself re-reads the wheels)."""
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def test_table_covers_every_release_with_citations() -> None:
             assert c.seen
     seen = sorted({(c.producer, c.versions) for c in coords.conventions() if c.status == "seen"
                    and c.producer in ("vllm", "sglang")})
-    assert seen == [("sglang", ">=0.5.15,<0.5.16"), ("vllm", ">=0.24,<0.25"), ("vllm", ">=0.25,<0.26")]
+    assert seen == [("sglang", ">=0.5.15,<0.5.16"), ("sglang", ">=0.5.17,<0.5.18"), ("vllm", ">=0.24,<0.25"),
+                    ("vllm", ">=0.25,<0.26")]
 
 
 def test_table_agrees_with_what_the_wheels_say() -> None:

@@ -1,0 +1,131 @@
+"""What SGLang 0.5.17 and vLLM 0.25.1 fed on the H200 (2026-12-01, docs/results/sglang_0.5.17_h200.json and
+docs/results/vllm_toy_0.25.1_h200.json, read from the running engines) against what the conventions table predicts
+for those releases through `backend.feeds.matrix` (what `python -m backend feeds` prints). The drafter and target
+configs are rebuilt here the way the suites built them on the GPU; a table row that said otherwise fails here."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from backend import coords, feeds
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "docs" / "results"
+SGL = json.loads((RESULTS / "sglang_0.5.17_h200.json").read_text())
+VLLM = json.loads((RESULTS / "vllm_toy_0.25.1_h200.json").read_text())
+sys.path.insert(0, str(REPO / "gpu"))
+import runner_check  # noqa: E402  (the shrunken real targets and the drafter-config shrinking, as on the GPU)
+import sglang_suite  # noqa: E402
+
+
+def _row(m: dict, engine: str, release: str, runner: str | None) -> dict:
+    return next(r for r in m["rows"] if (r["engine"], r["release"], r["runner"]) == (engine, release, runner))
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> Path:
+    """The shipped toy pair's configs (no weights: feeds reads configs only)."""
+    d = tmp_path_factory.mktemp("toy")
+    with tarfile.open(REPO / "models" / "toy-pair.tar.gz") as tf:
+        for m in tf:
+            if m.name.endswith("config.json") and m.name.split("/")[0] in ("target", *sglang_suite.DRAFTERS):
+                tf.extract(m, d, filter="data")
+    return d
+
+
+def _real_case(tmp: Path, case: str) -> tuple[Path, Path, dict]:
+    tname, cfile, ids = sglang_suite.REAL_CASES[case]
+    tcfg = {**runner_check.TARGETS, **sglang_suite.REAL_TARGETS}[tname]
+    t, d = tmp / case / "target", tmp / case / "drafter"
+    t.mkdir(parents=True)
+    d.mkdir()
+    (t / "config.json").write_text(json.dumps(tcfg))
+    raw = json.loads((runner_check.CONFIGS / cfile).read_text())
+    raw.update(hidden_size=tcfg["hidden_size"], intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+               head_dim=64, vocab_size=tcfg["vocab_size"], draft_vocab_size=1024)
+    if ids is not None:
+        raw.pop("eagle_aux_hidden_state_layer_ids", None)
+        raw["eagle_config"] = {**(raw.get("eagle_config") or {}), "eagle_aux_hidden_state_layer_ids": ids,
+                               "use_aux_hidden_state": True}
+    (d / "config.json").write_text(json.dumps(raw))
+    return d, t, tcfg
+
+
+def test_the_records_are_the_releases_named() -> None:
+    assert SGL["env"]["sglang"] == "0.5.17" and SGL["env"]["gpu"] == "NVIDIA H200" and SGL["date"] == "2026-12-01"
+    assert VLLM["env"]["vllm"] == "0.25.1" and VLLM["env"]["gpu"] == "NVIDIA H200"
+    assert set(SGL["real"]) == set(sglang_suite.REAL_CASES)          # every real-config case ran once
+    assert all(c["release"] == "0.5.17" for c in SGL["real"].values())
+
+
+@pytest.mark.parametrize("case", sorted(sglang_suite.REAL_CASES))
+def test_sglang_0517_real_configs_match_the_table(case: str, tmp_path: Path, data_root) -> None:
+    rec = SGL["real"][case]
+    d, t, tcfg = _real_case(tmp_path, case)
+    assert rec["target_config"] == tcfg                                # the record is of this case
+    fed = [f"S_{i}" for i in sorted(set(rec["layers_to_capture"]))]
+    m = feeds.matrix(d, t, look_up_check=False)
+    assert _row(m, "sglang", "0.5.17", None)["feeds"] == fed, case
+
+
+def test_sglang_0517_toy_drafters_match_the_table(toy: Path, data_root) -> None:
+    ran = 0
+    for drafter in sglang_suite.DRAFTERS:
+        aux = SGL["toy"]["experiments"][f"bench/sglang/{drafter}"]["aux"]
+        fed = [f"S_{i}" for i in sorted(set(aux["engine_ids"]))]
+        m = feeds.matrix(toy / drafter, toy / "target", look_up_check=False)
+        assert _row(m, "sglang", "0.5.17", None)["feeds"] == fed, drafter
+        ran += 1
+    assert ran == 2
+
+
+def test_the_gpt_oss_record_tells_0517_from_0516(tmp_path: Path, data_root) -> None:
+    """The GPT-OSS case is one the releases disagree on: 0.5.16's table row (+1 always) cannot serve ids [1, 11, 24]
+    on 24 layers, 0.5.17's (no +1 when max(ids) == N) feeds S_1, S_11, S_24, which is what ran."""
+    d, t, _ = _real_case(tmp_path, "gptoss24_nested_1_11_24")
+    m = feeds.matrix(d, t, look_up_check=False)
+    assert _row(m, "sglang", "0.5.16", None)["feeds"] is None
+    assert _row(m, "sglang", "0.5.17", None)["feeds"] == ["S_1", "S_11", "S_24"] \
+        == [f"S_{i}" for i in SGL["real"]["gptoss24_nested_1_11_24"]["layers_to_capture"]]
+    # and the DeepSeek case with ids not starting at 1: no +1 from 0.5.13 on, +1 before
+    d, t, _ = _real_case(tmp_path, "deepseekv3_61_nested_3_30_58")
+    m = feeds.matrix(d, t, look_up_check=False)
+    assert _row(m, "sglang", "0.5.12", None)["feeds"] == ["S_4", "S_31", "S_59"]
+    assert _row(m, "sglang", "0.5.17", None)["feeds"] == ["S_3", "S_30", "S_58"]
+
+
+def test_vllm_0251_toy_drafters_match_the_table(toy: Path, tmp_path: Path, data_root) -> None:
+    run = VLLM["run"]
+    for step, drafter in (("bench_vllm_matched", "drafter-matched"), ("bench_vllm_after_layer", "drafter-after-layer")):
+        aux = run[step]["aux"]
+        m = feeds.matrix(toy / drafter, toy / "target", look_up_check=False)
+        row = _row(m, "vllm", "0.25.1", aux["runner"])
+        assert row["picked"] and aux["runner"] == "v2"                    # 0.25.1 picks V2 for the Llama toy
+        assert row["feeds"] == [f"S_{i}" for i in aux["engine_ids"]], step
+    nested = tmp_path / "drafter-nested-1-3-6"                          # as gpu/vllm_suite.py makes it
+    nested.mkdir()
+    cfg = json.loads((toy / "drafter-matched" / "config.json").read_text())
+    cfg.pop("eagle_aux_hidden_state_layer_ids", None)
+    cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 3, 6], "use_aux_hidden_state": True}
+    (nested / "config.json").write_text(json.dumps(cfg))
+    m = feeds.matrix(nested, toy / "target", look_up_check=False)
+    for step, runner in (("nested_v2", "v2"), ("nested_v1", "v1")):
+        aux = run[step]["aux"]
+        assert aux["runner"] == runner
+        assert _row(m, "vllm", "0.25.1", runner)["feeds"] == [f"S_{i}" for i in aux["engine_ids"]], step
+    assert run["nested_v2"]["aux"]["engine_ids"] != run["nested_v1"]["aux"]["engine_ids"]   # V2 ignored the nested ids
+
+
+def test_the_table_says_seen_for_what_ran_only() -> None:
+    rows = {(c.producer, c.versions, tuple(c.families)): c for c in coords.conventions()}
+    for fams in (("*",), ("deepseek_v2", "deepseek_v3", "kimi_k2"), ("gpt_oss",)):
+        c = rows[("sglang", ">=0.5.17,<0.5.18", fams)]
+        assert c.status == "seen" and "sglang_0.5.17_h200.json" in c.seen and "2026-12-01" in c.seen
+    assert rows[("sglang", ">=0.5.17,<0.5.18", ("glm4_moe_lite",))].status == "inferred"    # not run
+    assert rows[("sglang", ">=0.5.16,<0.5.17", ("*",))].status == "inferred"
+    assert "vllm_toy_0.25.1_h200.json" in rows[("vllm", ">=0.25,<0.26", ("*",))].seen
