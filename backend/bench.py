@@ -136,14 +136,12 @@ def _run_engine_bench(s: BenchSettings, name: str | None, root: Path | None, pro
     from backend.engines.serving import bind, predicted_aux
 
     mod = engine_module(s.engine)
-    if s.server_url is None:
-        mod.require()
+    installed = mod.require() if s.server_url is None else None      # a remote server says its release once up
     prompts = load_prompts(s.prompts, s.limit)
     info = target_info(s.target)
     seqs = _encode_all(info, prompts, s)
-    pred = (predicted_aux(s.drafter, info, s.engine, s.runner,
-                          {"tensor_parallel_size": s.tensor_parallel_size, **(s.engine_options or {})})
-            if s.drafter else None)
+    options = {"tensor_parallel_size": s.tensor_parallel_size, **(s.engine_options or {})}
+    pred = predicted_aux(s.drafter, info, s.engine, s.runner, options, installed) if s.drafter else None
 
     base = None
     if s.drafter:
@@ -170,6 +168,8 @@ def _run_engine_bench(s: BenchSettings, name: str | None, root: Path | None, pro
         lm = bind(info, eng, s.engine)
         spec = None
         if s.drafter:
+            if eng.version and eng.version != installed:     # predict for the release that runs, not a default
+                pred = predicted_aux(s.drafter, info, s.engine, s.runner, options, eng.version)
             live = eng.fed_boundaries(info.n_layers)
             aux = dict(pred["aux"], predicted=pred["aux"]["boundaries"], boundaries=live or pred["aux"]["boundaries"],
                        ids_from=f"{s.engine} engine (read from the running model)" if live else pred["aux"]["ids_from"],

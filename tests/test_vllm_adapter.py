@@ -240,3 +240,8 @@ def test_prediction_follows_the_runner(tmp_path):
     assert pp["boundaries"] == ["S_1", "S_3", "S_6"] and "pipeline parallelism" in pp["runner_reason"]
     assert predicted_aux(str(tmp_path), info, "vllm", "v2")["aux"]["boundaries"] == ["S_2", "S_4", "S_5"]
     assert predicted_aux(str(tmp_path), info, "vllm", "v1")["aux"]["boundaries"] == ["S_1", "S_3", "S_6"]
+    # the prediction is for the release that runs: vLLM 0.21 picks V1 on its own, whose V1 does not read eagle_config
+    # yet (from 0.22 on; docs/RELEASES.md), so the nested ids are ignored there too; 0.24 picks V2
+    old = predicted_aux(str(tmp_path), info, "vllm", None, None, "0.21.0")["aux"]
+    assert old["version"] == "0.21.0" and old["runner"] == "v1" and old["boundaries"] == ["S_2", "S_4", "S_5"]
+    assert predicted_aux(str(tmp_path), info, "vllm", None, None, "0.24.0")["aux"]["runner"] == "v2"

@@ -13,9 +13,10 @@ from backend.errors import SpecLensError
 
 
 def predicted_aux(drafter: str, info: SimpleNamespace, engine: str, runner: str | None = None,
-                  options: dict | None = None) -> dict:
-    """What SpecLens expects the engine to feed, from the drafter config and the conventions table; also the
-    one-line checks (hidden size, vocab) before any GPU time is spent."""
+                  options: dict | None = None, version: str | None = None) -> dict:
+    """What SpecLens expects the engine to feed, from the drafter config and the conventions table row of `version`
+    (the engine's release; default: the release SpecLens targets); also the one-line checks (hidden size, vocab)
+    before any GPU time is spent."""
     from backend.drafter.config import load_config
     from backend.drafter.aux import engine_feeds
 
@@ -27,7 +28,7 @@ def predicted_aux(drafter: str, info: SimpleNamespace, engine: str, runner: str 
                                 "use a drafter trained for this target")
     from backend.coords import DEFAULT_VERSIONS
 
-    version = DEFAULT_VERSIONS[engine]
+    version = version or DEFAULT_VERSIONS[engine]
     aux = engine_feeds(dcfg, info.n_layers, info.model_type, getattr(info.config, "architectures", None), engine,
                        version, runner, options)               # vLLM: the runner vLLM picks for this target
     return {"aux": aux, "format": dcfg.source_format, "draft_vocab_size": dcfg.draft_vocab_size}
