@@ -14,6 +14,12 @@ tools/rederive_conventions.py:
   0.27+ prefill context parallelism forces V2.
 - `all` (0.29+): every target runs V2 unless an unsupported feature is on (ROCm exceptions do not apply here).
 
+Conditions that force V2 (`forces_v2` of the row, `FORCED` here) and what `VLLM_USE_V2_MODEL_RUNNER=0` does to each
+(`forces_v2_env0`): prefill context parallelism (0.27, 0.28) is checked after the variable, so =0 still gives V1;
+HiSparse (`hisparse_config`, `attention_config.hisparse_config`) and watermarking (`watermark_config`) (0.30+) are
+checked before the variable and before the unsupported features: HiSparse with =0 makes vLLM raise (a SpecLensError
+here), watermarking overrides =0. In releases without those checks the two options change nothing.
+
 `UNSUPPORTED` maps each feature name a release's `_get_v2_model_runner_unsupported_features()` appends to a
 predicate over the engine options (vLLM's own argument names, as given to `LLM(...)` or `--engine-option`); a
 release lists which of them it checks. Seen on the H200 (REFERENCE section 9, docs/results/vllm_runner_check_*):
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Mapping
 
 from packaging.version import InvalidVersion, Version
@@ -118,6 +124,27 @@ UNSUPPORTED: dict[str, Callable[[Mapping[str, Any], str, Mapping[str, Any]], boo
 }
 
 
+def _given(v: Any) -> bool:
+    """An option value that sets a config (`{}` does: vLLM's defaults); None, "", "none", "null" do not."""
+    return v is not None and not (isinstance(v, str) and v.strip().lower() in ("", "none", "null"))
+
+
+def _hisparse(o: Mapping[str, Any]) -> bool:
+    """HiSparse on: `hisparse_config`, `attention_config.hisparse_config`, or an `attention_config` dict holding it
+    (vLLM reads `self.attention_config.hisparse_config`)."""
+    return (_given(_opt(o, "hisparse_config")) or _given(_opt(o, "attention_config.hisparse_config"))
+            or _given(_sub(o, "attention_config").get("hisparse_config")))
+
+
+# forces_v2 name in backend/conventions.yaml -> (predicate over the engine options, what turns it on, in words)
+FORCED: dict[str, tuple[Callable[[Mapping[str, Any]], bool], str]] = {
+    "prefill context parallelism": (lambda o: _int(_opt(o, "prefill_context_parallel_size")) > 1,
+                                    "prefill_context_parallel_size > 1"),
+    "HiSparse": (_hisparse, "hisparse_config"),
+    "watermarking": (lambda o: _given(_opt(o, "watermark_config")), "watermark_config"),
+}
+
+
 def _moe_by_name(architectures: list[str]) -> bool:
     names = " ".join(architectures).lower()
     return any(w in names for w in ("moe", "deepseek", "mixtral", "gptoss", "kimi", "qwen3next", "dbrx"))
@@ -188,24 +215,56 @@ def resolve(requested: str | None, architectures: list[str] | None, version: str
         raise SpecLensError(f"--runner {requested}: unknown; use auto (decide as vLLM does), v2 or v1")
     if requested != "auto":
         return RunnerChoice(requested, requested, f"--runner {requested} given", version)
+    choice = _auto(architectures, version, options, env, method, target_config)
+    rc, o = release_rule(version), options or {}
+    moot = [FORCED[n][1] for n in ("HiSparse", "watermarking")
+            if FORCED[n][0](o) and n not in (rc.get("forces_v2") or [])]
+    if moot:
+        return replace(choice, reason=f"{choice.reason} ({' and '.join(moot)} given: vLLM {version}'s "
+                                      f"use_v2_model_runner does not check it, so it does not force V2)")
+    return choice
+
+
+def _auto(architectures: list[str] | None, version: str, options: Mapping[str, Any] | None,
+          env: Mapping[str, str] | None, method: str, target_config: Mapping[str, Any] | None) -> RunnerChoice:
+    """resolve() for --runner auto."""
     rc = release_rule(version)
     env = os.environ if env is None else env
     flag = env.get(ENV)
     sel = rc.get("selection")
-    if flag is not None and flag.strip() != "":
-        v = flag.strip().lower()
+    o = options or {}
+    v = flag.strip().lower() if flag is not None and flag.strip() != "" else None
+    if v is not None:
         ok = ("1", "0") if sel == "env_only" else ("1", "0", "true", "false")
         if v not in ok:
             words = "1/0" if sel == "env_only" else "1/0 or true/false"
             raise SpecLensError(f"{ENV}={flag}: vLLM {version} reads {words}; fix the variable")
+    forced = [n for n in rc.get("forces_v2") or [] if n in FORCED]
+    env0 = rc.get("forces_v2_env0") or {}
+    where = "vllm/config/vllm.py: VllmConfig.use_v2_model_runner"
+    if forced:
+        from backend import coords
+        where = coords.convention_for("vllm", version, "*").decided_by.get("runner") or where
+    # checked before the variable is read (vLLM 0.30+: HiSparse, watermarking), in the release's order
+    for n in forced:
+        if env0.get(n) not in ("error", "overrides") or not FORCED[n][0](o):
+            continue
+        what = FORCED[n][1]
+        if v in ("0", "false"):
+            if env0[n] == "error":
+                raise SpecLensError(f"vLLM {version} refuses {n} with {ENV}={flag} ({where} raises '{n} requires Model "
+                                    f"Runner V2'); remove {ENV}=0 or drop {what}")
+            return RunnerChoice("v2", "auto", f"{what} is set: {n} forces V2 in vLLM {version} and overrides "
+                                              f"{ENV}={flag} ({where})", version)
+        return RunnerChoice("v2", "auto", f"{what} is set: {n} forces V2 in vLLM {version}, before {ENV} and the "
+                                          f"unsupported features are looked at ({where})", version)
+    if v is not None:
         runner = "v2" if v in ("1", "true") else "v1"
         return RunnerChoice(runner, "auto", f"{ENV}={flag} is set", version)
     if sel == "env_only":
         return RunnerChoice("v1", "auto", f"vLLM {version} runs V1 unless {ENV}=1 (no automatic choice before "
                                           f"0.22)", version)
-    o = options or {}
-    if "prefill context parallelism" in (rc.get("forces_v2") or []) and \
-            _int(_opt(o, "prefill_context_parallel_size")) > 1:
+    if "prefill context parallelism" in forced and FORCED["prefill context parallelism"][0](o):
         return RunnerChoice("v2", "auto", f"prefill context parallelism forces V2 in vLLM {version}", version)
     names = list(architectures or [])
     t = target_facts(target_config, names)

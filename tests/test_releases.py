@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from backend import coords, feeds, vllm_runner
 from backend.drafter.aux import drafter_aux_boundaries
@@ -228,3 +229,152 @@ def test_feeds_of_the_real_configs_over_every_release(tmp_path: Path, data_root)
         cut = lambda v: v.split("cannot serve")[0] + "cannot serve" if "cannot serve" in v else v  # noqa: E731 - paths
         assert {k: cut(v) for k, v in got.items()} == {k: cut(v) for k, v in rec["picked"].items()}, name
         assert m["changes"] == rec["changes"], name
+
+
+# ---------------------------------------------------------------------------------------- conditions that force V2
+
+FORCING = {  # the engine options that turn each forced condition on, every spelling resolve() accepts
+    "HiSparse": [{"hisparse_config": {}}, {"attention_config.hisparse_config": {"topk": 2048}},
+                 {"attention_config": {"hisparse_config": {}}}, {"attention_config": '{"hisparse_config": {}}'}],
+    "watermarking": [{"watermark_config": {}}],
+}
+V1_OPTIONS = {  # one engine option per V2-unsupported feature, to find a case a release runs on V1
+    "logprobs mode": {"logprobs_mode": "raw_logits"}, "custom logits processors": {"logits_processors": ["m:P"]},
+    "stock torch.compile": {"compilation_config": {"mode": 1}}, "prompt embeds": {"enable_prompt_embeds": True},
+    "pipeline parallelism with external_launcher": {"distributed_executor_backend": "external_launcher",
+                                                    "pipeline_parallel_size": 2},
+}
+
+
+def _rc(version: str) -> dict:
+    return coords.convention_for("vllm", version, "*").runner_choice
+
+
+def _releases(with_checks: bool) -> list[str]:
+    out = []
+    for v in coords.releases("vllm"):
+        rc = _rc(v)
+        has = set(FORCING) <= set(rc.get("forces_v2") or [])
+        if has == with_checks and (with_checks or rc.get("selection") != "env_only" or v == "0.21.0"):
+            out.append(v)
+    return out
+
+
+def _v1_case(version: str) -> tuple[dict, dict]:
+    """A target and engine options `version` runs on V1 (nothing forcing): DeepSeek-V3 where that release keeps it
+    on V1, else a V2-unsupported feature the release's row lists."""
+    for target in (DSV3, LLAMA):
+        for feat in [None, *(_rc(version).get("unsupported") or [])]:
+            if feat is not None and feat not in V1_OPTIONS:
+                continue
+            o = dict(V1_OPTIONS[feat]) if feat else {}
+            c = vllm_runner.resolve("auto", target["architectures"], version, o, {}, target_config=target)
+            if c.runner == "v1":
+                return target, o
+    raise AssertionError(f"vLLM {version}: no V1 case found among {sorted(V1_OPTIONS)}")
+
+
+def test_which_releases_force_v2_for_hisparse_and_watermarking() -> None:
+    """As read from each wheel's VllmConfig.use_v2_model_runner (0.30.0's: `if self.attention_config.hisparse_config
+    is not None:` raising with VLLM_USE_V2_MODEL_RUNNER=0, then `if getattr(self, "watermark_config", None) is not
+    None:` logging that it overrides =0, both before the variable is read)."""
+    with_checks = set(_releases(True))
+    assert with_checks and all(Version(v) >= Version("0.30") for v in with_checks)
+    for f in DERIVED["vllm"]:                              # every wheel read, patch releases included
+        rcf = f["runner_choice"]
+        has = [n for n in rcf.get("forces_v2") or [] if n in FORCING]
+        row_has = set(FORCING) <= set(_rc(f["version"]).get("forces_v2") or [])
+        assert (has == list(FORCING)) == row_has, f["version"]
+        if has:
+            assert rcf["forces_v2_env0"] == {"HiSparse": "error", "watermarking": "overrides"}, f["version"]
+        if "prefill context parallelism" in (rcf.get("forces_v2") or []):
+            assert rcf["forces_v2_env0"]["prefill context parallelism"] == "env_wins", f["version"]
+    note = rc.forced_note(DERIVED["vllm"])
+    assert "HiSparse" in note and "watermarking" in note and note in (REPO / "docs" / "RELEASES.md").read_text()
+
+
+@pytest.mark.parametrize("version", [_releases(True)[0], _releases(True)[-1]])
+def test_hisparse_and_watermarking_force_v2(version: str) -> None:
+    env0 = _rc(version)["forces_v2_env0"]
+    target, v1_opts = _v1_case(version)
+    archs = target["architectures"]
+    for name, spellings in FORCING.items():
+        for o in spellings:
+            c = vllm_runner.resolve("auto", archs, version, {**v1_opts, **o}, {}, target_config=target)
+            assert c.runner == "v2", (name, o, c.reason)
+            assert f"{name} forces V2 in vLLM {version}" in c.reason and "use_v2_model_runner" in c.reason
+            one = vllm_runner.resolve("auto", archs, version, {**v1_opts, **o}, {"VLLM_USE_V2_MODEL_RUNNER": "1"},
+                                      target_config=target)
+            assert one.runner == "v2"
+            zero = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+            if env0[name] == "error":
+                with pytest.raises(SpecLensError, match=f"vLLM {version} refuses {name}") as e:
+                    vllm_runner.resolve("auto", archs, version, {**v1_opts, **o}, zero, target_config=target)
+                msg = str(e.value)
+                assert "\n" not in msg and "remove VLLM_USE_V2_MODEL_RUNNER=0" in msg and "drop hisparse_config" in msg
+            else:
+                c0 = vllm_runner.resolve("auto", archs, version, {**v1_opts, **o}, zero, target_config=target)
+                assert c0.runner == "v2" and "overrides VLLM_USE_V2_MODEL_RUNNER=0" in c0.reason
+    # unset / null configs do not count; the variable alone still decides
+    assert vllm_runner.resolve("auto", archs, version, {**v1_opts, "watermark_config": None,
+                                                        "attention_config": {"hisparse_config": None}}, {},
+                               target_config=target).runner == "v1"
+    assert vllm_runner.resolve("auto", ["LlamaForCausalLM"], version, {}, {"VLLM_USE_V2_MODEL_RUNNER": "0"},
+                               target_config=LLAMA).runner == "v1"
+    # --runner given is taken as given (the user says what the engine runs)
+    assert vllm_runner.resolve("v1", archs, version, {"watermark_config": {}}, {}).runner == "v1"
+
+
+@pytest.mark.parametrize("version", [_releases(False)[-1], "0.25.1", "0.21.0"])
+def test_hisparse_and_watermarking_change_nothing_before_the_checks(version: str) -> None:
+    assert version in _releases(False)
+    target, v1_opts = _v1_case(version)
+    archs = target["architectures"]
+    for env in ({}, {"VLLM_USE_V2_MODEL_RUNNER": "0"}, {"VLLM_USE_V2_MODEL_RUNNER": "1"}):
+        base = vllm_runner.resolve("auto", archs, version, v1_opts, env, target_config=target)
+        for spellings in FORCING.values():
+            for o in spellings:
+                c = vllm_runner.resolve("auto", archs, version, {**v1_opts, **o}, env, target_config=target)
+                assert c.runner == base.runner, (version, o, env)
+                assert c.reason.startswith(base.reason) and "does not force V2" in c.reason
+    assert base.runner == "v2" and vllm_runner.resolve("auto", archs, version, v1_opts, {},
+                                                       target_config=target).runner == "v1"
+
+
+def test_forced_v2_parser_on_small_sources() -> None:
+    import ast
+
+    def parse(body: str):
+        return rc.forced_v2(ast.parse("class VllmConfig:\n    @property\n    def use_v2_model_runner(self):\n"
+                                      + "\n".join("        " + ln for ln in body.strip().splitlines())).body[0].body[0],
+                            "x")
+
+    after = '''
+u = envs.VLLM_USE_V2_MODEL_RUNNER
+if u is not None:
+    return u
+if self.parallel_config.prefill_context_parallel_size > 1:
+    return True
+return False
+'''
+    assert parse(after) == (["prefill context parallelism"], {"prefill context parallelism": "env_wins"})
+    before = '''
+if self.attention_config.hisparse_config is not None:
+    if envs.VLLM_USE_V2_MODEL_RUNNER is False:
+        raise ValueError("no")
+    return True
+if getattr(self, "watermark_config", None) is not None:
+    if envs.VLLM_USE_V2_MODEL_RUNNER is False:
+        logger.info_once("overrides")
+    return True
+u = envs.VLLM_USE_V2_MODEL_RUNNER
+if u is not None:
+    return u
+return True
+'''
+    assert parse(before) == (["HiSparse", "watermarking"], {"HiSparse": "error", "watermarking": "overrides"})
+    moved = before.replace("u = envs.VLLM_USE_V2_MODEL_RUNNER\nif u is not None:\n    return u\n", "")
+    moved = "u = envs.VLLM_USE_V2_MODEL_RUNNER\nif u is not None:\n    return u\n" + moved
+    assert parse(moved)[1] == {"HiSparse": "env_wins", "watermarking": "env_wins"}
+    with pytest.raises(rc.Drift, match="watermark"):
+        parse("if self.watermark_config:\n    return False\nreturn True")

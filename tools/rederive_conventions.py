@@ -14,7 +14,10 @@ few .py files read below are kept (under --cache, default ~/.cache/speclens/whee
 What is read, per vLLM release (the file and function each row cites):
 - runner choice: vllm/config/vllm.py `VllmConfig.use_v2_model_runner`, `_is_default_v2_model_runner_model`,
   `DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES`, `_get_v2_model_runner_unsupported_features` (the feature names it
-  appends), vllm/envs.py `VLLM_USE_V2_MODEL_RUNNER` (its default when unset);
+  appends), vllm/envs.py `VLLM_USE_V2_MODEL_RUNNER` (its default when unset); the conditions that force V2 in
+  `use_v2_model_runner` (`forces_v2`: prefill context parallelism 0.27-0.28, HiSparse and watermarking 0.30+) and
+  what VLLM_USE_V2_MODEL_RUNNER=0 does to each (`forces_v2_env0`: env_wins when checked after the variable, error
+  when checked before it and =0 raises, overrides when checked before it and V2 runs anyway);
 - where the aux ids are read: V1 vllm/v1/worker/gpu_model_runner.py `GPUModelRunner._get_eagle3_aux_layers_from_config`,
   V2 vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py `get_eagle3_aux_layers_from_config`;
 - the default: vllm/model_executor/models/interfaces.py `SupportsEagle3.get_eagle3_default_aux_hidden_state_layers`
@@ -205,6 +208,55 @@ def expr_in_n(src: str) -> list[str] | None:
 
 # ------------------------------------------------------------------------------------------- vLLM
 
+# `if <test>: ... return True` in VllmConfig.use_v2_model_runner -> the name the table's forces_v2 gives it (the
+# other forced cases, dspark / DFlash / diffusion targets, are not modelled: they do not concern an EAGLE-3 target)
+FORCED_V2 = (
+    (r"prefill_context_parallel_size > 1", "prefill context parallelism"),       # 0.27, 0.28 (after the env var)
+    (r"attention_config\.hisparse_config is not None", "HiSparse"),               # 0.30+ (before it; =0 -> error)
+    (r"\bwatermark_config\b.*is not None", "watermarking"),                       # 0.30+ (before it; overrides =0)
+)
+ENV_READ = "envs.VLLM_USE_V2_MODEL_RUNNER"
+
+
+def forced_v2(use: ast.AST | None, version: str) -> tuple[list[str], dict[str, str]]:
+    """The conditions that force V2 in `use_v2_model_runner`, in code order, and what VLLM_USE_V2_MODEL_RUNNER=0
+    does to each: `env_wins` (checked after the variable is read: =0 gives V1), `error` (checked before it, and
+    =0 raises), `overrides` (checked before it, V2 whatever the variable says)."""
+    if use is None:
+        return [], {}
+    fn = ast.parse(text(use)).body[0]
+    env_read, forced, env0 = False, [], {}
+    for st in fn.body:
+        test = ast.unparse(st.test) if isinstance(st, ast.If) else ""
+        name = next((n for pat, n in FORCED_V2 if re.search(pat, test)), None)
+        if name is None:
+            if ENV_READ in ast.unparse(st):
+                env_read = True
+            continue
+        last = st.body[-1]
+        if not (isinstance(last, ast.Return) and isinstance(last.value, ast.Constant) and last.value.value is True):
+            raise Drift(f"vLLM {version}: vllm/config/vllm.py VllmConfig.use_v2_model_runner checks {name} "
+                        f"(`if {test}:`) without returning True at its end; read it and extend forced_v2")
+        forced.append(name)
+        if env_read:
+            env0[name] = "env_wins"
+            continue
+        veto = [n for b in st.body[:-1] for n in ast.walk(b)
+                if isinstance(n, ast.If) and ENV_READ in ast.unparse(n.test)]
+        if any(re.search(rf"{re.escape(ENV_READ)} (is False|== False)|not {re.escape(ENV_READ)}", ast.unparse(n.test))
+               is None for n in veto):
+            raise Drift(f"vLLM {version}: VllmConfig.use_v2_model_runner reads {ENV_READ} inside its {name} check "
+                        f"in a way this script cannot parse; read it")
+        raises = any(isinstance(x, ast.Raise) for n in veto for x in ast.walk(n))
+        env0[name] = "error" if raises else "overrides"
+    us = text(use)
+    for word, name in (("hisparse", "HiSparse"), ("watermark", "watermarking"),
+                       ("prefill_context_parallel", "prefill context parallelism")):
+        if word in us and name not in forced:
+            raise Drift(f"vLLM {version}: VllmConfig.use_v2_model_runner mentions {word} outside a check this "
+                        f"script parses; read it and extend forced_v2")
+    return forced, env0
+
 def derive_vllm(root: Path, version: str) -> dict:
     f = {k: root / v for k, v in VLLM_FILES.items()}
     use = find(f["config"], "VllmConfig.use_v2_model_runner")
@@ -259,10 +311,10 @@ def derive_vllm(root: Path, version: str) -> dict:
             rc["v2_architectures"] = archs
             rc["hybrid_v1"] = "is_hybrid" in s
             cite("runner_default_model", cfg, "VllmConfig._is_default_v2_model_runner_model", isdef)
-        forced = []
-        if "prefill_context_parallel_size > 1" in us:
-            forced.append("prefill context parallelism")
+        forced, env0 = forced_v2(use, version)
         rc["forces_v2"] = forced
+        if env0:
+            rc["forces_v2_env0"] = env0
         rc["unsupported"] = appended_features(unsup)
         cite("runner", cfg, "VllmConfig.use_v2_model_runner", use)
         cite("runner_unsupported", cfg, "VllmConfig._get_v2_model_runner_unsupported_features", unsup)
@@ -536,6 +588,45 @@ RULE_WORDS = {"input": "S_a", "after": "S_{a+1}", "after_if_first_1": "S_{a+1} i
               "input_if_max_n": "S_a if max(ids)==N else S_{a+1}", "unsupported": "no EAGLE-3 capture"}
 
 
+ENV0_WORDS = {"error": " (VLLM_USE_V2_MODEL_RUNNER=0: ValueError)",
+              "overrides": " (even with VLLM_USE_V2_MODEL_RUNNER=0)"}
+FORCED_WHAT = {"prefill context parallelism": "prefill_context_parallel_size > 1",
+               "HiSparse": "attention_config.hisparse_config", "watermarking": "watermark_config"}
+
+
+def _spans(versions: list[str], all_versions: list[str]) -> str:
+    """['0.30.0', '0.31.0', ...] -> '0.30.0-0.33.0' (runs of consecutive releases in all_versions)."""
+    out, run = [], []
+    for v in all_versions:
+        if v in versions:
+            run.append(v)
+        elif run:
+            out.append(run)
+            run = []
+    if run:
+        out.append(run)
+    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in out)
+
+
+def forced_note(vllm_facts: list[dict]) -> str:
+    """One sentence on the conditions that force V2 and what VLLM_USE_V2_MODEL_RUNNER=0 does to each."""
+    allv = [f["version"] for f in vllm_facts]
+    by: dict[tuple[str, str], list[str]] = {}
+    for f in vllm_facts:
+        rc = f["runner_choice"]
+        for n in rc.get("forces_v2") or []:
+            by.setdefault((n, (rc.get("forces_v2_env0") or {}).get(n, "env_wins")), []).append(f["version"])
+    if not by:
+        return ""
+    words = {"env_wins": "checked after VLLM_USE_V2_MODEL_RUNNER, so =0 still gives V1",
+             "error": "checked before VLLM_USE_V2_MODEL_RUNNER and the unsupported features; =0 makes vLLM raise "
+                      "ValueError",
+             "overrides": "checked before VLLM_USE_V2_MODEL_RUNNER and the unsupported features; V2 even with =0"}
+    parts = [f"{n} (`{FORCED_WHAT.get(n, n)}`) in {_spans(vs, allv)}: {words[w]}" for (n, w), vs in by.items()]
+    return ("Conditions that force V2 (`forces_v2` in the rows, `forces_v2_env0` what VLLM_USE_V2_MODEL_RUNNER=0 "
+            "does; modelled by backend/vllm_runner.py `resolve`): " + "; ".join(parts) + ".")
+
+
 H200_RUNS = [  # what the newest releases fed on the lent H200 (the rows' `seen`); the records hold every case
     "## Seen on the H200 (2026-12-01, one NVIDIA H200, torch 2.11.0+cu130; ids read from the running engine)", "",
     "| release | what ran | fed | command | record |", "|---|---|---|---|---|",
@@ -567,11 +658,14 @@ def markdown(facts: dict) -> str:
            "## vLLM (default ids (2, N//2, N-3); id a = S_a, the input of layer a, in every release)", "",
            "An automatic V2 choice falls back to V1 when `_get_v2_model_runner_unsupported_features()` finds one "
            "of the features that release lists (its row in backend/conventions.yaml names them).", "",
+           *([forced_note(facts.get("vllm", [])), ""] if forced_note(facts.get("vllm", [])) else []),
            "| release | runner choice (VllmConfig.use_v2_model_runner) | V2 architectures listed | V1 reads ids from | "
            "V2 reads ids from |", "|---|---|---|---|---|"]
     for f in facts.get("vllm", []):
         rc = f["runner_choice"]
-        forced = f"; {', '.join(rc.get('forces_v2') or [])} forces V2" if rc.get("forces_v2") else ""
+        env0 = rc.get("forces_v2_env0") or {}
+        forced = "".join(f"{'; ' if i == 0 else ', '}{n} forces V2{ENV0_WORDS.get(env0.get(n), '')}"
+                         for i, n in enumerate(rc.get("forces_v2") or []))
         out.append(f"| {f['version']} | {SELECTION_WORDS.get(rc['selection'], rc['selection'])}{forced} | "
                    f"{', '.join(rc.get('v2_architectures') or []) or '-'} | {IDS_WORDS[f['ids_from']['v1']]} | "
                    f"{IDS_WORDS[f['ids_from']['v2']]} |")
