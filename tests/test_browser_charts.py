@@ -103,6 +103,7 @@ def heatmap(page) -> dict:
 def table_cells(page, i: int) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the i-th st.dataframe, from the grid's accessible table."""
     grid = page.locator('[data-testid="stDataFrame"]').nth(i)
+    grid.locator("thead th").first.wait_for(state="attached", timeout=30_000)    # the grid fills in after it mounts
     head = grid.locator("thead th").all_text_contents()
     cells = grid.locator("tbody td").all_text_contents()
     return head, [cells[k:k + len(head)] for k in range(0, len(cells), len(head))]

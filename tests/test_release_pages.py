@@ -80,7 +80,7 @@ def test_feeds_page_from_a_check(rel: Path) -> None:
     sg = table[(table["engine"] == "sglang") & (table["release"] == "0.5.15")].iloc[0]
     assert sg["feeds"] == "S_2, S_4, S_5" and sg["trained"] == "differs" and sg["status"] == "seen"   # no ids: default
     assert at.query_params["check"] == "chk-after"
-    assert len(at.get("download_button")) == 4
+    assert len(at.get("download_button")) == 5           # PNG, SVG, HTML, CSV and the view's report zip
 
 
 def test_feeds_page_by_url_and_refusals(rel: Path) -> None:
