@@ -151,7 +151,10 @@ VIEWS = [("runs", "pages/runs.py", {}),
          ("runs?kind=bench&tag=nightly", "pages/runs.py", {"kind": "bench", "tag": "nightly"}),
          ("compare", "pages/compare.py", {}),
          ("compare?runs=3&baseline=pinned", "pages/compare.py",
-          {"runs": "bench-00001-d07,bench-00002-d14,bench-00011-d17", "baseline": "pinned"})]
+          {"runs": "bench-00001-d07,bench-00002-d14,bench-00011-d17", "baseline": "pinned"}),
+         ("compare?runs=3&view=Speed", "pages/compare.py",
+          {"runs": "bench-00001-d07,bench-00002-d14,bench-00011-d17", "view": "Speed"}),
+         ("run?id=bench-00002-d14", "pages/run.py", {"id": "bench-00002-d14"})]
 
 _APPTEST = r"""
 import json, resource, sys, time
@@ -341,7 +344,7 @@ def browser_views(root: Path, shots: Path | None, repeats: int = 3) -> dict:
                 for name, _, params in VIEWS:
                     query = "&".join(f"{k}={v}" for k, v in params.items())
                     path = "/" + name.split("?")[0] + (f"?{query}" if query else "")
-                    sel = TABLE if name.startswith("runs") else CHART
+                    sel = TABLE if name.startswith("run") else CHART        # Runs, a run page: their table
                     shot = (shots / f"bench-{list(res).index(name) + 1}-{name.split('?')[0]}.png"
                             if shots and rep == 0 else None)
                     first, done, exc = time_view(browser, url + path, sel, shot=shot)     # cold cache
@@ -351,7 +354,7 @@ def browser_views(root: Path, shots: Path | None, repeats: int = 3) -> dict:
             for name, r in res.items():
                 firsts = r["first_paint_s"]
                 out[name] = {**r, "median_s": sorted(firsts)[len(firsts) // 2],
-                             "painted": "runs table" if name.startswith("runs") else "chart"}
+                             "painted": "table" if name.startswith("run") else "chart"}
             browser.close()
         out["server_peak_rss_mb"] = _peak_rss_mb(proc.pid)
     finally:
