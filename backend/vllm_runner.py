@@ -115,6 +115,10 @@ UNSUPPORTED: dict[str, Callable[[Mapping[str, Any], str, Mapping[str, Any]], boo
     "hybrid/mamba models with align cache mode": lambda o, m, t: bool(t.get("is_hybrid"))
     and _opt(o, "mamba_cache_mode") == "align",
     "mamba cache mode": lambda o, m, t: _opt(o, "mamba_cache_mode") == "all",
+    "mamba cache mode 'all'": lambda o, m, t: _opt(o, "mamba_cache_mode") == "all",          # 0.30+ wording
+    "reasoning budget enforcement": lambda o, m, t: _given(_opt(o, "reasoning_config")),      # 0.22.x
+    "heterogeneous-vocabulary draft models":                                                # 0.32+
+        lambda o, m, t: _true(_sub(o, "speculative_config").get("use_heterogeneous_vocab")),
     "adaptive verification with LoRA": lambda o, m, t: _true(_sub(o, "speculative_config").get(
         "enable_adaptive_verification")) and _true(_opt(o, "enable_lora")),
     "adaptive verification with enforce_eager/cudagraph_mode=none": lambda o, m, t: _true(_sub(o, "speculative_config")

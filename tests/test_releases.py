@@ -378,3 +378,37 @@ return True
     assert parse(moved)[1] == {"HiSparse": "env_wins", "watermarking": "env_wins"}
     with pytest.raises(rc.Drift, match="watermark"):
         parse("if self.watermark_config:\n    return False\nreturn True")
+
+
+def test_every_unsupported_feature_the_table_names_has_a_predicate() -> None:
+    """A feature a release's `_get_v2_model_runner_unsupported_features()` appends (as the wheels word it) that
+    `vllm_runner.UNSUPPORTED` does not know would be skipped silently, and its V1 fallback never predicted."""
+    import yaml
+
+    from backend.vllm_runner import UNSUPPORTED
+
+    names: set[str] = set()
+
+    def walk(x) -> None:
+        if isinstance(x, dict):
+            for k, v in x.items():
+                if k == "unsupported" and isinstance(v, list):
+                    names.update(v)
+                else:
+                    walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(yaml.safe_load((Path(__file__).resolve().parents[1] / "backend" / "conventions.yaml").read_text()))
+    assert names and sorted(n for n in names if n not in UNSUPPORTED) == []
+
+
+def test_newer_feature_wordings_send_a_target_to_v1() -> None:
+    from backend.vllm_runner import resolve
+
+    llama = ["LlamaForCausalLM"]
+    assert resolve("auto", llama, "0.30.0", env={}).runner == "v2"
+    assert resolve("auto", llama, "0.30.0", {"mamba_cache_mode": "all"}, env={}).runner == "v1"
+    assert resolve("auto", llama, "0.32.0", {"speculative_config": {"use_heterogeneous_vocab": True}},
+                   env={}).runner == "v1"
