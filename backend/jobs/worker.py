@@ -20,14 +20,13 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
 from backend.config import REPO_ROOT, data_root
 from backend.errors import SpecLensError
 from backend.jobs import queue as q
-from backend.runs.lifecycle import Run
+from backend.runs.lifecycle import Run, tagged_runs
 from backend.store.rundir import COMPLETE, RunDir, _pid_alive, now
 
 CANCEL_GRACE_S = 30.0
@@ -45,20 +44,9 @@ def run_status(run_name: str, root: Path) -> dict | None:
     return q.read(root / "runs" / run_name / "manifest.json")
 
 
-@contextmanager
 def _tag_runs(job: dict):
-    """Runs created while this job runs carry `job: {id, sweep}` in their manifest (dashboard, tests)."""
-    orig = RunDir.__dict__["create"].__func__
-    tag = {"id": job["job_id"], "sweep": job.get("sweep"), "kind": job.get("kind")}
-
-    def create(cls, run_id, manifest, root=None):
-        return orig(cls, run_id, {**manifest, "job": tag}, root)
-
-    RunDir.create = classmethod(create)
-    try:
-        yield
-    finally:
-        RunDir.create = classmethod(orig)
+    """Runs created while this job runs carry `job: {id, sweep, kind}` in their manifest (dashboard, tests)."""
+    return tagged_runs({"id": job["job_id"], "sweep": job.get("sweep"), "kind": job.get("kind")})
 
 
 def execute(job: dict, root: Path | str) -> dict:

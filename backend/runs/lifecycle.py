@@ -26,7 +26,9 @@ import shutil
 import socket
 import time
 from pathlib import Path
-from typing import Any, Callable
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator
 
 from pydantic import ValidationError
 
@@ -37,6 +39,17 @@ from backend.store.catalog import Catalog
 from backend.store.rundir import COMPLETE, FAILED, RUNNING, RunDir, now
 
 PROGRESS_REINDEX_S = 10.0
+_JOB: ContextVar[dict | None] = ContextVar("run_job_tag", default=None)
+
+
+@contextmanager
+def tagged_runs(job: dict) -> Iterator[None]:
+    """Runs created inside this block (this thread/context) record `job` in their manifest (the job worker)."""
+    token = _JOB.set(job)
+    try:
+        yield
+    finally:
+        _JOB.reset(token)
 
 
 def one_line(e: BaseException) -> str:
@@ -66,7 +79,10 @@ class Run:
                 where = ".".join(str(p) for p in err["loc"])
                 raise SpecLensError(f"run '{run_id}': manifest field '{where}': {err['msg']}; "
                                     f"this is a SpecLens bug, report it with the command you ran") from None
-        run = cls(RunDir.create(run_id, manifest.to_json(), root), root)
+        fields = manifest.to_json()
+        if _JOB.get() is not None:
+            fields["job"] = _JOB.get()
+        run = cls(RunDir.create(run_id, fields, root), root)
         run._changed()
         return run
 
