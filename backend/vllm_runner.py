@@ -229,6 +229,23 @@ def resolve(requested: str | None, architectures: list[str] | None, version: str
     return choice
 
 
+def env_value(flag: str | None, rc: Mapping[str, Any], version: str) -> str | None:
+    """VLLM_USE_V2_MODEL_RUNNER as release `version` reads it (`env_values` of its row, derived from vllm/envs.py):
+    "1" (V2), "0" (V1) or None (unset); a value that release would refuse raises a one-line SpecLensError."""
+    if flag is None:
+        return None
+    how = rc.get("env_values")
+    if how != "integer":
+        raise SpecLensError(f"vLLM {version}: how it parses {ENV} ('{how}' in backend/conventions.yaml) is not known "
+                            f"to backend/vllm_runner.py; unset {ENV} or re-derive the row")
+    try:
+        return "1" if int(flag) else "0"                     # vllm/envs.py: bool(int(value)), as vLLM reads it
+    except ValueError:
+        raise SpecLensError(f"{ENV}={flag!r}: vLLM {version} reads it as bool(int(value)) (vllm/envs.py) and would "
+                            f"raise ValueError (SpecLens used to take 1/0 or true/false); set {ENV}=1 for V2 or "
+                            f"{ENV}=0 for V1, or unset it") from None
+
+
 def _auto(architectures: list[str] | None, version: str, options: Mapping[str, Any] | None,
           env: Mapping[str, str] | None, method: str, target_config: Mapping[str, Any] | None) -> RunnerChoice:
     """resolve() for --runner auto."""
@@ -237,12 +254,7 @@ def _auto(architectures: list[str] | None, version: str, options: Mapping[str, A
     flag = env.get(ENV)
     sel = rc.get("selection")
     o = options or {}
-    v = flag.strip().lower() if flag is not None and flag.strip() != "" else None
-    if v is not None:
-        ok = ("1", "0") if sel == "env_only" else ("1", "0", "true", "false")
-        if v not in ok:
-            words = "1/0" if sel == "env_only" else "1/0 or true/false"
-            raise SpecLensError(f"{ENV}={flag}: vLLM {version} reads {words}; fix the variable")
+    v = env_value(flag, rc, version)
     forced = [n for n in rc.get("forces_v2") or [] if n in FORCED]
     env0 = rc.get("forces_v2_env0") or {}
     where = "vllm/config/vllm.py: VllmConfig.use_v2_model_runner"
@@ -254,7 +266,7 @@ def _auto(architectures: list[str] | None, version: str, options: Mapping[str, A
         if env0.get(n) not in ("error", "overrides") or not FORCED[n][0](o):
             continue
         what = FORCED[n][1]
-        if v in ("0", "false"):
+        if v == "0":
             if env0[n] == "error":
                 raise SpecLensError(f"vLLM {version} refuses {n} with {ENV}={flag} ({where} raises '{n} requires Model "
                                     f"Runner V2'); remove {ENV}=0 or drop {what}")
@@ -263,7 +275,7 @@ def _auto(architectures: list[str] | None, version: str, options: Mapping[str, A
         return RunnerChoice("v2", "auto", f"{what} is set: {n} forces V2 in vLLM {version}, before {ENV} and the "
                                           f"unsupported features are looked at ({where})", version)
     if v is not None:
-        runner = "v2" if v in ("1", "true") else "v1"
+        runner = "v2" if v == "1" else "v1"
         return RunnerChoice(runner, "auto", f"{ENV}={flag} is set", version)
     if sel == "env_only":
         return RunnerChoice("v1", "auto", f"vLLM {version} runs V1 unless {ENV}=1 (no automatic choice before "

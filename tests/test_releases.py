@@ -412,3 +412,103 @@ def test_newer_feature_wordings_send_a_target_to_v1() -> None:
     assert resolve("auto", llama, "0.30.0", {"mamba_cache_mode": "all"}, env={}).runner == "v1"
     assert resolve("auto", llama, "0.32.0", {"speculative_config": {"use_heterogeneous_vocab": True}},
                    env={}).runner == "v1"
+
+
+# ---------------------------------------------------------------------------------------- families per file, env values
+
+
+def test_entryclass_and_inheritance_on_a_small_source_tree(tmp_path: Path) -> None:
+    m = tmp_path / "sglang/srt/models"
+    m.mkdir(parents=True)
+    (m / "llama.py").write_text('''
+class LlamaForCausalLM(nn.Module):
+    def set_eagle3_layers_to_capture(self, layer_ids=None):
+        self.model.layers_to_capture = [val + 1 for val in layer_ids]
+class Phi3ForCausalLM(LlamaForCausalLM):
+    pass
+EntryClass = [LlamaForCausalLM, Phi3ForCausalLM]
+''')
+    (m / "mistral.py").write_text('''from sglang.srt.models.llama import LlamaForCausalLM
+class MistralForCausalLM(LlamaForCausalLM):
+    pass
+EntryClass = MistralForCausalLM
+''')
+    (m / "qwen2.py").write_text('''from sglang.srt.models.llama import LlamaForCausalLM as L
+class Mixin:
+    def set_eagle3_layers_to_capture(self, layer_ids=None):
+        self.model.layers_to_capture = list(layer_ids)
+class Qwen2ForCausalLM(Mixin, L):
+    pass
+class Plain(nn.Module):
+    pass
+EntryClass = [Qwen2ForCausalLM, Plain]
+''')
+    got = rc.sglang_architectures(tmp_path)
+    assert got["MistralForCausalLM"]["capture"] == {"file": "llama.py", "class": "LlamaForCausalLM"}
+    assert got["Phi3ForCausalLM"]["capture"]["class"] == "LlamaForCausalLM"
+    assert got["Qwen2ForCausalLM"]["capture"] == {"file": "qwen2.py", "class": "Mixin"}     # method order: Mixin first
+    assert got["Plain"]["capture"] is None and got["Plain"]["entry"] == "qwen2.py"
+
+
+def test_sglang_families_are_checked_against_the_wheel() -> None:
+    import copy
+
+    facts = copy.deepcopy(DERIVED["sglang"])
+    last = facts[-1]
+    last["architectures"]["DeepseekV3ForCausalLM"]["capture"] = "llama.py: LlamaForCausalLM"
+    with pytest.raises(rc.Drift, match="DeepseekV3ForCausalLM .model_type deepseek_v3. takes"):
+        rc.sglang_rows([last])
+    # SGLang 0.5.1 registers Qwen2ForCausalLM without a capture: a row of its own, and coords finds it
+    first = rc.sglang_rows(DERIVED["sglang"][:1])
+    assert [r["families"] for r in first if r["rule"] == "unsupported" and r["families"] == ["qwen2"]]
+    assert coords.convention_for("sglang", "0.5.1", "qwen2").rule == "unsupported"
+    assert coords.convention_for("sglang", "0.5.2", "qwen2").rule == "after"
+    # 0.5.8+: Glm4MoeLiteForCausalLM inherits DeepseekV2ForCausalLM's capture
+    assert coords.convention_for("sglang", "0.5.8", "glm4_moe_lite").rule == \
+        coords.convention_for("sglang", "0.5.8", "deepseek_v3").rule
+
+
+def test_vllm_deepseek_architectures_from_inheritance(tmp_path: Path) -> None:
+    p = tmp_path / "deepseek_v2.py"
+    p.write_text('''
+class DeepseekV2ForCausalLM(nn.Module):
+    def get_eagle3_aux_hidden_state_layers(self):
+        return (2, 3)
+class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
+    pass
+class Own(DeepseekV2ForCausalLM):
+    def get_eagle3_aux_hidden_state_layers(self):
+        return (1,)
+''')
+    assert rc.deepseek_architectures(p) == ["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"]
+    for f in DERIVED["vllm"]:
+        assert {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"} <= set(f["deepseek_architectures"])
+
+
+def test_env_values_per_release_drive_resolve() -> None:
+    for v in ("0.20.0", "0.29.0", "0.30.0", "0.33.0"):
+        assert coords.convention_for("vllm", v, "*").runner_choice["env_values"] == "integer"
+    archs = ["LlamaForCausalLM"]
+    for v in ("0.29.0", "0.30.0"):
+        assert vllm_runner.resolve("auto", archs, v, {}, {"VLLM_USE_V2_MODEL_RUNNER": "0"}).runner == "v1"
+        assert vllm_runner.resolve("auto", archs, v, {}, {"VLLM_USE_V2_MODEL_RUNNER": " 2 "}).runner == "v2"
+        for bad in ("true", "false", ""):
+            with pytest.raises(SpecLensError) as e:
+                vllm_runner.resolve("auto", archs, v, {}, {"VLLM_USE_V2_MODEL_RUNNER": bad})
+            assert "\n" not in str(e.value) and f"vLLM {v}" in str(e.value) and "=1 for V2" in str(e.value)
+
+
+def test_env_values_parser(tmp_path: Path) -> None:
+    p = tmp_path / "envs.py"
+    p.write_text('''
+def maybe_convert_bool(value):
+    if value is None:
+        return None
+    return bool(int(value))
+environment_variables = {"VLLM_USE_V2_MODEL_RUNNER": lambda: maybe_convert_bool(
+    os.getenv("VLLM_USE_V2_MODEL_RUNNER", None))}
+''')
+    assert rc.env_values(p, "x")[0] == "integer"
+    p.write_text(p.read_text().replace("return bool(int(value))", "return value.lower() in ('1', 'true')"))
+    with pytest.raises(rc.Drift):
+        rc.env_values(p, "x")

@@ -71,13 +71,27 @@ VLLM_FILES = {
 }
 SGLANG_MODEL_FILES = {"llama": "llama.py", "qwen3": "qwen3.py", "qwen3_moe": "qwen3_moe.py", "qwen2": "qwen2.py",
                       "deepseek_v2": "deepseek_v2.py", "glm4_moe_lite": "glm4_moe_lite.py", "gpt_oss": "gpt_oss.py"}
-# table family groups of SGLang rows -> the model file that decides them (the catch-all also checks the qwen files)
+# table family groups of SGLang rows -> the model file that decides them (the catch-all also checks the qwen files).
+# The family lists are checked per release against the wheel: each family's architecture (MODEL_TYPE_ARCH) must take
+# its set_eagle3_layers_to_capture (EntryClass, then the class's method order) from the group's files, or have none
+# where the group's rule is unsupported; the rows carry the architectures each group's files serve (`architectures`)
 SGLANG_GROUPS = (
     (("deepseek_v2", "deepseek_v3", "kimi_k2"), "deepseek_v2"),
     (("glm4_moe_lite",), "glm4_moe_lite"),
     (("gpt_oss",), "gpt_oss"),
     (("*",), "llama"),
 )
+# the families of the vLLM DeepSeek rows: checked against the classes of deepseek_v2.py that run the DeepSeek default
+VLLM_DEEPSEEK_FAMILIES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
+SGLANG_CATCH_ALL_FILES = ("llama", "qwen3", "qwen3_moe", "qwen2")
+# HF config model_type (the table's family names, backend/coords.py family_of) -> the architecture its configs name
+# (transformers' mapping, not engine code; Kimi-K2 ships DeepseekV3ForCausalLM): the one hand-set link between a
+# family and a wheel's EntryClass / class names
+MODEL_TYPE_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                   "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                   "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+                   "kimi_k2": "DeepseekV3ForCausalLM", "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
+                   "gpt_oss": "GptOssForCausalLM"}
 VALID = {  # the ids a rule can take, as the table states them (read in the model code, not run at the edges)
     ("vllm", "input", "*"): [0, "N"], ("vllm", "input", "deepseek"): [1, "N-1"],
     ("sglang", "after"): [-1, "N-2"], ("sglang", "after_if_first_1"): [-1, "N-1"],
@@ -100,15 +114,24 @@ def _wanted(engine: str, name: str) -> bool:
         return False
     if engine == "vllm":
         return name in VLLM_FILES.values()
+    # every model file: which architectures (EntryClass) take which set_eagle3_layers_to_capture
     return (name.startswith("sglang/srt/model_executor/") or name == "sglang/srt/server_args.py"
-            or name in {f"sglang/srt/models/{f}" for f in SGLANG_MODEL_FILES.values()})
+            or name.startswith("sglang/srt/models/"))
+
+
+# what an extracted cache holds; a cache without this mark (older extraction: SGLang's seven rule files only) is
+# re-extracted from the same wheel (its sha256 must not change)
+CACHE_MARK = {"vllm": "1", "sglang": "2: sglang/srt/models/**"}
 
 
 def sources(engine: str, version: str, cache: Path, pip: str = sys.executable) -> Path:
     """The directory holding the release's files read here, downloading the wheel once."""
     dest = cache / f"{engine}-{version}"
-    if (dest / "WHEEL_SHA256").exists():
+    mark = dest / "EXTRACTED"
+    if (dest / "WHEEL_SHA256").exists() and (
+            engine == "vllm" or (mark.exists() and mark.read_text().strip() == CACHE_MARK[engine])):
         return dest
+    before = (dest / "WHEEL_SHA256").read_text().strip() if (dest / "WHEEL_SHA256").exists() else None
     with tempfile.TemporaryDirectory(prefix=f"wheel-{engine}-") as tmp:
         cmd = [pip, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", f"{engine}=={version}", "-d", tmp,
                "-q"]
@@ -125,6 +148,11 @@ def sources(engine: str, version: str, cache: Path, pip: str = sys.executable) -
         h = hashlib.sha256(wheels[0].read_bytes()).hexdigest()
         (part / "WHEEL_SHA256").write_text(h + "\n")
         (part / "WHEEL_NAME").write_text(wheels[0].name + "\n")
+        (part / "EXTRACTED").write_text(CACHE_MARK[engine] + "\n")
+        if before is not None and before != h:
+            raise SystemExit(f"{engine}=={version}: the wheel downloaded now (sha256 {h[:12]}) is not the one cached "
+                             f"before ({before[:12]}); read what changed")
+        shutil.rmtree(dest, ignore_errors=True)
         part.rename(dest)
     return dest
 
@@ -134,7 +162,7 @@ def sources(engine: str, version: str, cache: Path, pip: str = sys.executable) -
 def _tree(path: Path) -> tuple[ast.Module, str] | None:
     if not path.exists():
         return None
-    src = path.read_text()
+    src = path.read_text(encoding="utf-8-sig")        # some SGLang model files start with a byte-order mark
     return ast.parse(src), src
 
 
@@ -206,6 +234,110 @@ def expr_in_n(src: str) -> list[str] | None:
     return ["2", "N//2", "N-3"] if m else None
 
 
+# ------------------------------------------------------------------------------------------- class inheritance
+
+def class_index(files: dict[str, Path]) -> dict[str, dict]:
+    """The classes of the given modules ({module name: path}), keyed "module.Class": their bases resolved through
+    the module's `from M import C [as D]` / `import M as m` (a base not found among `files` stays a bare name) and
+    the methods each class defines itself."""
+    out: dict[str, dict] = {}
+    for mod, path in files.items():
+        t = _tree(path)
+        if t is None:
+            continue
+        names: dict[str, str] = {}                           # local name -> "module.Class" or a module
+        for n in t[0].body:
+            if isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+                for a in n.names:
+                    names[a.asname or a.name] = f"{n.module}.{a.name}"
+            elif isinstance(n, ast.Import):
+                for a in n.names:
+                    names[a.asname or a.name] = a.name
+        local = {n.name for n in t[0].body if isinstance(n, ast.ClassDef)}
+        for n in t[0].body:
+            if not isinstance(n, ast.ClassDef):
+                continue
+            bases = []
+            for b in n.bases:
+                raw = ast.unparse(b)
+                head, _, rest = raw.partition(".")
+                if raw in local:
+                    bases.append(f"{mod}.{raw}")
+                elif raw in names:
+                    bases.append(names[raw])
+                elif rest and head in names:
+                    bases.append(f"{names[head]}.{rest}")
+                else:
+                    bases.append(raw)
+            out[f"{mod}.{n.name}"] = {"bases": bases, "methods": {m.name: m for m in n.body if isinstance(
+                m, (ast.FunctionDef, ast.AsyncFunctionDef))}, "module": mod, "name": n.name}
+        out.setdefault("__names__", {})[mod] = {**names, **{c: f"{mod}.{c}" for c in local}}
+    return out
+
+
+def mro(index: dict[str, dict], key: str) -> list[str]:
+    """Python's C3 linearisation of `key` over the classes in `index` (a base outside it ends its line)."""
+    def lin(k: str, seen: tuple = ()) -> list[str]:
+        if k not in index or k in seen:
+            return [k]
+        seqs = [lin(b, seen + (k,)) for b in index[k]["bases"]] + [list(index[k]["bases"])]
+        out = [k]
+        while any(seqs):
+            seqs = [q for q in seqs if q]
+            head = next((q[0] for q in seqs if not any(q[0] in r[1:] for r in seqs)), None)
+            if head is None:                                  # no consistent order: Python would refuse the class
+                raise Drift(f"{index[k]['module']}: class {index[k]['name']} has no consistent method order")
+            out.append(head)
+            seqs = [q[1:] if q[0] == head else q for q in seqs]
+        return out
+    return lin(key)
+
+
+def defining_class(index: dict[str, dict], key: str, method: str) -> str | None:
+    """The class (module.Class) whose `method` instances of `key` run, or None when no class in the index has it."""
+    return next((k for k in mro(index, key) if k in index and method in index[k]["methods"]), None)
+
+
+def entry_classes(index: dict[str, dict], path: Path, mod: str) -> list[str]:
+    """The classes a SGLang model file registers: `EntryClass = C` or `EntryClass = [C, ...]` ("module.Class")."""
+    t = _tree(path)
+    if t is None:
+        return []
+    names = index.get("__names__", {}).get(mod, {})
+    out: list[str] = []
+    for n in t[0].body:
+        if isinstance(n, ast.Assign) and any(getattr(x, "id", None) == "EntryClass" for x in n.targets):
+            v = n.value
+            elts = v.elts if isinstance(v, (ast.List, ast.Tuple)) else [v]
+            out = [names.get(ast.unparse(e), ast.unparse(e)) for e in elts]
+        elif isinstance(n, ast.AugAssign) and getattr(n.target, "id", None) == "EntryClass":
+            v = n.value
+            out += [names.get(ast.unparse(e), ast.unparse(e))
+                    for e in (v.elts if isinstance(v, (ast.List, ast.Tuple)) else [v])]
+    return out
+
+
+def sglang_architectures(root: Path) -> dict[str, dict]:
+    """Every architecture a SGLang release registers (the EntryClass of each sglang/srt/models file; the registry
+    keys it by the class name) -> the file and class whose `set_eagle3_layers_to_capture` it runs (None: no
+    EAGLE-3 capture)."""
+    models = root / "sglang/srt/models"
+    files = {"sglang.srt.models." + ".".join(p.relative_to(models).with_suffix("").parts): p
+             for p in sorted(models.rglob("*.py"))}
+    index = class_index(files)
+    out: dict[str, dict] = {}
+    for mod, path in files.items():
+        for key in entry_classes(index, path, mod):
+            arch = key.rsplit(".", 1)[-1]
+            d = defining_class(index, key, "set_eagle3_layers_to_capture")
+            where = None
+            if d is not None:
+                dm = index[d]["module"]
+                where = {"file": str(files[dm].relative_to(models)), "class": index[d]["name"]}
+            out.setdefault(arch, {"entry": str(path.relative_to(models)), "capture": where})
+    return dict(sorted(out.items()))
+
+
 # ------------------------------------------------------------------------------------------- vLLM
 
 # `if <test>: ... return True` in VllmConfig.use_v2_model_runner -> the name the table's forces_v2 gives it (the
@@ -256,6 +388,49 @@ def forced_v2(use: ast.AST | None, version: str) -> tuple[list[str], dict[str, s
             raise Drift(f"vLLM {version}: VllmConfig.use_v2_model_runner mentions {word} outside a check this "
                         f"script parses; read it and extend forced_v2")
     return forced, env0
+
+ENV_VALUES_WORDS = {"integer": "bool(int(value)): an integer, 0 -> V1, any other -> V2; true/false or an empty value "
+                                "make vLLM raise ValueError"}
+
+
+def env_values(envs: Path, version: str) -> tuple[str, dict[str, str | None], str]:
+    """How vllm/envs.py parses VLLM_USE_V2_MODEL_RUNNER: ("integer" for `bool(int(...))`, directly or through
+    `maybe_convert_bool`), the hashes of the code read, and where it is decided."""
+    t = _tree(envs)
+    lam = None
+    for n in ast.walk(t[0]) if t else []:
+        if isinstance(n, ast.Dict):
+            for k, v in zip(n.keys, n.values):
+                if isinstance(k, ast.Constant) and k.value == "VLLM_USE_V2_MODEL_RUNNER" and isinstance(v, ast.Lambda):
+                    lam = v
+    if lam is None:
+        raise Drift(f"vLLM {version}: vllm/envs.py has no VLLM_USE_V2_MODEL_RUNNER lambda; read how it is parsed")
+    body = ast.unparse(lam.body)
+    getenv = r"os\.getenv\('VLLM_USE_V2_MODEL_RUNNER', ('0'|None)\)"
+    if re.fullmatch(rf"bool\(int\({getenv}\)\)", body):
+        return "integer", {}, f"vllm/envs.py: VLLM_USE_V2_MODEL_RUNNER ({body})"
+    m = re.fullmatch(rf"(\w+)\({getenv}\)", body)
+    conv = find(envs, m.group(1)) if m else None
+    if conv is not None:
+        fn = ast.parse(text(conv)).body[0]
+        arg = fn.args.args[0].arg
+        want = f"if {arg} is None:\n    return None\nreturn bool(int({arg}))"
+        if "\n".join(ast.unparse(st) for st in fn.body) == want:
+            return ("integer", {f"vllm/envs.py:{conv.name}": digest(conv)},
+                    f"vllm/envs.py: VLLM_USE_V2_MODEL_RUNNER ({conv.name}: bool(int(value)))")
+    raise Drift(f"vLLM {version}: vllm/envs.py parses VLLM_USE_V2_MODEL_RUNNER as `{body}`, which this script "
+                f"cannot read; read it and extend env_values (backend/vllm_runner.py accepts what it says)")
+
+
+def deepseek_architectures(path: Path) -> list[str]:
+    """The classes of vLLM's deepseek_v2.py that run DeepseekV2ForCausalLM.get_eagle3_aux_hidden_state_layers
+    (it or a subclass in the file that does not override it). Subclasses in other files are not read."""
+    mod = "vllm.model_executor.models.deepseek_v2"
+    index = class_index({mod: path})
+    base = f"{mod}.DeepseekV2ForCausalLM"
+    return sorted(index[k]["name"] for k in index if k != "__names__" and base in mro(index, k)
+                  and defining_class(index, k, "get_eagle3_aux_hidden_state_layers") == base)
+
 
 def derive_vllm(root: Path, version: str) -> dict:
     f = {k: root / v for k, v in VLLM_FILES.items()}
@@ -319,6 +494,10 @@ def derive_vllm(root: Path, version: str) -> dict:
         cite("runner", cfg, "VllmConfig.use_v2_model_runner", use)
         cite("runner_unsupported", cfg, "VllmConfig._get_v2_model_runner_unsupported_features", unsup)
 
+    rc["env_values"], env_code, decided["env_values"] = env_values(f["envs"], version)
+    code.update(env_code)
+    code.setdefault("vllm/envs.py:VLLM_USE_V2_MODEL_RUNNER", hashlib.sha256(env_expr.encode()).hexdigest()[:12])
+
     # where ids are read
     def reading(node, who: str) -> str:
         s = text(node)
@@ -357,7 +536,8 @@ def derive_vllm(root: Path, version: str) -> dict:
                     f"script cannot parse; read it (is id a still the input of layer a?)")
     cite("rule", VLLM_FILES["llama"], "LlamaModel.forward", fwd)
     return {"engine": "vllm", "version": version, "wheel_sha256": (root / "WHEEL_SHA256").read_text().strip(),
-            "rule": rule, "default": default, "default_deepseek": ds_default, "ids_from": ids_from,
+            "rule": rule, "default": default, "default_deepseek": ds_default,
+            "deepseek_architectures": deepseek_architectures(f["deepseek"]), "ids_from": ids_from,
             "runner_choice": rc, "decided_by": decided, "code": code}
 
 
@@ -432,11 +612,42 @@ def derive_sglang(root: Path, version: str) -> dict:
         key = f"sglang/srt/models/{fname}:{hit[0]}"
         families[fam] = {"rule": rule, "default": d, "decided_by": f"sglang/srt/models/{fname}: {hit[0]}",
                          "code": {key: digest(hit[1])}}
+    # which architectures take which capture: EntryClass of every model file, then the class's method order
+    archs, registered = {}, sglang_architectures(root)
+    for arch, d in registered.items():
+        c = d["capture"]
+        if c is None:
+            continue
+        rule, _ = sglang_rule(find(root / "sglang/srt/models" / c["file"],
+                                   f"{c['class']}.set_eagle3_layers_to_capture"))
+        archs[arch] = {"entry": d["entry"], "capture": f"{c['file']}: {c['class']}", "rule": rule}
+    # a family file whose registered class inherits its capture from another file (SGLang 0.5.8:
+    # Glm4MoeLiteForCausalLM(DeepseekV2ForCausalLM)) takes that class's rule
+    for fam, fname in SGLANG_MODEL_FILES.items():
+        a = archs.get(MODEL_TYPE_ARCH.get(fam, ""))
+        if a is None or a["capture"].split(": ")[0] == fname:
+            continue
+        cfile, ccls = a["capture"].split(": ")
+        node = find(root / "sglang/srt/models" / cfile, f"{ccls}.set_eagle3_layers_to_capture")
+        rule, d = sglang_rule(node)
+        families[fam] = {"rule": rule, "default": d,
+                         "decided_by": f"sglang/srt/models/{cfile}: {ccls}.set_eagle3_layers_to_capture (inherited by "
+                                       f"{fname} {MODEL_TYPE_ARCH[fam]})",
+                         "code": {f"sglang/srt/models/{cfile}:{ccls}.set_eagle3_layers_to_capture": digest(node)}}
+    for fam, fname in SGLANG_MODEL_FILES.items():
+        if "inherited by" in families[fam]["decided_by"]:
+            continue
+        want = families[fam]["decided_by"].split(": ", 1)[-1]
+        if families[fam]["rule"] != "unsupported" and not any(
+                a["capture"] == f"{fname}: {want.rsplit('.', 1)[0]}" for a in archs.values()):
+            raise Drift(f"SGLang {version}: no EntryClass architecture runs sglang/srt/models/{fname} {want}; "
+                        f"read which class the file registers")
     # --enable-return-aux-hidden-states (aux capture on a target without a drafter): where model_executor resolves it
     flag = any("return_aux_hidden_state_layer_ids" in p.read_text()
                for p in (root / "sglang/srt/model_executor").rglob("*.py"))
     return {"engine": "sglang", "version": version, "wheel_sha256": (root / "WHEEL_SHA256").read_text().strip(),
-            "ids_from": ids_from, "families": families, "return_aux_hidden_states_flag": flag,
+            "ids_from": ids_from, "families": families, "architectures": archs,
+            "n_architectures": len(registered), "return_aux_hidden_states_flag": flag,
             "decided_by": decided, "code": code}
 
 
@@ -465,19 +676,29 @@ def vllm_rows(facts: list[dict]) -> list[dict]:
     for minor, fs in by_minor.items():
         first = fs[0]
         for other in fs[1:]:
-            for k in ("rule", "default", "default_deepseek", "ids_from", "runner_choice"):
+            for k in ("rule", "default", "default_deepseek", "deepseek_architectures", "ids_from", "runner_choice"):
                 if other[k] != first[k]:
                     raise Drift(f"vLLM {other['version']} differs from {first['version']} in {k}: "
                                 f"{other[k]} vs {first[k]}; split the {minor} row")
         wheels = {f["version"]: {"sha256": f["wheel_sha256"], "code": f["code"]} for f in fs}
-        for fams, dkey, valid in ((["deepseek_v2", "deepseek_v3", "kimi_k2"], "default_deepseek",
+        ds_archs = first.get("deepseek_architectures")
+        if ds_archs is None:
+            raise Drift(f"vLLM {first['version']}: the facts hold no deepseek_architectures; re-read the wheel")
+        for mt, arch in MODEL_TYPE_ARCH.items():
+            if (arch in ds_archs) != (mt in VLLM_DEEPSEEK_FAMILIES):
+                raise Drift(f"vLLM {first['version']}: {arch} (model_type {mt}) "
+                            + ("runs" if arch in ds_archs else "does not run")
+                            + " DeepseekV2ForCausalLM.get_eagle3_aux_hidden_state_layers (deepseek_v2.py), but the "
+                            f"table's DeepSeek families are {list(VLLM_DEEPSEEK_FAMILIES)}; fix VLLM_DEEPSEEK_FAMILIES")
+        for fams, dkey, valid in ((list(VLLM_DEEPSEEK_FAMILIES), "default_deepseek",
                                    VALID[("vllm", "input", "deepseek")]),
                                   (["*"], "default", VALID[("vllm", "input", "*")])):
             decided = {k: v for k, v in first["decided_by"].items()
                        if k != ("default" if dkey == "default_deepseek" else "default_deepseek")}
             rows.append({
                 "producer": "vllm", "versions": f">={minor},<{_next_minor(minor)}", "runner": ["v1", "v2"],
-                "families": fams, "rule": first["rule"], "valid": valid, "default": first[dkey], "teacher": "none",
+                "families": fams, **({"architectures": ds_archs} if dkey == "default_deepseek" else {}),
+                "rule": first["rule"], "valid": valid, "default": first[dkey], "teacher": "none",
                 "ids_from": first["ids_from"], "runner_choice": first["runner_choice"], "decided_by": decided,
                 "wheels": {v: {"sha256": w["sha256"], "code": {
                     k: h for k, h in w["code"].items()
@@ -489,6 +710,44 @@ def vllm_rows(facts: list[dict]) -> list[dict]:
     return rows
 
 
+def group_architectures(f: dict) -> tuple[dict[str, list[str]], list[str]]:
+    """Per SGLANG_GROUPS file: the architectures whose set_eagle3_layers_to_capture comes from it (the catch-all:
+    from llama.py or the qwen files), and the catch-all's families (MODEL_TYPE_ARCH) whose architecture has no
+    capture in this release (they get a row of their own, rule unsupported). Raises Drift when a family's
+    architecture is served elsewhere than where the table's family lists (SGLANG_GROUPS) put it."""
+    files = {src: ([f"{x}.py" for x in SGLANG_CATCH_ALL_FILES] if fams == ("*",) else [f"{src}.py"])
+             for fams, src in SGLANG_GROUPS}
+    for fams, src in SGLANG_GROUPS:                     # a capture inherited from another file's class
+        if fams != ("*",) and "inherited by" in f["families"][src]["decided_by"]:
+            files[src] = [f["families"][src]["decided_by"].split(": ")[0].split("/")[-1]]
+    archs = f.get("architectures")
+    if archs is None:                                   # facts stored before the architectures were read
+        raise Drift(f"SGLang {f['version']}: the facts hold no architectures; re-read the wheel")
+    served = {src: sorted(a for a, d in archs.items() if d["capture"].split(": ")[0] in fs)
+              for src, fs in files.items()}
+    for fams, src in SGLANG_GROUPS:                     # an inherited capture: the group's own architectures only
+        if fams != ("*",) and "inherited by" in f["families"][src]["decided_by"]:
+            own = f["families"][src]["decided_by"].split("inherited by ")[1].split(" ")[0]
+            served[src] = sorted(a for a, d in archs.items() if d["entry"] == own)
+    uncaptured = []
+    for mt, arch in MODEL_TYPE_ARCH.items():
+        fams, src = next(((g, s) for g, s in SGLANG_GROUPS if mt in g), SGLANG_GROUPS[-1])
+        d = archs.get(arch)
+        if d is None:
+            if fams == ("*",):
+                uncaptured.append(mt)
+            elif f["families"][src]["rule"] != "unsupported":
+                raise Drift(f"SGLang {f['version']}: {arch} (model_type {mt}) has no set_eagle3_layers_to_capture, "
+                            f"but the table's {list(fams)} row gives it rule {f['families'][src]['rule']}")
+            continue
+        if d["capture"].split(": ")[0] not in files[src]:
+            home = next((s for s, fs in files.items() if d["capture"].split(": ")[0] in fs), None)
+            raise Drift(f"SGLang {f['version']}: {arch} (model_type {mt}) takes set_eagle3_layers_to_capture from "
+                        f"{d['capture']}, but SGLANG_GROUPS puts {mt} in the {list(fams)} row"
+                        + (f"; move it to the {home} group" if home else "; give it its own group"))
+    return served, uncaptured
+
+
 def sglang_rows(facts: list[dict]) -> list[dict]:
     rows = []
     for f in facts:
@@ -498,6 +757,8 @@ def sglang_rows(facts: list[dict]) -> list[dict]:
             if (q["rule"], q["default"]) != (fam["llama"]["rule"], fam["llama"]["default"]):
                 raise Drift(f"SGLang {f['version']}: {k} ({q['rule']}) differs from llama ({fam['llama']['rule']}); "
                             f"give the qwen family its own row")
+        served, uncaptured = group_architectures(f)
+        base = {"producer": "sglang", "versions": f">={f['version']},<{_next_patch(f['version'])}"}
         for fams, src in SGLANG_GROUPS:
             d = fam[src]
             code = dict(f["code"])
@@ -506,9 +767,22 @@ def sglang_rows(facts: list[dict]) -> list[dict]:
             if src == "llama":
                 for k, q in qwen.items():
                     code.update(q["code"])
-                decided["rule"] += " (qwen3.py, qwen3_moe.py, qwen2.py: the same)"
-            row = {"producer": "sglang", "versions": f">={f['version']},<{_next_patch(f['version'])}",
-                   "families": list(fams), "rule": d["rule"], "valid": VALID[("sglang", d["rule"])],
+                same = [SGLANG_MODEL_FILES[k] for k in ("qwen3", "qwen3_moe", "qwen2") if k in qwen]
+                decided["rule"] += f" ({', '.join(same)}: the same)" if same else ""
+            if fams == ("*",) and uncaptured:
+                where = "; ".join(
+                    f"{MODEL_TYPE_ARCH[mt]} ({mt}): no set_eagle3_layers_to_capture in its class or bases"
+                    for mt in uncaptured)
+                rows.append({**base, "families": uncaptured, "architectures": [], "rule": "unsupported",
+                             "valid": VALID[("sglang", "unsupported")], "default": [], "teacher": "none",
+                             "ids_from": {"any": f["ids_from"]},
+                             "decided_by": {"ids": f["decided_by"]["ids"],
+                                            "rule": f"sglang/srt/models (EntryClass): {where}"},
+                             "return_aux_hidden_states_flag": f["return_aux_hidden_states_flag"],
+                             "wheels": {f["version"]: {"sha256": f["wheel_sha256"], "code": dict(f["code"])}},
+                             "status": "inferred"})
+            row = {**base, "families": list(fams), "architectures": served[src], "rule": d["rule"],
+                   "valid": VALID[("sglang", d["rule"])],
                    "default": d["default"] or [], "teacher": "none",
                    "ids_from": {"any": f["ids_from"]}, "decided_by": decided,
                    "return_aux_hidden_states_flag": f["return_aux_hidden_states_flag"],
