@@ -242,7 +242,7 @@ def env_value(flag: str | None, rc: Mapping[str, Any], version: str) -> str | No
         return "1" if int(flag) else "0"                     # vllm/envs.py: bool(int(value)), as vLLM reads it
     except ValueError:
         raise SpecLensError(f"{ENV}={flag!r}: vLLM {version} reads it as bool(int(value)) (vllm/envs.py) and would "
-                            f"raise ValueError (SpecLens used to take 1/0 or true/false); set {ENV}=1 for V2 or "
+                            f"raise ValueError; set {ENV}=1 for V2 or "
                             f"{ENV}=0 for V1, or unset it") from None
 
 
