@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import socket
 import sys
 import time
@@ -455,10 +454,7 @@ def _finish(rd: Run, s: BenchSettings, spec, base: BenchResult | None, done: lis
     atomic_write_json(rd.file("summary.json"), _summary(prompts_df, steps_df, K, acc, fig, per_cat_speedup))
     headline = {"tokens": int(prompts_df["output_tokens"].sum()), "prompts": int(prompts_df["prompt_id"].nunique()),
                 "seconds": round(float(prompts_df["seconds"].sum()), 3)}
-    rd.complete(progress={"done": len(done), "total": len(done)}, headline=headline, bench=fig)
-    j = rd.file(JOURNAL)
-    if j.exists():
-        os.remove(j)
+    rd.complete(drop=(JOURNAL,), progress={"done": len(done), "total": len(done)}, headline=headline, bench=fig)
     return BenchResult(rd.run_id, rd.path, COMPLETE, base.run_id if base else None, fig["tau"],
                        fig["acceptance_rate"], tps, fig["speedup"], fig["lossless"], fig["mismatched_prompts"])
 

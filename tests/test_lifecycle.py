@@ -90,3 +90,14 @@ def test_pages_read_through_the_catalog_only() -> None:
                 if m == "backend.align" and names <= {"MATCH_COS", "Alignment"}:
                     continue                     # constants and the result type, no reading
                 assert not m.startswith(banned), f"{f.relative_to(REPO)} imports {m}"
+
+
+def test_complete_drops_resume_files_before_it_reindexes(tmp_path: Path) -> None:
+    """The checkpoint/journal goes right after the manifest says complete, before the (slower) re-index: a kill
+    in between must not leave a complete run with a checkpoint (tests/test_reliability.py kills at random)."""
+    run = Run.create("r5", MANIFEST, tmp_path)
+    run.file("checkpoint.safetensors").write_bytes(b"x")
+    seen = []
+    run._changed = lambda: seen.append(run.file("checkpoint.safetensors").exists())      # what the re-index sees
+    run.complete(drop=("checkpoint.safetensors",), headline={"tokens": 1})
+    assert seen == [False] and run.manifest()["status"] == "complete"

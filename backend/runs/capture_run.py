@@ -121,10 +121,7 @@ def finish(rd: Run, stats: StreamingStats, sample: TokenSample, labels: list[str
     # every token passes every boundary: finite + non-finite tokens of one boundary = all tokens
     headline = {"tokens": int(table["n_tokens"].iloc[0] + table["nonfinite_tokens"].iloc[0]) if len(table) else tokens,
                 "prompts": n_prompts, "sample_tokens": sample.n, "nonfinite": nonfinite, "seconds": round(seconds, 3)}
-    rd.complete(progress={"done": n_prompts, "total": n_prompts}, headline=headline)
-    ck = rd.file(CHECKPOINT)
-    if ck.exists():
-        ck.unlink()
+    rd.complete(drop=(CHECKPOINT,), progress={"done": n_prompts, "total": n_prompts}, headline=headline)
     return CaptureResult(rd.run_id, rd.path, headline["tokens"], n_prompts, seconds, nonfinite)
 
 
