@@ -112,10 +112,11 @@ class Acceptance:
 
 def load_acceptance(run_ids: list[str], root: Path | None = None) -> Acceptance:
     """Accepted-length histograms (GROUP BY in DuckDB) and, from them, tau and per-position rates (metrics)."""
-    with Catalog(root).read.snapshot():
-        runs = Catalog(root).read.bench_runs(run_ids=run_ids).set_index("run_id")
+    cat = Catalog(root).read
+    with cat.snapshot():
+        runs = cat.bench_runs(run_ids=run_ids).set_index("run_id")
         ids = [r for r in dict.fromkeys(run_ids) if r in runs.index]
-        hist = Catalog(root).read.bench_histogram(ids)
+        hist = cat.bench_histogram(ids)
     acc = {r: _acceptance(hist[hist["run_id"] == r], _k(runs.loc[r])) for r in ids}
     return Acceptance(ids, runs, acc, _histogram_frame(acc), _positions_frame(acc))
 
@@ -132,12 +133,13 @@ def compare(run_ids: list[str], baseline: str = "paired", root: Path | None = No
 
 def _compare(ac: Acceptance, baseline: str, root: Path | None) -> Comparison:
     runs, ids, acc = ac.runs, ac.run_ids, ac.stats
+    cat = Catalog(root).read
     warnings: list[str] = []
     bases = _baselines(ids, runs, baseline, root, warnings)
     need = list(dict.fromkeys(ids + [b for b in bases.values() if b]))
-    speeds = Catalog(root).read.bench_prompt_timings(need)
+    speeds = cat.bench_prompt_timings(need)
     by_run = {r: g for r, g in speeds.groupby("run_id")}
-    base_info = Catalog(root).read.bench_runs(run_ids=[b for b in bases.values() if b]).set_index("run_id")
+    base_info = cat.bench_runs(run_ids=[b for b in bases.values() if b]).set_index("run_id")
     est = {r: run_speed(by_run.get(r)) for r in need}
     rows = []
     for r in ids:
@@ -166,8 +168,8 @@ def _compare(ac: Acceptance, baseline: str, root: Path | None) -> Comparison:
             "speedup": sp[0], "speedup_ci_low": sp[1], "speedup_ci_high": sp[2], "ci_method": sp[3],
             "lossless": row["lossless"], "mismatched_prompts": row["mismatched_prompts"]})
     figures = pd.DataFrame(rows, columns=FIGURE_COLUMNS)
-    manifests = Catalog(root).read.run_manifests(ids)
-    warnings += drafter_diagnosis(manifests, Catalog(root).read.check_manifests())
+    manifests = cat.run_manifests(ids)
+    warnings += drafter_diagnosis(manifests, cat.check_manifests())
     warnings += _warnings(figures, runs)
     cats = _categories(ids, bases, by_run, root)
     return Comparison(
@@ -285,9 +287,10 @@ def _num(x, default: float = math.nan) -> float:
 
 def _baselines(ids: list[str], runs: pd.DataFrame, baseline: str, root, warnings: list[str]) -> dict[str, str | None]:
     """run -> the run its speedup is measured against (None: no baseline)."""
+    cat = Catalog(root).read
     out = {r: (runs.loc[r, "baseline_run"] if isinstance(runs.loc[r, "baseline_run"], str) else None) for r in ids}
     if baseline == "pinned":
-        pinned = Catalog(root).read.pinned_baselines()
+        pinned = cat.pinned_baselines()
         by_target = dict(zip(pinned["model_key"][::-1], pinned["run_id"][::-1]))       # newest wins
         missing = []
         for r in ids:
@@ -299,7 +302,7 @@ def _baselines(ids: list[str], runs: pd.DataFrame, baseline: str, root, warnings
         if missing:
             warnings.append(f"No pinned baseline for the target of {_names(missing)}: their paired baseline is used "
                             "(pin one on the Runs page).")
-    complete = set(Catalog(root).read.bench_runs(status="complete", run_ids=[b for b in out.values() if b])["run_id"])
+    complete = set(cat.bench_runs(status="complete", run_ids=[b for b in out.values() if b])["run_id"])
     for r, b in out.items():
         if b and b not in complete:
             warnings.append(f"Baseline `{b}` of `{r}` is not a complete bench run in the catalog: "

@@ -188,8 +188,8 @@ def page_pair(drafter: str | None, target: str | None, check: str | None, root: 
         return check_pair(check, root)
     if not drafter or not target:
         raise SpecLensError("name a drafter and a target (?drafter=DIR&target=DIR) or a drafter check (?check=RUN)")
-    known = {(m.get("drafter") or {}).get("path") for m in Catalog(root).read.check_manifests().values()} | \
-        {(m.get("model") or {}).get("path") for m in Catalog(root).read.check_manifests().values()}
+    checks = Catalog(root).read.check_manifests().values()
+    known = {(m.get(k) or {}).get("path") for m in checks for k in ("drafter", "model")}
     roots = model_roots()
     for p in (drafter, target):
         rp = Path(p).expanduser().resolve()

@@ -18,7 +18,7 @@ import pytest
 from backend.demo import PAIR_TARBALL
 from tests import test_browser
 from tests.conftest import PROMPTS
-from tests.test_browser import CHART, CHROMIUM, alerts, browser_page, open_view, streamlit_server
+from tests.test_browser import CHART, CHROMIUM, alerts, open_view, streamlit_server
 
 pytestmark = [pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chromium at /usr/bin/chromium"),
               pytest.mark.usefixtures("one_torch_thread")]
@@ -65,12 +65,7 @@ def server(chart_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 shots = test_browser.shots        # the screenshots folder fixture (SPECLENS_SCREENSHOTS or a temp dir)
-
-
-@pytest.fixture(scope="module")
-def page(server: str):
-    with browser_page(server) as pg:
-        yield pg
+page = test_browser.page          # one browser page per module, on this module's `server`
 
 
 def figures(page) -> list[dict]:

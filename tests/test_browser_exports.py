@@ -16,11 +16,12 @@ from typing import Iterator
 import pytest
 
 from tests import test_browser
-from tests.test_browser import CHROMIUM, TIMEOUT_MS, browser_page, open_view, streamlit_server
+from tests.test_browser import CHROMIUM, TIMEOUT_MS, open_view, streamlit_server
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chromium at /usr/bin/chromium")
 
 shots = test_browser.shots        # the screenshots folder fixture (SPECLENS_SCREENSHOTS or a temp dir)
+page = test_browser.page          # one browser page per module, on this module's `server`
 DRIFT = "/alignment?a=a1&b=b16&metric=cosine"          # fp32 vs bf16 of one model: the numeric-drift verdict
 
 
@@ -28,12 +29,6 @@ DRIFT = "/alignment?a=a1&b=b16&metric=cosine"          # fp32 vs bf16 of one mod
 def server(dash_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with streamlit_server(dash_root, tmp_path_factory.mktemp("streamlit-exports")) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def page(server: str):
-    with browser_page(server) as pg:
-        yield pg
 
 
 def _download(page, label: str) -> tuple[str, bytes]:

@@ -13,11 +13,12 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests import test_browser
-from tests.test_browser import CHART, CHROMIUM, TIMEOUT_MS, alerts, browser_page, open_view, streamlit_server
+from tests.test_browser import CHART, CHROMIUM, TIMEOUT_MS, alerts, open_view, streamlit_server
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chromium at /usr/bin/chromium")
 
 shots = test_browser.shots        # the screenshots folder fixture (SPECLENS_SCREENSHOTS or a temp dir)
+page = test_browser.page          # one browser page per module, on this module's `server`
 IDLE = '[data-testid="stApp"][data-test-script-state="notRunning"]'
 GRID = '[data-testid="stDataFrame"]'
 
@@ -26,12 +27,6 @@ GRID = '[data-testid="stDataFrame"]'
 def server(bench_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with streamlit_server(bench_root, tmp_path_factory.mktemp("streamlit-run")) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def page(server: str):
-    with browser_page(server) as pg:
-        yield pg
 
 
 def open_run(page, server: str, path: str, rid: str | None = None) -> None:

@@ -14,10 +14,11 @@ import pytest
 from backend import metrics
 from backend.store.catalog import Catalog
 from tests import test_browser
-from tests.test_browser import CHART, CHROMIUM, TIMEOUT_MS, browser_page, open_view, streamlit_server
+from tests.test_browser import CHART, CHROMIUM, TIMEOUT_MS, open_view, streamlit_server
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chromium at /usr/bin/chromium")
 shots = test_browser.shots          # the screenshots folder fixture (SPECLENS_SCREENSHOTS or a temp dir)
+page = test_browser.page          # one browser page per module, on this module's `server`
 RUNS = ["spec-random", "spec-oracle"]
 BASE = "spec-random-baseline"
 
@@ -26,12 +27,6 @@ BASE = "spec-random-baseline"
 def server(bench_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with streamlit_server(bench_root, tmp_path_factory.mktemp("streamlit-speed")) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def page(server: str):
-    with browser_page(server) as pg:
-        yield pg
 
 
 def _grid(rows, run: str, col: str) -> list[list[float]]:

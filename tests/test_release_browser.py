@@ -11,7 +11,7 @@ import pytest
 
 from backend.demo import PAIR_TARBALL
 from tests import test_browser
-from tests.test_browser import CHROMIUM, TIMEOUT_MS, browser_page, open_view, streamlit_server
+from tests.test_browser import CHROMIUM, TIMEOUT_MS, open_view, streamlit_server
 from tests.test_release_pages import build_release_data
 
 pytestmark = [pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chromium at /usr/bin/chromium"),
@@ -29,12 +29,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 shots = test_browser.shots        # the screenshots folder fixture (SPECLENS_SCREENSHOTS or a temp dir)
-
-
-@pytest.fixture(scope="module")
-def page(server: str):
-    with browser_page(server) as pg:
-        yield pg
+page = test_browser.page          # one browser page per module, on this module's `server`
 
 
 def test_feeds_page_in_a_browser(page, server: str, shots: Path) -> None:
