@@ -2,8 +2,8 @@
 
 They live in `runs/<run_id>/annotations.json`, the one mutable file of a run directory (the manifest and
 result tables stay as the run wrote them), written atomically like every other file there and read by
-`catalog.refresh` into the `runs` table (`tags`, `notes`, `pinned`). Input is validated here; values reach
-DuckDB only as bound parameters or DataFrame cells, never as SQL text.
+the catalog's refresh (`Catalog(root).write.refresh`) into the `runs` table (`tags`, `notes`, `pinned`). Input is
+validated here; values reach DuckDB only as bound parameters or DataFrame cells, never as SQL text.
 
     tags    up to MAX_TAGS short words of letters, digits and `-_.` (no spaces, commas or quotes)
     notes   free text up to MAX_NOTES characters (no NUL)
