@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
-KINDS = ("capture", "bench", "check")
+KINDS = ("capture", "bench", "check", "load", "watch")
 
 
 class ModelInfo(BaseModel):
@@ -38,7 +38,7 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    kind: Literal["capture", "bench", "check"]
+    kind: Literal["capture", "bench", "check", "load", "watch"]
     engine: str
     engine_version: str | None = None
     model: ModelInfo
