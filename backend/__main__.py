@@ -201,6 +201,10 @@ def parser() -> argparse.ArgumentParser:
 
     add_release(sub)
 
+    from backend.watch_cli import add_parser as add_watch
+
+    add_watch(sub)
+
     b = sub.add_parser("build-demo-model", help="build a small random Llama-shaped target with its tokenizer")
     b.add_argument("--out", required=True)
     b.add_argument("--layers", type=int, default=8)

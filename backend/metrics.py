@@ -371,3 +371,104 @@ def tau_estimate(per_prompt: Sequence[Sequence[float]], n_boot: int = 2000, seed
     with np.errstate(divide="ignore", invalid="ignore"):
         lo, hi = _interval(1 + a[idx, 0].sum(1) / a[idx, 1].sum(1))
     return Estimate(float(1 + a[:, 0].sum() / a[:, 1].sum()), lo, hi, 0, len(a))
+
+
+# ---------------------------------------------------------------------- drift of a live server's acceptance (watch)
+
+@lru_cache(maxsize=128)
+def t_quantile(p: float, df: int) -> float:
+    """Student t quantile for p in (0.5, 1) and df >= 1: bisection on the CDF, 0.5 + the density integrated from 0
+    by Simpson's rule (agrees with the 0.975 table above to 3 decimals)."""
+    if not 0.5 < p < 1 or df < 1:
+        raise ValueError(f"t_quantile needs 0.5 < p < 1 and df >= 1 (got p={p}, df={df})")
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def cdf(x: float) -> float:
+        t = np.linspace(0.0, x, 4001)
+        f = c * (1 + t * t / df) ** (-(df + 1) / 2)
+        return 0.5 + float((x / 4000 / 3) * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum()))
+
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:
+        lo, hi = hi, hi * 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def accepted_sq(per_pos: Sequence[float]) -> float:
+    """Sum over drafts of (accepted length)^2 from per-position accepted counts of a chain: a draft with n accepted
+    tokens is counted at positions 0..n-1, and n^2 = sum_{i<n} (2i + 1)."""
+    return float(sum((2 * i + 1) * c for i, c in enumerate(per_pos)))
+
+
+@dataclass(frozen=True)
+class DriftBand:
+    """The baseline of a watch (its first windows with traffic) and the one-sided band a later window's tau is
+    checked against (`drift_band`)."""
+
+    tau: float                # pooled baseline tau = 1 + sum(accepted) / sum(drafts)
+    within_var: float         # per-draft variance of the accepted length (sigma^2)
+    between_var: float        # window-to-window variance of accepted per draft (omega^2, DerSimonian-Laird)
+    windows: int              # baseline windows B
+    drafts: int               # drafts in the baseline
+    mean_var: float           # variance of the baseline's pooled accepted-per-draft under the same model
+    t: float                  # t quantile (level, B - 1 df)
+    level: float              # one-sided
+    within_from: str          # "per-position counts" | "dispersion of the windows" (no per-position counts)
+
+    def half_width(self, drafts: float) -> float:
+        if drafts <= 0:
+            return math.inf
+        return self.t * math.sqrt(self.between_var + self.within_var / drafts + self.mean_var)
+
+    def band(self, drafts: float) -> tuple[float, float]:
+        """(low, high) of tau for a window of `drafts` drafts: a one-sided `level` prediction bound each side."""
+        h = self.half_width(drafts)
+        return self.tau - h, self.tau + h
+
+    def below(self, accepted: float, drafts: float) -> bool:
+        """Whether a window's tau lies below its band (drift evidence)."""
+        return drafts > 0 and 1 + accepted / drafts < self.band(drafts)[0]
+
+    def to_dict(self) -> dict:
+        return {"tau": self.tau, "within_var": self.within_var, "between_var": self.between_var,
+                "windows": self.windows, "drafts": self.drafts, "mean_var": self.mean_var, "t": self.t,
+                "level": self.level, "within_from": self.within_from}
+
+
+DRIFT_STATISTIC = (
+    "baseline = the first B windows with enough drafts (of a segment: a restart starts a new one); per window, "
+    "accepted per draft m_i = tau_i - 1 over D_i drafts, modelled as the baseline mean plus a window-to-window "
+    "effect (variance omega^2, DerSimonian-Laird moment estimate over the baseline windows) plus draft noise "
+    "(sigma^2 / D_i, sigma^2 the per-draft variance of the accepted length from vLLM's per-position counts; "
+    "without them, the baseline windows' dispersion, at least the Poisson value m); a window is below the band "
+    "when tau_j < tau_base - t(level, B-1) * sqrt(omega^2 + sigma^2 / D_j + Var(baseline mean)), one-sided")
+
+
+def drift_band(windows: Sequence[tuple[float, float, float | None]], level: float = 0.99) -> DriftBand:
+    """The band later windows are checked against, from the baseline windows' (accepted, drafts, accepted_sq or
+    None) counts (`accepted_sq` from per-position counts; None where the server has none, as SGLang). A random-effects
+    prediction bound (DRIFT_STATISTIC): draft noise shrinks with a window's drafts, the window-to-window spread of
+    the baseline does not. Needs at least 2 windows with drafts."""
+    w = [(float(a), float(d), s) for a, d, s in windows if d > 0]
+    B = len(w)
+    if B < 2:
+        raise ValueError("drift_band needs at least 2 baseline windows with drafts")
+    A = sum(a for a, _, _ in w)
+    D = sum(d for _, d, _ in w)
+    m = A / D
+    pearson = sum(d * (a / d - m) ** 2 for a, d, _ in w)            # sum D_i (m_i - m)^2
+    if all(s is not None for _, _, s in w):
+        within = max(sum(s for _, _, s in w) / D - m * m, 1e-12)    # E[n^2] - E[n]^2 over the baseline's drafts
+        # DerSimonian-Laird: Q = sum w_i (m_i - m)^2 with w_i = D_i / sigma^2; omega^2 = (Q - (B-1)) / (S1 - S2/S1)
+        s1 = D / within
+        s2 = sum((d / within) ** 2 for _, d, _ in w)
+        between = max(0.0, (pearson / within - (B - 1)) / (s1 - s2 / s1))
+        source = "per-position counts"
+    else:
+        within, between, source = max(pearson / (B - 1), m, 1e-12), 0.0, "dispersion of the windows"
+    mean_var = sum(d * d * (between + within / d) for _, d, _ in w) / (D * D)
+    return DriftBand(1 + m, within, between, B, int(D), mean_var, t_quantile(level, B - 1), level, source)
+

@@ -34,7 +34,7 @@ from backend.errors import SpecLensError
 from backend.store import validate
 from backend.store.rundir import RUNNING, RunDir
 
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
 RUN_TYPES = {
     "run_id": "VARCHAR", "kind": "VARCHAR", "engine": "VARCHAR", "engine_version": "VARCHAR", "status": "VARCHAR",
     "model": "VARCHAR", "model_path": "VARCHAR", "model_key": "VARCHAR", "model_type": "VARCHAR", "n_layers": "BIGINT",
@@ -345,6 +345,10 @@ def _ingest(con: duckdb.DuckDBPyConnection, entries: list[_Entry]) -> None:
         for rid, why in _insert_parquet(con, table, [(r["run_id"], Path(r["path"]) / name) for r in done
                                                      if (Path(r["path"]) / name).exists()]).items():
             bad.setdefault(rid, why)
+    watch = [r for r in rows if r["kind"] == "watch" and (Path(r["path"]) / "windows.parquet").exists()]
+    for rid, why in _insert_parquet(con, "watch_windows", [(r["run_id"], Path(r["path"]) / "windows.parquet")
+                                                           for r in watch]).items():   # any status: a live watch
+        bad.setdefault(rid, why)
     for rid, why in _check_tables(con, [r for r in rows
                                         if r["status"] == "complete" and r["run_id"] not in bad]).items():
         bad.setdefault(rid, why)
@@ -353,7 +357,8 @@ def _ingest(con: duckdb.DuckDBPyConnection, entries: list[_Entry]) -> None:
 
 _KEYS = {"boundary_stats": ("stats.parquet", ("boundary", "ord")),
          "bench_prompts": ("prompts.parquet", ("repeat", "prompt_index", "prompt_id")),
-         "bench_steps": ("steps.parquet", ("repeat", "prompt_id", "step", "accepted"))}
+         "bench_steps": ("steps.parquet", ("repeat", "prompt_id", "step", "accepted")),
+         "watch_windows": ("windows.parquet", ("window", "t_start", "t_end"))}
 
 
 def _check_tables(con: duckdb.DuckDBPyConnection, rows: list[dict]) -> dict[str, str]:
@@ -392,7 +397,7 @@ def _quarantine(con: duckdb.DuckDBPyConnection, bad: dict[str, str]) -> None:
     if not bad:
         return
     ids = list(bad)
-    for table in ("boundary_stats", "bench_prompts", "bench_steps"):
+    for table in ("boundary_stats", "bench_prompts", "bench_steps", "watch_windows"):
         con.execute(f"DELETE FROM {table} WHERE list_contains(?, run_id)", [ids])
     for rid, why in bad.items():
         con.execute("UPDATE runs SET status = ?, error = ? WHERE run_id = ?", [validate.QUARANTINED, _line(why), rid])
@@ -418,8 +423,19 @@ BENCH_PROMPT_COLUMNS = {
 }
 BENCH_STEP_COLUMNS = {"run_id": "VARCHAR", "repeat": "BIGINT", "prompt_id": "VARCHAR", "step": "BIGINT",
                       "accepted": "BIGINT"}
+# watch_windows: windows.parquet of watch runs (backend/watch.py, any status: a running watch is shown live)
+WATCH_WINDOW_COLUMNS = {
+    "run_id": "VARCHAR", "window": "BIGINT", "segment": "BIGINT", "t_start": "DOUBLE", "t_end": "DOUBLE",
+    "seconds": "DOUBLE", "drafts": "BIGINT", "draft_tokens": "BIGINT", "accepted": "BIGINT", "tau": "DOUBLE",
+    "acceptance_rate": "DOUBLE", "per_pos": "BIGINT[]", "per_pos_rate": "DOUBLE[]", "drafted_tps": "DOUBLE",
+    "accepted_tps": "DOUBLE", "generation_tps": "DOUBLE", "generation_tokens": "BIGINT", "finished_requests": "BIGINT",
+    "running": "DOUBLE", "waiting": "DOUBLE", "restart": "BOOLEAN", "status": "VARCHAR", "baseline": "BOOLEAN",
+    "baseline_tau": "DOUBLE", "band_low": "DOUBLE", "band_high": "DOUBLE", "below_band": "BOOLEAN", "drift": "BOOLEAN",
+    "below_min_tau": "BOOLEAN", "note": "VARCHAR",
+}
 _TABLE_COLUMNS = {"runs": RUN_TYPES, "boundary_stats": STATS_TYPES, "bench_runs": BENCH_RUN_COLUMNS,
-                  "bench_prompts": BENCH_PROMPT_COLUMNS, "bench_steps": BENCH_STEP_COLUMNS}
+                  "bench_prompts": BENCH_PROMPT_COLUMNS, "bench_steps": BENCH_STEP_COLUMNS,
+                  "watch_windows": WATCH_WINDOW_COLUMNS}
 _TABLES = list(_TABLE_COLUMNS)
 
 
@@ -734,6 +750,11 @@ class CatalogReader:
             LEFT JOIN bench_prompts b ON b.run_id = ? AND b.prompt_id = p.prompt_id AND b.repeat = p.repeat
             WHERE p.run_id = ?
             GROUP BY p.prompt_index, p.prompt_id, p.category ORDER BY p.prompt_index""", [baseline_run, run_id])
+
+    def watch_windows(self, run_id: str) -> pd.DataFrame:
+        """The windows of a watch run (backend/watch.py; any status, so a running watch shows what it has), in time
+        order: counts, tau, rates, gauges, status, its segment's baseline band and the drift flags (docs/SCHEMA.md)."""
+        return self._df('SELECT * FROM watch_windows WHERE run_id = ? ORDER BY "window"', [run_id])
 
 
 class CatalogWriter:
