@@ -474,3 +474,86 @@ def test_recorded_metrics_parse(path: Path) -> None:
     c = server_metrics.parse(path.read_text())
     assert c.engine == path.name.split("_")[0]
     assert c.drafts is not None, f"{path.name}: no speculative-decoding counters"
+
+
+# ---------------------------------------------------------------------------- watch runs for the page tests
+
+
+def build_watch_data(root: Path) -> Path:
+    """Watch runs made by backend/watch.py against the local server: `watch-drift` (vLLM: a planted drop after a
+    restart), `watch-ok` (vLLM, steady), `watch-sglang` (SGLang, steady) and `watch-lost` (the server went away:
+    failed, its windows kept)."""
+    from backend.errors import SpecLensError
+    from backend.watch import run_watch
+
+    def one(name: str, seq: list, n: int, then: str = "repeat", **kw) -> None:
+        with MetricsServer(seq, then=then) as srv:
+            s = WatchSettings(srv.url, interval=0.03, windows=n, max_missed=1, **kw)
+            try:
+                run_watch(s, name=name, root=root, echo=None)
+            except SpecLensError:
+                pass
+    vllm, sglang = ("vllm", None), ("sglang", None)
+    one("watch-drift", texts(vllm, simulate([0.7] * 8 + [0.6] * 8 + [0.4] * 4, restart_at=9, seed=3)), 20,
+        min_tau=1.6)
+    one("watch-ok", texts(vllm, simulate([0.7] * 10, seed=4)), 10)
+    one("watch-sglang", texts(sglang, simulate([0.6] * 10, seed=5)), 10)
+    one("watch-lost", texts(vllm, simulate([0.7] * 4, seed=6)), 10, then="down")
+    return root
+
+
+@pytest.fixture(scope="session")
+def watch_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_watch_data(tmp_path_factory.mktemp("watch-data"))
+
+
+# ---------------------------------------------------------------------------- the page (AppTest)
+
+
+def open_watch(**params: str):
+    from streamlit.testing.v1 import AppTest
+
+    from backend.config import REPO_ROOT
+
+    at = AppTest.from_file(str(REPO_ROOT / "app.py"), default_timeout=120)
+    for k, v in params.items():
+        at.query_params[k] = v
+    at.switch_page("pages/watch.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_watch_page(watch_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECLENS_DATA", str(watch_root))
+    at = open_watch(run="watch-drift")
+    verdict = "\n".join(e.value for e in at.error)
+    assert "DRIFT: window(s) 17-20" in verdict and "1 restart(s) (window 9" in verdict
+    figs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert len(figs) == 3
+    tau = figs[0]
+    assert tau["layout"]["title"]["text"].startswith("tau per window")
+    names = {t.get("name") for t in tau["data"]}
+    assert {"drift (confirmed)", "window tau", "baseline tau", "--min-tau 1.6"} <= names
+    assert any(a.get("text") == "restart" for a in tau["layout"]["annotations"])
+    table = at.dataframe[0].value
+    assert len(table) == 20 and "None" not in table.astype(str).to_numpy().ravel().tolist()
+    assert at.query_params["run"] == "watch-drift"
+
+    at = open_watch(run="watch-sglang")
+    assert "no drift" in at.success[0].value and len(at.get("plotly_chart")) == 2
+    assert "No per-position acceptance" in "\n".join(e.value for e in at.info)
+
+    at = open_watch(run="watch-lost")
+    assert "This watch is failed: lost" in "\n".join(e.value for e in at.warning)
+
+    at = open_watch(run="no-such-run")
+    assert "No run `no-such-run`" in "\n".join(e.value for e in at.warning)
+    at = open_watch(run="x' OR 1=1; DROP TABLE runs; --" + "y" * 500)     # shown as text, cut; never SQL
+    notice = "\n".join(e.value for e in at.warning)
+    assert "OR 1=1" in notice and "\u2026" in notice and len(at.get("plotly_chart")) == 3
+
+
+def test_watch_page_without_watch_runs(data_root: Path) -> None:
+    at = open_watch()
+    assert "No watch runs yet" in at.info[0].value

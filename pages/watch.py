@@ -1,0 +1,74 @@
+"""Watch (?run=): a live vLLM/SGLang server's speculative decoding over time, recorded by `python -m backend watch`:
+tau per window against the baseline band, acceptance per draft position, tokens/s and running requests, restarts
+and drifted windows marked, the verdict in one line. Numbers: backend/watch.py (backend/metrics.py definitions);
+figures: dashboard/watch_charts.py; data: catalog.watch_windows."""
+
+import streamlit as st
+
+from backend import metrics
+from dashboard import watch_charts, ui
+
+HOW = ("`python -m backend watch --server-url http://HOST:8000 [--interval 10] [--duration 3600] [--min-tau T]` "
+       "records a watch here (exit 1 on drift or below --min-tau, for cron and CI).")
+BANNER = {"error": (st.error, ":material/error:"), "success": (st.success, ":material/check_circle:"),
+          "info": (st.info, ":material/info:"), "warning": (st.warning, ":material/warning:")}
+
+st.title("Watch a live server")
+ui.rescan()
+cat = ui.catalog()
+runs = ui.guarded(cat.list_runs, kind="watch")
+ids = runs["run_id"].tolist()
+if not ids:
+    st.info(f"No watch runs yet. {HOW}")
+    st.stop()
+ui.unknown_runs(["run"], ids, ui.guarded(cat.run_states, ui.qp_list("run")), what="watch run")
+names = {r.run_id: f"{r.run_id}  ({r.engine or '?'}, {r.status})" for r in runs.itertuples()}
+run = ui.select("Watch run", ui.capped(ids, [ui.qp_get("run") or "", ids[0]]), "run", ids[0],
+                format_func=lambda r: names.get(r, r))
+row = ui.guarded(cat.get_run, run)
+m = row["manifest"] if row else {}
+df = ui.guarded(cat.watch_windows, run)
+verdict = (m.get("watch") or {}).get("verdict")
+status = row["status"] if row else "?"
+
+if status == "running":
+    st.info(f"This watch is running ({len(df)} window(s) so far); reload the page for new windows. The verdict so far "
+            "is below.", icon=":material/sensors:")
+elif status in ("failed", "interrupted", "quarantined"):
+    why = row.get("error") or ("its process is gone (killed or crashed) before it completed" if status == "interrupted"
+                               else "no reason recorded")
+    st.warning(f"This watch is {status}: {why}. The {len(df)} window(s) it recorded are shown; it is not complete.",
+               icon=":material/warning:")
+if verdict:
+    show, icon = BANNER[watch_charts.severity(verdict)]
+    show(verdict["line"], icon=icon)
+    ui.note_verdict(verdict["line"])
+else:
+    st.info("No verdict: the watch recorded no window.", icon=":material/info:")
+if df.empty:
+    st.caption(HOW)
+    st.stop()
+
+st.caption(watch_charts.summary(m, df))
+settings = m.get("settings") or {}
+ui.chart_with_downloads(watch_charts.tau_figure(df, settings.get("min_tau"), settings.get("level")),
+                        watch_charts.tau_frame(df), f"watch_{run}_tau")
+left, right = st.columns(2)
+with left:
+    if df["per_pos_rate"].notna().any():
+        ui.chart_with_downloads(watch_charts.position_figure(df), watch_charts.position_frame(df),
+                                f"watch_{run}_positions")
+    else:
+        st.info("No per-position acceptance: this server's counters carry none (SGLang counts verification steps "
+                "and tokens per finished request only).", icon=":material/info:")
+with right:
+    ui.chart_with_downloads(watch_charts.rates_figure(df), watch_charts.rates_frame(df), f"watch_{run}_rates")
+
+st.subheader("Windows")
+st.dataframe(watch_charts.windows_table(df), hide_index=True, key="windows", column_config={
+    "note": st.column_config.TextColumn(width="large")})
+with st.expander("How the verdict is computed"):
+    st.markdown(f"{metrics.DRIFT_STATISTIC}. Windows with fewer than {settings.get('min_drafts', '?')} drafts are "
+                "\"too few drafts\": not evidence either way. A restart (a counter went down) starts a new segment "
+                "with its own baseline; it is never read as a drop.")
+st.caption(HOW)
