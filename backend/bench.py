@@ -1,16 +1,26 @@
 """A speculative-decoding bench run: prompts x repeats through plain decoding or an EAGLE-3 drafter.
 
-Spec-Bench methodology (REFERENCE section 5): every drafter run has a paired baseline run (the same
-prompts and settings, plain decoding; created here or reused when one with identical settings exists
-on this host), speedup = mean per-prompt tokens/s of the method / the same for the baseline per repeat,
-reported as mean +- std over repeats with a 95% CI, and greedy outputs must equal the baseline's token for
-token (`lossless`). Numbers come from backend/metrics.py; the loops from backend/engines/hf_spec.py.
+Spec-Bench methodology (REFERENCE section 5) with the baseline timed beside the drafter: a drafter bench decodes
+every (repeat, prompt) unit twice, back to back in this one process, plain decoding and the drafter, alternating
+which goes first from one unit to the next, in an order shuffled within each repeat (seeded), so that a slow or fast
+moment of the machine hits both sides. speedup = mean per-prompt tokens/s of the drafter / the same of plain decoding
+per repeat, from those interleaved pairs only, reported as mean +- std over repeats with a 95% CI; greedy outputs must
+equal plain decoding's token for token (`lossless`). The pairs are stored in the drafter run's prompts.parquet
+(`base_*` columns). The run also links a paired baseline run (`baseline_run`, what Compare and the run page show as
+plain decoding): a complete one with identical settings from this host when there is one, else one written here from
+the plain half of the pairs. Every unit records the machine's load (1-minute load average, CPU utilisation, the cores
+other processes and other SpecLens processes used); `bench.speed_noise` says when the speed figures are no verdict
+(backend/metrics.py: speed_noise). Numbers come from backend/metrics.py; the loops from backend/engines/hf_spec.py.
+
+Engine benches (vLLM, SGLang) still run their baseline engine before the drafter engine (two engines rarely fit one
+GPU): `pairing` "separate", and the noise check compares the two moments' prefill (metrics.moment_ratio).
 
 Files (run directory, see docs/SCHEMA.md): manifest.json (kind "bench"), steps.parquet (run_id, repeat,
 prompt_id, step, accepted), prompts.parquet (one row per repeat x prompt), summary.json (histogram,
-per-position rates, per-category figures). While running, finished (repeat, prompt) units are appended to
-`journal.jsonl`; the same command resumes after the last whole line, and the run is marked complete
-only after every file is written.
+per-position rates, per-category figures). While running, finished (repeat, prompt) units (both halves of a pair)
+are appended to the drafter run's `journal.jsonl`; the same command resumes after the last whole line (the baseline
+run it writes resumes with it), and the runs are marked complete only after every file is written, the baseline
+first.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import socket
 import sys
 import time
@@ -101,7 +112,8 @@ class BenchResult:
 
 def run_bench(settings: BenchSettings, name: str | None = None, root: Path | None = None, progress: bool = True,
               stop_after: int | None = None, proposer=None) -> BenchResult:
-    """Run (or resume) a bench. With a drafter, first creates or reuses the paired baseline run.
+    """Run (or resume) a bench. With a drafter, every unit decodes plain and speculative back to back (the pairs the
+    speedup comes from); the paired baseline run is reused or written from the plain half (`_pair_baseline`).
     `stop_after` stops this run after that many (repeat, prompt) units as an interruption would (tests);
     `proposer` replaces the drafter's proposals (tests of the bookkeeping; needs settings.drafter)."""
     from backend.engines import hf
@@ -114,14 +126,63 @@ def run_bench(settings: BenchSettings, name: str | None = None, root: Path | Non
     lm = hf.load(s.target, s.device, s.dtype)
     seqs = _encode_all(lm, prompts, s)
     spec = _load_spec(lm, s, proposer) if s.drafter else None
-    base = None
-    if s.drafter:
-        base = _ensure_baseline(lm, s.baseline(), prompts, seqs, name, root, progress)
-        if base.status != COMPLETE:
-            return base
     run_id = new_run_id("bench", name)
-    rd, done = _open_or_resume(run_id, s, lm, spec, base, root, len(prompts))
-    return _run(rd, lm, s, prompts, seqs, spec, base, done, root, progress, stop_after)
+    if spec is None:
+        rd, done = _open_or_resume(run_id, s, lm, None, None, root, len(prompts))
+        return _run(rd, lm, s, prompts, seqs, None, None, done, root, progress, stop_after)
+    base, writer = _pair_baseline(run_id, s, lm, len(prompts), name, root)
+    rd, done = _open_or_resume(run_id, s, lm, spec, base, root, len(prompts), pairing=INTERLEAVED)
+    return _run(rd, lm, s, prompts, seqs, spec, base, done, root, progress, stop_after, writer=writer)
+
+
+def _pair_baseline(run_id: str, s: BenchSettings, lm, n_prompts: int, name: str | None, root
+                   ) -> tuple[BenchResult, Run | None]:
+    """The baseline run a drafter run links (`baseline_run`) and, when this bench writes it from the plain half of its
+    pairs, its Run (else None). A resumed drafter run keeps the baseline its manifest names (claimed again when it is
+    not complete yet); a new one reuses a complete baseline with identical settings from this host, else creates
+    `<name>-baseline` (claimed again when an unfinished one of the same settings is there: a kill between the two
+    creations), else a new id."""
+    bs = s.baseline()
+    if _exists(run_id, root):
+        rd = RunDir.open(run_id, root)
+        m = rd.manifest()
+        _check_resumable(rd, m, s)
+        b = m.get("baseline_run")
+        if isinstance(b, str) and _exists(b, root):
+            brd = RunDir.open(b, root)
+            bm = brd.manifest()
+            if bm.get("status") == COMPLETE:
+                return _result_of(brd, bm), None
+            if bm.get("settings") == bs.identity():
+                return _claim_baseline(b, lm, bs, n_prompts, root)
+    ident, host = bs.identity(), socket.gethostname()
+    for rd in list_run_dirs(root):
+        try:
+            m = rd.manifest()
+        except SpecLensError:
+            continue
+        if m.get("kind") == "bench" and m.get("settings") == ident and m.get("host") == host \
+                and m.get("status") == COMPLETE:
+            return _result_of(rd, m), None
+    base_id = f"{name}-baseline" if name else new_run_id("bench-baseline", None)
+    if _exists(base_id, root):
+        try:
+            brd = RunDir.open(base_id, root)
+            bm = brd.manifest()
+            if bm.get("kind") == "bench" and bm.get("settings") == ident and bm.get("status") != COMPLETE \
+                    and brd.effective_status(bm) != RUNNING:
+                return _claim_baseline(base_id, lm, bs, n_prompts, root)
+        except SpecLensError:
+            pass
+        base_id = new_run_id("bench-baseline", None)
+    writer = Run.create(base_id, _manifest(bs, lm, None, None, n_prompts), root)
+    return BenchResult(base_id, writer.path, RUNNING, None), writer
+
+
+def _claim_baseline(run_id: str, lm, bs: BenchSettings, n_prompts: int, root) -> tuple[BenchResult, Run]:
+    writer = Run.open(run_id, root)
+    writer.claim(progress={"done": 0, "total": n_prompts * bs.repeats})
+    return BenchResult(run_id, writer.path, RUNNING, None), writer
 
 
 def _run_engine_bench(s: BenchSettings, name: str | None, root: Path | None, progress: bool,
@@ -181,7 +242,7 @@ def _run_engine_bench(s: BenchSettings, name: str | None, root: Path | None, pro
                                            "semantics": s.engine, "draft_vocab_size": pred["draft_vocab_size"],
                                            "proposer": f"{s.engine} eagle3"})
         run_id = new_run_id("bench", name)
-        rd, done = _open_or_resume(run_id, s, lm, spec, base, root, len(prompts))
+        rd, done = _open_or_resume(run_id, s, lm, spec, base, root, len(prompts), pairing=SEPARATE)
         return _run(rd, lm, s, prompts, seqs, spec, base, done, root, progress, stop_after)
     finally:
         eng.close()
@@ -241,7 +302,11 @@ def _load_spec(lm, s: BenchSettings, proposer=None) -> _Spec:
 # ---------------------------------------------------------------------- run directories
 
 
-def _manifest(s: BenchSettings, lm, spec: _Spec | None, base: BenchResult | None, n_prompts: int) -> dict:
+INTERLEAVED, SEPARATE = "interleaved", "separate"     # how a drafter run's baseline was timed (manifest `pairing`)
+
+
+def _manifest(s: BenchSettings, lm, spec: _Spec | None, base: BenchResult | None, n_prompts: int,
+              pairing: str | None = None) -> dict:
     return {
         "kind": "bench", "engine": getattr(lm, "engine", "hf"),
         "engine_version": getattr(lm, "engine_version", None) or _transformers_version(),
@@ -252,24 +317,30 @@ def _manifest(s: BenchSettings, lm, spec: _Spec | None, base: BenchResult | None
         "dtype": s.dtype, "device": str(lm.device), "dataset": Path(s.prompts).name,
         "settings": s.identity(), "repeats": s.repeats, "num_spec_tokens": s.num_spec_tokens if spec else 0,
         "temperature": s.temperature, "baseline_run": base.run_id if base else None,
+        "pairing": pairing if spec else None,
         "progress": {"done": 0, "total": n_prompts * s.repeats},
     }
 
 
-def _open_or_resume(run_id: str, s: BenchSettings, lm, spec, base, root, n_prompts: int) -> tuple[Run, list[dict]]:
-    manifest = _manifest(s, lm, spec, base, n_prompts)
+def _check_resumable(rd: RunDir, m: dict, s: BenchSettings) -> None:
+    if m.get("status") == COMPLETE:
+        raise SpecLensError(f"run '{rd.run_id}' is already complete ({rd.path}); pick another --name")
+    if m.get("kind") != "bench" or m.get("settings") != s.identity():
+        raise SpecLensError(f"run '{rd.run_id}' was started with other settings ({rd.manifest_path}); "
+                            "resume it with the same options or pick another --name")
+
+
+def _open_or_resume(run_id: str, s: BenchSettings, lm, spec, base, root, n_prompts: int,
+                    pairing: str | None = None) -> tuple[Run, list[dict]]:
+    manifest = _manifest(s, lm, spec, base, n_prompts, pairing)
     try:
         return Run.create(run_id, manifest, root), []
     except SpecLensError:
         rd = Run.open(run_id, root)
-    m = rd.manifest()
-    if m.get("status") == COMPLETE:
-        raise SpecLensError(f"run '{run_id}' is already complete ({rd.path}); pick another --name")
-    if m.get("kind") != "bench" or m.get("settings") != s.identity():
-        raise SpecLensError(f"run '{run_id}' was started with other settings ({rd.manifest_path}); "
-                            "resume it with the same options or pick another --name")
+    _check_resumable(rd.rd, rd.manifest(), s)
     done = _read_journal(rd)
-    rd.claim(baseline_run=manifest["baseline_run"], progress={"done": len(done), "total": n_prompts * s.repeats})
+    rd.claim(baseline_run=manifest["baseline_run"], pairing=manifest["pairing"],
+             progress={"done": len(done), "total": n_prompts * s.repeats})
     return rd, done
 
 
@@ -364,6 +435,20 @@ def run_unit(lm, s: BenchSettings, spec: _Spec | None, aux_capture, prompt: list
                        eos_ids(lm))
 
 
+def unit_plan(seed: int, repeats: int, n_prompts: int) -> list[tuple[int, int]]:
+    """(repeat, prompt index) in execution order: repeat by repeat, the prompts of each shuffled (seeded, so a resumed
+    run keeps its order). Spec-Bench files list prompts category by category; in their file order a drift of the
+    machine and a change of category would look alike (metrics.timing_drift)."""
+    import random
+
+    out = []
+    for r in range(repeats):
+        order = list(range(n_prompts))
+        random.Random(f"{seed}:{r}").shuffle(order)
+        out += [(r, i) for i in order]
+    return out
+
+
 def _row(run_id: str, r: int, i: int, p: Prompt, n_prompt: int, gen) -> dict:
     t = metrics.RequestTiming(len(gen.tokens), gen.seconds, gen.ttft)
     return {"run_id": run_id, "repeat": r, "prompt_index": i, "prompt_id": p.id, "category": p.category,
@@ -372,56 +457,220 @@ def _row(run_id: str, r: int, i: int, p: Prompt, n_prompt: int, gen) -> dict:
             "drafts": len(gen.accepted), "output_hash": output_hash(gen.tokens)}
 
 
+BASE_COLUMNS = ("output_tokens", "seconds", "tokens_per_s", "ttft", "tpot", "output_hash")   # paired: base_<col>
+LOAD_COLUMNS = ("load1", "cpu_util", "other_cpu", "speclens_cpu", "speclens_procs")
+
+
+class LoadProbe:
+    """The machine's load while one unit ran (psutil): `load1` (1-minute load average at its end), `cpu_util` (system
+    CPU utilisation, %), `other_cpu` (cores other processes used: system busy time minus this process and its
+    children, over the unit's wall time), `speclens_cpu` (cores other SpecLens processes used: a command line running
+    the `backend` package, this process, its ancestors (a job worker) and its children left out) and
+    `speclens_procs` (those that used 0.05 core or more: "pid command"). The process table is read again at most
+    every RESCAN_S seconds."""
+
+    RESCAN_S = 2.0
+
+    def __init__(self):
+        import psutil
+
+        self.ps = psutil
+        self.cpus = psutil.cpu_count() or 1
+        self.me = psutil.Process()
+        self.mine = {self.me.pid} | {p.pid for p in self._ancestors()}
+        self.others: dict[int, tuple[object, str]] = {}
+        self.scanned = -1e9
+        self.t0 = self.sys0 = self.own0 = None
+        self.cpu0: dict[int, float] = {}
+
+    def _ancestors(self):
+        try:
+            return self.me.parents()
+        except self.ps.Error:
+            return []
+
+    @staticmethod
+    def is_speclens(cmdline: list[str]) -> bool:
+        """A command line that runs the `backend` package: `-m backend ...`, `-m backend.<module>`, a path to
+        backend/__main__.py, or `-c` code importing it (a multiprocessing forkserver that preloads it)."""
+        for k, a in enumerate(cmdline[:-1]):
+            nxt = cmdline[k + 1]
+            if a == "-m" and (nxt == "backend" or nxt.startswith("backend.")):
+                return True
+            if a == "-c" and ("'backend" in nxt or "import backend" in nxt or "from backend" in nxt):
+                return True
+        return any(x.endswith(("backend/__main__.py", "backend/demo.py")) for x in cmdline)
+
+    def _scan(self) -> None:
+        kids = {c.pid for c in self._children()}
+        others = {}
+        for p in self.ps.process_iter(["pid", "cmdline"]):
+            pid, cmd = p.info["pid"], p.info.get("cmdline") or []
+            if pid in self.mine or pid in kids or not self.is_speclens(cmd):
+                continue
+            others[pid] = self.others.get(pid) or (p, " ".join(cmd)[:160])
+        self.others, self.scanned = others, time.monotonic()
+
+    def _children(self):
+        try:
+            return self.me.children(recursive=True)
+        except self.ps.Error:
+            return []
+
+    def _own(self) -> float:
+        t = 0.0
+        for p in [self.me, *self._children()]:
+            try:
+                c = p.cpu_times()
+                t += c.user + c.system
+            except self.ps.Error:
+                pass
+        return t
+
+    @staticmethod
+    def _busy(c) -> float:
+        return sum(c) - c.idle - getattr(c, "iowait", 0.0)
+
+    def _cpu(self, p) -> float | None:
+        try:
+            c = p.cpu_times()
+            return c.user + c.system
+        except self.ps.Error:
+            return None
+
+    def start(self) -> None:
+        if time.monotonic() - self.scanned > self.RESCAN_S:
+            self._scan()
+        self.ps.cpu_percent(None)
+        self.t0, self.sys0, self.own0 = time.monotonic(), self._busy(self.ps.cpu_times()), self._own()
+        self.cpu0 = {pid: c for pid, (p, _) in self.others.items() if (c := self._cpu(p)) is not None}
+
+    def stop(self) -> dict:
+        wall = max(time.monotonic() - self.t0, 1e-6)
+        busy = self._busy(self.ps.cpu_times()) - self.sys0
+        own = self._own() - self.own0
+        used, names = 0.0, []
+        for pid, c0 in self.cpu0.items():
+            p, cmd = self.others[pid]
+            c1 = self._cpu(p)
+            if c1 is not None and c1 >= c0:
+                used += c1 - c0
+                if (c1 - c0) / wall >= 0.05:
+                    names.append(f"{pid} {cmd}")
+        return {"load1": os.getloadavg()[0], "cpu_util": self.ps.cpu_percent(None),
+                "other_cpu": max(busy - own, 0.0) / wall, "speclens_cpu": used / wall,
+                "speclens_procs": "; ".join(names) or None}
+
+
 def _run(rd: Run, lm, s: BenchSettings, prompts, seqs, spec, base, done: list[dict], root, progress,
-         stop_after) -> BenchResult:
+         stop_after, writer: Run | None = None) -> BenchResult:
+    """The units of a run, each journaled as it finishes. Interleaved (a drafter run on the HF engine, `base` given
+    and timed here): plain decoding and the drafter back to back per unit, the first of the two alternating; the
+    plain half is stored with the unit (`base`) and, with `writer`, becomes that baseline run's rows."""
     from backend.engines.hf_spec import AuxCapture
 
-    units = [(r, i) for r in range(s.repeats) for i in range(len(prompts))]
+    interleave = spec is not None and getattr(lm, "engine_unit", None) is None
+    plan = unit_plan(s.seed, s.repeats, len(prompts))
+    if interleave:                  # a journal of a run started before interleaving: those units run again
+        done[:] = [u for u in done if "base" in u]
     finished = {(u["row"]["repeat"], u["row"]["prompt_index"]) for u in done}
     aux = AuxCapture(lm, spec.aux["boundaries"]) if spec and spec.proposer is not None else None
     t_manifest, ran = time.monotonic(), 0
-    what = "speculative" if spec else "baseline"
-    guard = RunGuard(rd, save=lambda: rd.progress(len(done), len(units), checkpoint=True),
-                     save_on_error=False, keep_interrupt=stop_after is not None,
-                     interrupted=lambda: f"interrupted after {len(done)}/{len(units)} generations; run the same "
+    what = "baseline + speculative, interleaved" if interleave else "speculative" if spec else "baseline"
+    probe = LoadProbe()
+    total = len(plan)
+
+    def save(checkpoint: bool = False) -> None:
+        rd.progress(len(done), total, checkpoint=checkpoint)
+        if writer is not None:
+            writer.progress(len(done), total, checkpoint=checkpoint)
+    guard = RunGuard(rd, save=lambda: save(True), save_on_error=False, keep_interrupt=stop_after is not None,
+                     interrupted=lambda: f"interrupted after {len(done)}/{total} units; run the same "
                                          f"command again to resume")
     try:
         with guard:
             for _ in range(s.warmup):
+                if interleave:
+                    _plain(lm, s, aux, seqs[0], s.seed)
                 run_unit(lm, s, spec, aux, seqs[0], s.seed)
             with open(rd.file(JOURNAL), "a") as journal:
-                bar = tqdm(total=len(units), initial=len(finished), desc=f"bench {rd.run_id} ({what})", unit="gen",
+                bar = tqdm(total=total, initial=len(finished), desc=f"bench {rd.run_id} ({what})", unit="unit",
                            disable=not progress, file=sys.stderr)
-                for r, i in units:
+                for pos, (r, i) in enumerate(plan):
                     if (r, i) in finished:
                         continue
-                    gen = run_unit(lm, s, spec, aux, seqs[i], unit_seed(s.seed, r, i))
-                    unit = {"row": _row(rd.run_id, r, i, prompts[i], len(seqs[i]), gen), "accepted": gen.accepted}
+                    seed, first = unit_seed(s.seed, r, i), ("baseline" if pos % 2 == 0 else "drafter")
+                    started = time.time()
+                    probe.start()
+                    if interleave and first == "baseline":
+                        g_base = _plain(lm, s, aux, seqs[i], seed)
+                    gen = run_unit(lm, s, spec, aux, seqs[i], seed)
+                    if interleave and first == "drafter":
+                        g_base = _plain(lm, s, aux, seqs[i], seed)
+                    meta = {"unit_order": pos, "first_arm": first if interleave else None, "started": started,
+                            **probe.stop()}
+                    row = {**_row(rd.run_id, r, i, prompts[i], len(seqs[i]), gen), **meta}
+                    unit = {"row": row, "accepted": gen.accepted}
+                    if interleave:
+                        brow = {**_row(base.run_id, r, i, prompts[i], len(seqs[i]), g_base), **meta}
+                        row.update({f"base_{c}": brow[c] for c in BASE_COLUMNS})
+                        unit["base"] = brow
                     journal.write(json.dumps(unit) + "\n")
                     journal.flush()
                     done.append(unit)
                     ran += 1
                     bar.update(1)
                     if time.monotonic() - t_manifest > 2.0:
-                        rd.progress(len(done), len(units))
+                        save()
                         t_manifest = time.monotonic()
-                    if stop_after is not None and ran >= stop_after and len(done) < len(units):
+                    if stop_after is not None and ran >= stop_after and len(done) < total:
                         raise KeyboardInterrupt
                 bar.close()
+    except BaseException:
+        _fail_writer(writer, rd)
+        raise
     finally:
         if aux is not None:
             aux.close()
     if guard.interrupted:                 # stop_after reached (tests of resume): the run stays failed, resumable
+        _fail_writer(writer, rd)
         return BenchResult(rd.run_id, rd.path, "failed", base.run_id if base else None)
-    return _finish(rd, s, spec, base, done, root)
+    if writer is not None:                # the baseline first: a kill between the two leaves a resumable drafter run
+        base = _finish(writer, s.baseline(), None, None, [{"row": u["base"], "accepted": []} for u in done], root,
+                       cpus=probe.cpus)
+    return _finish(rd, s, spec, base, done, root, cpus=probe.cpus, interleaved=interleave)
+
+
+def _plain(lm, s: BenchSettings, aux, prompt: list[int], seed: int):
+    """The plain half of a pair: plain decoding with the drafter's hooks off the target."""
+    if aux is None:
+        return run_unit(lm, s, None, None, prompt, seed)
+    with aux.paused():
+        return run_unit(lm, s, None, None, prompt, seed)
+
+
+def _fail_writer(writer: Run | None, rd: Run) -> None:
+    """The baseline run written from a drafter run's pairs stops with it (resumed with it, by the same command)."""
+    if writer is None:
+        return
+    try:
+        why = rd.manifest().get("error") or "stopped"
+    except SpecLensError:
+        why = "stopped"
+    writer.fail(f"its drafter run '{rd.run_id}' stopped ({why})")
 
 
 # ---------------------------------------------------------------------- results
 
 
-def _finish(rd: Run, s: BenchSettings, spec, base: BenchResult | None, done: list[dict], root) -> BenchResult:
+def _finish(rd: Run, s: BenchSettings, spec, base: BenchResult | None, done: list[dict], root, cpus: int = 1,
+            interleaved: bool = False) -> BenchResult:
     done = sorted(done, key=lambda u: (u["row"]["repeat"], u["row"]["prompt_index"]))
     prompts_df = pd.DataFrame([u["row"] for u in done])
+    if "first_arm" in prompts_df:
+        prompts_df["first_arm"] = prompts_df["first_arm"].astype("string")
+    if "speclens_procs" in prompts_df:
+        prompts_df["speclens_procs"] = prompts_df["speclens_procs"].astype("string")
     steps_df = pd.DataFrame(
         [(rd.run_id, u["row"]["repeat"], u["row"]["prompt_id"], k, n)
          for u in done for k, n in enumerate(u["accepted"])],
@@ -436,10 +685,17 @@ def _finish(rd: Run, s: BenchSettings, spec, base: BenchResult | None, done: lis
            "ttft": float(prompts_df["ttft"].mean()), "tpot": _mean(prompts_df["tpot"]),
            "speedup": None, "lossless": None, "mismatched_prompts": None}
     per_cat_speedup: dict[str, float] = {}
+    moment = None
     if base is not None:
-        bdf = pd.read_parquet(base.path / "prompts.parquet")
         key = ["repeat", "prompt_index"]
-        pair = prompts_df.merge(bdf[key + ["tokens_per_s", "output_hash"]], on=key, suffixes=("", "_base"))
+        if interleaved:               # the pairs timed in this run, back to back
+            pair = prompts_df.rename(columns={f"base_{c}": f"{c}_base" for c in BASE_COLUMNS})
+        else:                         # an engine bench: the baseline run timed before
+            bdf = pd.read_parquet(base.path / "prompts.parquet")
+            pair = prompts_df.merge(bdf[key + ["tokens_per_s", "output_hash", "ttft"]], on=key,
+                                    suffixes=("", "_base"))
+            moment = metrics.moment_ratio(1 / pair["ttft"].to_numpy(float), 1 / pair["ttft_base"].to_numpy(float))
+        pair = pair.sort_values(key)
         R = s.repeats
         m_tps = [pair[pair.repeat == r]["tokens_per_s"].tolist() for r in range(R)]
         b_tps = [pair[pair.repeat == r]["tokens_per_s_base"].tolist() for r in range(R)]
@@ -449,6 +705,9 @@ def _finish(rd: Run, s: BenchSettings, spec, base: BenchResult | None, done: lis
         if s.temperature == 0.0:
             bad = pair[pair["output_hash"] != pair["output_hash_base"]]["prompt_id"].nunique()
             fig["lossless"], fig["mismatched_prompts"] = bool(bad == 0), int(bad)
+    fig["pairing"] = (INTERLEAVED if interleaved else SEPARATE) if base is not None else None
+    fig["load"] = load_summary(prompts_df, cpus)
+    fig["speed_noise"] = noise_finding(prompts_df, fig, cpus, interleaved, moment)
     atomic_write_parquet(rd.file("steps.parquet"), steps_df)
     atomic_write_parquet(rd.file("prompts.parquet"), prompts_df)
     atomic_write_json(rd.file("summary.json"), _summary(prompts_df, steps_df, K, acc, fig, per_cat_speedup))
@@ -457,6 +716,76 @@ def _finish(rd: Run, s: BenchSettings, spec, base: BenchResult | None, done: lis
     rd.complete(drop=(JOURNAL,), progress={"done": len(done), "total": len(done)}, headline=headline, bench=fig)
     return BenchResult(rd.run_id, rd.path, COMPLETE, base.run_id if base else None, fig["tau"],
                        fig["acceptance_rate"], tps, fig["speedup"], fig["lossless"], fig["mismatched_prompts"])
+
+
+def _quantiles(col: pd.Series, qs=(0.0, 0.5, 0.9, 1.0)) -> dict | None:
+    v = pd.to_numeric(col, errors="coerce").dropna()
+    if not len(v):
+        return None
+    names = {0.0: "min", 0.5: "median", 0.9: "p90", 1.0: "max"}
+    return {names[q]: round(float(v.quantile(q)), 3) for q in qs}
+
+
+def load_summary(df: pd.DataFrame, cpus: int) -> dict | None:
+    """The manifest's `bench.load`: per-unit load figures summarised (min, median, p90, max), the units contended by
+    other processes and shared with other SpecLens processes (metrics.unit_contended / unit_shared), and which
+    SpecLens processes those were."""
+    if "other_cpu" not in df:
+        return None
+    procs = sorted({p.strip() for cell in df.get("speclens_procs", pd.Series(dtype=object)).dropna()
+                    for p in str(cell).split(";") if p.strip()})
+    return {"cpus": int(cpus), "units": int(len(df)), "load1": _quantiles(df["load1"]),
+            "cpu_util": _quantiles(df["cpu_util"]), "other_cpu": _quantiles(df["other_cpu"]),
+            "speclens_cpu": _quantiles(df["speclens_cpu"]),
+            "contended_units": int(sum(metrics.unit_contended(c, cpus) for c in df["other_cpu"])),
+            "speclens_units": int(sum(metrics.unit_shared(c) for c in df["speclens_cpu"])),
+            "speclens_processes": procs[:5]}
+
+
+def noise_finding(df: pd.DataFrame, fig: dict, cpus: int, interleaved: bool,
+                  moment: metrics.Estimate | None = None) -> dict:
+    """The manifest's `bench.speed_noise`: metrics.speed_noise over plain decoding's tokens/s in execution order (the
+    pairs' plain half in a drafter run, the run's own speeds in a baseline run; an engine bench's drafter run has no
+    plain half: the load only, and the prefill of its two moments, metrics.moment_ratio) and the per-unit load, with
+    `reason`: one line saying why the speed figures are no verdict (None when they are one)."""
+    order = df.sort_values("unit_order") if "unit_order" in df else df
+    col = "base_tokens_per_s" if interleaved else "tokens_per_s" if fig.get("pairing") is None else None
+    drift = metrics.timing_drift(order[col].to_numpy(float), order["prompt_id"].tolist()) if col else None
+    sp = fig.get("speedup") or {}
+    ci = (sp["mean"], sp["ci_low"], sp["ci_high"]) if sp else None
+    nz = metrics.speed_noise(drift, ci, order.get("other_cpu", pd.Series(dtype=float)).tolist(),
+                             order.get("speclens_cpu", pd.Series(dtype=float)).tolist(), cpus)
+    out = nz.to_dict()
+    reasons = []
+    if "drift" in nz.kinds:
+        d = nz.drift
+        covers = ("the speedup's interval covers" if nz.drift_limit > metrics.DRIFT_FLOOR
+                  else "a timing may wander unnoticed")
+        reasons.append(f"plain decoding ran {abs(d.value):.0%} {'slower' if d.value < 0 else 'faster'} in the last "
+                       f"third of the run than in the first (95% CI {d.ci_low:+.0%} to {d.ci_high:+.0%}), beyond the "
+                       f"\u00b1{nz.drift_limit:.0%} {covers}")
+    if "load" in nz.kinds:
+        q = (fig.get("load") or {}).get("other_cpu") or {}
+        reasons.append(f"other processes kept {q.get('p90', 0):.1f} of {cpus} CPU cores busy (90th percentile) and "
+                       f"{nz.contended_units} of {nz.units} units ran contended")
+    if "speclens" in nz.kinds:
+        procs = (fig.get("load") or {}).get("speclens_processes") or []
+        who = f" ({_cut(procs[0], 70)}{' and others' if len(procs) > 1 else ''})" if procs else ""
+        reasons.append(f"another SpecLens process{who} ran beside it in {nz.shared_units} of {nz.units} units")
+    if moment is not None:
+        out["moment_ttft_ratio"] = moment.to_dict()
+        if metrics.moments_differ(moment, metrics.PREFILL_FLOOR):
+            out["kinds"].append("moments")
+            out["noisy"] = True
+            reasons.append(f"its baseline run was timed at another moment, when the target's prefill ran "
+                           f"x{moment.value:.2f} as fast (95% CI {moment.ci_low:.2f} to {moment.ci_high:.2f})")
+    text = "; ".join(reasons)
+    out["reason"] = text[:1].upper() + text[1:] + "." if text else None
+    return out
+
+
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "\u2026"
 
 
 def _mean(col: pd.Series) -> float | None:

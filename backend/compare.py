@@ -75,7 +75,9 @@ FIGURE_COLUMNS = ["run_id", "drafter", "model", "dataset", "num_spec_tokens", "t
                   "speedup_total", "speedup_total_ci_low", "speedup_total_ci_high",
                   "ttft", "ttft_ci_low", "ttft_ci_high", "tpot", "tpot_ci_low", "tpot_ci_high",
                   "baseline_ttft", "baseline_ttft_ci_low", "baseline_ttft_ci_high",
-                  "baseline_tpot", "baseline_tpot_ci_low", "baseline_tpot_ci_high"]
+                  "baseline_tpot", "baseline_tpot_ci_low", "baseline_tpot_ci_high",
+                  # "interleaved" (pairs timed back to back in the run) or "separate"; why the speed is no verdict
+                  "baseline_timing", "speed_noise"]
 SPEED_FIGURES = ("tokens_per_s", "throughput_total", "ttft", "tpot")    # per run: metrics.Estimate each
 
 
@@ -140,22 +142,34 @@ def _compare(ac: Acceptance, baseline: str, root: Path | None) -> Comparison:
     speeds = cat.bench_prompt_timings(need)
     by_run = {r: g for r, g in speeds.groupby("run_id")}
     base_info = cat.bench_runs(run_ids=[b for b in bases.values() if b]).set_index("run_id")
-    est = {r: run_speed(by_run.get(r)) for r in need}
+    manifests = cat.run_manifests(ids)
+    # each run's plain-decoding timings: the pairs timed in the run itself (interleaved) against its own paired
+    # baseline; else the baseline run's rows (pinned, or a run benched before interleaving / by an engine)
+    own = {r: own_baseline(by_run.get(r)) for r in ids}
+    base_frames = {r: (own[r] if _interleaved(r, bases[r], baseline, runs, own) else by_run.get(bases[r]))
+                   if bases[r] else None for r in ids}
+    est = {r: run_speed(by_run.get(r)) for r in ids}
+    base_est = {r: run_speed(f) for r, f in base_frames.items() if f is not None}
     rows = []
     for r in ids:
-        row, a, b = runs.loc[r], acc[r], bases[r]
+        row, a, b, bf = runs.loc[r], acc[r], bases[r], base_frames[r]
         tps, tps_std = _mean_std_over_repeats(by_run.get(r))
-        btps, btps_std = _mean_std_over_repeats(by_run.get(b)) if b else (math.nan, math.nan)
+        btps, btps_std = _mean_std_over_repeats(bf) if b else (math.nan, math.nan)
         sp = _speedup(r, b, baseline, row, by_run)
         tps = est[r]["tokens_per_s"].value if not math.isnan(est[r]["tokens_per_s"].value) else tps
-        btps = est[b]["tokens_per_s"].value if b and not math.isnan(est[b]["tokens_per_s"].value) else btps
-        spt = _speedup_total(by_run.get(r), by_run.get(b) if b else None)
-        extra = {**_flat("", est[r]), **(_flat("baseline_", est[b]) if b else {}),
+        btps = base_est[r]["tokens_per_s"].value if r in base_est and not math.isnan(
+            base_est[r]["tokens_per_s"].value) else btps
+        spt = _speedup_total(by_run.get(r), bf)
+        timing = (INTERLEAVED if _interleaved(r, b, baseline, runs, own) else SEPARATE) if b else None
+        extra = {**_flat("", est[r]), **(_flat("baseline_", base_est[r]) if r in base_est else {}),
                  "prompts": est[r]["tokens_per_s"].n_prompts, "speedup_total": spt.mean if spt else None,
                  "speedup_total_ci_low": spt.ci_low if spt else None,
                  "speedup_total_ci_high": spt.ci_high if spt else None,
                  "baseline_plain": (_k(base_info.loc[b]) == 0) if b and b in base_info.index else None,
-                 "baseline_repeats": _num(base_info["repeats"].get(b)) if b else None}
+                 "baseline_repeats": _num(base_info["repeats"].get(b)) if b else None,
+                 "baseline_timing": timing,
+                 "speed_noise": speed_noise(r, b, timing, manifests.get(r) or {}, by_run.get(r), own[r],
+                                            by_run.get(b) if b else None, sp) if b and _ok(sp[0]) else None}
         rows.append({**extra,
             "run_id": r, "drafter": row["drafter"], "model": row["model"], "dataset": row["dataset"],
             "num_spec_tokens": _k(row), "temperature": row["temperature"], "repeats": row["repeats"],
@@ -168,15 +182,73 @@ def _compare(ac: Acceptance, baseline: str, root: Path | None) -> Comparison:
             "speedup": sp[0], "speedup_ci_low": sp[1], "speedup_ci_high": sp[2], "ci_method": sp[3],
             "lossless": row["lossless"], "mismatched_prompts": row["mismatched_prompts"]})
     figures = pd.DataFrame(rows, columns=FIGURE_COLUMNS)
-    manifests = cat.run_manifests(ids)
     warnings += drafter_diagnosis(manifests, cat.check_manifests())
     warnings += _warnings(figures, runs)
-    cats = _categories(ids, bases, by_run, root)
+    cats = _categories(ids, bases, by_run, base_frames, root)
     return Comparison(
         run_ids=ids, baseline=baseline, figures=figures, histogram=ac.histogram,
         positions=ac.positions, categories=cats, config=config_diff(manifests, ids),
         headline=headline(figures, lambda a, b: tau_gap(a, b, by_run), cats), warnings=warnings,
         tiles=tiles(figures))
+
+
+INTERLEAVED, SEPARATE = "interleaved", "separate"     # how a run's speedup was timed (the figures' baseline_timing)
+BASE_TIMINGS = ("output_tokens", "seconds", "tokens_per_s", "ttft", "tpot")
+
+
+def own_baseline(frame: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The plain-decoding half of a drafter run's interleaved pairs (its `base_*` columns, backend/bench.py) as a
+    run's per-prompt timings (the same columns as the run's own); None when the run has none (a run benched before
+    interleaving, an engine bench, plain decoding)."""
+    if frame is None or frame.empty or "base_tokens_per_s" not in frame or frame["base_tokens_per_s"].isna().any():
+        return None
+    out = frame.drop(columns=[c for c in BASE_TIMINGS if c in frame]).rename(
+        columns={f"base_{c}": c for c in BASE_TIMINGS})
+    return out.assign(accepted=0, drafts=0)
+
+
+def _interleaved(run: str, base: str | None, mode: str, runs: pd.DataFrame, own: dict) -> bool:
+    """The run's speedup comes from its interleaved pairs: its own paired baseline, and pairs stored."""
+    return bool(base) and mode == "paired" and own.get(run) is not None and base == runs.loc[run, "baseline_run"]
+
+
+def speed_noise(run: str, base: str, timing: str | None, manifest: dict, frame: pd.DataFrame | None,
+                own: pd.DataFrame | None, base_frame: pd.DataFrame | None, sp: tuple) -> str | None:
+    """Why this run's speedup is no faster/slower verdict, in one line, or None. The run's stored finding (the bench's
+    `speed_noise`: plain decoding drifted during the run beyond the interval, load, another SpecLens process); and,
+    for a speedup against a baseline timed at another moment (a pinned baseline, a run benched before interleaving,
+    an engine bench), whether the machine ran at another speed then (metrics.moment_ratio / moments_differ): the
+    run's own plain decoding against the baseline's (same prompts), else the two sides' prefill (TTFT: the same work
+    on both sides)."""
+    b = manifest.get("bench") if isinstance(manifest.get("bench"), dict) else {}
+    stored = b.get("speed_noise") if isinstance(b.get("speed_noise"), dict) else {}
+    parts = [stored["reason"].rstrip(".")] if isinstance(stored.get("reason"), str) else []
+    if timing == SEPARATE and frame is not None and base_frame is not None and not base_frame.empty:
+        ci = (sp[0], sp[1], sp[2]) if _ok(sp[0]) and _ok(sp[1]) and _ok(sp[2]) else None
+        if own is not None:
+            x, y = _per_prompt(own, base_frame, "tokens_per_s")
+            ratio = metrics.moment_ratio(x, y)
+            if metrics.moments_differ(ratio, metrics.MOMENT_FLOOR, ci):
+                parts.append(f"baseline `{base}` was timed at another moment: plain decoding ran at "
+                             f"{_num(np.mean(y)):.0f} tokens/s then and {_num(np.mean(x)):.0f} during `{run}` "
+                             f"(x{ratio.value:.2f}, 95% CI {ratio.ci_low:.2f} to {ratio.ci_high:.2f})")
+        elif not (isinstance(stored.get("moment_ttft_ratio"), dict)):       # the bench checked it already
+            x, y = _per_prompt(frame, base_frame, "ttft")
+            ratio = metrics.moment_ratio(1 / np.asarray(x, float), 1 / np.asarray(y, float))
+            if metrics.moments_differ(ratio, metrics.PREFILL_FLOOR):
+                parts.append(f"`{run}` and its baseline `{base}` were timed at different moments: the target's "
+                             f"prefill (TTFT, the same work on both sides) took {1000 * _num(np.mean(x)):.0f} ms "
+                             f"against {1000 * _num(np.mean(y)):.0f} ms (x{ratio.value:.2f} as fast)")
+    text = "; ".join(parts)
+    return text[:1].upper() + text[1:] + "." if text else None
+
+
+def _per_prompt(a: pd.DataFrame, b: pd.DataFrame, col: str) -> tuple[list[float], list[float]]:
+    """A column of two runs, each prompt's mean over its repeats, for the prompts both decoded (by prompt id)."""
+    ma = pd.to_numeric(a[col], errors="coerce").groupby(a["prompt_id"].astype(str)).mean()
+    mb = pd.to_numeric(b[col], errors="coerce").groupby(b["prompt_id"].astype(str)).mean()
+    shared = ma.index.intersection(mb.index)
+    return ma.loc[shared].tolist(), mb.loc[shared].tolist()
 
 
 def _grids(frame: pd.DataFrame, cols: tuple[str, ...]) -> dict[str, np.ndarray]:
@@ -396,13 +468,14 @@ CATEGORY_COLUMNS = ["run_id", "category", "prompts", "tau", "tau_ci_low", "tau_c
                     "baseline_tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high"]
 
 
-def _categories(ids: list[str], bases: dict, by_run: dict, root) -> pd.DataFrame:
+def _categories(ids: list[str], bases: dict, by_run: dict, base_frames: dict, root) -> pd.DataFrame:
     """Per run and Spec-Bench category: prompts, tau and tokens/s (catalog aggregates), tau's bootstrap interval
     over the category's prompts (metrics.tau_estimate), and the speedup over the run's baseline on that category's
-    prompts with a bootstrap CI (metrics.speedup)."""
-    cats = Catalog(root).read.bench_categories(list(dict.fromkeys(ids + [b for b in bases.values() if b])))
-    base_tps = {(r, c): t for r, c, t in zip(cats["run_id"], cats["category"], cats["tokens_per_s"])}
+    prompts with a bootstrap CI (metrics.speedup); the baseline's timings are `base_frames[run]` (the run's own
+    interleaved pairs, else its baseline run's rows)."""
+    cats = Catalog(root).read.bench_categories(list(ids))
     split = {run: {c: g for c, g in df.groupby("category")} for run, df in by_run.items()}
+    base_split = {r: {c: g for c, g in f.groupby("category")} for r, f in base_frames.items() if f is not None}
     # (accepted, drafts) per prompt summed over repeats, one GROUP BY per run, split by category
     sums = {r: df.groupby(["category", "prompt_id"])[["accepted", "drafts"]].sum()
             for r, df in by_run.items() if r in ids}
@@ -412,7 +485,7 @@ def _categories(ids: list[str], bases: dict, by_run: dict, root) -> pd.DataFrame
         b = bases[r]
         for c in cats[cats["run_id"] == r].itertuples():
             sp, tci = (None, None, None), (None, None)
-            m, bb = split.get(r, {}).get(c.category), split.get(b, {}).get(c.category) if b else None
+            m, bb = split.get(r, {}).get(c.category), base_split.get(r, {}).get(c.category)
             a = per_prompt.get(r, {}).get(c.category)
             if a is not None and np.nansum(a[:, 1]) > 0:
                 t = metrics.tau_estimate(np.nan_to_num(a), n_boot=CATEGORY_BOOT)
@@ -424,8 +497,8 @@ def _categories(ids: list[str], bases: dict, by_run: dict, root) -> pd.DataFrame
                     sp = (s.mean, s.ci_low, s.ci_high)
             rows.append({"run_id": r, "category": c.category, "prompts": int(c.prompts), "tau": c.tau,
                          "tau_ci_low": tci[0], "tau_ci_high": tci[1], "tokens_per_s": c.tokens_per_s, "baseline_run": b,
-                         "baseline_tokens_per_s": base_tps.get((b, c.category)), "speedup": sp[0],
-                         "speedup_ci_low": sp[1], "speedup_ci_high": sp[2]})
+                         "baseline_tokens_per_s": float(bb["tokens_per_s"].mean()) if bb is not None else None,
+                         "speedup": sp[0], "speedup_ci_low": sp[1], "speedup_ci_high": sp[2]})
     return pd.DataFrame(rows, columns=CATEGORY_COLUMNS)
 
 
@@ -482,6 +555,15 @@ def speed_words(mean, lo, hi, plain_baseline: bool | None = True, baseline_run: 
     return "faster", f"faster than {than}"
 
 
+NOISY_DELTA = "no verdict: timing noise"     # a tile's delta when its speed figures are not comparable
+
+
+def _noise(r: dict) -> str | None:
+    """The figures row's `speed_noise` (why its speedup is no verdict), None when there is none."""
+    v = r.get("speed_noise")
+    return v if isinstance(v, str) and v else None
+
+
 def _basis(r: dict) -> str:
     reps, n = _num(r.get("repeats"), 0), _num(r.get("prompts"), 0)
     reps = int(reps) if reps else 1
@@ -501,14 +583,21 @@ def tiles(fig: pd.DataFrame) -> list[Tile]:
             continue
         tone, words = speed_words(r["speedup"], r.get("speedup_ci_low"), r.get("speedup_ci_high"),
                                   r.get("baseline_plain"), r.get("baseline_run"))
+        noise = _noise(r)
         lines = [f"95% CI{_ci(r.get('speedup_ci_low'), r.get('speedup_ci_high'))} · mean per-prompt tokens/s"]
         if _ok(r.get("speedup_total")):
             lines.append(f"{_x(r['speedup_total'])}{_ci(r.get('speedup_total_ci_low'), r.get('speedup_total_ci_high'))}"
                          " by total tokens / total time")
-        lines.append(f"{_basis(r)}, against `{r.get('baseline_run')}`")
+        lines.append(f"{_basis(r)}, against `{r.get('baseline_run')}`"
+                     + (" (timed back to back, interleaved per prompt)" if r.get("baseline_timing") == INTERLEAVED
+                        else " (timed at another moment)" if r.get("baseline_timing") == SEPARATE else ""))
         if _ok(r.get("tau")) and _k(r) > 0:
             lines.insert(0, f"tau {r['tau']:.2f}" + (f" · {r['acceptance_rate']:.0%} of drafts accepted"
                                                      if _ok(r.get("acceptance_rate")) else ""))
+        if noise:
+            lines.insert(0, f"No faster/slower verdict: {noise}")
+            out.append(Tile(r["run_id"], _x(r["speedup"]), NOISY_DELTA, "noisy", lines))
+            continue
         out.append(Tile(r["run_id"], _x(r["speedup"]), f"{100 * (r['speedup'] - 1):+.0f}% · {words}", tone, lines))
     return out
 
@@ -619,6 +708,11 @@ def headline(fig: pd.DataFrame, gap=None, cats: pd.DataFrame | None = None) -> s
     recs = fig.to_dict("records")
     parts = []
     sped = [r for r in recs if _ok(r.get("speedup")) and _k(r) > 0]
+    noisy = [r for r in sped if _noise(r)]
+    sped = [r for r in sped if not _noise(r)]
+    if noisy:
+        parts.append(f"**No speed verdict for {_names(r['run_id'] for r in noisy)}**: "
+                     + " ".join(f"`{r['run_id']}` {_x(r['speedup'])}: {_noise(r)}" for r in noisy))
     if sped:
         tones = [speed_words(r["speedup"], r.get("speedup_ci_low"), r.get("speedup_ci_high"), r.get("baseline_plain"),
                              r.get("baseline_run"))[0] for r in sped]
@@ -632,14 +726,16 @@ def headline(fig: pd.DataFrame, gap=None, cats: pd.DataFrame | None = None) -> s
         if tot:
             figs += (" by mean per-prompt tokens/s; "
                      + ", ".join(f"{_x(r['speedup_total'])}" for r in tot) + " by total tokens / total time")
+        other = " other" if noisy else ""
+        subject = f"The{other} drafter" if one else f"Every{other} drafter"
         if same and tones[0] in ("slower", "faster"):
-            lead = f"**{'The drafter' if one else 'Every drafter'} here is {tones[0]} than {than}**"
+            lead = f"**{subject} here is {tones[0]} than {than}**"
         elif all(t in ("slower", "unclear") for t in tones):
-            lead = f"**No drafter here is clearly faster than {than}**"
+            lead = f"**No{other} drafter here is clearly faster than {than}**"
         else:
             lead = f"Speedup over {than}"
         parts.append(f"{lead}: {figs}.")
-    elif recs:
+    elif recs and not noisy:
         parts.append("No speedup: " + ", ".join(f"`{r['run_id']}`" for r in recs) + " have no baseline.")
     spec = fig[(fig["num_spec_tokens"] > 0) & (fig["drafts"] > 0)]
     if len(spec) >= 2:
@@ -655,7 +751,9 @@ def headline(fig: pd.DataFrame, gap=None, cats: pd.DataFrame | None = None) -> s
                 text += (f"95% CI {lo:.2f} to {hi:.2f} over {n} shared prompts"
                          + (", so not clearly lower; " if lo <= 0 else "; "))
             text += f"{100 * loss / best['tau']:.0f}% of its tau)"
-            if _ok(best.get("speedup")) and _ok(worst.get("speedup")):
+            if _noise(best.to_dict()) or _noise(worst.to_dict()):
+                text += "; their speedups are not compared (timing noise, above)"
+            elif _ok(best.get("speedup")) and _ok(worst.get("speedup")):
                 ds = _pp(worst["speedup"], best["speedup"])
                 text += (f"; its speedup: {ds} ({_x(worst['speedup'])} against {_x(best['speedup'])})"
                          if worst["speedup"] <= best["speedup"] else

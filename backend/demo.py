@@ -12,9 +12,17 @@ its rotated copy, then captures and imports:
 | demo-fp32 vs demo-bf16                | drift       |
 
 and, with the toy pair (models/toy-pair.tar.gz, trained on the H200 by `python -m backend.toy.pair --device cuda
---steps-target 400 --steps-drafter 2000 --budget-minutes 8.3`; unpacked under <data>/models/toy-pair), three
-speculative-decoding benches on held-out Spec-Bench prompts: the paired baseline, the matched drafter and the
-drafter trained on "after layer" captures (the speculators <= 0.4 convention) served with vLLM's reading of its ids.
+--steps-target 400 --steps-drafter 2000 --budget-minutes 8.3`; unpacked under <data>/models/toy-pair), two
+speculative-decoding benches on held-out Spec-Bench prompts: the matched drafter and the drafter trained on "after
+layer" captures (the speculators <= 0.4 convention) served with vLLM's reading of its ids, each timed against plain
+decoding interleaved per prompt (backend/bench.py; the first writes the paired baseline run the others link).
+
+Every bench runs in this one process, one after another: a bench timed beside another (the slot-shift benches used
+to run in a second process) reads the other's load as its own speed. One repeat of the 116 held-out prompts: tau
+needs the 116 (the two toy drafters differ by about 4%); timing noise is exposed without repeats by the interleaved
+pairs and each run's noise check (plain decoding's drift over the run in a shuffled prompt order, the load); a
+second repeat would add about a minute per bench (five benches) for a tighter speedup interval the demo does not
+need.
 
 Then the slot-shift case (issue 15, models/toy-slot-shift.tar.gz, `python -m backend.toy.slot_shift`): a drafter for
 the same target trained on speculators <= 0.4 files [embeddings, layer outputs] whose last state was the teacher, so
@@ -37,6 +45,8 @@ from backend.toy.shipped import PAIR_TARBALL, PROMPTS, heldout_prompts, toy_pair
 
 LIMIT = 40
 BENCH_RUNS = ("demo-bench-matched", "demo-bench-after-layer")
+BASELINE_RUN = f"{BENCH_RUNS[0]}-baseline"      # the name bench.py gives the paired baseline of the first bench
+REPEATS = 1                                     # see the module docstring: tau needs prompts, not repeats
 DEMO_PAIRS = [
     ("demo-fp32", "demo-fp32-again", "aligned"),
     ("demo-fp32", "demo-after-layer", "offset"),
@@ -110,9 +120,10 @@ def build_demo(root: Path | None = None, force: bool = False, progress: bool = T
 
 
 def build_bench_demo(root: Path | None = None, force: bool = False, progress: bool = True, limit: int | None = None,
-                     max_new_tokens: int = 48, repeats: int = 1) -> list[str]:
-    """Baseline, matched drafter and after-layer drafter on the held-out prompts (all 116 by default: the two
-    drafters differ by about 4% in tau, which takes that many prompts to tell apart; K=4, greedy)."""
+                     max_new_tokens: int = 48, repeats: int = REPEATS) -> list[str]:
+    """The matched drafter and the after-layer drafter on the held-out prompts (all 116 by default: the two drafters
+    differ by about 4% in tau, which takes that many prompts to tell apart; K=4, greedy), each interleaved with plain
+    decoding; the first writes the paired baseline run (`BASELINE_RUN`), the rest link it."""
     from backend.bench import BenchSettings, run_bench
 
     import torch
@@ -128,32 +139,14 @@ def build_bench_demo(root: Path | None = None, force: bool = False, progress: bo
     for run_id, drafter in zip(BENCH_RUNS, ("drafter-matched", "drafter-after-layer")):
         if not _fresh(run_id, root, force):
             continue
+        if run_id == BENCH_RUNS[0] and force:       # rebuilt with its pairs, not linked to the old one
+            Run.remove(BASELINE_RUN, root)
         s = BenchSettings(target=str(pair / "target"), drafter=str(pair / drafter), prompts=str(prompts),
                           num_spec_tokens=4, limit=limit, max_new_tokens=max_new_tokens, repeats=repeats,
                           device="cpu")
         r = run_bench(s, name=run_id, root=root, progress=progress)
         made.append(r.run_id)
     return made
-
-
-BASELINE_RUN = f"{BENCH_RUNS[0]}-baseline"      # the name bench.py gives the paired baseline of the first bench
-
-
-def build_baseline(root: Path | None = None, force: bool = False, progress: bool = True, limit: int | None = None,
-                   max_new_tokens: int = 48, repeats: int = 1) -> list[str]:
-    """The paired baseline every demo bench shares (plain decoding of the held-out prompts), run alone first: the
-    benches after it run two at a time (one per core), and a baseline timed beside a capture would flatter them."""
-    from backend.bench import BenchSettings, run_bench
-
-    import torch
-
-    torch.set_num_threads(1)
-    pair = toy_pair(root)
-    if pair is None or not _fresh(BASELINE_RUN, root, force):
-        return []
-    s = BenchSettings(target=str(pair / "target"), drafter=None, prompts=str(heldout_prompts(pair)), num_spec_tokens=4,
-                      limit=limit, max_new_tokens=max_new_tokens, repeats=repeats, device="cpu")
-    return [run_bench(s, name=BASELINE_RUN, root=root, progress=progress).run_id]
 
 
 CHECK_RUN = "demo-check-after-layer"
@@ -202,7 +195,8 @@ def build_slot_shift_demo(root: Path | None = None, force: bool = False, progres
                           limit: int | None = None, max_new_tokens: int = 48, benches: bool = True,
                           check: bool = True) -> list[str]:
     """The slot-shift drafter benched as SGLang 0.5.15 feeds it (ids as written, patched, fixed) on the held-out
-    prompts, sharing the matched drafter's paired baseline, then its drafter check against SGLang."""
+    prompts, each interleaved with plain decoding (linking the matched drafter's paired baseline run when it is there),
+    then its drafter check against SGLang."""
     from backend.bench import BenchSettings, run_bench
     from backend.check_drafter import CheckSettings, run_check
 
@@ -219,7 +213,7 @@ def build_slot_shift_demo(root: Path | None = None, force: bool = False, progres
         if not benches or not _fresh(run_id, root, force):
             continue
         s = BenchSettings(target=str(pair / "target"), drafter=str(slot / drafter), prompts=str(prompts),
-                          num_spec_tokens=4, limit=limit, max_new_tokens=max_new_tokens, repeats=1, device="cpu",
+                          num_spec_tokens=4, limit=limit, max_new_tokens=max_new_tokens, repeats=REPEATS, device="cpu",
                           producer=SLOT_ENGINE[0], producer_version=SLOT_ENGINE[1])
         made.append(run_bench(s, name=run_id, root=root, progress=progress).run_id)
     if check and _fresh(SLOT_CHECK_RUN, root, force):
@@ -294,57 +288,27 @@ def run_demo(force: bool = False, progress: bool = True, root: Path | None = Non
         kinds = ",".join(f.kind for f in al.verdict)
         print(f"  align {a} {b}: [{kinds}] {al.verdict[0].text[:110]}")
     t1 = time.perf_counter()
-    # the paired baseline alone, then the slot-shift benches in a second process on the core the one-thread benches
-    # leave idle (they reuse that baseline: bench.py finds it by its settings)
-    build_baseline(root, force, progress)
-    slot = _spawn_slot_shift(root, force)
-    build_bench_demo(root, force, progress)
+    build_bench_demo(root, force, progress)         # one bench after another, in this process: none times another
     for r in Catalog(root).read.bench_runs(run_ids=list(BENCH_RUNS)).itertuples():
-        print(f"  bench {r.run_id}: tau {r.tau:.2f}, {r.tokens_per_s:.1f} tok/s, speedup {r.speedup:.2f}x, "
-              f"lossless {r.lossless}")
+        print(f"  bench {r.run_id}: tau {r.tau:.2f}, {r.tokens_per_s:.1f} tok/s, {_speed(r)}, lossless {r.lossless}")
     print(f"benchmark demo ready in {time.perf_counter() - t1:.1f} s; open http://localhost:8501/compare?runs="
           f"{','.join(BENCH_RUNS)}")
     t2 = time.perf_counter()
     if build_check_demo(root, force, progress) or _complete(CHECK_RUN, root):
         print(f"drafter check ready in {time.perf_counter() - t2:.1f} s; open http://localhost:8501/drafter?run={CHECK_RUN}")
     t3 = time.perf_counter()
-    build_slot_shift_demo(root, force, progress, benches=False)
-    if slot is not None:
-        if slot.wait() != 0:
-            print(f"slot-shift benches failed (exit {slot.returncode}); see {slot.log}:\n"
-                  + slot.log.read_text(errors="replace")[-3000:])
+    build_slot_shift_demo(root, force, progress)
     for r in Catalog(root).read.bench_runs(run_ids=list(SLOT_RUNS)).itertuples():
-        print(f"  bench {r.run_id}: tau {r.tau:.2f}, speedup {r.speedup:.2f}x, lossless {r.lossless}")
-    print(f"slot-shift demo ready {time.perf_counter() - t3:.1f} s later ({time.perf_counter() - t0:.0f} s in all); "
+        print(f"  bench {r.run_id}: tau {r.tau:.2f}, {_speed(r)}, lossless {r.lossless}")
+    print(f"slot-shift demo ready in {time.perf_counter() - t3:.1f} s ({time.perf_counter() - t0:.0f} s in all); "
           f"open http://localhost:8501/drafter?run={SLOT_CHECK_RUN}")
     for line in story(root) or []:
         print("  " + line)
 
 
-def _spawn_slot_shift(root: Path | None, force: bool):
-    """`python -m backend.demo --slot-shift-benches` in the background (None when the tarballs are absent)."""
-    import os
-    import subprocess
-    import sys
-
-    if not (PAIR_TARBALL.exists() and SLOT_TARBALL.exists()):
-        return None
-    toy_pair(root)                  # unpack once, here, so the two processes never race on it
-    slot_shift_models(root)
-    cmd = [sys.executable, "-m", "backend.demo", "--slot-shift-benches"] + (["--force"] if force else [])
-    env = {**os.environ, "SPECLENS_DATA": str(paths(root).root)}
-    log = paths(root).root / "slot-shift-demo.log"
-    with open(log, "w") as fh:           # a file, not a pipe: a full pipe would block the child
-        p = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
-    p.log = log
-    return p
-
-
-if __name__ == "__main__":
-    import argparse
-
-    ap = argparse.ArgumentParser(description="the slot-shift benches of the demo (run_demo starts this itself)")
-    ap.add_argument("--slot-shift-benches", action="store_true", required=True)
-    ap.add_argument("--force", action="store_true")
-    a = ap.parse_args()
-    build_slot_shift_demo(force=a.force, progress=False, check=False)
+def _speed(r) -> str:
+    """A bench row's speedup for the demo's log: with its interval, or why it is no verdict."""
+    if r.speedup is None or r.speedup != r.speedup:
+        return "no speedup"
+    text = f"speedup {r.speedup:.2f}x [{r.speedup_ci_low:.2f}, {r.speedup_ci_high:.2f}]"
+    return text + (f" (no verdict: {r.speed_noise})" if isinstance(r.speed_noise, str) and r.speed_noise else "")

@@ -472,3 +472,167 @@ def drift_band(windows: Sequence[tuple[float, float, float | None]], level: floa
     mean_var = sum(d * d * (between + within / d) for _, d, _ in w) / (D * D)
     return DriftBand(1 + m, within, between, B, int(D), mean_var, t_quantile(level, B - 1), level, source)
 
+
+# ---------------------------------------------------------------------- timing noise: when a speedup is no verdict
+# A bench times the baseline and the drafter of each (repeat, prompt) unit back to back, alternating which goes first
+# (backend/bench.py), so a slow or fast machine moment hits both. What is left to say is when the speed figures are
+# still not a faster/slower verdict: plain decoding's own speed drifted during the run by more than the speedup's
+# interval covers, other processes took the CPU the bench needed, another SpecLens process ran beside it, or (runs not
+# interleaved: pinned or older baselines) the two sides were timed at moments when the machine ran at other speeds.
+# The definitions are here once; the bench stores the finding (manifest `bench.speed_noise`), the pages say it.
+
+DRIFT_PARTS = 3             # the drift compares the first and the last third of a run's units, in execution order
+DRIFT_FLOOR = 0.05          # a drift counts beyond max(5%, the speedup interval's relative half-width)
+NOISY_UNITS = 0.10          # a run is under load when at least this share of its units (and one) were
+CONTENDED_CORES = 0.5       # a unit is contended when other processes used max(0.5, CONTENDED_SHARE x CPUs) cores
+CONTENDED_SHARE = 0.25      #   or more while it ran (system busy time minus this process and its children)
+SPECLENS_CORES = 0.25       # ... and shared when other SpecLens processes used 0.25 core or more while it ran
+PREFILL_FLOOR = 0.25        # the same prompts' prefill timed at two moments: more than 25% apart = other machine speed
+MOMENT_FLOOR = DRIFT_FLOOR  # the same plain decoding timed at two moments: beyond max(5%, the speedup's half-width)
+
+
+@dataclass
+class TimingDrift:
+    """How a speed changed from the first to the last part of a run: mean(last) / mean(first) - 1 (-0.30: 30% slower
+    by the end), with a 95% bootstrap interval (units resampled within each part)."""
+
+    value: float
+    ci_low: float
+    ci_high: float
+    n_first: int
+    n_last: int
+    normalised: bool             # each unit was divided by its prompt's mean over the run first (repeats >= 2)
+
+    @property
+    def significant(self) -> bool:
+        """The interval excludes no change."""
+        return self.ci_low > 0 or self.ci_high < 0
+
+    def to_dict(self) -> dict:
+        return {"value": self.value, "ci_low": self.ci_low, "ci_high": self.ci_high, "n_first": self.n_first,
+                "n_last": self.n_last, "normalised": self.normalised}
+
+
+def timing_drift(speeds: Sequence[float], prompts: Sequence[object] | None = None, parts: int = DRIFT_PARTS,
+                 n_boot: int = 2000, seed: int = 0) -> TimingDrift | None:
+    """The drift of a speed over a run. speeds[u]: one speed per unit in execution order (plain decoding's tokens/s);
+    prompts[u]: the unit's prompt. Where prompts were decoded two times or more (repeats), each unit is divided by
+    its prompt's mean first, so a slow prompt early and a fast one late is no drift (prompts decoded once are then left
+    out); otherwise the raw speeds are compared (the bench shuffles the prompts of each repeat, so their order holds
+    no trend, only noise the interval covers). None when a part would hold fewer than 2 units."""
+    v = np.asarray(speeds, dtype=np.float64).ravel()
+    keep = np.isfinite(v) & (v > 0)
+    normalised = False
+    if prompts is not None and len(prompts) == len(v):
+        keys = np.asarray([str(p) for p in prompts])
+        _, inv, counts = np.unique(keys[keep], return_inverse=True, return_counts=True)
+        rep = np.zeros(len(v), dtype=bool)
+        rep[np.flatnonzero(keep)] = counts[inv] >= 2
+        if rep.sum() >= 2 * parts:
+            sel = np.flatnonzero(rep)
+            _, inv2 = np.unique(keys[sel], return_inverse=True)
+            means = np.bincount(inv2, weights=v[sel]) / np.bincount(inv2)
+            v = v.copy()
+            v[sel] = v[sel] / means[inv2]
+            keep, normalised = rep, True
+    v = v[keep]
+    n = len(v) // parts
+    if n < 2:
+        return None
+    first, last = v[:n], v[-n:]
+    ia, ib = _resamples(n, n_boot, seed), _resamples(n, n_boot, seed + 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lo, hi = _interval(last[ib].mean(1) / first[ia].mean(1) - 1.0)
+    return TimingDrift(float(last.mean() / first.mean() - 1.0), lo, hi, n, n, normalised)
+
+
+def speedup_halfwidth(mean: float | None, ci_low: float | None, ci_high: float | None) -> float:
+    """The relative half-width of a speedup's interval, (high - low) / 2 / mean; 0.0 without one."""
+    try:
+        m, lo, hi = float(mean), float(ci_low), float(ci_high)
+    except (TypeError, ValueError):
+        return 0.0
+    return (hi - lo) / 2 / m if all(math.isfinite(x) for x in (m, lo, hi)) and m > 0 else 0.0
+
+
+def unit_contended(other_cores: float | None, cpus: int) -> bool:
+    """Other processes used max(CONTENDED_CORES, CONTENDED_SHARE x cpus) cores or more while the unit ran."""
+    return other_cores is not None and math.isfinite(other_cores) and \
+        other_cores >= max(CONTENDED_CORES, CONTENDED_SHARE * max(int(cpus or 1), 1))
+
+
+def unit_shared(speclens_cores: float | None) -> bool:
+    """Other SpecLens processes used SPECLENS_CORES or more while the unit ran."""
+    return speclens_cores is not None and math.isfinite(speclens_cores) and speclens_cores >= SPECLENS_CORES
+
+
+@dataclass
+class SpeedNoise:
+    """Whether a run's speed figures are a verdict. `kinds`: "drift" (plain decoding's speed changed from the first to
+    the last third of the run, interval excluding no change, by more than `drift_limit` = max(DRIFT_FLOOR, the
+    speedup interval's relative half-width)), "load" (contended units, unit_contended, in NOISY_UNITS of the units or
+    more), "speclens" (units shared with another SpecLens process, unit_shared, as often)."""
+
+    kinds: list[str]
+    drift: TimingDrift | None
+    drift_limit: float
+    units: int
+    contended_units: int
+    shared_units: int
+
+    @property
+    def noisy(self) -> bool:
+        return bool(self.kinds)
+
+    def to_dict(self) -> dict:
+        return {"noisy": self.noisy, "kinds": list(self.kinds), "drift": self.drift.to_dict() if self.drift else None,
+                "drift_limit": self.drift_limit, "units": self.units, "contended_units": self.contended_units,
+                "shared_units": self.shared_units}
+
+
+def _many(k: int, n: int) -> bool:
+    return n > 0 and k >= max(1, NOISY_UNITS * n)
+
+
+def speed_noise(drift: TimingDrift | None, speedup_ci: tuple[float, float, float] | None = None,
+                other_cores: Sequence[float | None] = (), speclens_cores: Sequence[float | None] = (),
+                cpus: int = 1) -> SpeedNoise:
+    """The noise verdict of one run from its drift (timing_drift of plain decoding's speed), its speedup (mean, ci_low,
+    ci_high; None for plain decoding) and, per unit, the cores other processes and other SpecLens processes used."""
+    limit = max(DRIFT_FLOOR, speedup_halfwidth(*speedup_ci) if speedup_ci else 0.0)
+    kinds = []
+    if drift is not None and drift.significant and abs(drift.value) > limit:
+        kinds.append("drift")
+    contended = sum(unit_contended(c, cpus) for c in other_cores)
+    shared = sum(unit_shared(c) for c in speclens_cores)
+    if _many(contended, len(other_cores)):
+        kinds.append("load")
+    if _many(shared, len(speclens_cores)):
+        kinds.append("speclens")
+    return SpeedNoise(kinds, drift, limit, len(other_cores), contended, shared)
+
+
+def moment_ratio(a: Sequence[float], b: Sequence[float], n_boot: int = 2000, seed: int = 0) -> Estimate:
+    """The same work timed at two moments: a[p], b[p] the same prompts' speeds (tokens/s, or 1 / TTFT for a prefill)
+    at moment A and moment B, paired by index. Ratio sum(a) / sum(b) with a paired bootstrap interval over prompts
+    (pairs where either is missing are left out)."""
+    A, B = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
+    if A.shape != B.shape:
+        raise ValueError("moment_ratio needs the same prompts at both moments")
+    ok = np.isfinite(A) & np.isfinite(B) & (A > 0) & (B > 0)
+    A, B = A[ok], B[ok]
+    if len(A) < 2:
+        return Estimate(math.nan, math.nan, math.nan, 1, len(A))
+    idx = _resamples(len(A), n_boot, seed)
+    lo, hi = _interval(A[idx].sum(1) / B[idx].sum(1))
+    return Estimate(float(A.sum() / B.sum()), lo, hi, 1, len(A))
+
+
+def moments_differ(ratio: Estimate, floor: float = MOMENT_FLOOR,
+                   speedup_ci: tuple[float, float, float] | None = None) -> bool:
+    """Two moments ran the machine at other speeds: the ratio's interval excludes 1 and the ratio is more than
+    max(floor, the speedup interval's relative half-width) away from 1 (either way: x0.5 and x2 count alike)."""
+    if not all(math.isfinite(x) for x in (ratio.value, ratio.ci_low, ratio.ci_high)) or ratio.value <= 0:
+        return False
+    limit = max(floor, speedup_halfwidth(*speedup_ci) if speedup_ci else 0.0)
+    return (ratio.ci_low > 1 or ratio.ci_high < 1) and abs(math.log(ratio.value)) > math.log1p(limit)

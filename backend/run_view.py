@@ -332,11 +332,47 @@ def bench_figures(manifest: dict) -> list[tuple[str, str]]:
     if sp:
         ci = (f" (95% CI {num(sp.get('ci_low'), '.2f')} to {num(sp.get('ci_high'), '.2f')})"
               if sp.get("ci_low") is not None else "")
-        out.append((f"speedup over the paired baseline{ci}", f"{num(sp.get('mean'), '.2f')}x"))
+        out.append((f"speedup over the paired baseline{ci}" + (", no verdict: timing noise"
+                                                               if speed_notice(manifest) else ""),
+                    f"{num(sp.get('mean'), '.2f')}x"))
     if b.get("lossless") is not None:
         out.append(("outputs equal the baseline's", "yes" if b["lossless"] else
                     f"no ({b.get('mismatched_prompts')} prompts differ)"))
     return [(label, value) for label, value in out if value not in ("-", "-x")]
+
+
+def speed_notice(manifest: dict) -> str | None:
+    """Why a bench run's speed figures are no faster/slower verdict (its stored `bench.speed_noise` finding,
+    backend/bench.py from backend/metrics.py), in one line; None when they are one (or were not checked)."""
+    b = manifest.get("bench") if isinstance(manifest.get("bench"), dict) else {}
+    n = b.get("speed_noise") if isinstance(b.get("speed_noise"), dict) else {}
+    return n["reason"] if isinstance(n.get("reason"), str) and n["reason"] else None
+
+
+def timing_lines(manifest: dict) -> list[str]:
+    """How a bench run was timed, in words: against what (plain decoding interleaved per prompt in this run, or a
+    baseline run timed at another moment) and the machine's load while it ran (its stored `bench.load`)."""
+    b = manifest.get("bench") if isinstance(manifest.get("bench"), dict) else {}
+    out = []
+    pairing, base = b.get("pairing"), manifest.get("baseline_run")
+    if pairing == "interleaved":
+        out.append(f"Timed against plain decoding run back to back with each unit in this run (which of the two went "
+                   f"first alternating); `{base}` holds plain decoding's outputs.")
+    elif pairing == "separate" or (base and manifest.get("num_spec_tokens")):
+        out.append(f"Timed against the baseline run `{base}`, which ran at another moment.")
+    load = b.get("load") if isinstance(b.get("load"), dict) else None
+    if load:
+        def rng(k: str) -> str:
+            q = load.get(k) if isinstance(load.get(k), dict) else {}
+            return (f"{q.get('min', 0):.1f} to {q.get('max', 0):.1f} (median {q.get('median', 0):.1f})"
+                    if q else "not recorded")
+        procs = load.get("speclens_processes") or []
+        out.append(f"Load while it ran ({load.get('units')} units, {load.get('cpus')} CPU cores): 1-minute load "
+                   f"average {rng('load1')}; other processes used {rng('other_cpu')} cores, "
+                   f"{load.get('contended_units')} unit(s) contended; other SpecLens processes: "
+                   + (f"{load.get('speclens_units')} unit(s) shared with {', '.join(f'`{p}`' for p in procs[:2])}"
+                      if procs else "none seen") + ".")
+    return out
 
 
 def manifest_text(manifest: dict) -> str:

@@ -46,12 +46,15 @@ if acc_tab.open:
 
 with st.spinner(f"Speedups of {len(acc.run_ids)} runs ..."):
     cmp = ui.guarded(compare.compare, chosen, against, acceptance=acc)
-TONE = {"slower": "normal", "faster": "normal", "unclear": "off", "none": "off"}
+# green/red only for a verdict; "noisy" (the speed figures are not comparable: timing noise, load, another moment)
+# is grey without an arrow, like "no clear difference"
+TONE = {"slower": "normal", "faster": "normal", "unclear": "off", "none": "off", "noisy": "off"}
 with tile_row.container():
     for start in range(0, len(cmp.tiles), 4):                        # four tiles a row
         for col, tile in zip(st.columns(4), cmp.tiles[start:start + 4]):
-            with col.container(border=True):
-                st.metric(tile.run_id, tile.value, tile.delta, delta_color=TONE[tile.tone])
+            with col.container(border=True, key=f"tile_{start + cmp.tiles[start:start + 4].index(tile)}"):
+                st.metric(tile.run_id, tile.value, tile.delta, delta_color=TONE.get(tile.tone, "off"),
+                          delta_arrow="off" if tile.tone == "noisy" else "auto")
                 st.caption("  \n".join(tile.lines))
 headline.container(border=True).markdown(cmp.headline)
 ui.note_verdict(cmp.headline)        # above exported charts, in the report bundle

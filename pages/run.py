@@ -79,6 +79,13 @@ if kind == "bench":
         with st.container(horizontal=True, gap="medium", key="run_figures"):
             for label, value in figures:
                 st.metric(label, value, border=True, width="content")
+    notice = run_view.speed_notice(m)
+    if notice:
+        st.container(key="run_speed_noise").warning(
+            f"**No faster/slower verdict from this run's speed figures.** {notice}", icon=":material/speed:")
+    timing = run_view.timing_lines(m)
+    if timing:
+        st.caption("  \n".join(timing))
 elif kind == "capture":
     with st.container(horizontal=True, gap="medium", key="run_figures"):
         for label, value in run_view.capture_headline(m):

@@ -16,8 +16,9 @@ One speculative step, with the target's last sampled token x at position `pos` (
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Iterator, Protocol
 
 import torch
 
@@ -124,9 +125,19 @@ class AuxCapture:
     """Forward hooks on the target that keep the drafter's aux boundaries of the last forward."""
 
     def __init__(self, lm: LoadedModel, labels: list[str]):
+        self.lm = lm
         self.bs = [coords.parse(lbl, lm.n_layers) for lbl in labels]
         self.buf: list[torch.Tensor | None] = [None] * len(self.bs)
         self.hooks = BoundaryHooks(lm, self.bs, self._sink)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No hooks on the target inside the block (plain decoding timed beside the drafter, as it runs alone)."""
+        self.hooks.remove()
+        try:
+            yield
+        finally:
+            self.hooks = BoundaryHooks(self.lm, self.bs, self._sink)
 
     def _sink(self, k: int, x: torch.Tensor) -> None:
         self.buf[k] = x                                  # [T, H_T]

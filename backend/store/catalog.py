@@ -34,7 +34,7 @@ from backend.errors import SpecLensError
 from backend.store import validate
 from backend.store.rundir import RUNNING, RunDir
 
-SCHEMA_VERSION = "4"
+SCHEMA_VERSION = "5"          # 5: bench_prompts pairs and load columns, bench_runs pairing and speed_noise
 RUN_TYPES = {
     "run_id": "VARCHAR", "kind": "VARCHAR", "engine": "VARCHAR", "engine_version": "VARCHAR", "status": "VARCHAR",
     "model": "VARCHAR", "model_path": "VARCHAR", "model_key": "VARCHAR", "model_type": "VARCHAR", "n_layers": "BIGINT",
@@ -414,12 +414,18 @@ BENCH_RUN_COLUMNS = {
     "tau": "DOUBLE", "acceptance_rate": "DOUBLE", "tokens_per_s": "DOUBLE", "ttft": "DOUBLE", "tpot": "DOUBLE",
     "speedup": "DOUBLE", "speedup_std": "DOUBLE", "speedup_ci_low": "DOUBLE", "speedup_ci_high": "DOUBLE",
     "lossless": "BOOLEAN", "mismatched_prompts": "BIGINT", "created": "VARCHAR",
+    "pairing": "VARCHAR", "speed_noise": "VARCHAR",   # interleaved|separate; why the speed figures are no verdict
 }
 BENCH_PROMPT_COLUMNS = {
     "run_id": "VARCHAR", "repeat": "BIGINT", "prompt_index": "BIGINT", "prompt_id": "VARCHAR",
     "category": "VARCHAR", "prompt_tokens": "BIGINT", "output_tokens": "BIGINT", "seconds": "DOUBLE",
     "tokens_per_s": "DOUBLE", "ttft": "DOUBLE", "tpot": "DOUBLE", "accepted": "BIGINT", "drafts": "BIGINT",
     "output_hash": "VARCHAR",
+    # execution order and the plain-decoding half of each interleaved pair (NULL in older runs), the machine's load
+    "unit_order": "BIGINT", "first_arm": "VARCHAR", "started": "DOUBLE", "base_output_tokens": "BIGINT",
+    "base_seconds": "DOUBLE", "base_tokens_per_s": "DOUBLE", "base_ttft": "DOUBLE", "base_tpot": "DOUBLE",
+    "base_output_hash": "VARCHAR", "load1": "DOUBLE", "cpu_util": "DOUBLE", "other_cpu": "DOUBLE",
+    "speclens_cpu": "DOUBLE",
 }
 BENCH_STEP_COLUMNS = {"run_id": "VARCHAR", "repeat": "BIGINT", "prompt_id": "VARCHAR", "step": "BIGINT",
                       "accepted": "BIGINT"}
@@ -450,7 +456,14 @@ def _bench_run_row(row: dict) -> dict:
             "tokens_per_s": b.get("tokens_per_s"), "ttft": b.get("ttft"), "tpot": b.get("tpot"),
             "speedup": sp.get("mean"), "speedup_std": sp.get("std"), "speedup_ci_low": sp.get("ci_low"),
             "speedup_ci_high": sp.get("ci_high"), "lossless": b.get("lossless"),
-            "mismatched_prompts": b.get("mismatched_prompts"), "created": row["created"]}
+            "mismatched_prompts": b.get("mismatched_prompts"), "created": row["created"],
+            "pairing": b.get("pairing") if isinstance(b.get("pairing"), str) else None,
+            "speed_noise": _noise_reason(b.get("speed_noise"))}
+
+
+def _noise_reason(v) -> str | None:
+    """The one-line reason of a bench run's `speed_noise` finding (backend/bench.py), None when there is none."""
+    return v["reason"] if isinstance(v, dict) and isinstance(v.get("reason"), str) else None
 
 
 # ---------------------------------------------------------------------- reading
@@ -592,7 +605,8 @@ class CatalogReader:
         """Every run (as list_runs) with the headline figures of bench runs: tau, acceptance rate, tokens/s and
         the speedup over the paired baseline with its CI (NULL for captures)."""
         return self._df("""SELECT r.* EXCLUDE (manifest, sig), b.num_spec_tokens, b.tau, b.acceptance_rate,
-                             b.tokens_per_s, b.speedup, b.speedup_ci_low, b.speedup_ci_high, b.lossless
+                             b.tokens_per_s, b.speedup, b.speedup_ci_low, b.speedup_ci_high, b.lossless,
+                             b.pairing, b.speed_noise
                       FROM runs r LEFT JOIN bench_runs b USING (run_id)
                       ORDER BY r.created DESC, r.run_id""", [])
 
@@ -719,10 +733,12 @@ class CatalogReader:
     def bench_prompt_timings(self, run_ids: list[str]) -> pd.DataFrame:
         """Per repeat x prompt timings of the given bench runs: output tokens, seconds, tokens/s, TTFT, TPOT, accepted
         draft tokens and drafts, with the prompt's category: what both throughput definitions, TTFT/TPOT, the
-        speedups and their bootstrap intervals are computed from (backend/metrics.py; the Compare page's Speed tab).
-        The prompt text and the output hash are left out."""
+        speedups and their bootstrap intervals are computed from (backend/metrics.py; the Compare page's Speed tab);
+        the plain-decoding half of interleaved pairs (`base_*`, NULL in older runs), the unit's execution order and
+        the cores other (SpecLens) processes used while it ran. The prompt text and the output hash are left out."""
         cols = ["run_id", "repeat", "prompt_index", "prompt_id", "category", "output_tokens", "seconds", "tokens_per_s",
-                "ttft", "tpot", "accepted", "drafts"]
+                "ttft", "tpot", "accepted", "drafts", "unit_order", "base_output_tokens", "base_seconds",
+                "base_tokens_per_s", "base_ttft", "base_tpot", "other_cpu", "speclens_cpu"]
         if not run_ids:
             return pd.DataFrame(columns=cols)
         return self._df(f"""SELECT {', '.join(cols)} FROM bench_prompts WHERE list_contains(?, run_id)
