@@ -33,7 +33,7 @@ from backend.__main__ import main
 from backend.store.catalog import Catalog
 from backend.watch import Tracker, WatchSettings, make_window, metrics_url
 
-RECORDED = Path(__file__).parent / "data" / "recorded" / "metrics"
+RECORDED = Path(os.environ.get("SPECLENS_RECORDED_METRICS") or Path(__file__).parent / "data" / "recorded" / "metrics")
 K = 3
 DOWN = object()          # a scrape answered by closing the connection (a server that went away mid-watch)
 
@@ -199,9 +199,26 @@ def recorded(engine: str) -> list[Path]:
     return sorted(RECORDED.glob(f"{engine}_*.txt")) if RECORDED.is_dir() else []
 
 
+def speculative(path: Path) -> bool:
+    """Whether a recorded text is of a server with speculative decoding (vLLM registers its spec_decode counters only
+    with a drafter; SGLang's verify counter exists either way and counts only with one)."""
+    try:
+        c = server_metrics.parse(path.read_text())
+    except server_metrics.MetricsError:
+        return False
+    return c.drafts is not None and (c.engine == "vllm" or c.drafts > 0)
+
+
+def k_of(tpl: tuple[str, Path | None]) -> int:
+    """Draft positions the template's server reports (vLLM's per-position counter), else K."""
+    pp = server_metrics.parse(template_text(tpl)).per_pos
+    return len(pp) if pp else K
+
+
 # the generated templates, and the first recorded text of each engine where there is one
 TEMPLATES = [pytest.param(("vllm", None), id="vllm-generated"), pytest.param(("sglang", None), id="sglang-generated")]
-TEMPLATES += [pytest.param((e, p), id=f"recorded-{p.stem}") for e in ("vllm", "sglang") for p in recorded(e)[:1]]
+TEMPLATES += [pytest.param((e, p), id=f"recorded-{p.stem}") for e in ("vllm", "sglang")
+              for p in [q for q in recorded(e) if speculative(q)][:1]]
 
 
 def template_text(tpl: tuple[str, Path | None]) -> str:
@@ -236,7 +253,7 @@ def last_line(out: str) -> str:
 
 @pytest.mark.parametrize("tpl", TEMPLATES)
 def test_steady_server_no_drift(tpl, data_root: Path, capsys) -> None:
-    counts = simulate([0.7] * 12)
+    counts = simulate([0.7] * 12, k=k_of(tpl))
     with MetricsServer(texts(tpl, counts)) as srv:
         code = watch(srv.url, "--windows", "12")
     out = capsys.readouterr().out
@@ -258,7 +275,7 @@ def test_steady_server_no_drift(tpl, data_root: Path, capsys) -> None:
     assert df["band_low"].notna().all() and (df["band_low"] < df["baseline_tau"]).all()
     assert df["generation_tps"].gt(0).all() and df["running"].eq(8).all()
     if tpl[0] == "vllm":
-        assert len(df["per_pos_rate"].iloc[0]) == K and df["acceptance_rate"].notna().all()
+        assert len(df["per_pos_rate"].iloc[0]) == k_of(tpl) and df["acceptance_rate"].notna().all()
         assert df["drafted_tps"].gt(0).all()
     else:
         assert df["per_pos"].isna().all() and df["acceptance_rate"].isna().all()
@@ -266,7 +283,7 @@ def test_steady_server_no_drift(tpl, data_root: Path, capsys) -> None:
 
 @pytest.mark.parametrize("tpl", TEMPLATES)
 def test_planted_drop_is_drift_with_exit_1(tpl, data_root: Path, capsys) -> None:
-    counts = simulate([0.7] * 8 + [0.45] * 4)
+    counts = simulate([0.7] * 8 + [0.45] * 4, k=k_of(tpl))
     with MetricsServer(texts(tpl, counts)) as srv:
         code = watch(srv.url, "--windows", "12")
     out = capsys.readouterr().out
@@ -284,7 +301,7 @@ def test_planted_drop_is_drift_with_exit_1(tpl, data_root: Path, capsys) -> None
 @pytest.mark.parametrize("tpl", TEMPLATES)
 def test_counter_reset_is_a_restart_not_a_drop(tpl, data_root: Path, capsys) -> None:
     # the restarted server accepts less (another drafter, say): a new baseline, not a drop
-    counts = simulate([0.7] * 8 + [0.5] * 8, restart_at=9)
+    counts = simulate([0.7] * 8 + [0.5] * 8, restart_at=9, k=k_of(tpl))
     with MetricsServer(texts(tpl, counts)) as srv:
         code = watch(srv.url, "--windows", "16")
     out = capsys.readouterr().out
@@ -379,10 +396,11 @@ def test_too_few_drafts_are_not_evidence(data_root: Path, capsys) -> None:
     assert df["status"].iloc[8:10].tolist() == ["too few drafts"] * 2 and not df["drift"].any()
 
 
-def test_ctrl_c_completes_the_run_with_its_windows(data_root: Path, capsys) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_completes_the_run_with_its_windows(sig, data_root: Path, capsys) -> None:
     counts = simulate([0.7] * 40)
     with MetricsServer(texts(("vllm", None), counts)) as srv:
-        timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+        timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), sig))
         timer.start()
         try:
             code = watch(srv.url, name="stopped")                       # no --duration / --windows: until Ctrl-C
@@ -394,6 +412,33 @@ def test_ctrl_c_completes_the_run_with_its_windows(data_root: Path, capsys) -> N
     n = len(windows(data_root, "stopped"))
     assert n >= 3 and m["progress"] == {"done": n, "total": n}
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_killed_watch_is_interrupted_never_complete(data_root: Path) -> None:
+    """kill -9 mid-watch: the run stays `running` on disk, the catalog shows it `interrupted`, and the windows it had
+    written are indexed."""
+    import subprocess
+    import sys
+    import time
+
+    from backend.config import REPO_ROOT
+
+    with MetricsServer(texts(("vllm", None), simulate([0.7] * 400))) as srv:
+        cmd = [sys.executable, "-m", "backend", "watch", "--server-url", srv.url, "--interval", "0.05", "--name",
+               "killed", "--quiet"]
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**os.environ, "SPECLENS_DATA": str(data_root)})
+        parquet = data_root / "runs" / "killed" / "windows.parquet"
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not (parquet.exists() and len(pd.read_parquet(parquet)) >= 3):
+            time.sleep(0.1)
+        proc.kill()
+        proc.wait(10)
+    assert manifest(data_root, "killed")["status"] == "running"
+    Catalog(data_root).write.refresh()
+    row = Catalog(data_root).read.list_runs(kind="watch").set_index("run_id").loc["killed"]
+    assert row["status"] == "interrupted"
+    assert len(windows(data_root, "killed")) >= 3
+    assert (data_root / "runs" / "killed" / "journal.jsonl").exists()
 
 
 def test_duration(data_root: Path, capsys) -> None:
@@ -470,10 +515,18 @@ def test_false_alarm_rate_of_a_steady_server() -> None:
 
 
 @pytest.mark.parametrize("path", [pytest.param(p, id=p.stem) for e in ("vllm", "sglang") for p in recorded(e)])
-def test_recorded_metrics_parse(path: Path) -> None:
+def test_recorded_metrics(path: Path, data_root: Path, capsys) -> None:
+    """Every recorded text parses as its engine's; watched as it is (the same text at every scrape): a server with
+    speculative decoding gives idle windows and no verdict (exit 0), a vLLM server without it the one-line refusal."""
     c = server_metrics.parse(path.read_text())
     assert c.engine == path.name.split("_")[0]
-    assert c.drafts is not None, f"{path.name}: no speculative-decoding counters"
+    with MetricsServer([path.read_text()]) as srv:
+        code = watch(srv.url, "--windows", "2", name="rec")
+    out = capsys.readouterr()
+    if c.drafts is None:
+        assert code == 2 and "without a drafter" in out.err, out
+    else:
+        assert code == 0 and "no verdict" in last_line(out.out), out
 
 
 # ---------------------------------------------------------------------------- watch runs for the page tests
