@@ -532,17 +532,21 @@ def speedup_chart(fig_df: pd.DataFrame, against: str) -> go.Figure:
     d = fig_df[fig_df["speedup"].notna() | _col(fig_df, "speedup_total").notna()]
     runs = list(fig_df["run_id"])
     colors = run_colors(runs)
+    # a run whose speed figures are no verdict (backend/compare.py speed_noise) is drawn faint, its hover says why
+    noisy = [isinstance(v, str) and bool(v) for v in _col(d, "speed_noise")]
+    note = ["<br>no verdict: timing noise" if n else "" for n in noisy]
     fig = go.Figure()
     for key, name, pattern in (("speedup", THROUGHPUT_NAMES["tokens_per_s"], None),
                                ("speedup_total", THROUGHPUT_NAMES["throughput_total"], _TOTAL_PATTERN)):
         y = pd.to_numeric(_col(d, key), errors="coerce")
         lo, hi = _col(d, f"{key}_ci_low"), _col(d, f"{key}_ci_high")
         fig.add_trace(go.Bar(
-            x=d["run_id"], y=y, name=name, marker=dict(color=[colors[r] for r in d["run_id"]], pattern=pattern),
-            customdata=list(zip(lo, hi, d["baseline_run"].fillna("-"))),
+            x=d["run_id"], y=y, name=name, marker=dict(color=[colors[r] for r in d["run_id"]], pattern=pattern,
+                                                       opacity=[0.35 if n else 1.0 for n in noisy]),
+            customdata=list(zip(lo, hi, d["baseline_run"].fillna("-"), note)),
             error_y=_ci_arrays(y, lo, hi),
             hovertemplate=f"%{{x}}: %{{y:.2f}}x [%{{customdata[0]:.2f}}, %{{customdata[1]:.2f}}] over "
-                          f"%{{customdata[2]}}, {name}<extra></extra>"))
+                          f"%{{customdata[2]}}, {name}%{{customdata[3]}}<extra></extra>"))
     fig.add_hline(y=1.0, line=dict(color="#555", dash="dash"), annotation_text="as fast as the baseline",
                   annotation_position="top left")
     highs = pd.to_numeric(pd.concat([_col(d, "speedup_ci_high"), _col(d, "speedup_total_ci_high"), _col(d, "speedup"),
@@ -584,7 +588,8 @@ SPEED_COLUMNS = ["run_id", "repeats", "prompts", "tokens_per_s", "tokens_per_s_c
                  "baseline_tokens_per_s_ci_high", "baseline_throughput_total", "baseline_throughput_total_ci_low",
                  "baseline_throughput_total_ci_high", "speedup", "speedup_ci_low", "speedup_ci_high", "ci_method",
                  "speedup_total", "speedup_total_ci_low", "speedup_total_ci_high", "ttft", "ttft_ci_low",
-                 "ttft_ci_high", "tpot", "tpot_ci_low", "tpot_ci_high", "baseline_ttft", "baseline_tpot", "lossless"]
+                 "ttft_ci_high", "tpot", "tpot_ci_low", "tpot_ci_high", "baseline_ttft", "baseline_tpot", "lossless",
+                 "baseline_timing", "speed_noise"]
 
 
 def speed_frame(fig_df: pd.DataFrame) -> pd.DataFrame:
@@ -612,7 +617,11 @@ def summary_table(fig_df: pd.DataFrame) -> pd.DataFrame:
         "95% CI (TTFT)": _cis(_col(f, "ttft_ci_low") * 1000, _col(f, "ttft_ci_high") * 1000),
         "TPOT ms": pd.to_numeric(_col(f, "tpot"), errors="coerce") * 1000,
         "95% CI (TPOT)": _cis(_col(f, "tpot_ci_low") * 1000, _col(f, "tpot_ci_high") * 1000),
-        "lossless": _col(f, "lossless")})
+        "lossless": _col(f, "lossless"),
+        "baseline timed": _col(f, "baseline_timing"),
+        "speed verdict": ["no verdict: timing noise" if isinstance(v, str) and v else "" if pd.isna(sp) else "yes"
+                          for v, sp in zip(_col(f, "speed_noise"), pd.to_numeric(_col(f, "speedup"),
+                                                                                 errors="coerce"))]})
     return out.reset_index(drop=True)
 
 

@@ -4,6 +4,7 @@ bad input. A tiny random target (4 layers, hidden 64, vocab 512) and a random EA
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -109,6 +110,104 @@ def test_bench_files_and_manifest(greedy, root):
     assert Catalog(root).read.bench_histogram(["greedy"])["steps"].sum() == len(steps)
     cats = Catalog(root).read.bench_categories([greedy.baseline_run])
     assert set(cats["category"]) == {"writing", "math"} and (cats["tau"] == 1.0).all()
+
+
+# ---------------------------------------------------------------------- interleaved pairs, load, noise
+
+
+def test_interleaved_pairs_are_recorded(greedy, root):
+    """Each (repeat, prompt) unit holds both halves of its pair, timed back to back in this process: the drafter's
+    row and plain decoding's (`base_*`), which went first alternating in execution order, prompts shuffled within
+    each repeat; the speedup is the pairs' (metrics.speedup over base_tokens_per_s), and the baseline run this first
+    bench wrote holds exactly the pairs' plain half. Every unit records the machine's load."""
+    from backend import metrics
+    from backend.bench import unit_plan
+
+    run = pd.read_parquet(greedy.path / "prompts.parquet")
+    m = json.loads((greedy.path / "manifest.json").read_text())
+    assert m["pairing"] == "interleaved" and m["bench"]["pairing"] == "interleaved"
+    n, P = len(run), run["prompt_index"].nunique()
+    assert sorted(run["unit_order"]) == list(range(n))
+    for r, g in run.groupby("repeat"):                       # repeat by repeat, each one's prompts in its own order
+        assert sorted(g["unit_order"]) == list(range(r * P, (r + 1) * P))
+    plan = unit_plan(0, 2, P)
+    assert [(int(a), int(b)) for a, b in run.sort_values("unit_order")[["repeat", "prompt_index"]].to_numpy()] == plan
+    assert plan != sorted(plan) or P < 3, "the prompts are shuffled"
+    assert (run["first_arm"] == run["unit_order"].map(lambda u: "baseline" if u % 2 == 0 else "drafter")).all()
+    assert (run["base_output_hash"] == run["output_hash"]).all()                # greedy: lossless, pair by pair
+    assert run["base_tokens_per_s"].notna().all() and (run["base_seconds"] > 0).all()
+    R = 2
+    tps = [run[run.repeat == r].sort_values("prompt_index")[c].tolist() for c in ("tokens_per_s", "base_tokens_per_s")
+           for r in range(R)]
+    assert m["bench"]["speedup"]["mean"] == pytest.approx(metrics.speedup(tps[:R], tps[R:], seed=0).mean)
+    base = pd.read_parquet(root / "runs" / greedy.baseline_run / "prompts.parquet").set_index(["repeat",
+                                                                                                "prompt_index"])
+    pair = run.set_index(["repeat", "prompt_index"])
+    for c in ("output_tokens", "seconds", "tokens_per_s", "ttft", "output_hash"):
+        assert (pair[f"base_{c}"] == base.loc[pair.index, c]).all(), c
+    assert (base["unit_order"] == pair["unit_order"]).all() and base["base_tokens_per_s"].isna().all() \
+        if "base_tokens_per_s" in base else (base["unit_order"] == pair["unit_order"]).all()
+    for c in ("load1", "cpu_util", "other_cpu", "speclens_cpu"):
+        assert run[c].notna().all() and (run[c] >= 0).all(), c
+    load, noise = m["bench"]["load"], m["bench"]["speed_noise"]
+    assert load["units"] == n and load["cpus"] >= 1 and set(load["other_cpu"]) == {"min", "median", "p90", "max"}
+    assert noise["units"] == n and set(noise) >= {"noisy", "kinds", "reason", "drift", "drift_limit"}
+    assert noise["noisy"] == bool(noise["kinds"]) == (noise["reason"] is not None)
+    assert noise["drift"] is None or noise["drift"]["normalised"], "repeats: each unit against its prompt's mean"
+    br = Catalog(root).read.bench_runs(run_ids=["greedy"]).iloc[0]
+    assert br["pairing"] == "interleaved" and (br["speed_noise"] is None or br["speed_noise"] == noise["reason"])
+    timings = Catalog(root).read.bench_prompt_timings(["greedy"])
+    assert timings["base_tokens_per_s"].notna().all() and timings["unit_order"].notna().all()
+
+
+def test_the_plain_half_runs_without_the_drafters_hooks(target, lm_and_seqs):
+    from backend.engines.hf_spec import AuxCapture
+
+    lm, _ = lm_and_seqs
+    aux = AuxCapture(lm, ["S_1", "S_2", "S_3"])
+    try:
+        assert len(aux.hooks.handles) == 3
+        with aux.paused():
+            assert not aux.hooks.handles and not any(m._forward_hooks for m in lm.layers)
+        assert len(aux.hooks.handles) == 3
+    finally:
+        aux.close()
+
+
+def test_load_probe_sees_another_speclens_process():
+    """A CPU-bound process that imports the backend beside the probe: its cores are counted as another SpecLens
+    process's and as other load, its command line named; this process and its ancestors are never counted."""
+    import subprocess
+    import sys
+    import time
+
+    from backend.bench import LoadProbe
+    from backend.config import REPO_ROOT
+
+    assert LoadProbe.is_speclens(["python", "-m", "backend", "bench", "--target", "t"])
+    assert LoadProbe.is_speclens(["python", "-m", "backend.jobs.child", "root", "j1"])
+    assert LoadProbe.is_speclens(["python", "-c", "from multiprocessing.forkserver import main; main(8, 9, "
+                                                  "['torch', 'backend.__main__'])"])
+    assert not LoadProbe.is_speclens(["python", "-m", "pytest", "tests"])
+    assert not LoadProbe.is_speclens(["streamlit", "run", "app.py"])
+    # not a child of this process (a bench leaves its own children out): started by a shell that exits at once
+    code = "import backend.metrics, time\nt = time.time()\nwhile time.time() - t < 30: pass"
+    sh = subprocess.run(["sh", "-c", f'"{sys.executable}" -c "$0" >/dev/null 2>&1 & echo $!', code], cwd=REPO_ROOT,
+                        capture_output=True, text=True, check=True)
+    pid = int(sh.stdout.strip())
+    try:
+        time.sleep(1.0)                                       # started and importing
+        probe = LoadProbe()
+        probe.start()
+        t = time.time()
+        while time.time() - t < 1.0:                          # this process busy too, as a generation is
+            pass
+        got = probe.stop()
+    finally:
+        os.kill(pid, 9)
+    assert got["speclens_cpu"] >= 0.25 and str(pid) in (got["speclens_procs"] or ""), got
+    assert got["other_cpu"] >= 0.25 and 0 <= got["cpu_util"] <= 100 and got["load1"] >= 0
+    assert os.getpid() not in probe.others
 
 
 # ---------------------------------------------------------------------- bookkeeping with scripted proposals
@@ -225,9 +324,17 @@ def test_resume_equals_uninterrupted(target, drafter, prompts, root, greedy):
     assert Catalog(root).read.bench_runs().set_index("run_id").loc["cut", "status"] != "complete"
     with open(cut.path / "journal.jsonl", "a") as f:       # a torn last line, as a kill mid-write leaves
         f.write('{"row": {"repe')
+    base = json.loads((root / "runs" / "cut-baseline" / "manifest.json").read_text())
+    assert cut.baseline_run == "cut-baseline" and base["status"] == "failed" and "'cut' stopped" in base["error"]
+    assert not (root / "runs" / "cut-baseline" / "prompts.parquet").exists(), "written from the pairs at the end"
     resumed = run_bench(s, name="cut", root=root, progress=False)
     whole = run_bench(s, name="whole", root=root, progress=False)
     assert resumed.status == whole.status == "complete"
+    assert json.loads((root / "runs" / "cut-baseline" / "manifest.json").read_text())["status"] == "complete"
+    assert whole.baseline_run == "cut-baseline", "a complete baseline of the same settings is linked, not rewritten"
+    pairs = ["repeat", "prompt_id", "unit_order", "first_arm", "base_output_tokens", "base_output_hash"]
+    pd.testing.assert_frame_equal(pd.read_parquet(resumed.path / "prompts.parquet")[pairs],
+                                  pd.read_parquet(whole.path / "prompts.parquet")[pairs])
     cols = ["repeat", "prompt_id", "output_tokens", "accepted", "drafts", "output_hash"]
     pd.testing.assert_frame_equal(pd.read_parquet(resumed.path / "prompts.parquet")[cols],
                                   pd.read_parquet(whole.path / "prompts.parquet")[cols])
