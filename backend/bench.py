@@ -138,51 +138,112 @@ def run_bench(settings: BenchSettings, name: str | None = None, root: Path | Non
 def _pair_baseline(run_id: str, s: BenchSettings, lm, n_prompts: int, name: str | None, root
                    ) -> tuple[BenchResult, Run | None]:
     """The baseline run a drafter run links (`baseline_run`) and, when this bench writes it from the plain half of its
-    pairs, its Run (else None). A resumed drafter run keeps the baseline its manifest names (claimed again when it is
-    not complete yet); a new one reuses a complete baseline with identical settings from this host, else creates
-    `<name>-baseline` (claimed again when an unfinished one of the same settings is there: a kill between the two
-    creations), else a new id."""
+    pairs, its Run (else None). A resumed drafter run keeps the baseline its manifest names; a new one links a
+    complete baseline with identical settings from this host, else one another bench of the same settings is writing
+    now (status running: `_await_baseline` waits for it before the run completes; benches of a sweep that start
+    together share one), else creates `<name>-baseline` (claimed again when an unfinished one of the same settings is
+    there: a kill between the two creations), else a new id. One process decides at a time (a file lock per
+    settings under the data root)."""
     bs = s.baseline()
-    if _exists(run_id, root):
-        rd = RunDir.open(run_id, root)
-        m = rd.manifest()
-        _check_resumable(rd, m, s)
-        b = m.get("baseline_run")
-        if isinstance(b, str) and _exists(b, root):
-            brd = RunDir.open(b, root)
-            bm = brd.manifest()
-            if bm.get("status") == COMPLETE:
-                return _result_of(brd, bm), None
-            if bm.get("settings") == bs.identity():
-                return _claim_baseline(b, lm, bs, n_prompts, root)
-    ident, host = bs.identity(), socket.gethostname()
-    for rd in list_run_dirs(root):
-        try:
+    with _baseline_lock(bs, root):
+        if _exists(run_id, root):
+            rd = RunDir.open(run_id, root)
             m = rd.manifest()
-        except SpecLensError:
-            continue
-        if m.get("kind") == "bench" and m.get("settings") == ident and m.get("host") == host \
-                and m.get("status") == COMPLETE:
-            return _result_of(rd, m), None
+            _check_resumable(rd, m, s)
+            b = m.get("baseline_run")
+            if isinstance(b, str) and _exists(b, root):
+                got = _link_or_claim(b, lm, bs, n_prompts, root)
+                if got is not None:
+                    return got
+        ident, host, running = bs.identity(), socket.gethostname(), None
+        for rd in list_run_dirs(root):
+            try:
+                m = rd.manifest()
+            except SpecLensError:
+                continue
+            if m.get("kind") == "bench" and m.get("settings") == ident and m.get("host") == host:
+                if m.get("status") == COMPLETE:
+                    return _result_of(rd, m), None
+                if running is None and rd.effective_status(m) == RUNNING:
+                    running = rd
+        if running is not None:
+            return BenchResult(running.run_id, running.path, RUNNING, None), None
+        return _new_baseline(lm, bs, n_prompts, name, root)
+
+
+def _link_or_claim(run_id: str, lm, bs: BenchSettings, n_prompts: int, root
+                   ) -> tuple[BenchResult, Run | None] | None:
+    """A named baseline run: complete -> linked; being written by a live process -> linked, waited for; unfinished
+    and left (its writer died) with the same settings -> claimed, to be written by this bench; else None."""
+    brd = RunDir.open(run_id, root)
+    bm = brd.manifest()
+    if bm.get("status") == COMPLETE:
+        return _result_of(brd, bm), None
+    if bm.get("kind") != "bench" or bm.get("settings") != bs.identity():
+        return None
+    if brd.effective_status(bm) == RUNNING:
+        return BenchResult(run_id, brd.path, RUNNING, None), None
+    writer = Run.open(run_id, root)
+    writer.claim(progress={"done": 0, "total": n_prompts * bs.repeats})
+    return BenchResult(run_id, writer.path, RUNNING, None), writer
+
+
+def _new_baseline(lm, bs: BenchSettings, n_prompts: int, name: str | None, root) -> tuple[BenchResult, Run]:
     base_id = f"{name}-baseline" if name else new_run_id("bench-baseline", None)
     if _exists(base_id, root):
         try:
-            brd = RunDir.open(base_id, root)
-            bm = brd.manifest()
-            if bm.get("kind") == "bench" and bm.get("settings") == ident and bm.get("status") != COMPLETE \
-                    and brd.effective_status(bm) != RUNNING:
-                return _claim_baseline(base_id, lm, bs, n_prompts, root)
+            got = _link_or_claim(base_id, lm, bs, n_prompts, root)
         except SpecLensError:
-            pass
+            got = None
+        if got is not None and got[1] is not None:
+            return got
         base_id = new_run_id("bench-baseline", None)
     writer = Run.create(base_id, _manifest(bs, lm, None, None, n_prompts), root)
     return BenchResult(base_id, writer.path, RUNNING, None), writer
 
 
-def _claim_baseline(run_id: str, lm, bs: BenchSettings, n_prompts: int, root) -> tuple[BenchResult, Run]:
-    writer = Run.open(run_id, root)
-    writer.claim(progress={"done": 0, "total": n_prompts * bs.repeats})
-    return BenchResult(run_id, writer.path, RUNNING, None), writer
+def _baseline_lock(bs: BenchSettings, root):
+    """An exclusive file lock per baseline settings on this host (released when the file closes, also if the process
+    dies): two benches of the same settings never both decide to write the baseline."""
+    import contextlib
+    import fcntl
+
+    from backend.config import paths
+
+    key = hashlib.blake2b(json.dumps(bs.identity(), sort_keys=True).encode(), digest_size=8).hexdigest()
+    lock = paths(root).root / "locks" / f"baseline-{socket.gethostname()}-{key}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def held():
+        with open(lock, "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            yield
+    return held()
+
+
+def _await_baseline(rd: Run, base: BenchResult, lm, s: BenchSettings, n_prompts: int, root, started: float
+                    ) -> tuple[BenchResult, Run | None]:
+    """Before a drafter run completes: the baseline run it links, being written by another bench of the same settings,
+    complete (waited for, at most max(60 s, twice this run's own time)); when its writer died or took too long, this
+    bench writes its own from its pairs (`<run>-baseline`) and links that instead."""
+    limit = time.monotonic() + max(60.0, 2 * (time.monotonic() - started))
+    while time.monotonic() < limit:
+        try:
+            brd = RunDir.open(base.run_id, root)
+            bm = brd.manifest()
+        except SpecLensError:
+            break
+        if bm.get("status") == COMPLETE:
+            return _result_of(brd, bm), None
+        if brd.effective_status(bm) != RUNNING:
+            break
+        time.sleep(0.5)
+    bs = s.baseline()
+    with _baseline_lock(bs, root):
+        base, writer = _new_baseline(lm, bs, n_prompts, rd.run_id, root)
+    rd.record(baseline_run=base.run_id)
+    return base, writer
 
 
 def _run_engine_bench(s: BenchSettings, name: str | None, root: Path | None, progress: bool,
@@ -359,18 +420,10 @@ def _read_journal(rd: RunDir) -> list[dict]:
 
 
 def _ensure_baseline(lm, bs: BenchSettings, prompts, seqs, name, root, progress) -> BenchResult:
-    """Reuse a complete baseline with identical settings from this host, resume an unfinished one, or run one.
-    One process at a time per settings (a file lock under the data root): jobs of a sweep that start together
-    share one baseline instead of each running its own."""
-    import fcntl
-
-    from backend.config import paths
-
-    key = hashlib.blake2b(json.dumps(bs.identity(), sort_keys=True).encode(), digest_size=8).hexdigest()
-    lock = paths(root).root / "locks" / f"baseline-{socket.gethostname()}-{key}.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)          # released when the file closes, also if this process dies
+    """Engine benches: reuse a complete baseline with identical settings from this host, resume an unfinished one, or
+    run one (before the drafter engine starts). One process at a time per settings (`_baseline_lock`): jobs of a sweep
+    that start together share one baseline instead of each running its own."""
+    with _baseline_lock(bs, root):
         return _find_or_run_baseline(lm, bs, prompts, seqs, name, root, progress)
 
 
@@ -576,6 +629,7 @@ def _run(rd: Run, lm, s: BenchSettings, prompts, seqs, spec, base, done: list[di
     finished = {(u["row"]["repeat"], u["row"]["prompt_index"]) for u in done}
     aux = AuxCapture(lm, spec.aux["boundaries"]) if spec and spec.proposer is not None else None
     t_manifest, ran = time.monotonic(), 0
+    t_start = t_manifest
     what = "baseline + speculative, interleaved" if interleave else "speculative" if spec else "baseline"
     probe = LoadProbe()
     total = len(plan)
@@ -635,6 +689,8 @@ def _run(rd: Run, lm, s: BenchSettings, prompts, seqs, spec, base, done: list[di
     if guard.interrupted:                 # stop_after reached (tests of resume): the run stays failed, resumable
         _fail_writer(writer, rd)
         return BenchResult(rd.run_id, rd.path, "failed", base.run_id if base else None)
+    if interleave and writer is None and base.status != COMPLETE:      # another bench writes it: wait, or write
+        base, writer = _await_baseline(rd, base, lm, s, len(prompts), root, t_start)
     if writer is not None:                # the baseline first: a kill between the two leaves a resumable drafter run
         base = _finish(writer, s.baseline(), None, None, [{"row": u["base"], "accepted": []} for u in done], root,
                        cpus=probe.cpus)

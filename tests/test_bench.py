@@ -210,6 +210,29 @@ def test_load_probe_sees_another_speclens_process():
     assert os.getpid() not in probe.others
 
 
+def test_a_baseline_another_bench_writes_is_waited_for_or_replaced(target, drafter, prompts, tmp_path):
+    """Two benches of the same settings that start together share one baseline run: the second links the one the
+    first is writing and waits for it before it completes; when that writer stops instead, it writes its own from its
+    pairs and links that."""
+    import threading
+
+    from backend.bench import _manifest
+    from backend.runs.lifecycle import Run
+
+    root = tmp_path / "data"
+    s = settings(target, prompts, drafter, limit=2, max_new_tokens=6, seed=11)
+    lm = hf.load(target, "cpu")
+    other = Run.create("other-baseline", _manifest(s.baseline(), lm, None, None, 2), root)   # live: this process
+    threading.Timer(1.0, lambda: other.fail("its drafter run 'other' stopped (killed)")).start()
+    r = run_bench(s, name="second", root=root, progress=False)
+    assert r.status == "complete" and r.baseline_run == "second-baseline" and r.lossless is True
+    m = json.loads((root / "runs" / "second" / "manifest.json").read_text())
+    assert m["baseline_run"] == "second-baseline"
+    assert json.loads((root / "runs" / "other-baseline" / "manifest.json").read_text())["status"] == "failed"
+    third = run_bench(s, name="third", root=root, progress=False)           # now a complete one exists: linked
+    assert third.baseline_run == "second-baseline"
+
+
 # ---------------------------------------------------------------------- bookkeeping with scripted proposals
 
 
