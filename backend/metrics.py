@@ -373,6 +373,56 @@ def tau_estimate(per_prompt: Sequence[Sequence[float]], n_boot: int = 2000, seed
     return Estimate(float(1 + a[:, 0].sum() / a[:, 1].sum()), lo, hi, 0, len(a))
 
 
+# ---------------------------------------------------------------------- serving load (many requests in flight)
+
+SERVING = {
+    "output_tps": ("output tokens/s", "all output tokens of a level over the level's wall time, first request sent to "
+                                      "last one finished: the output throughput of `vllm bench serve`"),
+    "per_user_tps": ("per-user tokens/s", "median over requests of output tokens / request latency: how fast one "
+                                          "user's answer streams"),
+    "speedup": ("speedup", "drafter output tokens/s / paired baseline output tokens/s at the same concurrency, same "
+                           "prompts, same order, same max tokens"),
+}
+
+
+def percentiles(values: Sequence[float | None], qs: Sequence[int] = (50, 90, 99)) -> dict[str, float | None]:
+    """{'p50': ..} of the finite values (numpy's linear interpolation, as `vllm bench serve`); None when empty."""
+    v = np.asarray([x for x in values if x is not None], dtype=np.float64)
+    v = v[np.isfinite(v)]
+    return {f"p{q}": (float(np.percentile(v, q)) if len(v) else None) for q in qs}
+
+
+def level_speedup(method_tokens: Sequence[float], method_latency: Sequence[float], method_seconds: float,
+                  baseline_tokens: Sequence[float], baseline_latency: Sequence[float], baseline_seconds: float,
+                  n_boot: int = 2000, seed: int = 0) -> Estimate:
+    """Speedup of one concurrency level: (sum of method output tokens / method level seconds) / (the same of the
+    baseline). Interval: requests are paired by index (same prompt, same position in the order); in steady state
+    a level's throughput is concurrency x sum(tokens) / sum(latency), so the bootstrap resamples request pairs and
+    scales the point value by the resampled ratio of sum(tokens)/sum(latency) over its full-sample value. It covers
+    request-to-request variation, not a drift of the machine between the two levels (repeats and the interleaved
+    order do that)."""
+    mt, ml = np.asarray(method_tokens, np.float64), np.asarray(method_latency, np.float64)
+    bt, bl = np.asarray(baseline_tokens, np.float64), np.asarray(baseline_latency, np.float64)
+    n = min(len(mt), len(bt))
+    if n == 0 or method_seconds <= 0 or baseline_seconds <= 0:
+        return NAN_ESTIMATE
+    point = (mt.sum() / method_seconds) / (bt.sum() / baseline_seconds)
+    mt, ml, bt, bl = mt[:n], ml[:n], bt[:n], bl[:n]
+    full = (mt.sum() / ml.sum()) / (bt.sum() / bl.sum())
+    idx = _resamples(n, n_boot, seed)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boot = (mt[idx].sum(1) / ml[idx].sum(1)) / (bt[idx].sum(1) / bl[idx].sum(1)) / full * point
+    lo, hi = _interval(boot)
+    return Estimate(float(point), lo, hi, 1, n)
+
+
+def agreement(a: float | None, b: float | None) -> float | None:
+    """Relative difference |a - b| / b (None when either is missing or b is 0): server counters vs own count."""
+    if a is None or b is None or b == 0 or not (math.isfinite(a) and math.isfinite(b)):
+        return None
+    return abs(a - b) / abs(b)
+
+
 # ---------------------------------------------------------------------- drift of a live server's acceptance (watch)
 
 @lru_cache(maxsize=128)

@@ -1,0 +1,208 @@
+"""OpenAI-compatible servers that SpecLens starts for serving-load benches: `vllm serve` and SGLang's
+`launch_server`, each in its own process group (always torn down with it), started together and waited for
+together so that a sweep of several drafter configurations pays one start-up, not one per configuration.
+
+    specs = [vllm_spec(target, None), vllm_spec(target, drafter, k=4)]
+    with ServerGroup(specs, log_dir) as servers:       # every server healthy, or a one-line error with a log tail
+        servers[1].url                                  # http://127.0.0.1:PORT
+
+vLLM's speculative options use its own vocabulary (`--speculative-config` JSON: method, model,
+num_speculative_tokens, rejection_sample_method / synthetic_acceptance_length); SGLang's its flags
+(--speculative-num-steps, --speculative-eagle-topk, --speculative-num-draft-tokens, --enable-metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backend.errors import SpecLensError
+from backend.netutil import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class ServerSpec:
+    """One server to start. `label` names it in messages and log files (e.g. "vllm K=4")."""
+
+    engine: str                                   # "vllm" | "sglang"
+    label: str
+    argv_tail: list[str]                          # everything after the executable and the port flags
+    host: str = "127.0.0.1"
+    env: dict = field(default_factory=dict)
+
+    def argv(self, port: int) -> list[str]:
+        if self.engine == "vllm":
+            return [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *self.argv_tail, "--host", self.host,
+                    "--port", str(port)]
+        return [sys.executable, "-m", "sglang.launch_server", *self.argv_tail, "--host", self.host, "--port", str(port)]
+
+
+def _flags(options: dict | None) -> list[str]:
+    out: list[str] = []
+    for k, v in (options or {}).items():
+        if v is None or v is False:
+            continue
+        k = k.replace("_", "-")
+        out += [f"--{k}"] if v is True else [f"--{k}", json.dumps(v) if isinstance(v, (dict, list)) else str(v)]
+    return out
+
+
+def vllm_spec(target: str, drafter: str | None, k: int = 0, synthetic_tau: float | None = None,
+              dtype: str = "bfloat16", gpu_memory_utilization: float = 0.2, options: dict | None = None) -> ServerSpec:
+    """`vllm serve TARGET [--speculative-config {...}]`; a synthetic acceptance length makes vLLM accept draft tokens
+    at that mean (rejection_sample_method "synthetic", vLLM 0.22+), whatever the drafter proposes."""
+    tail = [target, "--dtype", dtype, "--gpu-memory-utilization", str(gpu_memory_utilization),
+            "--no-enable-prefix-caching"]
+    label = "vllm baseline"
+    if drafter:
+        sc: dict = {"method": "eagle3", "model": drafter, "num_speculative_tokens": k}
+        label = f"vllm K={k}"
+        if synthetic_tau is not None:
+            sc.update(rejection_sample_method="synthetic", synthetic_acceptance_length=float(synthetic_tau))
+            label += f" tau*={synthetic_tau:g}"
+        tail += ["--speculative-config", json.dumps(sc)]
+    tail += _flags(options)
+    return ServerSpec("vllm", label, tail, env={"VLLM_USE_FLASHINFER_SAMPLER": "0"})
+
+
+def sglang_spec(target: str, drafter: str | None, k: int = 0, topk: int = 1, draft_tokens: int | None = None,
+                synthetic_tau: float | None = None, dtype: str = "bfloat16", mem_fraction: float = 0.2,
+                options: dict | None = None) -> ServerSpec:
+    """SGLang's launch_server with metrics on; a chain (topk 1, K+1 draft tokens) unless topk/draft_tokens say
+    otherwise; a synthetic acceptance length through SGLang's SGLANG_SIMULATE_ACC_LEN switch."""
+    tail = ["--model-path", target, "--dtype", dtype, "--mem-fraction-static", str(mem_fraction),
+            "--enable-metrics", "--disable-radix-cache", "--sampling-backend", "pytorch", "--skip-tokenizer-init"]
+    label, env = "sglang baseline", {}
+    if drafter:
+        n_draft = draft_tokens or (k + 1 if topk == 1 else 8)
+        tail += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", drafter,
+                 "--speculative-num-steps", str(k), "--speculative-eagle-topk", str(topk),
+                 "--speculative-num-draft-tokens", str(n_draft)]
+        label = f"sglang K={k}" + (f" topk={topk} draft={n_draft}" if topk != 1 else "")
+        if synthetic_tau is not None:
+            env["SGLANG_SIMULATE_ACC_LEN"] = str(float(synthetic_tau))
+            label += f" tau*={synthetic_tau:g}"
+    tail += _flags(options)
+    return ServerSpec("sglang", label, tail, env=env)
+
+
+class Server:
+    """A started server process; `url` once healthy."""
+
+    def __init__(self, spec: ServerSpec, log: Path):
+        self.spec, self.log = spec, log
+        self.port = free_port(spec.host)
+        self.url = f"http://{spec.host}:{self.port}"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, **spec.env)
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                                if p])
+        self._fh = open(log, "w")
+        self.t0 = time.perf_counter()
+        self.proc = subprocess.Popen(spec.argv(self.port), stdout=self._fh, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        self.start_seconds: float | None = None
+
+    def tail(self, n: int = 4) -> str:
+        try:
+            lines = [ln.strip()[:200] for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return ""
+        return " | ".join(lines[-n:])
+
+    def healthy(self) -> bool:
+        if self.proc.poll() is not None:
+            raise SpecLensError(f"{self.spec.label} server exited with code {self.proc.returncode} while starting "
+                                f"(log {self.log}): {self.tail()}")
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                ok = r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+        if ok and self.start_seconds is None:
+            self.start_seconds = time.perf_counter() - self.t0
+        return ok
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                break
+            try:
+                self.proc.wait(wait)
+            except subprocess.TimeoutExpired:
+                continue
+        deadline = time.time() + 15                 # engine cores / schedulers hold the GPU until they are gone
+        while time.time() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.2)
+        self._fh.close()
+
+
+class ServerGroup:
+    """Start every spec, wait until all are healthy (or fail with the first one's log tail), stop all on exit, also
+    when the bench fails or is interrupted. `stagger` (the default) starts each server once the previous one is
+    healthy: vLLM sizes its KV cache from the GPU memory it sees used while it profiles, so servers that start at the
+    same moment count each other's memory as their own ("No available memory for the cache blocks", seen on the
+    H200 with five toy servers at 3% each)."""
+
+    def __init__(self, specs: list[ServerSpec], log_dir: Path, start_timeout: float | None = None,
+                 stagger: bool = True):
+        self.specs, self.log_dir, self.stagger = specs, log_dir, stagger
+        self.timeout = start_timeout or float(os.environ.get("SPECLENS_SERVER_START_TIMEOUT") or 900)
+        self.servers: list[Server] = []
+
+    def __enter__(self) -> list[Server]:
+        try:
+            deadline = time.time() + self.timeout
+            pending: list[Server] = []
+            for i, s in enumerate(self.specs):
+                name = "".join(c if c.isalnum() else "-" for c in s.label).strip("-")
+                self.servers.append(Server(s, self.log_dir / f"server-{i:02d}-{name}.log"))
+                pending.append(self.servers[-1])
+                if self.stagger:
+                    self._wait(pending, deadline)
+                    pending = []
+            self._wait(pending, deadline)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self.servers
+
+    def _wait(self, pending: list[Server], deadline: float) -> None:
+        while pending:
+            pending = [s for s in pending if not s.healthy()]
+            if pending and time.time() > deadline:
+                s = pending[0]
+                raise SpecLensError(f"{s.spec.label} server did not become healthy within {self.timeout:.0f} s "
+                                    f"(log {s.log}): {s.tail()}; raise SPECLENS_SERVER_START_TIMEOUT")
+            if pending:
+                time.sleep(1.0)
+
+    def __exit__(self, *exc) -> None:
+        for s in self.servers:
+            try:
+                s.stop()
+            except Exception:     # noqa: BLE001 - the others must still be stopped
+                pass
