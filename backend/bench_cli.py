@@ -126,7 +126,8 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
     w.add_argument("--dtype", default="bf16", choices=["fp32", "bf16"])
     w.add_argument("--no-chat-template", action="store_true")
     w.add_argument("--server-url")
-    w.add_argument("--engine-option", action="append", metavar="KEY=VALUE", help="a server flag, e.g. max-model-len=4096")
+    w.add_argument("--engine-option", action="append", metavar="KEY=VALUE",
+                   help="a server flag, e.g. max-model-len=4096")
     w.add_argument("--quiet", action="store_true")
     _load_options(w)
     w.set_defaults(fn=cmd_load, concurrency="1,8,32,64")

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from backend import metrics, server_metrics
 from backend.errors import SpecLensError
-from backend.load_client import RequestResult, run_level, scrape, served_model, server_version
+from backend.load_client import run_level, scrape, served_model, server_version
 from backend.runs.lifecycle import Run, RunGuard
 from backend.store.rundir import COMPLETE, atomic_write_json, atomic_write_parquet, new_run_id
 
@@ -82,6 +82,15 @@ class LoadSettings(BaseModel):
     def configs(self) -> list["Config"]:
         taus = self.synthetic_tau or [None]
         return [Config(k, t) for k in self.num_spec_tokens for t in taus]
+
+    def identity(self) -> dict:
+        """What a resumed run must share: everything but where the servers listen (a restarted server has a new
+        URL, and resuming after one is the point)."""
+        d = self.model_dump(mode="json", exclude={"server_url", "baseline_url"})
+        for k in ("target", "prompts", "drafter"):
+            if d[k] is not None:
+                d[k] = str(Path(d[k]).resolve())
+        return d
 
     def per_level(self, c: int) -> int:
         return self.requests or max(16, 4 * c)
@@ -191,6 +200,9 @@ def _measure(engine: str, url: str, model: str | None, seqs: list[list[int]], c:
                acceptance_rate_server=acc.acceptance_rate if acc and acc.drafts else None,
                per_pos_server=json.dumps(acc.per_pos_rate) if acc and acc.per_pos_rate else None)
     own = [r for r in ok if r.drafts is not None]
+    merged = [r for r in own if engine == "vllm" and r.max_chunk > k + 1]      # a chunk of > K+1 tokens: merged steps
+    own = [r for r in own if r not in merged]
+    row["merged_requests"] = len(merged) if k else None
     if k and own:
         d, a = sum(r.drafts for r in own), sum(r.accepted or 0 for r in own)
         row.update(drafts_client=d, accepted_client=a, tau_client=1 + a / d if d else None)
@@ -221,7 +233,8 @@ def _manifest(s: LoadSettings, info, n_cells: int) -> dict:
             "model": {"path": str(Path(s.target).resolve()), "model_type": info.model_type, "n_layers": info.n_layers,
                       "hidden_size": info.hidden_size, "fingerprint": fingerprint(s.target)},
             "drafter": drafter, "dtype": s.dtype, "dataset": Path(s.prompts).name,
-            "settings": s.model_dump(mode="json"), "progress": {"done": 0, "total": n_cells}}
+            "settings": s.model_dump(mode="json"), "identity": s.identity(),
+            "progress": {"done": 0, "total": n_cells}}
 
 
 def _cells(s: LoadSettings) -> list[tuple[Config, int, int]]:
@@ -255,11 +268,11 @@ def run_load(s: LoadSettings, name: str | None = None, root: Path | None = None,
         m = run.manifest()
         if m.get("status") == COMPLETE:
             raise SpecLensError(f"run '{run_id}' is already complete ({run.path}); pick another --name") from None
-        if m.get("kind") != "load" or m.get("settings") != manifest["settings"]:
+        if m.get("kind") != "load" or m.get("identity") != manifest["identity"]:
             raise SpecLensError(f"run '{run_id}' was started with other settings ({run.manifest_path}); resume it "
                                 "with the same options or pick another --name") from None
         done = _read_journal(run)
-        run.claim(progress={"done": len(done), "total": len(cells) * 2})
+        run.claim(progress={"done": len(done), "total": len(cells) * 2}, settings=manifest["settings"])
     finished = {(d["config"], d["concurrency"], d["repeat"], d["side"]) for d in done}
     guard = RunGuard(run, interrupted=lambda: f"interrupted after {len(done)}/{len(cells) * 2} levels; run the same "
                                               "command again to resume")
@@ -381,7 +394,9 @@ def summarize(levels: pd.DataFrame, requests: pd.DataFrame) -> dict:
                       "drafter_per_user_tps": float(d.per_user_tps.median()),
                       "tau_server": tau_s, "tau_client": tau_c,
                       "tau_agreement": metrics.agreement(tau_c, tau_s),
+                      "merged_requests": int(d.merged_requests.fillna(0).sum()) if "merged_requests" in d else None,
                       "load1_max": float(g.load1.max()), "errors": int(g.errors.sum())})
+    noise = baseline_noise(levels, cells)
     best: dict[str, dict] = {}
     for c in sorted({x["concurrency"] for x in cells}):
         row = [x for x in cells if x["concurrency"] == c and x["synthetic_tau"] is None]
@@ -390,12 +405,33 @@ def summarize(levels: pd.DataFrame, requests: pd.DataFrame) -> dict:
         top = max(row, key=lambda x: x["speedup"]["value"])
         ties = [x["config"] for x in row if x is not top and x["speedup"]["ci_high"] >= top["speedup"]["ci_low"]]
         best[str(c)] = {"config": top["config"], "k": top["k"], "speedup": top["speedup"]["value"],
-                        "within_interval": ties}
+                        "within_interval": ties, "noisy": str(c) in noise}
     stops: dict[str, int | None] = {}
     for cfg in dict.fromkeys(x["config"] for x in cells):
         rows = sorted((x for x in cells if x["config"] == cfg), key=lambda x: x["concurrency"])
         stops[cfg] = next((x["concurrency"] for x in rows if x["speedup"]["value"] < 1.0), None)
-    return {"cells": cells, "best": best, "stops_paying": stops, "definitions": metrics.SERVING}
+    return {"cells": cells, "best": best, "stops_paying": stops, "baseline_noise": noise,
+            "definitions": metrics.SERVING}
+
+
+def baseline_noise(levels: pd.DataFrame, cells: list[dict]) -> dict[str, dict]:
+    """Concurrency levels where the baseline server's own output tokens/s moved between its measurements (one per
+    configuration and repeat) by more than the speedups' intervals can absorb: there the configurations were timed
+    under different conditions and their ranking is not a verdict. Rule: relative spread (max - min) / median of the
+    baseline's output tokens/s above max(5%, twice the median relative half-width of the speedup intervals)."""
+    out: dict[str, dict] = {}
+    base = levels[levels.side == "baseline"]
+    for c, g in base.groupby("concurrency"):
+        if len(g) < 2:
+            continue
+        spread = metrics.relative_spread(g.output_tps.tolist())
+        halves = [(x["speedup"]["ci_high"] - x["speedup"]["ci_low"]) / 2 / x["speedup"]["value"]
+                  for x in cells if x["concurrency"] == c and x["speedup"]["value"]]
+        bar = max(0.05, 2 * float(pd.Series(halves).median())) if halves else 0.05
+        if spread is not None and spread > bar:
+            out[str(int(c))] = {"spread": spread, "bar": bar, "min_tps": float(g.output_tps.min()),
+                                "max_tps": float(g.output_tps.max()), "measurements": int(len(g))}
+    return out
 
 
 def _finish(run: Run, s: LoadSettings, prompts, done: list[dict]) -> LoadResult:

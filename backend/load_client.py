@@ -5,8 +5,9 @@ vLLM: `POST /v1/completions` (OpenAI API) with the prompt as token ids, streamed
 generates exactly `max_tokens` (paired requests are then the same work), usage in every chunk
 (`stream_options.continuous_usage_stats`). A chunk is one engine step of that request, so the request's own
 count of verification steps is its chunks after the first, and its accepted draft tokens are tokens - chunks
-(vLLM merges the chunks of a step that the client did not read in time, so under load this count is a lower
-bound of the steps; the server's counters are the reference).
+(vLLM merges the chunks of steps that the client did not read in time, so under load this count misses steps; a
+chunk of more than K+1 tokens proves a merge and the request's own count is then left out; the server's counters
+are the reference).
 
 SGLang: its native `POST /generate` with `input_ids`, streamed; the last chunk's `meta_info` holds the request's
 own `spec_verify_ct`, `spec_num_correct_drafts` (older releases: derived from completion_tokens) and
@@ -40,6 +41,7 @@ class RequestResult:
     latency: float | None = None
     output_tokens: int = 0
     chunks: int = 0                 # chunks that carried tokens
+    max_chunk: int = 0              # most tokens in one chunk (vLLM: more than K+1 means merged steps)
     itl: list[float] = field(default_factory=list)
     drafts: int | None = None       # the request's own count of verification steps, where the engine gives one
     accepted: int | None = None     # its accepted draft tokens
@@ -115,6 +117,7 @@ async def _vllm_request(session: aiohttp.ClientSession, url: str, model: str, r:
             last = now
             n_tokens += new
             r.chunks += 1
+            r.max_chunk = max(r.max_chunk, new)
     r.latency = time.perf_counter() - t0
     r.output_tokens = n_tokens
     r.output_hash = _hash(out_ids)
@@ -147,6 +150,7 @@ async def _sglang_request(session: aiohttp.ClientSession, url: str, r: RequestRe
                 r.ttft = now - t0
             else:
                 r.itl.append(now - last)
+            r.max_chunk = max(r.max_chunk, total - n_tokens)
             last = now
             n_tokens = total
             r.chunks += 1

@@ -686,3 +686,12 @@ def moments_differ(ratio: Estimate, floor: float = MOMENT_FLOOR,
         return False
     limit = max(floor, speedup_halfwidth(*speedup_ci) if speedup_ci else 0.0)
     return (ratio.ci_low > 1 or ratio.ci_high < 1) and abs(math.log(ratio.value)) > math.log1p(limit)
+
+
+def relative_spread(values: Sequence[float]) -> float | None:
+    """(max - min) / median of the finite values; None for fewer than two."""
+    v = np.asarray([x for x in values if x is not None], dtype=np.float64)
+    v = v[np.isfinite(v)]
+    if len(v) < 2 or np.median(v) == 0:
+        return None
+    return float((v.max() - v.min()) / np.median(v))
