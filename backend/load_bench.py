@@ -139,6 +139,9 @@ def _encode(s: LoadSettings) -> tuple[list, list[list[int]], object]:
 
 
 def _machine_load() -> dict:
+    """The load beside a level: 1-minute load average, CPU utilisation, other SpecLens benches running, and on a GPU
+    node the compute processes on the GPUs and their utilisation (NVML, when nvidia-ml-py is there: a process that is
+    not one of the run's servers shares the GPU with them)."""
     import psutil
 
     others = 0
@@ -147,8 +150,18 @@ def _machine_load() -> dict:
         cmd = " ".join(p.info.get("cmdline") or [])
         if p.info["pid"] != me and "-m backend" in cmd and ("bench" in cmd or "sweep" in cmd or "demo" in cmd):
             others += 1
-    return {"load1": os.getloadavg()[0], "cpu_percent": psutil.cpu_percent(interval=None),
-            "other_speclens": others}
+    out = {"load1": os.getloadavg()[0], "cpu_percent": psutil.cpu_percent(interval=None), "other_speclens": others,
+           "gpu_processes": None, "gpu_util": None}
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        hs = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+        out["gpu_processes"] = sum(len(pynvml.nvmlDeviceGetComputeRunningProcesses(h)) for h in hs)
+        out["gpu_util"] = max(pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in hs) if hs else None
+    except Exception:  # noqa: BLE001 - no NVML here (a CPU machine, a remote server): not recorded
+        pass
+    return out
 
 
 # ---------------------------------------------------------------------- one cell
