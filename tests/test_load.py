@@ -311,3 +311,51 @@ def test_real_watch_scrapes_give_the_drift_at_the_switch(data_root: Path, tmp_pa
     recorded = json.loads((DATA / "load" / "h200-vllm-watch" / "manifest.json").read_text())
     assert drift == recorded["watch"]["verdict"]["drift_windows"]        # the same windows as on the H200
     assert min(drift) >= 26                                               # the switch came after 7 of 11 minutes
+
+
+# ---------------------------------------------------------------------------- the job queue
+
+
+def test_load_job_spec_and_split(toy_target: Path, data_root: Path, monkeypatch) -> None:
+    from backend.jobs import spec as specs
+
+    monkeypatch.setenv("SPECLENS_MODEL_ROOTS", str(toy_target.parent))
+    base = {"kind": "load", "engine": "vllm", "target": str(toy_target), "drafter": str(toy_target.parent /
+            "drafter-matched"), "prompts": str(PROMPTS), "num_spec_tokens": [1, 2, 4], "concurrency": [1, 8]}
+    (one,) = specs.validate(base)
+    assert one["kind"] == "load" and one["num_gpus"] == 1.0 and one["settings"]["num_spec_tokens"] == [1, 2, 4]
+    jobs = specs.validate({**base, "name": "sw", "split": True, "synthetic_tau": [1.5, 2.0]})
+    assert [j["name"] for j in jobs] == ["K-1-tau-1.5", "K-1-tau-2", "K-2-tau-1.5", "K-2-tau-2", "K-4-tau-1.5",
+                                         "K-4-tau-2"]
+    assert {j["sweep"] for j in jobs} == {"sw"} and jobs[0]["settings"]["synthetic_tau"] == [1.5]
+    with pytest.raises(SpecLensError, match="concurrency"):
+        specs.validate({**base, "concurrency": [0]})
+    with pytest.raises(SpecLensError, match="outside the allowed roots"):
+        specs.validate({**base, "target": "/etc"})
+    with pytest.raises(SpecLensError, match="engine"):
+        specs.validate({**base, "engine": "hf"})
+
+
+def test_load_job_runs_on_the_worker(toy_target: Path, data_root: Path, monkeypatch) -> None:
+    from backend.jobs import queue
+    from backend.jobs import spec as specs
+    from backend.jobs.worker import run_worker
+    from backend.store.catalog import Catalog
+
+    monkeypatch.setenv("SPECLENS_MODEL_ROOTS", str(toy_target.parent))
+    _, resp = _stream(2)
+    base, spec = Replay(resp, [_text("idle")]), Replay(resp, [_text("after_bench"), _text("end")])
+    try:
+        jobs = specs.validate({"kind": "load", "engine": "vllm", "target": str(toy_target), "prompts": str(PROMPTS),
+                               "limit": 2, "concurrency": [1], "requests": 2, "max_tokens": 32,
+                               "server_url": spec.url, "baseline_url": base.url, "name": "ldjob"})
+        assert jobs[0]["num_gpus"] == 0.0                     # servers of someone else: no GPU taken here
+        queue.enqueue(jobs, data_root)
+        run_worker(data_root, once=True, log=lambda *_: None)
+    finally:
+        base.close()
+        spec.close()
+    runs = Catalog(data_root).read.list_runs(kind="load")
+    assert runs.set_index("run_id").loc["ldjob", "status"] == "complete"
+    m = json.loads((data_root / "runs" / "ldjob" / "manifest.json").read_text())
+    assert m["job"]["kind"] == "load" and m["load"]["levels"] == 2

@@ -64,7 +64,7 @@ def cmd_jobs(a: argparse.Namespace) -> int:
 
 
 def add_parsers(sub) -> None:
-    s = sub.add_parser("submit", help="queue a job spec (YAML/JSON: kind capture, bench or sweep)")
+    s = sub.add_parser("submit", help="queue a job spec (YAML/JSON: kind capture, bench, sweep or load)")
     s.add_argument("spec", help="job spec file; see backend/jobs/spec.py for the fields")
     s.add_argument("--ray", metavar="ADDRESS", help="also run the jobs now as Ray tasks on this cluster and wait")
     s.set_defaults(fn=cmd_submit)

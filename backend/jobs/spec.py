@@ -27,7 +27,7 @@ from backend.config import REPO_ROOT, data_root, model_roots
 from backend.errors import SpecLensError
 from backend.store.rundir import valid_run_id
 
-KINDS = ("capture", "bench", "sweep")
+KINDS = ("capture", "bench", "sweep", "load")
 COMMON = {"kind", "name", "num_gpus", "num_cpus", "max_attempts"}
 CAPTURE = {"model": str, "prompts": str, "engine": str, "limit": int, "device": str, "dtype": str,
            "boundaries": list, "sample_tokens": int, "sample_per_prompt": int, "max_prompt_tokens": int,
@@ -62,7 +62,7 @@ def load_spec_file(path: str | Path) -> dict:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise SpecLensError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'} ({first})") from None
     if not isinstance(obj, dict):
-        raise SpecLensError(f"{p}: a job spec is a mapping with a 'kind' (capture, bench or sweep)")
+        raise SpecLensError(f"{p}: a job spec is a mapping with a 'kind' (capture, bench, sweep or load)")
     return obj
 
 
@@ -151,10 +151,12 @@ def validate(spec: Any, base: Path | str | None = None) -> list[dict]:
     sweep}]; a sweep gives one bench job per combination. Raises SpecLensError with a one-line message."""
     base = Path(base) if base is not None else REPO_ROOT
     if not isinstance(spec, dict):
-        raise SpecLensError("a job spec is a mapping with a 'kind' (capture, bench or sweep)")
+        raise SpecLensError("a job spec is a mapping with a 'kind' (capture, bench, sweep or load)")
     kind = spec.get("kind")
     if kind not in KINDS:
-        raise SpecLensError(f"kind: {kind!r} is not one of capture, bench, sweep")
+        raise SpecLensError(f"kind: {kind!r} is not one of {', '.join(KINDS)}")
+    if kind == "load":
+        return _load_jobs(spec, base)
     fields = CAPTURE if kind == "capture" else BENCH
     allowed = COMMON | set(fields) | (set(SWEEP_LISTS) if kind == "sweep" else set())
     unknown = sorted(set(map(str, spec)) - allowed)
@@ -215,10 +217,56 @@ def _short(field: str, v: Any, vals: list) -> str:
     return f"{prefix}{v:g}" if isinstance(v, float) else f"{prefix}{v}"
 
 
+def _load_jobs(spec: dict, base: Path) -> list[dict]:
+    """A serving-load bench or sweep (backend.load_bench.LoadSettings, whose fields are the spec's): one job, or with
+    `split: true` one job per drafter configuration (K, synthetic tau), so that a Ray cluster of several GPUs runs the
+    configurations side by side, each against its own paired baseline server."""
+    from pydantic import ValidationError
+
+    from backend.load_bench import LoadSettings
+
+    extra = {"split"}
+    fields = {k: v for k, v in spec.items() if k not in COMMON | extra}
+    name = spec.get("name")
+    if name is not None and (not isinstance(name, str) or not valid_run_id(name) or len(name) > 80):
+        raise SpecLensError(f"name: {name!r} is not a valid run name; use letters, digits, '.', '_' or '-' "
+                            "(at most 80)"[:200])
+    try:
+        st = LoadSettings.model_validate(fields)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise SpecLensError(f"{where}: {err['msg']}"[:200]) from None
+    roots, iroots = model_roots(), input_roots()
+    upd = {"target": confine(st.target, "target", roots, base), "prompts": confine(st.prompts, "prompts", iroots, base)}
+    if st.drafter:
+        upd["drafter"] = confine(st.drafter, "drafter", roots, base)
+    for url in (st.server_url, st.baseline_url):
+        if url is not None and not (url.startswith(("http://", "https://")) and len(url) < 512):
+            raise SpecLensError("server_url: expected an http(s):// URL of a running vLLM or SGLang server")
+    st = st.model_copy(update=upd)
+    res = _resources(spec, {"engine": st.engine, "server_url": st.server_url})
+    configs = st.configs() if spec.get("split") is True else [None]
+    jobs = []
+    for cfg in configs:
+        one = st if cfg is None else st.model_copy(update={"num_spec_tokens": [cfg.k], "synthetic_tau":
+                                                           None if cfg.synthetic_tau is None else [cfg.synthetic_tau]})
+        if cfg is None:
+            jobs.append({"kind": "load", "name": name, "settings": one.model_dump(mode="json"), "sweep": None, **res})
+        else:            # job id (and run name) <name or a fresh id>-K-4[-tau-2.5]
+            tag = "".join(c if c.isalnum() or c == "." else "-" for c in cfg.label.replace("*=", "-").replace("=", "-"))
+            jobs.append({"kind": "load", "name": tag.replace(" ", "-"), "settings": one.model_dump(mode="json"),
+                         "sweep": name or "", **res})
+    return jobs
+
+
 def settings_object(job: dict):
     """The CaptureSettings or BenchSettings of a job (the objects `python -m backend capture|bench` build)."""
     s = dict(job["settings"])
     s.pop("batch_size", None)
+    if job["kind"] == "load":
+        from backend.load_bench import LoadSettings
+        return LoadSettings.model_validate(s)
     if job["kind"] == "capture":
         from backend.capture import CaptureSettings
         s.pop("tensor_parallel_size", None)

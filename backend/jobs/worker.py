@@ -67,6 +67,9 @@ def execute(job: dict, root: Path | str) -> dict:
             if job["kind"] == "capture":
                 from backend.capture import run_capture
                 run_capture(s, name=name, root=root, progress=False, engine_options=_capture_engine_options(job))
+            elif job["kind"] == "load":
+                from backend.load_bench import run_load
+                run_load(s, name=name, root=root, progress=False)
             else:
                 from backend.bench import run_bench
                 r = run_bench(s, name=name, root=root, progress=False)
