@@ -186,10 +186,11 @@ def parser() -> argparse.ArgumentParser:
     dm.set_defaults(fn=cmd_demo)
 
     from backend.bench_cli import add_parser as add_bench
-    from backend.bench_cli import add_sweep_parser
+    from backend.bench_cli import add_sweep_parser, add_worth_parser
 
     add_bench(sub)
     add_sweep_parser(sub)
+    add_worth_parser(sub)
 
     from backend.check_drafter import add_parser as add_check_drafter
 

@@ -134,6 +134,43 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
     return w
 
 
+def cmd_worth(a: argparse.Namespace) -> int:
+    """What raising tau from A to B is worth, read on a speedup map (a load run with --synthetic-tau)."""
+    import json
+
+    from backend.config import paths
+    from backend.drafter_worth import curves, worth_by_concurrency
+    from backend.errors import SpecLensError
+
+    p = paths().runs / a.map / "summary.json"
+    try:
+        cells = json.loads(p.read_text())["cells"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        raise SpecLensError(f"{p}: not a complete load run; pass the run id of a `sweep --synthetic-tau` run") from None
+    if not curves(cells):
+        raise SpecLensError(f"run '{a.map}' has no synthetic-acceptance configurations; run `python -m backend sweep "
+                            "... --synthetic-tau 1,2,3,4` on the target's shape to make a map")
+    ws = worth_by_concurrency(cells, a.tau_from, a.tau_to)
+    if not ws:
+        taus = sorted({round(t, 2) for pts in curves(cells).values() for t, _ in pts})
+        print(f"the map covers tau {taus[0]}-{taus[-1]}: it cannot say what {a.tau_from} -> {a.tau_to} is worth")
+        return 1
+    for w in ws:
+        print(f"concurrency {w.concurrency:>4}: raising tau from {w.tau_from:.2f} to {w.tau_to:.2f} is worth "
+              f"{w.gain:+.0%} output tokens/s (speedup {w.speedup_from:.2f}x -> {w.speedup_to:.2f}x, K={w.k})")
+    return 0
+
+
+def add_worth_parser(subparsers) -> argparse.ArgumentParser:
+    w = subparsers.add_parser("worth", help="what a higher acceptance length is worth in tokens/s, read on a speedup "
+                                            "map (a `sweep --synthetic-tau` run)")
+    w.add_argument("--map", required=True, help="run id of the map")
+    w.add_argument("--tau-from", type=float, required=True, help="the drafter's measured tau today")
+    w.add_argument("--tau-to", type=float, required=True, help="the tau after a fix or a better drafter")
+    w.set_defaults(fn=cmd_worth)
+    return w
+
+
 def engine_options(items: list[str] | None) -> dict:
     """--engine-option KEY=VALUE (VALUE parsed as JSON when it is JSON: numbers, true/false, lists)."""
     import json

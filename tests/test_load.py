@@ -359,3 +359,44 @@ def test_load_job_runs_on_the_worker(toy_target: Path, data_root: Path, monkeypa
     assert runs.set_index("run_id").loc["ldjob", "status"] == "complete"
     m = json.loads((data_root / "runs" / "ldjob" / "manifest.json").read_text())
     assert m["job"]["kind"] == "load" and m["load"]["levels"] == 2
+
+
+# ---------------------------------------------------------------------------- what a better drafter is worth
+
+
+def _map_cells() -> list[dict]:
+    """A speedup map's summary cells, built here (no synthetic-acceptance run was recorded on the H200 yet: the
+    numbers are invented for the interpolation logic only)."""
+    pts = {1: [(1.0, 0.80), (2.0, 1.40), (3.0, 1.90), (4.0, 2.30)], 64: [(1.0, 0.70), (2.0, 0.95), (3.0, 1.10),
+                                                                         (4.0, 1.20)]}
+    return [{"k": 3, "concurrency": c, "synthetic_tau": t, "tau_server": t + 0.01, "config": f"K=3 tau*={t:g}",
+             "speedup": {"value": v}} for c, p in pts.items() for t, v in p]
+
+
+def test_worth_interpolates_and_never_extrapolates() -> None:
+    from backend.drafter_worth import worth, worth_by_concurrency
+
+    cells = _map_cells()
+    w = worth(cells, 1.51, 2.51, 1)
+    assert w.speedup_from == pytest.approx(1.10) and w.speedup_to == pytest.approx(1.65)
+    assert w.gain == pytest.approx(1.65 / 1.10 - 1)
+    assert worth(cells, 1.51, 2.51, 8) is None                    # a concurrency the map did not measure
+    assert worth(cells, 0.9, 2.0, 1) is None                      # below the map's lowest tau
+    assert worth(cells + [{"k": 3, "concurrency": 1, "synthetic_tau": None, "tau_server": 9, "speedup": {"value": 9}}],
+                 1.51, 2.51, 1) == w                              # a real drafter's cell is not on the map
+    assert [x.concurrency for x in worth_by_concurrency(cells, 1.5, 3.0)] == [1, 64]
+    assert worth(cells, 1.5, 3.0, 64).gain < worth(cells, 1.5, 3.0, 1).gain   # worth less at load
+
+
+def test_worth_cli(data_root: Path, capsys) -> None:
+    from backend.__main__ import main
+
+    d = data_root / "runs" / "map1"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"cells": _map_cells()}))
+    assert main(["worth", "--map", "map1", "--tau-from", "1.21", "--tau-to", "2.09"]) == 0
+    out = capsys.readouterr().out
+    assert "concurrency    1: raising tau from 1.21 to 2.09 is worth" in out and "concurrency   64" in out
+    assert main(["worth", "--map", "map1", "--tau-from", "0.5", "--tau-to", "2"]) == 1
+    assert main(["worth", "--map", "nope", "--tau-from", "1", "--tau-to", "2"]) == 2
+    assert "not a complete load run" in capsys.readouterr().err
