@@ -169,7 +169,9 @@ def _compare(ac: Acceptance, baseline: str, root: Path | None) -> Comparison:
                  "baseline_repeats": _num(base_info["repeats"].get(b)) if b else None,
                  "baseline_timing": timing,
                  "speed_noise": speed_noise(r, b, timing, manifests.get(r) or {}, by_run.get(r), own[r],
-                                            by_run.get(b) if b else None, sp) if b and _ok(sp[0]) else None}
+                                            by_run.get(b) if b else None, sp,
+                                            b in base_info.index and _k(base_info.loc[b]) == 0)
+                 if b and _ok(sp[0]) else None}
         rows.append({**extra,
             "run_id": r, "drafter": row["drafter"], "model": row["model"], "dataset": row["dataset"],
             "num_spec_tokens": _k(row), "temperature": row["temperature"], "repeats": row["repeats"],
@@ -213,20 +215,23 @@ def _interleaved(run: str, base: str | None, mode: str, runs: pd.DataFrame, own:
 
 
 def speed_noise(run: str, base: str, timing: str | None, manifest: dict, frame: pd.DataFrame | None,
-                own: pd.DataFrame | None, base_frame: pd.DataFrame | None, sp: tuple) -> str | None:
+                own: pd.DataFrame | None, base_frame: pd.DataFrame | None, sp: tuple,
+                base_plain: bool = True) -> str | None:
     """Why this run's speedup is no faster/slower verdict, in one line, or None. The run's stored finding (the bench's
     `speed_noise`: plain decoding drifted during the run beyond the interval, load, another SpecLens process); and,
     for a speedup against a baseline timed at another moment (a pinned baseline, a run benched before interleaving,
-    an engine bench), whether the machine ran at another speed then (metrics.moment_ratio / moments_differ): the
-    run's own plain decoding against the baseline's (same prompts), else the two sides' prefill (TTFT: the same work
-    on both sides)."""
+    an engine bench), whether the machine ran at another speed then (metrics.moment_ratio / moments_differ): plain
+    decoding during the run (its pairs' plain half) against plain decoding then (the baseline's rows, or the plain
+    half of its pairs when the baseline drafts too), same prompts; without both, the two sides' prefill (TTFT: the
+    same work on both sides)."""
     b = manifest.get("bench") if isinstance(manifest.get("bench"), dict) else {}
     stored = b.get("speed_noise") if isinstance(b.get("speed_noise"), dict) else {}
     parts = [stored["reason"].rstrip(".")] if isinstance(stored.get("reason"), str) else []
     if timing == SEPARATE and frame is not None and base_frame is not None and not base_frame.empty:
         ci = (sp[0], sp[1], sp[2]) if _ok(sp[0]) and _ok(sp[1]) and _ok(sp[2]) else None
-        if own is not None:
-            x, y = _per_prompt(own, base_frame, "tokens_per_s")
+        then = base_frame if base_plain else own_baseline(base_frame)
+        if own is not None and then is not None:
+            x, y = _per_prompt(own, then, "tokens_per_s")
             ratio = metrics.moment_ratio(x, y)
             if metrics.moments_differ(ratio, metrics.MOMENT_FLOOR, ci):
                 parts.append(f"baseline `{base}` was timed at another moment: plain decoding ran at "
@@ -564,6 +569,13 @@ def _noise(r: dict) -> str | None:
     return v if isinstance(v, str) and v else None
 
 
+def _first_reason(reason: str) -> str:
+    """The first of a noise finding's reasons, lower-cased, without its closing stop ("... and more" when there are
+    more): the headline's short form; the tile carries the whole line."""
+    first, *rest = reason.rstrip(".").split("; ")
+    return first[:1].lower() + first[1:] + (" and more" if rest else "")
+
+
 def _basis(r: dict) -> str:
     reps, n = _num(r.get("repeats"), 0), _num(r.get("prompts"), 0)
     reps = int(reps) if reps else 1
@@ -712,7 +724,8 @@ def headline(fig: pd.DataFrame, gap=None, cats: pd.DataFrame | None = None) -> s
     sped = [r for r in sped if not _noise(r)]
     if noisy:
         parts.append(f"**No speed verdict for {_names(r['run_id'] for r in noisy)}**: "
-                     + " ".join(f"`{r['run_id']}` {_x(r['speedup'])}: {_noise(r)}" for r in noisy))
+                     + "; ".join(f"`{r['run_id']}` {_x(r['speedup'])}, {_first_reason(_noise(r))}" for r in noisy)
+                     + " (its tile says all).")
     if sped:
         tones = [speed_words(r["speedup"], r.get("speedup_ci_low"), r.get("speedup_ci_high"), r.get("baseline_plain"),
                              r.get("baseline_run"))[0] for r in sped]
@@ -766,7 +779,10 @@ def headline(fig: pd.DataFrame, gap=None, cats: pd.DataFrame | None = None) -> s
                 "The figures rest on " + ", ".join(f"`{r['run_id']}` {_basis(r)}" for r in recs))
         rest += "; 95% intervals resample prompts"
         if reps == {1}:
-            rest += " (one repeat: run-to-run timing noise is not measured)"
+            timed = [r.get("baseline_timing") for r in recs if r.get("baseline_run")]
+            rest += (" (one repeat: the machine's timing noise shows only in the noise check)"
+                     if timed and all(t == INTERLEAVED for t in timed)
+                     else " (one repeat: run-to-run timing noise is not measured)")
         parts.append(rest + ".")
     noise = category_noise(cats)
     if noise:

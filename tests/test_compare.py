@@ -233,6 +233,53 @@ def test_speedup_against_the_pinned_baseline(own: Path) -> None:
     assert not c.warnings
 
 
+def _quiet(root: Path, run: str, edit=None) -> None:
+    """Bench run `run` under `root` without its stored noise finding (what this shared machine did while the fixture
+    ran must not decide a test), its prompts.parquet changed by `edit` (a frame -> frame), the manifest rewritten so
+    the catalog re-reads it."""
+    import pandas as pd
+
+    d = root / "runs" / run
+    if edit is not None:
+        edit(pd.read_parquet(d / "prompts.parquet")).to_parquet(d / "prompts.parquet", index=False)
+    m = json.loads((d / "manifest.json").read_text())
+    if isinstance(m.get("bench", {}).get("speed_noise"), dict):
+        m["bench"]["speed_noise"].update(noisy=False, kinds=[], reason=None)
+    (d / "manifest.json").write_text(json.dumps(m, indent=2))
+
+
+def test_no_verdict_against_a_baseline_timed_at_another_moment(own: Path) -> None:
+    """A run benched before interleaving (no pairs) whose prefill took 3x as long as its baseline run's (the issue's
+    TTFT 562 vs 207 ms: load, not drafter), and a pinned baseline timed when plain decoding ran at half the speed it
+    ran during the drafter run: no faster/slower verdict, and the reason says which moments differ."""
+    drop = [f"base_{c}" for c in ("output_tokens", "seconds", "tokens_per_s", "ttft", "tpot", "output_hash")]
+    _quiet(own, "spec-random", lambda f: f.drop(columns=drop).assign(ttft=f["ttft"] * 3))
+    _quiet(own, "spec-oracle")
+    Catalog(own).write.refresh()
+    c = compare.compare(["spec-random", "spec-oracle"], root=own)
+    f = c.figures.set_index("run_id")
+    assert f.loc["spec-random", "baseline_timing"] == "separate" and f.loc["spec-oracle", "baseline_timing"] == \
+        "interleaved"
+    why = f.loc["spec-random", "speed_noise"]
+    assert "were timed at different moments" in why and "prefill (TTFT" in why, why
+    assert not isinstance(f.loc["spec-oracle", "speed_noise"], str)
+    tiles = {t.run_id: t for t in c.tiles}
+    assert tiles["spec-random"].tone == "noisy" and tiles["spec-oracle"].tone != "noisy"
+    assert "No speed verdict for `spec-random`" in c.headline and "No speed verdict for `spec-oracle`" not in c.headline
+    # pinned: plain decoding then (the pinned baseline's rows, at half speed) against plain decoding during the run
+    import pandas as pd
+
+    during = pd.read_parquet(own / "runs" / "spec-oracle" / "prompts.parquet").set_index(["repeat", "prompt_id"])
+    _quiet(own, "spec-random-baseline", lambda f: f.assign(                  # half what it ran at during spec-oracle
+        tokens_per_s=during.loc[list(zip(f["repeat"], f["prompt_id"])), "base_tokens_per_s"].to_numpy() / 2))
+    annotations.save("spec-random-baseline", pinned=True, root=own)
+    Catalog(own).write.refresh()
+    c = compare.compare(["spec-oracle"], "pinned", root=own)
+    why = c.figures.set_index("run_id").loc["spec-oracle", "speed_noise"]
+    assert "Baseline `spec-random-baseline` was timed at another moment" in why and "(x2.00, 95% CI 2.00" in why, why
+    assert c.tiles[0].tone == "noisy" and c.tiles[0].delta == compare.NOISY_DELTA
+
+
 def test_config_diff_and_headline_words() -> None:
     d = compare.config_diff({"a": {"settings": {"k": 4, "t": 0.0}, "created": "x", "drafter": {"path": "/d/a"}},
                              "b": {"settings": {"k": 4, "t": 0.7}, "created": "y"}}, ["a", "b"])

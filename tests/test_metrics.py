@@ -196,3 +196,110 @@ def test_tau_estimate_hand_computed():
     e = M.tau_estimate([[3, 2], [0, 2]], n_boot=500)
     assert e.value == pytest.approx(1.75) and 1.0 <= e.ci_low <= 1.75 <= e.ci_high <= 2.5
     assert M.tau_estimate([[0, 0], [0, 0]]).value == 1.0              # plain decoding
+
+
+# ---------------------------------------------------------------------- timing noise (issue 19 item 1)
+
+
+def test_timing_drift_by_hand():
+    # 9 units, thirds of 3: first 100, 100, 100; last 80, 80, 80 -> 80 / 100 - 1 = -0.2; no spread: the interval too
+    d = M.timing_drift([100, 100, 100, 90, 90, 90, 80, 80, 80])
+    assert d.value == pytest.approx(-0.2) and d.ci_low == pytest.approx(-0.2) and d.ci_high == pytest.approx(-0.2)
+    assert (d.n_first, d.n_last, d.normalised) == (3, 3, False) and d.significant
+    flat = M.timing_drift(np.random.default_rng(0).normal(100, 5, 60))
+    assert flat.ci_low < 0 < flat.ci_high and not flat.significant                # noise only: no drift
+    rng = np.random.default_rng(1)
+    step = M.timing_drift(np.r_[rng.normal(100, 5, 30), rng.normal(60, 5, 30)])
+    assert step.value == pytest.approx(-0.4, abs=0.05) and step.ci_high < 0         # slowed by 40% half-way
+    assert M.timing_drift([100, 100, 100, 100, 100]) is None                       # a third would hold 1 unit
+    assert M.timing_drift([100, float("nan"), 0, 100, 100, 100, 100, 100, 100]).n_first == 2   # NaN and 0 dropped
+
+
+def test_timing_drift_compares_each_prompt_with_itself_when_prompts_repeat():
+    # 2 repeats of 6 prompts in the same order, fast prompts first (200 tok/s) and slow ones last (100): raw
+    # speeds "drift" -50% from the first third to the last, but each prompt ran at its own speed both times
+    speeds = [200, 200, 200, 100, 100, 100] * 2
+    prompts = list("abcdef") * 2
+    # thirds of 4 units: first (200, 200, 200, 100) mean 175, last (200, 100, 100, 100) mean 125: 125/175 - 1
+    assert M.timing_drift(speeds).value == pytest.approx(125 / 175 - 1)
+    d = M.timing_drift(speeds, prompts)
+    assert d.normalised and d.value == pytest.approx(0.0) and not d.significant
+    # the machine slowed by 30% in the second repeat: each prompt's mean is 0.85 of its first speed, so the first
+    # repeat reads 1 / 0.85 and the second 0.7 / 0.85 for every prompt: last third / first third - 1 = 0.7 - 1
+    slowed = [200, 200, 200, 100, 100, 100] + [140, 140, 140, 70, 70, 70]
+    d = M.timing_drift(slowed, prompts)
+    assert d.value == pytest.approx(-0.3) and d.ci_low == pytest.approx(-0.3) and d.ci_high == pytest.approx(-0.3)
+
+
+def test_speed_noise_rules():
+    drift = M.TimingDrift(-0.12, -0.18, -0.06, 16, 16, True)                 # 12% slower, interval excludes 0
+    # the speedup 0.80 [0.70, 0.90]: half-width 0.10 / 0.80 = 12.5% covers a 12% drift -> no verdict is lost
+    assert not M.speed_noise(drift, (0.80, 0.70, 0.90)).noisy
+    # a tight speedup 0.80 [0.78, 0.82] (2.5%): the 12% drift is beyond it (and beyond the 5% floor)
+    n = M.speed_noise(drift, (0.80, 0.78, 0.82))
+    assert n.kinds == ["drift"] and n.drift_limit == pytest.approx(M.DRIFT_FLOOR)
+    assert not M.speed_noise(M.TimingDrift(-0.04, -0.06, -0.02, 16, 16, True), None).noisy   # within the 5% floor
+    assert not M.speed_noise(M.TimingDrift(-0.3, -0.6, 0.1, 16, 16, True), None).noisy      # not significant
+    # load: a unit is contended from max(0.5, 0.25 x cpus) cores of other processes; 10% of the units (and 1) fire
+    assert M.unit_contended(0.5, 2) and not M.unit_contended(0.49, 2) and not M.unit_contended(31.9, 128)
+    assert M.unit_contended(32, 128) and not M.unit_contended(None, 2) and not M.unit_contended(float("nan"), 2)
+    quiet = [0.1] * 20
+    assert not M.speed_noise(None, None, quiet, quiet, 2).noisy
+    assert M.speed_noise(None, None, quiet[:18] + [1.5, 1.5], quiet, 2).kinds == ["load"]       # 2 of 20 = 10%
+    assert not M.speed_noise(None, None, quiet[:19] + [1.5], quiet, 2).noisy                    # 1 of 20 = 5%
+    n = M.speed_noise(None, None, quiet, [0.0] * 17 + [0.3] * 3, 2)
+    assert n.kinds == ["speclens"] and n.shared_units == 3 and n.units == 20
+    assert M.speed_noise(None, None, [1.0], [0.0], 2).kinds == ["load"]                         # 1 unit: 1 is enough
+
+
+def test_moment_ratio_and_moments_differ():
+    # the same 4 prompts' plain decoding at two moments, 100 tok/s each then, 50 now: x0.5
+    r = M.moment_ratio([50, 50, 50, 50], [100, 100, 100, 100])
+    assert (r.value, r.ci_low, r.ci_high, r.n_prompts) == (0.5, 0.5, 0.5, 4)
+    assert M.moments_differ(r) and M.moments_differ(M.moment_ratio([200] * 4, [100] * 4))   # either way
+    assert not M.moments_differ(M.moment_ratio([103, 97, 101, 99], [100] * 4))               # within 5%
+    # 20% apart is beyond the 5% floor but within a speedup interval of +-25% ...
+    assert M.moments_differ(M.moment_ratio([120] * 4, [100] * 4))
+    assert not M.moments_differ(M.moment_ratio([120] * 4, [100] * 4), speedup_ci=(1.0, 0.75, 1.25))
+    # ... and within the prefill floor (25%): the issue's TTFT 207 vs 562 ms (x2.7) is far beyond it
+    assert not M.moments_differ(M.moment_ratio([1 / 0.24] * 4, [1 / 0.2] * 4), M.PREFILL_FLOOR)
+    assert M.moments_differ(M.moment_ratio([1 / 0.562] * 4, [1 / 0.207] * 4), M.PREFILL_FLOOR)
+    assert math.isnan(M.moment_ratio([1.0], [2.0]).value)                                   # one prompt: no interval
+    with pytest.raises(ValueError):
+        M.moment_ratio([1, 2], [1, 2, 3])
+
+
+@pytest.mark.parametrize("record", ["noise_bench_cpu", "noise_bench_cpu_late_load", "noise_bench_cpu_busy_machine"])
+def test_noise_notice_on_the_recorded_noise_bench(record):
+    """docs/results/noise_bench_cpu*.json (bench/noise_bench.py on the 2-core CPU): the matched toy drafter benched
+    alone and beside two CPU-bound processes (started 3 s in; 15 s in for `late_load`; `busy_machine`: while other
+    test suites loaded the same 2 cores). From the recorded units (plain decoding's tokens/s in execution order, the
+    load per unit), metrics gives the finding each run stored, and the issue's bar holds: the speedups agree within
+    their intervals, or the loaded run carries the notice."""
+    import json
+    from pathlib import Path
+
+    rec = json.loads((Path(__file__).resolve().parent.parent / "docs" / "results" / f"{record}.json").read_text())
+    for name in ("quiet", "loaded"):
+        run = rec[name]
+        units = sorted(run["units"], key=lambda u: u["unit_order"])
+        drift = M.timing_drift([u["base_tokens_per_s"] for u in units], [u["prompt_id"] for u in units])
+        sp = run["speedup"]
+        n = M.speed_noise(drift, (sp["mean"], sp["ci_low"], sp["ci_high"]), [u["other_cpu"] for u in units],
+                          [u["speclens_cpu"] for u in units], run["load"]["cpus"])
+        stored = run["noise"]
+        assert n.kinds == stored["kinds"], name
+        assert drift.value == pytest.approx(stored["drift"]["value"]) and n.contended_units == stored["contended_units"]
+        assert (stored["reason"] is not None) == n.noisy
+    q, lo = rec["quiet"]["speedup"], rec["loaded"]["speedup"]
+    overlap = q["ci_low"] <= lo["ci_high"] and lo["ci_low"] <= q["ci_high"]
+    assert overlap == rec["intervals_overlap"] and rec["bar_met"] == (overlap or rec["loaded"]["noise"]["noisy"])
+    assert rec["bar_met"]
+    loaded = sorted(rec["loaded"]["units"], key=lambda u: u["unit_order"])
+    contended = [M.unit_contended(u["other_cpu"], 2) for u in loaded]
+    assert "load" in rec["loaded"]["noise"]["kinds"]
+    if record == "noise_bench_cpu":               # two busy loops from 3 s in: every unit contended; alone: none
+        assert all(contended) and rec["quiet"]["noise"]["kinds"] == []
+    if record == "noise_bench_cpu_late_load":     # from 15 s in: the last units only, and plain decoding slowed
+        assert not any(contended[:10]) and all(contended[-10:]) and rec["loaded"]["noise"]["drift"]["value"] < -0.2
+        assert "drift" in rec["loaded"]["noise"]["kinds"] and rec["quiet"]["noise"]["kinds"] == []
