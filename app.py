@@ -10,6 +10,7 @@ Pages (each view is addressable by its URL query parameters):
   /feeds      what every vLLM/SGLang release feeds a drafter  ?check=RUN | ?drafter=DIR&target=DIR
   /regression bench runs of one drafter+target by engine release and date, tau and speedup intervals  ?group=N
   /watch      a live server's tau per window, baseline band, drift verdict (python -m backend watch)  ?run=
+  /load       serving load: speedup vs concurrency per K, Pareto front, best K, where it stops paying  ?run= | ?runs=a,b
   /new        queue a capture or bench job (SPECLENS_ALLOW_JOBS=1, not read-only) and watch the queue
   /run        one run: settings, what the engine fed, per-prompt table, files, log, links  ?id=&category=&q=&sort=
 `/` forwards to /runs (streamlit serves its default page at `/` only, so the default is a hidden forwarder).
@@ -29,6 +30,7 @@ DRAFTER = st.Page("pages/drafter_check.py", title="Drafter check", url_path="dra
 FEEDS = st.Page("pages/feeds.py", title="Feeds", url_path="feeds", icon=":material/alt_route:")
 REGRESSION = st.Page("pages/regression.py", title="Regression", url_path="regression", icon=":material/trending_down:")
 WATCH = st.Page("pages/watch.py", title="Watch", url_path="watch", icon=":material/monitor_heart:")
+LOAD = st.Page("pages/load.py", title="Serving load", url_path="load", icon=":material/speed:")
 NEW_RUN = st.Page("pages/new_run.py", title="New run", url_path="new", icon=":material/add_circle:")
 # a run's own page: reached from every "open" link and from the other views, not a view over runs (hidden from
 # the top bar, like a W&B / MLflow run page)
@@ -41,5 +43,5 @@ def home() -> None:
 
 HOME = st.Page(home, title="SpecLens", url_path="home", default=True, visibility="hidden")
 
-st.navigation([HOME, RUNS, COMPARE, ALIGNMENT, STATS, DRAFTER, FEEDS, REGRESSION, WATCH, NEW_RUN, RUN],
+st.navigation([HOME, RUNS, COMPARE, ALIGNMENT, STATS, DRAFTER, FEEDS, REGRESSION, WATCH, LOAD, NEW_RUN, RUN],
               position="top").run()

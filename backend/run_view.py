@@ -96,8 +96,38 @@ def fed(manifest: dict) -> Fed:
                 ("best candidate", _labels(best) if best else None), ("mode", c.get("mode")),
                 ("severity", c.get("severity"))]
         return Fed(summary, _rows(rows))
+    if kind == "load":
+        st = manifest.get("settings") if isinstance(manifest.get("settings"), dict) else {}
+        eng = " ".join(str(x) for x in (_ENGINE_NAMES.get(manifest.get("engine"), manifest.get("engine")),
+                                        manifest.get("engine_version")) if x) or "the engine"
+        ks = ", ".join(f"K={k}" for k in st.get("num_spec_tokens") or [])
+        syn = (f" at synthetic acceptance lengths tau* {', '.join(f'{t:g}' for t in st['synthetic_tau'])}"
+               if st.get("synthetic_tau") else "")
+        rows = [("engine", eng), ("drafter configs", ks + syn if ks else None),
+                ("concurrency", ", ".join(str(c) for c in st.get("concurrency") or []) or None),
+                ("repeats", st.get("repeats")), ("max output tokens", st.get("max_tokens")),
+                ("servers", "attached (--server-url)" if st.get("server_url") else "started by SpecLens"),
+                ("load format", st.get("load_format"))]
+        return Fed(f"A serving-load run through {eng}'s OpenAI-compatible server: the drafter ({ks or '?'}{syn}) at "
+                   "each concurrency level against a baseline server of the same target (same prompts, same order, "
+                   "same max tokens); acceptance from the server's counters. What the server fed the drafter is not "
+                   "read here (`check-drafter` says it).", _rows(rows))
+    if kind == "watch":
+        w = manifest.get("watch") if isinstance(manifest.get("watch"), dict) else {}
+        st = manifest.get("settings") if isinstance(manifest.get("settings"), dict) else {}
+        eng = " ".join(str(x) for x in (_ENGINE_NAMES.get(manifest.get("engine"), manifest.get("engine")),
+                                        manifest.get("engine_version")) if x) or "a server"
+        rows = [("server", w.get("metrics_url") or w.get("server_url") or st.get("server_url")), ("engine", eng),
+                ("interval", f"{st['interval']:g} s" if isinstance(st.get("interval"), (int, float)) else None),
+                ("--min-tau", st.get("min_tau")), ("stopped by", w.get("stopped_by"))]
+        return Fed(f"A watch of a live {eng} server: its speculative-decoding counters (`/metrics`) scraped every "
+                   "interval, tau per window against the first windows' band. SpecLens sees the counters only, not "
+                   "what the server feeds the drafter.", _rows(rows))
     labels = manifest.get("boundaries") or []
     return Fed(f"A capture: no drafter is fed; it recorded {len(labels)} boundaries ({_labels(labels)}).")
+
+
+_ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
 def _rows(pairs) -> pd.DataFrame:
@@ -250,7 +280,8 @@ def filter_prompts(table: pd.DataFrame, categories: list[str], text: str, sort: 
 
 @dataclass
 class Link:
-    view: str                      # compare | stats | alignment | drafter | feeds | regression | runs | run
+    view: str                      # compare | stats | alignment | drafter | feeds | regression | runs | run | load
+                                   # | watch
     label: str
     params: dict[str, str]
 
@@ -264,8 +295,12 @@ def links(run: dict, bench: pd.DataFrame | None = None, captures: pd.DataFrame |
     (regress.history), in its order. Views need a complete run; the Runs page always lists it."""
     rid, kind, m = run["run_id"], run.get("kind"), run.get("manifest") or {}
     out = [Link("runs", "Runs (this run's row ticked)", {"ticked": rid})]
+    if kind == "watch":                 # the Watch page shows a running, failed or interrupted watch too
+        out.append(Link("watch", "Watch: tau per window and the drift verdict", {"run": rid}))
     if run.get("status") != "complete":
         return out
+    if kind == "load":
+        out.append(Link("load", "Serving load: speedup vs concurrency, best K, where it stops paying", {"run": rid}))
     if kind == "capture":
         out.append(Link("stats", "Hidden-state stats", {"runs": rid, "run": rid}))
         other = _partner(rid, run.get("model_key"), captures)
@@ -339,6 +374,33 @@ def bench_figures(manifest: dict) -> list[tuple[str, str]]:
         out.append(("outputs equal the baseline's", "yes" if b["lossless"] else
                     f"no ({b.get('mismatched_prompts')} prompts differ)"))
     return [(label, value) for label, value in out if value not in ("-", "-x")]
+
+
+def load_figures(manifest: dict) -> list[tuple[str, str]]:
+    """A load run's counts as (label, value): configs, concurrency levels, levels measured, requests, output tokens.
+    Its verdicts (best K, where it stops paying, the noise and agreement notes) are the Serving load page's."""
+    st = manifest.get("settings") if isinstance(manifest.get("settings"), dict) else {}
+    load = manifest.get("load") if isinstance(manifest.get("load"), dict) else {}
+    n_cfg = len(st.get("num_spec_tokens") or []) * max(1, len(st.get("synthetic_tau") or []))
+    out = [("drafter configs", str(n_cfg) if n_cfg else "-"),
+           ("concurrency", ", ".join(str(c) for c in st.get("concurrency") or []) or "-"),
+           ("levels measured", _count(load.get("levels"))), ("requests", _count(load.get("requests"))),
+           ("output tokens", _count(load.get("tokens")))]
+    return [(label, value) for label, value in out if value != "-"]
+
+
+def watch_figures(manifest: dict) -> list[tuple[str, str]]:
+    """A watch run's headline as (label, value): windows, the span, tau over all windows and its drafts, the verdict's
+    state."""
+    v = ((manifest.get("watch") or {}).get("verdict") or {}) if isinstance(manifest.get("watch"), dict) else {}
+    head = manifest.get("headline") if isinstance(manifest.get("headline"), dict) else {}
+    secs = head.get("seconds")
+    span = (f"{secs / 60:.1f} min" if secs >= 120 else f"{secs:.0f} s") if isinstance(secs, (int, float)) else "-"
+    tau = v.get("tau")
+    out = [("windows", _count(v.get("windows", head.get("windows")))), ("span", span),
+           ("tau", f"{tau:.3f}" if isinstance(tau, (int, float)) else "-"), ("drafts", _count(v.get("drafts"))),
+           ("verdict", str(v["state"]).replace("_", " ") if v.get("state") else "-")]
+    return [(label, value) for label, value in out if value != "-"]
 
 
 def speed_notice(manifest: dict) -> str | None:

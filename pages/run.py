@@ -8,14 +8,14 @@ import streamlit as st
 
 from backend import regress, run_view
 from backend.config import data_root
-from dashboard import charts, ui
+from dashboard import charts, ui, watch_charts
 
 PAGES = {"runs": "pages/runs.py", "compare": "pages/compare.py", "stats": "pages/stats.py",
          "alignment": "pages/alignment.py", "drafter": "pages/drafter_check.py", "feeds": "pages/feeds.py",
-         "regression": "pages/regression.py"}
+         "regression": "pages/regression.py", "load": "pages/load.py", "watch": "pages/watch.py"}
 ICONS = {"runs": ":material/list:", "compare": ":material/compare_arrows:", "stats": ":material/show_chart:",
          "alignment": ":material/grid_on:", "drafter": ":material/fact_check:", "feeds": ":material/alt_route:",
-         "regression": ":material/trending_down:"}
+         "regression": ":material/trending_down:", "load": ":material/speed:", "watch": ":material/monitor_heart:"}
 STATUS = {"complete": "green", "running": "blue", "interrupted": "orange", "failed": "red", "quarantined": "red"}
 
 ui.rescan()
@@ -90,8 +90,23 @@ elif kind == "capture":
     with st.container(horizontal=True, gap="medium", key="run_figures"):
         for label, value in run_view.capture_headline(m):
             st.metric(label, value, border=True, width="content")
+elif kind in ("load", "watch"):
+    figures = run_view.load_figures(m) if kind == "load" else run_view.watch_figures(m)
+    if figures:
+        with st.container(horizontal=True, gap="medium", key="run_figures"):
+            for label, value in figures:
+                st.metric(label, value, border=True, width="content")
+    verdict = ((m.get("watch") or {}).get("verdict") or {}) if kind == "watch" else {}
+    if verdict.get("line"):             # the watch's verdict, with the Watch page's severity
+        show = {"error": st.error, "success": st.success, "info": st.info}.get(watch_charts.severity(verdict),
+                                                                                st.warning)
+        show(verdict["line"])
+    elif kind == "load" and status == "complete":
+        st.caption("Speedups, the best K per concurrency, where speculative decoding stops paying and whether the "
+                   "baseline was steady: on the Serving load page (link above).")
 
-st.subheader("What the engine fed the drafter" if kind != "capture" else "Boundaries")
+st.subheader({"capture": "Boundaries", "load": "What ran", "watch": "What ran"}.get(kind,
+                                                                                   "What the engine fed the drafter"))
 fed = run_view.fed(m)
 st.markdown(fed.summary)
 if fed.warning:

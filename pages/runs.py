@@ -107,6 +107,13 @@ ui.qp_set("ticked", chosen["run_id"].tolist())         # the ticked rows in the 
 if len(chosen) == 1:
     st.page_link("pages/run.py", label=f"Open `{chosen['run_id'].iloc[0]}`", icon=":material/description:",
                  query_params={"id": chosen["run_id"].iloc[0]})
+    one = chosen.iloc[0]
+    if one["kind"] == "watch":          # the Watch page shows a running or stopped watch too
+        st.page_link("pages/watch.py", label=f"Watch `{one['run_id']}`: tau per window and the drift verdict",
+                     icon=":material/monitor_heart:", query_params={"run": one["run_id"]})
+    elif one["kind"] == "load" and one["status"] == "complete":
+        st.page_link("pages/load.py", label=f"Serving load `{one['run_id']}`: speedup vs concurrency, best K",
+                     icon=":material/speed:", query_params={"run": one["run_id"]})
 bench_chosen = chosen[(chosen["kind"] == "bench") & (chosen["status"] == "complete")]["run_id"].tolist()
 if len(bench_chosen) >= 2:
     st.page_link("pages/compare.py", label=f"Compare the {len(bench_chosen)} selected bench runs",

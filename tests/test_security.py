@@ -41,6 +41,7 @@ PAGE_PARAMS = {
     "pages/alignment.py": ["a", "b", "metric"],
     "pages/stats.py": ["runs", "stat", "run"],
     "pages/run.py": ["id", "category", "q", "sort"],
+    "pages/load.py": ["run", "runs", "pct"],
 }
 AUTH = {"redirect_uri": "http://localhost:8501/oauth2callback", "cookie_secret": "x" * 32, "client_id": "speclens",
         "client_secret": "s", "server_metadata_url": "https://idp.example/.well-known/openid-configuration"}
@@ -55,6 +56,8 @@ def world(bench_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     secret: `<tmp>/outside/runs/evil`. SPECLENS_READONLY unset: the default."""
     root = tmp_path / "data"
     shutil.copytree(bench_root / "runs", root / "runs")
+    shutil.copytree(REPO_ROOT / "tests" / "data" / "recorded" / "load" / "h200-vllm-pair",   # for the load page
+                    root / "runs" / "h200-vllm-pair")
     Catalog(root).write.refresh()
     evil = tmp_path / "outside" / "runs" / "evil"
     evil.mkdir(parents=True)
@@ -328,7 +331,7 @@ def test_with_auth_secrets_editing_needs_a_login(world: dict, monkeypatch: pytes
     assert not at.text_input and not at.text_area and not [b for b in at.button if b.label == "Save"]
     assert [b for b in at.button if b.label == "Log in"]
     assert "Log in to edit" in "\n".join(e.value for e in at.info)
-    assert len(at.dataframe[0].value) == 4, "reading stays open"
+    assert len(at.dataframe[0].value) == 5, "reading stays open"          # 4 bench/capture runs + 1 load run
 
     at = run_page("pages/runs.py", {"run": "spec-oracle"}, user={"is_logged_in": True, "email": "a@b.c"},
                   secrets=secrets)

@@ -34,7 +34,8 @@ from backend.errors import SpecLensError
 from backend.store import validate
 from backend.store.rundir import RUNNING, RunDir
 
-SCHEMA_VERSION = "5"          # 5: bench_prompts pairs and load columns, bench_runs pairing and speed_noise
+SCHEMA_VERSION = "6"          # 6: load_levels and load_cells (serving-load runs)
+                              # 5: bench_prompts pairs and load columns, bench_runs pairing and speed_noise
 RUN_TYPES = {
     "run_id": "VARCHAR", "kind": "VARCHAR", "engine": "VARCHAR", "engine_version": "VARCHAR", "status": "VARCHAR",
     "model": "VARCHAR", "model_path": "VARCHAR", "model_key": "VARCHAR", "model_type": "VARCHAR", "n_layers": "BIGINT",
@@ -349,6 +350,8 @@ def _ingest(con: duckdb.DuckDBPyConnection, entries: list[_Entry]) -> None:
     for rid, why in _insert_parquet(con, "watch_windows", [(r["run_id"], Path(r["path"]) / "windows.parquet")
                                                            for r in watch]).items():   # any status: a live watch
         bad.setdefault(rid, why)
+    for rid, why in _ingest_load(con, [r for r in rows if r["kind"] == "load" and r["status"] == "complete"]).items():
+        bad.setdefault(rid, why)
     for rid, why in _check_tables(con, [r for r in rows
                                         if r["status"] == "complete" and r["run_id"] not in bad]).items():
         bad.setdefault(rid, why)
@@ -358,7 +361,8 @@ def _ingest(con: duckdb.DuckDBPyConnection, entries: list[_Entry]) -> None:
 _KEYS = {"boundary_stats": ("stats.parquet", ("boundary", "ord")),
          "bench_prompts": ("prompts.parquet", ("repeat", "prompt_index", "prompt_id")),
          "bench_steps": ("steps.parquet", ("repeat", "prompt_id", "step", "accepted")),
-         "watch_windows": ("windows.parquet", ("window", "t_start", "t_end"))}
+         "watch_windows": ("windows.parquet", ("window", "t_start", "t_end")),
+         "load_levels": ("levels.parquet", ("config", "concurrency", "side"))}
 
 
 def _check_tables(con: duckdb.DuckDBPyConnection, rows: list[dict]) -> dict[str, str]:
@@ -397,7 +401,7 @@ def _quarantine(con: duckdb.DuckDBPyConnection, bad: dict[str, str]) -> None:
     if not bad:
         return
     ids = list(bad)
-    for table in ("boundary_stats", "bench_prompts", "bench_steps", "watch_windows"):
+    for table in ("boundary_stats", "bench_prompts", "bench_steps", "watch_windows", "load_levels", "load_cells"):
         con.execute(f"DELETE FROM {table} WHERE list_contains(?, run_id)", [ids])
     for rid, why in bad.items():
         con.execute("UPDATE runs SET status = ?, error = ? WHERE run_id = ?", [validate.QUARANTINED, _line(why), rid])
@@ -439,9 +443,37 @@ WATCH_WINDOW_COLUMNS = {
     "baseline_tau": "DOUBLE", "band_low": "DOUBLE", "band_high": "DOUBLE", "below_band": "BOOLEAN", "drift": "BOOLEAN",
     "below_min_tau": "BOOLEAN", "note": "VARCHAR",
 }
+# load_levels: levels.parquet of complete serving-load runs (backend/load_bench.py: one row per config x concurrency
+# x repeat x side); load_cells: their summary.json, one row per config x concurrency, with the summary's best config
+# per concurrency, where each config stops paying and the baseline-noise flag of its concurrency. Never the requests.
+LOAD_LEVEL_COLUMNS = {
+    "run_id": "VARCHAR", "config": "VARCHAR", "k": "BIGINT", "synthetic_tau": "DOUBLE", "concurrency": "BIGINT",
+    "repeat": "BIGINT", "side": "VARCHAR", "order": "BIGINT", "requests": "BIGINT", "errors": "BIGINT",
+    "first_error": "VARCHAR", "output_tokens": "BIGINT", "seconds": "DOUBLE", "output_tps": "DOUBLE",
+    "req_per_s": "DOUBLE", "per_user_tps": "DOUBLE", "load1": "DOUBLE", "cpu_percent": "DOUBLE",
+    "other_speclens": "BIGINT",
+    **{f"{m}_{q}": "DOUBLE" for m in ("ttft", "tpot", "itl") for q in ("p50", "p90", "p99")},
+    "tpot_mean": "DOUBLE", "drafts_server": "DOUBLE", "accepted_server": "DOUBLE", "tau_server": "DOUBLE",
+    "acceptance_rate_server": "DOUBLE", "per_pos_server": "VARCHAR", "drafts_client": "DOUBLE",
+    "accepted_client": "DOUBLE", "tau_client": "DOUBLE", "tau_agreement": "DOUBLE", "merged_requests": "DOUBLE",
+    "started": "DOUBLE",
+}
+LOAD_CELL_COLUMNS = {
+    "run_id": "VARCHAR", "config": "VARCHAR", "k": "BIGINT", "synthetic_tau": "DOUBLE", "concurrency": "BIGINT",
+    "speedup": "DOUBLE", "speedup_ci_low": "DOUBLE", "speedup_ci_high": "DOUBLE", "n_requests": "BIGINT",
+    "n_repeats": "BIGINT", "baseline_tps": "DOUBLE", "drafter_tps": "DOUBLE", "baseline_per_user_tps": "DOUBLE",
+    "drafter_per_user_tps": "DOUBLE", "tau_server": "DOUBLE", "tau_client": "DOUBLE", "tau_agreement": "DOUBLE",
+    "merged_requests": "BIGINT", "load1_max": "DOUBLE", "errors": "BIGINT",
+    # summary.json's `best` (NULL for synthetic-acceptance configs, which it does not rank) and `stops_paying`
+    "best_config": "VARCHAR", "is_best": "BOOLEAN", "within_best": "BOOLEAN", "stops_paying": "BIGINT",
+    # summary.json's `baseline_noise` at this concurrency; noise_checked false: a summary written before the check
+    "noise_checked": "BOOLEAN", "baseline_noisy": "BOOLEAN", "noise_spread": "DOUBLE", "noise_bar": "DOUBLE",
+    "noise_min_tps": "DOUBLE", "noise_max_tps": "DOUBLE", "noise_measurements": "BIGINT",
+}
 _TABLE_COLUMNS = {"runs": RUN_TYPES, "boundary_stats": STATS_TYPES, "bench_runs": BENCH_RUN_COLUMNS,
                   "bench_prompts": BENCH_PROMPT_COLUMNS, "bench_steps": BENCH_STEP_COLUMNS,
-                  "watch_windows": WATCH_WINDOW_COLUMNS}
+                  "watch_windows": WATCH_WINDOW_COLUMNS, "load_levels": LOAD_LEVEL_COLUMNS,
+                  "load_cells": LOAD_CELL_COLUMNS}
 _TABLES = list(_TABLE_COLUMNS)
 
 
@@ -459,6 +491,50 @@ def _bench_run_row(row: dict) -> dict:
             "mismatched_prompts": b.get("mismatched_prompts"), "created": row["created"],
             "pairing": b.get("pairing") if isinstance(b.get("pairing"), str) else None,
             "speed_noise": _noise_reason(b.get("speed_noise"))}
+
+
+def _load_cell_rows(run_id: str, summary: dict) -> list[dict]:
+    """The rows of load_cells from one summary.json (backend/load_bench.summarize)."""
+    best = summary.get("best") if isinstance(summary.get("best"), dict) else {}
+    stops = summary.get("stops_paying") if isinstance(summary.get("stops_paying"), dict) else {}
+    checked = isinstance(summary.get("baseline_noise"), dict)
+    noise = summary["baseline_noise"] if checked else {}
+    rows = []
+    for c in summary["cells"]:
+        sp = c.get("speedup") if isinstance(c.get("speedup"), dict) else {}
+        b = best.get(str(c["concurrency"])) if c.get("synthetic_tau") is None else None
+        b = b if isinstance(b, dict) else None
+        n = noise.get(str(c["concurrency"]))
+        n = n if isinstance(n, dict) else {}
+        rows.append({**{k: c.get(k) for k in LOAD_CELL_COLUMNS if k in c}, "run_id": run_id,
+                     "speedup": sp.get("value"), "speedup_ci_low": sp.get("ci_low"),
+                     "speedup_ci_high": sp.get("ci_high"), "n_requests": sp.get("n_prompts"),
+                     "n_repeats": sp.get("n_repeats"), "best_config": b.get("config") if b else None,
+                     "is_best": (b.get("config") == c["config"]) if b else None,
+                     "within_best": (c["config"] in (b.get("within_interval") or [])) if b else None,
+                     "stops_paying": stops.get(c["config"]), "noise_checked": checked,
+                     "baseline_noisy": bool(n) if checked else None, "noise_spread": n.get("spread"),
+                     "noise_bar": n.get("bar"), "noise_min_tps": n.get("min_tps"), "noise_max_tps": n.get("max_tps"),
+                     "noise_measurements": n.get("measurements")})
+    return rows
+
+
+def _ingest_load(con: duckdb.DuckDBPyConnection, rows: list[dict]) -> dict[str, str]:
+    """levels.parquet and summary.json of complete load runs into load_levels and load_cells; returns {run_id: why}
+    for the runs whose files cannot be read (quarantined)."""
+    bad = _insert_parquet(con, "load_levels", [(r["run_id"], Path(r["path"]) / "levels.parquet") for r in rows
+                                               if (Path(r["path"]) / "levels.parquet").exists()])
+    cells = []
+    for r in rows:
+        f = Path(r["path"]) / "summary.json"
+        if r["run_id"] in bad or not f.exists():
+            continue
+        try:
+            cells += _load_cell_rows(r["run_id"], json.loads(f.read_text()))
+        except Exception as e:  # noqa: BLE001 - one unreadable summary must not hide the other runs
+            bad[r["run_id"]] = f"summary.json: {_line(f'{type(e).__name__}: {e}')}"
+    _insert_frame(con, "load_cells", pd.DataFrame(cells, columns=list(LOAD_CELL_COLUMNS)))
+    return bad
 
 
 def _noise_reason(v) -> str | None:
@@ -766,6 +842,25 @@ class CatalogReader:
             LEFT JOIN bench_prompts b ON b.run_id = ? AND b.prompt_id = p.prompt_id AND b.repeat = p.repeat
             WHERE p.run_id = ?
             GROUP BY p.prompt_index, p.prompt_id, p.category ORDER BY p.prompt_index""", [baseline_run, run_id])
+
+    def load_cells(self, run_ids: list[str]) -> pd.DataFrame:
+        """Per load run x config x concurrency (summary.json of backend/load_bench.py): the speedup over the paired
+        baseline with its 95% interval, both sides' output and per-user tokens/s, tau from the server's counters and
+        from the requests' own count with their relative difference, the summary's best config at the concurrency
+        (is_best, within_best), where the config stops paying and the concurrency's baseline-noise flag."""
+        if not run_ids:
+            return pd.DataFrame(columns=list(LOAD_CELL_COLUMNS))
+        return self._df("""SELECT * FROM load_cells WHERE list_contains(?, run_id)
+                      ORDER BY run_id, synthetic_tau NULLS FIRST, k, concurrency""", [_ids(run_ids)])
+
+    def load_levels(self, run_ids: list[str]) -> pd.DataFrame:
+        """Per load run x config x concurrency x repeat x side: the level's figures (levels.parquet: output tokens/s,
+        requests/s, per-user tokens/s, TTFT/TPOT/ITL percentiles in seconds, tau from both sources, the machine's
+        load), in the order they ran. Aggregates only: the per-request rows stay in requests.parquet."""
+        if not run_ids:
+            return pd.DataFrame(columns=list(LOAD_LEVEL_COLUMNS))
+        return self._df('SELECT * FROM load_levels WHERE list_contains(?, run_id) ORDER BY run_id, "order"',
+                        [_ids(run_ids)])
 
     def watch_windows(self, run_id: str) -> pd.DataFrame:
         """The windows of a watch run (backend/watch.py; any status, so a running watch shows what it has), in time
