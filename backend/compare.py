@@ -10,8 +10,14 @@ per-step rows. Every number comes from
 backend/metrics.py (tau, per-position rates, speedup and CI, mean/std); this module only selects and pairs.
 
 Baselines: "paired" = each run's own paired baseline (the speedup and CI the bench stored, same seed and
-method); "pinned" = the bench run pinned as the baseline of the run's target (backend/annotations.py), the
+method; for a run benched with interleaved pairs, the baseline's figures are the plain half of those pairs);
+"pinned" = the bench run pinned as the baseline of the run's target (backend/annotations.py), the
 speedup computed here from the paired per-prompt tokens/s. A run without one shows no speedup.
+
+No verdict from noise: a run whose speed figures are not comparable (its stored `speed_noise` finding, or a
+baseline timed at a moment when the machine ran at another speed: `speed_noise` here, metrics.moment_ratio) keeps
+its speedup figure, but its tile is "noisy" (no faster/slower words, no colour) with the reason, and the headline
+gives no speed verdict for it.
 """
 
 from __future__ import annotations
