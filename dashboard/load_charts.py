@@ -719,6 +719,7 @@ def cells_table(cells: pd.DataFrame, multi: bool = False) -> pd.DataFrame:
         "run": d["run_id"], "config": d["config"], "concurrency": d["concurrency"].astype(int),
         "speedup": [num(v, ".2f") + "x" if _ok(v) else DASH for v in d["speedup"]],
         "95% CI": [_ci(lo, hi) or DASH for lo, hi in zip(d["speedup_ci_low"], d["speedup_ci_high"])],
+        "note": verdict,
         "baseline tok/s": [num(v, ",.0f") for v in d["baseline_tps"]],
         "drafter tok/s": [num(v, ",.0f") for v in d["drafter_tps"]],
         "baseline per-user tok/s": [num(v, ",.0f") for v in d["baseline_per_user_tps"]],
@@ -726,8 +727,7 @@ def cells_table(cells: pd.DataFrame, multi: bool = False) -> pd.DataFrame:
         "tau (server)": [num(v, ".3f") for v in d["tau_server"]],
         "tau (own count)": [num(v, ".3f") for v in d["tau_client"]],
         "apart": [num(v, ".1%") for v in d["tau_agreement"]],
-        "requests": [str(int(v)) if _ok(v) else DASH for v in d["n_requests"]],
-        "note": verdict})
+        "requests": [str(int(v)) if _ok(v) else DASH for v in d["n_requests"]]})
     return out if multi else out.drop(columns=["run"])
 
 
