@@ -111,8 +111,21 @@ def run_check(s: CheckSettings, name: str | None = None, root: Path | None = Non
     report["timing"] = {k: round(v, 2) for k, v in timing.items()}
     run_id = new_run_id("check", name)
     report["run_id"] = run_id
+    report["fix"] = _fix_of(report)
     path = _save(run_id, s, report, root) if save else Path()
     return CheckResult(run_id, path, report)
+
+
+def _fix_of(report: dict) -> dict:
+    """The fix this check supports ({"plan": ...}) or why none can be written ({"refused": one line})."""
+    from backend.drafter.fix import FixRefused, plan_fix
+
+    try:
+        return {"plan": plan_fix(report).to_json()}
+    except FixRefused as e:
+        return {"refused": str(e)}
+    except SpecLensError as e:
+        return {"refused": f"no fix written: {e}"}
 
 
 def _run_empirical(s: CheckSettings, cfg, target, weights, readings, focus, findings, timing, progress) -> dict:
@@ -424,12 +437,47 @@ def cmd_check(a: argparse.Namespace) -> int:
                       chat_template=not a.no_chat_template, search=not a.no_search, device=a.device, dtype=a.dtype,
                       threads=a.threads, training_data=a.training_data, training_format=a.training_format,
                       producer_ids=_ids(a.producer_ids), training_files=a.training_files)
+    if a.prove and not a.write_fix:
+        raise SpecLensError("--prove needs --write-fix OUT (the fixed drafter directory to bench)")
     r = run_check(s, name=a.name, progress=not a.quiet and not a.json)
     if a.json:
         print(json.dumps(r.report))
+    else:
+        print_report(r.report)
+        print(f"\ncheck {r.run_id} -> {r.path} (dashboard: /drafter?run={r.run_id})")
+    if a.write_fix:
+        return _write_and_prove(r.report, a)
+    return 0
+
+
+def _write_and_prove(report: dict, a: argparse.Namespace) -> int:
+    """--write-fix OUT [--prove]: the check is saved first, so a refusal loses nothing."""
+    from backend.drafter.fix import FixPlan, FixRefused, write_fix
+
+    fix = report.get("fix") or {}
+    if "plan" not in fix:
+        raise FixRefused(fix.get("refused") or "no fix written")
+    plan = FixPlan(**fix["plan"])
+    out = write_fix(plan, a.write_fix)
+    print(f"fix: {plan.engine_name} now reads {plan.ids} from "
+          f"{'eagle_config' if plan.where == 'eagle_config' else 'the top level'} and feeds "
+          f"{', '.join(plan.trained_on)} -> {out} (FIX.md says for which releases it holds)")
+    if not a.prove:
         return 0
-    print_report(r.report)
-    print(f"\ncheck {r.run_id} -> {r.path} (open http://localhost:8501/drafter?run={r.run_id})")
+    prompts = a.prompts or str(DEFAULT_PROMPTS)
+    if a.prove_engine in ("vllm", "sglang"):
+        from backend.prove_fix import engine_jobs
+        if a.prove_engine != plan.engine:
+            raise SpecLensError(f"--prove-engine {a.prove_engine}: the fix is for {plan.engine_name}; prove it on "
+                                f"{plan.engine} (or write the fix for --engine {a.prove_engine})")
+        jobs = engine_jobs(plan, out, prompts, a.prove_limit, 1, a.name)
+        print("queued " + ", ".join(j["job_id"] for j in jobs) + ": run `python -m backend worker` on the GPU node, "
+              "then open Compare on the two runs")
+        return 0
+    from backend.prove_fix import prove
+    pr = prove(plan, out, prompts, limit=a.prove_limit, name=a.name, progress=not a.quiet, device=a.device)
+    for line in pr.lines():
+        print(line)
     return 0
 
 
@@ -498,6 +546,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     c.add_argument("--device", default="auto", help="auto, cpu or cuda[:i]")
     c.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     c.add_argument("--threads", type=int, help="torch CPU threads (default 1 on a CPU)")
+    c.add_argument("--write-fix", metavar="OUT", help="write a drafter directory whose config makes the engine "
+                   "release feed what the check found the drafter was trained on (refused when inconclusive)")
+    c.add_argument("--prove", action="store_true", help="with --write-fix: bench the original and the fixed drafter "
+                   "against one paired baseline and print what was recovered")
+    c.add_argument("--prove-engine", default="hf", choices=["hf", "vllm", "sglang"],
+                   help="hf: the reference bench here, fed as the release feeds (default); vllm/sglang: queue the two "
+                        "benches for the GPU worker")
+    c.add_argument("--prove-limit", type=int, default=32, help="prompts of each proof bench (default 32)")
     c.add_argument("--name", help="run id of the stored result")
     c.add_argument("--json", action="store_true", help="print the result as one JSON object")
     c.add_argument("--quiet", action="store_true")

@@ -1,0 +1,226 @@
+"""Write the fix a drafter check found: a drafter directory whose config makes one engine release (and the runner it
+picks) feed the boundaries the drafter was trained on.
+
+    plan = plan_fix(report)                 # from a full check's report; FixRefused (one line) when it cannot
+    out = write_fix(plan, OUT)              # config.json with the ids where that release reads them, the other
+                                            # files linked (or copied) unchanged, FIX.md; re-linted before it returns
+
+What a release reads and how it numbers ids comes from the conventions table (backend/coords.py,
+backend/conventions.yaml) through the lint (backend/drafter/lint.py): vLLM's V2 runner reads only the top-level
+`eagle_aux_hidden_state_layer_ids`, its V1 runner the top level and then `eagle_config`, SGLang only `eagle_config`,
+and each adds its own offset. A fix is refused, in one line that says what would settle it, when the check could
+not tell what the drafter was trained on (lint only, at chance, inconclusive), when nothing needs fixing, or when no
+ids can make that release feed those boundaries (e.g. S_0 on a release that cannot capture the embeddings).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from backend.errors import SpecLensError
+
+IDS_KEY = "eagle_aux_hidden_state_layer_ids"
+
+
+class FixRefused(SpecLensError):
+    """No fix is written; the message says why and what would settle it."""
+
+
+@dataclass
+class FixPlan:
+    drafter: str                    # the drafter directory the check ran on
+    target: str
+    engine: str                     # "vllm" | "sglang"
+    version: str
+    runner: str | None              # vLLM runner the release picks for the target
+    where: str                      # "top-level" | "eagle_config"
+    ids: list[int]
+    trained_on: list[str]           # boundaries the check found the drafter was trained on
+    fed_before: list[str] | None    # what the release fed the original config
+    check_run: str | None = None
+    verdict: str = ""
+    before: dict = field(default_factory=dict)   # ids as written: {"top-level": .., "eagle_config": ..}
+
+    @property
+    def engine_name(self) -> str:
+        eng = {"vllm": "vLLM", "sglang": "SGLang"}.get(self.engine, self.engine)
+        return f"{eng} {self.version}" + (f" ({self.runner.upper()} runner)" if self.runner else "")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _first_sentence(text: str) -> str:
+    return (text.split(". ")[0] if text else "").rstrip(".")
+
+
+def plan_fix(report: dict) -> FixPlan:
+    """The fix of a full drafter check (backend/check_drafter.py's report), or FixRefused."""
+    from backend.drafter import lint as L
+
+    if report.get("mode") == "lint":
+        raise FixRefused("no fix written: a lint-only check does not know what the drafter was trained on; run "
+                         "check-drafter without --lint-only (it loads the target and the drafter)")
+    best = report.get("best_candidate")
+    verdict = report.get("verdict") or ""
+    if best is None or verdict.startswith("Inconclusive"):
+        why = _first_sentence(verdict) or "the finder did not run"
+        raise FixRefused(f"no fix written: the check is inconclusive ({why[:160]}); more prompts (--num-prompts) or "
+                         "the drafter's training data (--training-data) would settle what it was trained on")
+    trained = list(best["boundaries"])
+    cfg, target, _ = L.load(report["drafter"], report["target"], weights_required=False)
+    focus = _reading(cfg, target, report["engine"], report.get("engine_version"), report.get("runner"))
+    if focus.boundaries == trained:
+        raise FixRefused(f"nothing to fix: {focus.name} already feeds {', '.join(trained)}, what the drafter was "
+                         "trained on")
+    ids = L.ids_for(focus, trained, target)
+    if ids is None:
+        can = [r.name for r in _all_readings(cfg, target) if L.ids_for(r, trained, target) is not None]
+        alt = (f"; ids can for {', '.join(can[:4])}{' ...' if len(can) > 4 else ''}" if can else
+               "; no release in the conventions table can: retrain the drafter on boundaries the engine can feed")
+        raise FixRefused(f"no fix written: no ids make {focus.name} feed {', '.join(trained)}{alt}")
+    return FixPlan(drafter=str(Path(report["drafter"]).resolve()), target=str(Path(report["target"]).resolve()),
+                   engine=focus.engine, version=focus.version, runner=focus.runner,
+                   where="eagle_config" if focus.engine == "sglang" else "top-level", ids=ids, trained_on=trained,
+                   fed_before=focus.boundaries, check_run=report.get("run_id"), verdict=verdict,
+                   before={"top-level": cfg.aux_layer_ids_top, "eagle_config": cfg.aux_layer_ids_nested})
+
+
+def _reading(cfg, target, engine: str, version: str | None, runner: str | None):
+    from backend.drafter import lint as L
+    from backend.vllm_runner import resolve
+
+    versions = {engine: version} if version else {}
+    choice = None
+    if engine == "vllm":
+        choice = resolve(runner or "auto", target.architectures, version or "0.24.0", target_config=target.raw or None)
+    return L.picked(L.engine_readings(cfg, target, versions, choice), engine)
+
+
+def _all_readings(cfg, target) -> list:
+    """The reading of every engine release in the conventions table (the runner each vLLM release picks)."""
+    from backend import coords
+
+    out = []
+    for engine in ("vllm", "sglang"):
+        for rel in coords.releases(engine):
+            try:
+                out.append(_reading(cfg, target, engine, rel, None))
+            except SpecLensError:
+                continue
+    return out
+
+
+def fixed_config(raw: dict, plan: FixPlan) -> dict:
+    """The drafter's config.json with the plan's ids where its release reads them (nothing else changed)."""
+    new = json.loads(json.dumps(raw))
+    if plan.where == "eagle_config":
+        nested = new.get("eagle_config") if isinstance(new.get("eagle_config"), dict) else {}
+        new["eagle_config"] = {**nested, IDS_KEY: list(plan.ids)}
+    else:
+        new[IDS_KEY] = list(plan.ids)
+    return new
+
+
+def _link_or_copy(src: Path, dst: Path) -> str:
+    try:
+        os.link(src, dst)
+        return "linked"
+    except OSError:
+        shutil.copy2(src, dst)
+        return "copied"
+
+
+def write_fix(plan: FixPlan, out: str | Path) -> Path:
+    """Write the fixed drafter directory `out` (refused when it exists and is not empty) and its FIX.md; the fixed
+    config is linted again and must make the release feed what the drafter was trained on."""
+    from backend.drafter import lint as L
+    from backend.feeds import matrix
+
+    src, out = Path(plan.drafter), Path(out)
+    if out.resolve() == src.resolve():
+        raise FixRefused(f"--write-fix {out}: that is the drafter itself; write the fix to a new directory")
+    if out.exists() and any(out.iterdir()):
+        raise FixRefused(f"--write-fix {out}: the directory exists and is not empty; pick a new one")
+    cfg_file = src / "config.json"
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SpecLensError(f"{cfg_file}: cannot read the drafter config ({e}); point --drafter at the drafter "
+                            "directory") from None
+    out.mkdir(parents=True, exist_ok=True)
+    how = {}
+    for f in sorted(src.iterdir()):
+        if f.is_file() and f.name not in ("config.json", "FIX.md"):
+            how[f.name] = _link_or_copy(f, out / f.name)
+    tmp = out / ".config.json.tmp"
+    tmp.write_text(json.dumps(fixed_config(raw, plan), indent=2) + "\n")
+    os.replace(tmp, out / "config.json")
+    cfg, target, _ = L.load(out, plan.target, weights_required=False)
+    got = _reading(cfg, target, plan.engine, plan.version, plan.runner).boundaries
+    if got != plan.trained_on:
+        shutil.rmtree(out, ignore_errors=True)
+        raise SpecLensError(f"the fixed config would make {plan.engine_name} feed {', '.join(got or ['nothing'])}, "
+                            f"not {', '.join(plan.trained_on)}: no fix written (a SpecLens bug; report it)")
+    m = matrix(out, plan.target, trained={"boundaries": plan.trained_on, "run_id": plan.check_run},
+               look_up_check=False)
+    (out / "FIX.md").write_text(fix_text(plan, m, how))
+    return out
+
+
+def _ranges(rows: list[dict], what) -> list[str]:
+    """Consecutive releases of one engine with the same outcome as one item: 'vLLM 0.20.0-0.21.0 (feeds S_2, ...)'."""
+    out: list[str] = []
+    run: list[dict] = []
+
+    def flush() -> None:
+        if run:
+            eng = "vLLM" if run[0]["engine"] == "vllm" else "SGLang"
+            span = run[0]["release"] + (f"-{run[-1]['release']}" if len(run) > 1 else "")
+            out.append(f"{eng} {span}{what(run[0])}")
+
+    for r in rows:
+        if run and (r["engine"] != run[-1]["engine"] or what(r) != what(run[-1])
+                    or rows.index(r) != rows.index(run[-1]) + 1):
+            flush()
+            run = []
+        run.append(r)
+    flush()
+    return out
+
+
+def fix_text(plan: FixPlan, m: dict, how: dict[str, str]) -> str:
+    """FIX.md: what changed, why, and for which engine releases it holds."""
+    key = f"eagle_config.{IDS_KEY}" if plan.where == "eagle_config" else f"{IDS_KEY} (top level)"
+    was = plan.before.get(plan.where)
+    rows = [r for r in m["rows"] if r["picked"]]
+    holds = _ranges([r for r in rows if r["trained"] == "matches"], lambda r: "")
+    fails = _ranges([r for r in rows if r["trained"] != "matches"],
+                    lambda r: f" (feeds {', '.join(r['feeds'])})" if r["feeds"] else
+                    f" (cannot serve it: {(r['error'] or '').split(';')[0]})")
+    lines = [
+        "# The fix SpecLens wrote",
+        "",
+        f"Changed: `{key}` from {was if was is not None else 'absent'} to {plan.ids} in config.json. Nothing else: "
+        + ", ".join(f"{n} {h}" for n, h in how.items()) + " unchanged from " + plan.drafter + ".",
+        "",
+        f"Why: the drafter check{' ' + plan.check_run if plan.check_run else ''} found it was trained on "
+        f"{', '.join(plan.trained_on)}, and {plan.engine_name} fed the original config "
+        f"{', '.join(plan.fed_before) if plan.fed_before else 'nothing'}. {plan.engine_name} reads these ids "
+        f"from {key} and now feeds {', '.join(plan.trained_on)}.",
+        "",
+        f"Holds for: {'; '.join(holds) if holds else 'no release in the table'}.",
+        "",
+        f"Does not hold for: {'; '.join(fails) if fails else 'none'}.",
+        "",
+        "Each row is what that release feeds the fixed config with the runner it picks for this target, read from the "
+        "conventions table (`python -m backend feeds --drafter THIS_DIR --target TARGET`). Prove it with "
+        "`python -m backend check-drafter ... --write-fix OUT --prove` (benches the original and this fix against "
+        "one paired baseline).",
+        "",
+    ]
+    return "\n".join(lines)

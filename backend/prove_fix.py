@@ -1,0 +1,95 @@
+"""Prove a written fix: bench the original and the fixed drafter as the named engine release feeds them, against one
+paired baseline, and say what was recovered.
+
+    python -m backend check-drafter --drafter D --target T --engine sglang --engine-version 0.5.15 \
+        --write-fix OUT --prove [--prompts FILE --limit 32 --repeats 1]
+
+On a CPU (or any machine with the target), the HF reference bench decodes with each drafter fed exactly what that
+release would feed it (`bench --producer ENGINE --producer-version V`); the two benches share their paired
+baseline (the bench reuses a baseline run of identical settings). `engine_jobs` queues the same two benches through
+the real engine (vLLM or SGLang, `kind: bench` jobs for the GPU worker) instead. The result names both runs, tau of
+each with the paired 95% interval of the difference over prompts (backend/metrics.tau_difference), whether greedy
+outputs stayed equal to plain decoding, and the Compare link of the pair.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from backend import metrics
+from backend.drafter.fix import FixPlan
+
+
+@dataclass
+class Proof:
+    original: str                    # bench run ids
+    fixed: str
+    baseline: str | None
+    tau_original: float
+    tau_fixed: float
+    gain_ci: tuple[float, float] | None     # 95% paired interval of tau(fixed) - tau(original)
+    lossless: bool | None
+    compare: str                     # the dashboard path of the pair
+
+    def lines(self) -> list[str]:
+        ci = f" (95% CI {self.gain_ci[0]:+.2f} to {self.gain_ci[1]:+.2f})" if self.gain_ci else ""
+        out = [f"original {self.original}: tau {self.tau_original:.2f}",
+               f"fixed    {self.fixed}: tau {self.tau_fixed:.2f}, {self.tau_fixed - self.tau_original:+.2f}{ci}"]
+        if self.lossless is not None:
+            out.append("lossless: greedy outputs equal plain decoding" if self.lossless else
+                       "NOT lossless: some greedy outputs differ from plain decoding")
+        out.append(f"compare: {self.compare}")
+        return out
+
+
+def _per_prompt(path: Path) -> pd.DataFrame:
+    return pd.read_parquet(path / "prompts.parquet").groupby("prompt_id")[["accepted", "drafts"]].sum()
+
+
+def prove(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int | None = 32, repeats: int = 1,
+          name: str | None = None, root: Path | None = None, progress: bool = True, device: str = "auto",
+          max_new_tokens: int = 64) -> Proof:
+    """Bench the original and the fixed drafter through the HF reference engine as `plan`'s release feeds them."""
+    import urllib.parse
+
+    from backend.bench import BenchSettings, run_bench
+
+    base = name or f"prove-{Path(plan.drafter).name}"
+    runs = {}
+    for tag, drafter in (("original", plan.drafter), ("fixed", str(fixed_dir))):
+        s = BenchSettings(target=plan.target, drafter=drafter, prompts=prompts, limit=limit, repeats=repeats,
+                          producer=plan.engine, producer_version=plan.version, runner=plan.runner, device=device,
+                          max_new_tokens=max_new_tokens)
+        runs[tag] = run_bench(s, name=f"{base}-{tag}", root=root, progress=progress)
+    a, b = _per_prompt(runs["fixed"].path), _per_prompt(runs["original"].path)
+    shared = a.index.intersection(b.index)
+    ci = None
+    if len(shared) >= 2:
+        _, lo, hi = metrics.tau_difference(a.loc[shared].to_numpy(), b.loc[shared].to_numpy())
+        ci = (lo, hi)
+    ll = [r.lossless for r in runs.values()]
+    lossless = None if any(x is None for x in ll) else all(ll)
+    ids = [runs["fixed"].run_id, runs["original"].run_id]
+    return Proof(runs["original"].run_id, runs["fixed"].run_id, runs["fixed"].baseline_run,
+                 float(runs["original"].tau), float(runs["fixed"].tau), ci, lossless,
+                 "/compare?runs=" + urllib.parse.quote(",".join(ids), safe=","))
+
+
+def engine_jobs(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int | None = 32, repeats: int = 1,
+                name: str | None = None, root: Path | None = None) -> list[dict]:
+    """Queue the two benches through the real engine (`kind: bench`, engine = the plan's) for a GPU worker; the
+    second reuses the first's paired baseline server run."""
+    from backend.jobs import queue
+    from backend.jobs import spec as specs
+
+    base = name or f"prove-{Path(plan.drafter).name}"
+    jobs = []
+    for tag, drafter in (("original", plan.drafter), ("fixed", str(fixed_dir))):
+        jobs += specs.validate({"kind": "bench", "name": f"{base}-{plan.engine}-{tag}", "engine": plan.engine,
+                                "target": plan.target, "drafter": drafter, "prompts": prompts, "limit": limit,
+                                "repeats": repeats, "dtype": "bf16", "producer": plan.engine,
+                                "producer_version": plan.version})
+    return queue.enqueue(jobs, root)
