@@ -1,4 +1,5 @@
-"""Dashboard page speed on a large catalog: 10,000 bench runs and 10 million per-step rows.
+"""Dashboard page speed on a large catalog: 10,000 bench runs and 10 million per-step rows, beside the serving-load
+runs recorded on the H200 (tests/data/recorded/load/: the Serving load view).
 
 1. Builds a synthetic data root: run directories as backend/bench.py writes them (manifest.json with the bench
    figures, steps.parquet, prompts.parquet; annotations.json with tags on some runs and a pinned baseline per
@@ -154,7 +155,20 @@ VIEWS = [("runs", "pages/runs.py", {}),
           {"runs": "bench-00001-d07,bench-00002-d14,bench-00011-d17", "baseline": "pinned"}),
          ("compare?runs=3&view=Speed", "pages/compare.py",
           {"runs": "bench-00001-d07,bench-00002-d14,bench-00011-d17", "view": "Speed"}),
-         ("run?id=bench-00002-d14", "pages/run.py", {"id": "bench-00002-d14"})]
+         ("run?id=bench-00002-d14", "pages/run.py", {"id": "bench-00002-d14"}),
+         ("load?run=h200-vllm-sweep", "pages/load.py", {"run": "h200-vllm-sweep"})]
+# the serving-load runs recorded on the H200 (tests/data/recorded/load/), copied beside the bench runs
+LOAD_RUNS = REPO / "tests" / "data" / "recorded" / "load"
+
+
+def add_load_runs(root: Path) -> list[str]:
+    """Copy the recorded load runs (K 1/2/4 x concurrency 1/8/32/64 sweep, the K=4 pair) into the data root."""
+    out = []
+    for name in ("h200-vllm-sweep", "h200-vllm-pair"):
+        if not (root / "runs" / name).exists():
+            shutil.copytree(LOAD_RUNS / name, root / "runs" / name)
+        out.append(name)
+    return out
 
 _APPTEST = r"""
 import json, resource, sys, time
@@ -391,6 +405,7 @@ def main() -> None:
             result["data"] = {"reused": str(root)}
         else:
             result["data"] = build_root(root, a.runs, a.steps)
+            result["data"]["load_runs"] = add_load_runs(root)
             _, result["data"]["catalog_full_refresh_s"] = _timed(Catalog(root).write.refresh, full=True)
         result["data"]["catalog_mb"] = round((root / "speclens.duckdb").stat().st_size / 2**20, 1)
         result["data"]["runs_dir_mb"] = round(sum(f.stat().st_size for f in (root / "runs").rglob("*") if f.is_file())
@@ -404,7 +419,9 @@ def main() -> None:
         queries = {"runs_overview": lambda: Catalog(root).read.runs_overview(),
                    "bench_histogram_3_runs": lambda: Catalog(root).read.bench_histogram(ids),
                    "bench_categories_3_runs": lambda: Catalog(root).read.bench_categories(ids),
-                   "bench_runs_all": lambda: Catalog(root).read.bench_runs()}
+                   "bench_runs_all": lambda: Catalog(root).read.bench_runs(),
+                   "load_cells_and_levels_sweep": lambda: (Catalog(root).read.load_cells(["h200-vllm-sweep"]),
+                                                           Catalog(root).read.load_levels(["h200-vllm-sweep"]))}
         result["queries_s"] = {k: _timed(q)[1] for k, q in queries.items()}
         result["apptest_first_render"] = apptest_views(root)
         result["apptest_harness_one_line_script_cold_s"] = apptest_harness()

@@ -19,8 +19,11 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from backend.compare import speed_words
+from dashboard.charts import _template
 
-_LAYOUT = dict(template="plotly_white", margin=dict(l=70, r=30, t=80, b=70), font=dict(size=13))
+# plotly_white with the defaults of the trace types used here only (charts._template: the full template costs ~20 ms
+# a figure)
+_LAYOUT = dict(template=_template(), margin=dict(l=70, r=30, t=80, b=70), font=dict(size=13))
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22"]
 BASELINE = "#8c8c8c"
 FRONT = "#222222"
@@ -458,7 +461,7 @@ NOISY_DELTA = "no verdict: baseline noisy"
 
 
 def _noise_text(r) -> str:
-    return (f"the baseline's own output tokens/s moved {r.noise_spread:.0%} across the configs' measurements "
+    return (f"the baseline's own output tokens/s moved {r.noise_spread:.0%} across its measurements here "
             f"({_tps(r.noise_min_tps)} to {_tps(r.noise_max_tps)} tok/s)")
 
 
@@ -510,13 +513,18 @@ def best_lines(cells: pd.DataFrame) -> list[str]:
         fig = f"{_x(r.speedup)} {_ci(r.speedup_ci_low, r.speedup_ci_high)} ({words})"
         head = f"**Concurrency {int(c)}**: "
         ties = g[g["within_best"].fillna(False).astype(bool)]["config"].tolist()
+        noisy = (f"the baseline was noisy ({r.noise_spread:.0%} apart across its measurements, see below)"
+                 if _flag(r.baseline_noisy) else "")
+        if noisy:                           # no faster/slower words either: the tile is grey
+            fig = f"{_x(r.speedup)} {_ci(r.speedup_ci_low, r.speedup_ci_high)}"
         if n_cfg == 1:
-            out.append(f"{head}{r.config}, the only configuration: {fig}.")
+            out.append(f"{head}{r.config}, the only configuration: {fig}" + (f". **No verdict**: {noisy}." if noisy
+                                                                             else "."))
             continue
-        if _flag(r.baseline_noisy):
+        if noisy:
             with_ties = f", with {_and(ties)} within its interval" if ties else ""
             out.append(f"{head}{r.config} measured highest, {fig}{with_ties}. **No verdict on the best K here**: "
-                       f"the baseline was noisy ({r.noise_spread:.0%} apart across configs, see below).")
+                       f"{noisy}.")
         elif ties:
             out.append(f"{head}{r.config} measured highest, {fig}, with {_and(ties)} within its interval: "
                        "**not a clear winner**.")
@@ -560,7 +568,9 @@ def stops_lines(cells: pd.DataFrame) -> list[str]:
         fig = f"{_x(r.speedup)} {_ci(r.speedup_ci_low, r.speedup_ci_high)}"
         lowest = int(stop) == int(g["concurrency"].min())
         at = f"at concurrency {int(stop)}" + (", the lowest measured" if lowest else "")
-        if tone == "slower":
+        if _flag(r.baseline_noisy):
+            text = f"**{cfg}** measured below 1 {at}: {fig}"
+        elif tone == "slower":
             text = (f"**{cfg}** {'does not pay' if lowest else 'stops paying'} {at}: {fig}, slower than without a "
                     "drafter")
         else:
@@ -569,8 +579,8 @@ def stops_lines(cells: pd.DataFrame) -> list[str]:
         if (later["speedup"] >= 1.0).any():
             text += "; at higher concurrency " + ", ".join(_short(x) for x in later.itertuples())
         if _flag(r.baseline_noisy):
-            text += (f". **Not a verdict**: the baseline was noisy at {int(stop)} ({r.noise_spread:.0%} apart across "
-                     "configs, see below); measure again (repeats) before reading this as where it stops paying")
+            text += (f". **Not a verdict**: the baseline was noisy there ({r.noise_spread:.0%} apart across its "
+                     "measurements, see below); measure again (repeats) before reading this as where it stops paying")
         out.append(text + ".")
     return out
 
@@ -751,5 +761,8 @@ def levels_table(levels: pd.DataFrame, multi: bool = False) -> pd.DataFrame:
     out["tau (own count)"] = [num(v, ".3f") for v in d["tau_client"]]
     out["load1"] = [num(v, ".2f") for v in d["load1"]]
     out["CPU %"] = [num(v, ".0f") for v in d["cpu_percent"]]
+    if "gpu_processes" in d and d["gpu_processes"].notna().any():       # recorded where NVML was there
+        out["GPU processes"] = [num(v, ".0f") for v in d["gpu_processes"]]
+        out["GPU util %"] = [num(v, ".0f") for v in d["gpu_util"]]
     out = out.reset_index(drop=True)
     return out if multi else out.drop(columns=["run"])

@@ -101,6 +101,7 @@ def test_sweep_best_k_words_and_tiles(load: Path) -> None:
         assert tile.value == f"{best['config']} \u00b7 {_x(sp['value'])}"
         line = next(ln for ln in words.splitlines() if ln.startswith(f"**Concurrency {c}**"))
         assert f"{best['config']} measured highest, {_x(sp['value'])} [{sp['ci_low']:.2f}, {sp['ci_high']:.2f}]" in line
+        assert ("faster than" in line) == (not best["noisy"]), "no faster/slower words where the baseline was noisy"
         assert " and ".join(best["within_interval"]) in line
         if best["noisy"]:
             assert tile.delta == "no verdict: baseline noisy", "a noisy level's tile is neutral"
@@ -119,8 +120,9 @@ def test_sweep_stops_paying_words(load: Path) -> None:
     at = open_page("pages/load.py", run=SWEEP)
     words = texts(at.markdown)
     assert summary(SWEEP)["stops_paying"] == {"K=1": 64, "K=2": None, "K=4": None}
-    assert ("**K=1** stops paying at concurrency 64: 0.90x [0.88, 0.93], slower than without a drafter. **Not a "
-            "verdict**: the baseline was noisy at 64") in words
+    assert ("**K=1** measured below 1 at concurrency 64: 0.90x [0.88, 0.93]. **Not a verdict**: the baseline was "
+            "noisy there (46% apart across its measurements, see below)") in words
+    assert "slower than without a drafter" not in words, "no verdict words at a noisy level"
     assert "**K=2** stays above 1 at every concurrency measured, up to 64: 1.12x [1.10, 1.14] there" in words
     assert "**K=4** stays above 1 at every concurrency measured, up to 64: 1.15x [1.11, 1.19] there" in words
     verdict = texts(at.markdown)
@@ -307,3 +309,18 @@ def test_pareto_front_is_the_undominated_points() -> None:
     assert lc.front([1, 2, 3, 2], [3, 2, 1, 1]) == [True, True, True, False]
     assert lc.front([1, 1], [1, 1]) == [True, True]
     assert lc.front([None, 1], [1, 1]) == [False, True]
+
+
+def test_a_noisy_level_of_one_config_gives_no_verdict_words(load: Path) -> None:
+    """The pair's cells with a noise flag set here at concurrency 32 (the recorded pair has one baseline measurement
+    per level: no flag): the tile turns grey and no faster/slower words are said there."""
+    cells = Catalog(load).read.load_cells([PAIR])
+    at32 = cells["concurrency"] == 32
+    cells.loc[at32, ["baseline_noisy", "noise_spread", "noise_bar", "noise_min_tps", "noise_max_tps"]] = \
+        [True, 0.3, 0.1, 7000.0, 9400.0]
+    tile = next(t for t in lc.tiles(cells) if t.label == "concurrency 32")
+    assert tile.tone == "noisy" and tile.delta == lc.NOISY_DELTA
+    line = next(ln for ln in lc.best_lines(cells) if ln.startswith("**Concurrency 32**"))
+    assert line == ("**Concurrency 32**: K=4, the only configuration: 1.13x [1.09, 1.17]. **No verdict**: the "
+                    "baseline was noisy (30% apart across its measurements, see below).")
+    assert "30%" in lc.noise_note(cells, Catalog(load).read.load_levels([PAIR]))[1]

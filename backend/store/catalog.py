@@ -34,7 +34,7 @@ from backend.errors import SpecLensError
 from backend.store import validate
 from backend.store.rundir import RUNNING, RunDir
 
-SCHEMA_VERSION = "6"          # 6: load_levels and load_cells (serving-load runs)
+SCHEMA_VERSION = "7"          # 7: load_levels gpu_processes, gpu_util; 6: load_levels and load_cells (load runs)
                               # 5: bench_prompts pairs and load columns, bench_runs pairing and speed_noise
 RUN_TYPES = {
     "run_id": "VARCHAR", "kind": "VARCHAR", "engine": "VARCHAR", "engine_version": "VARCHAR", "status": "VARCHAR",
@@ -451,7 +451,7 @@ LOAD_LEVEL_COLUMNS = {
     "repeat": "BIGINT", "side": "VARCHAR", "order": "BIGINT", "requests": "BIGINT", "errors": "BIGINT",
     "first_error": "VARCHAR", "output_tokens": "BIGINT", "seconds": "DOUBLE", "output_tps": "DOUBLE",
     "req_per_s": "DOUBLE", "per_user_tps": "DOUBLE", "load1": "DOUBLE", "cpu_percent": "DOUBLE",
-    "other_speclens": "BIGINT",
+    "other_speclens": "BIGINT", "gpu_processes": "DOUBLE", "gpu_util": "DOUBLE",   # NVML; NULL without it
     **{f"{m}_{q}": "DOUBLE" for m in ("ttft", "tpot", "itl") for q in ("p50", "p90", "p99")},
     "tpot_mean": "DOUBLE", "drafts_server": "DOUBLE", "accepted_server": "DOUBLE", "tau_server": "DOUBLE",
     "acceptance_rate_server": "DOUBLE", "per_pos_server": "VARCHAR", "drafts_client": "DOUBLE",
