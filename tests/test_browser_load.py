@@ -133,3 +133,26 @@ def test_several_runs_side_by_side(page, server: str) -> None:
     assert len(tiles(page)) == 8
     speed = page.locator('[data-testid="stPlotlyChart"]').first
     assert speed.locator(".legendtext", has_text=f"{PAIR} \u00b7 K=4").count() == 1
+
+
+def test_load_page_requests_only_its_own_server(page, server: str) -> None:
+    """Nothing leaves the machine (as tests/test_browser_offline.py checks for the other pages): every request of the
+    page, its charts and a CSV download goes to the dashboard's own server."""
+    from urllib.parse import urlsplit
+
+    ctx = page.context.browser.new_context(viewport={"width": 1440, "height": 1700}, accept_downloads=True)
+    urls: list[str] = []
+    ctx.on("request", lambda req: urls.append(req.url))
+    try:
+        fresh = ctx.new_page()
+        fresh.set_default_timeout(TIMEOUT_MS)
+        fresh.goto(server + "/")
+        fresh.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', state="attached")
+        open_load(fresh, server, f"/load?run={SWEEP}")
+        fresh.wait_for_load_state("networkidle")
+        _download(fresh, "CSV")
+        own = urlsplit(server).netloc
+        foreign = sorted({u for u in urls if not u.startswith(("data:", "blob:")) and urlsplit(u).netloc != own})
+        assert urls and not foreign, foreign
+    finally:
+        ctx.close()
