@@ -118,13 +118,15 @@ def run_check(s: CheckSettings, name: str | None = None, root: Path | None = Non
 
 def _fix_of(report: dict) -> dict:
     """The fix this check supports ({"plan": ...}) or why none can be written ({"refused": one line})."""
-    from backend.drafter.fix import FixRefused, plan_fix
+    from backend.drafter.fix import FixRefused, fixed_config, plan_fix
 
     try:
-        return {"plan": plan_fix(report).to_json()}
+        plan = plan_fix(report)
+        raw = json.loads((Path(plan.drafter) / "config.json").read_text())
+        return {"plan": plan.to_json(), "config": fixed_config(raw, plan)}
     except FixRefused as e:
         return {"refused": str(e)}
-    except SpecLensError as e:
+    except (SpecLensError, OSError, json.JSONDecodeError) as e:
         return {"refused": f"no fix written: {e}"}
 
 

@@ -79,17 +79,47 @@ def prove(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int | None 
 
 
 def engine_jobs(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int | None = 32, repeats: int = 1,
-                name: str | None = None, root: Path | None = None) -> list[dict]:
-    """Queue the two benches through the real engine (`kind: bench`, engine = the plan's) for a GPU worker; the
-    second reuses the first's paired baseline server run."""
+                name: str | None = None, root: Path | None = None, engine: str | None = None) -> list[dict]:
+    """Queue the two benches for a worker (`kind: bench`): through the real engine (the plan's; GPU worker) or, with
+    engine="hf", the reference bench fed as that release feeds; the second reuses the first's paired baseline."""
     from backend.jobs import queue
     from backend.jobs import spec as specs
 
+    engine = engine or plan.engine
     base = name or f"prove-{Path(plan.drafter).name}"
     jobs = []
     for tag, drafter in (("original", plan.drafter), ("fixed", str(fixed_dir))):
-        jobs += specs.validate({"kind": "bench", "name": f"{base}-{plan.engine}-{tag}", "engine": plan.engine,
-                                "target": plan.target, "drafter": drafter, "prompts": prompts, "limit": limit,
-                                "repeats": repeats, "dtype": "bf16", "producer": plan.engine,
-                                "producer_version": plan.version})
+        spec = {"kind": "bench", "name": f"{base}-{engine}-{tag}", "engine": engine, "target": plan.target,
+                "drafter": drafter, "prompts": prompts, "limit": limit, "repeats": repeats,
+                "producer": plan.engine, "producer_version": plan.version}
+        if engine == "hf":
+            spec["device"] = "cpu"
+            if plan.runner:
+                spec["runner"] = plan.runner
+        else:
+            spec["dtype"] = "bf16"
+        jobs += specs.validate(spec)
     return queue.enqueue(jobs, root)
+
+
+def queue_proof(report: dict, root: Path | None = None, prompts: str | None = None, limit: int = 32) -> dict:
+    """The Drafter check page's button: write the check's fix under <data>/models/fixes/<check run> and queue the
+    two reference benches; {"fixed": dir, "jobs": [ids], "compare": path}. One-line errors (FixRefused and the
+    job spec's) go up."""
+    import urllib.parse
+
+    from backend.config import REPO_ROOT, paths
+    from backend.drafter.fix import FixRefused, write_fix
+
+    fix = report.get("fix") or {}
+    if "plan" not in fix:
+        raise FixRefused(fix.get("refused") or "no fix written")
+    plan = FixPlan(**fix["plan"])
+    out = paths(root).models / "fixes" / (report.get("run_id") or "check")
+    if not (out / "config.json").exists():
+        write_fix(plan, out)
+    prompts = prompts or str(REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl")
+    jobs = engine_jobs(plan, out, prompts, limit, 1, f"prove-{report.get('run_id') or 'check'}", root, engine="hf")
+    ids = [j["job_id"] for j in jobs]
+    return {"fixed": str(out), "jobs": ids,
+            "compare": "/compare?runs=" + urllib.parse.quote(",".join(reversed(ids)), safe=",")}

@@ -244,3 +244,30 @@ def training_table(rep: dict) -> pd.DataFrame | None:
 def training_alignment(rep: dict) -> Alignment | None:
     td = rep.get("training_data")
     return Alignment.from_json(td["alignment"]) if td else None
+
+
+def fix_words(rep: dict) -> tuple[str, str | None]:
+    """(severity, words) for the check's fix: what to write where and what the release then feeds, or why no fix can
+    be written; ("none", None) for a check stored before fixes were planned."""
+    fix = rep.get("fix")
+    if not fix:
+        return "none", None
+    if "refused" in fix:
+        return "info", fix["refused"][0].upper() + fix["refused"][1:]
+    p = fix["plan"]
+    eng = {"vllm": "vLLM", "sglang": "SGLang"}.get(p["engine"], p["engine"]) + f" {p['version']}"
+    key = ("eagle_config.eagle_aux_hidden_state_layer_ids" if p["where"] == "eagle_config"
+           else "top-level eagle_aux_hidden_state_layer_ids")
+    return "fix", (f"Write `{key}: {p['ids']}` in the drafter's config.json (nothing else changes): {eng} then feeds "
+                   f"{', '.join(p['trained_on'])}, what the drafter was trained on, instead of "
+                   f"{', '.join(p['fed_before'] or ['nothing'])}.")
+
+
+def fix_command(rep: dict) -> str | None:
+    """The command that writes the fix and proves it on this machine."""
+    fix = (rep.get("fix") or {}).get("plan")
+    if not fix:
+        return None
+    ver = f" --engine-version {fix['version']}"
+    return (f"python -m backend check-drafter --drafter {fix['drafter']} --target {fix['target']} --engine "
+            f"{fix['engine']}{ver} --write-fix FIXED_DIR --prove")

@@ -445,3 +445,17 @@ def report_button(stem: str, where: Any = st) -> None:
         help="this whole view in one zip: every chart as PNG and SVG with the verdict, its data as CSV, "
              "verdict.txt and README.txt with the view's link")
 
+
+
+def writes_enabled() -> bool:
+    """Whether this dashboard may write files and queue jobs (SPECLENS_READONLY=0 and SPECLENS_ALLOW_JOBS=1)."""
+    from backend.config import jobs_enabled, read_only
+
+    return jobs_enabled() and not read_only()
+
+
+def queue_fix_proof(report: dict) -> dict:
+    """The Drafter check page's button: write the check's fix and queue its two proof benches (backend.prove_fix)."""
+    from backend.prove_fix import queue_proof
+
+    return queue_proof(report, data_root())

@@ -78,6 +78,29 @@ if rep["candidates"]:
         "problem": st.column_config.TextColumn(width="large", help="what is wrong with this candidate, in words"),
         "why": st.column_config.TextColumn("why tried")})
 
+kind, words = check_charts.fix_words(rep)
+if words:
+    st.subheader("The fix")
+    if kind == "info":
+        st.info(words, icon=":material/info:")
+    else:
+        st.markdown(words)
+        st.code(check_charts.fix_command(rep), language="bash")
+        st.download_button("config.json with the fix", data=json.dumps(rep["fix"]["config"], indent=2) + "\n",
+                           file_name="config.json", mime="application/json", icon=":material/download:",
+                           key="dl_fix_config", help="the drafter's config with only the ids changed")
+        if ui.writes_enabled():
+            if st.button("Write the fix and queue its proof", key="prove", icon=":material/science:",
+                         help="writes the fixed drafter under the data root's models/fixes/ and queues two reference "
+                              "benches (original and fixed, one paired baseline) for the worker"):
+                res = ui.guarded(ui.queue_fix_proof, rep)
+                if res:
+                    st.success(f"Fixed drafter: `{res['fixed']}`. Queued {', '.join(res['jobs'])}; once the worker "
+                               f"has run them: [Compare]({res['compare']})", icon=":material/check_circle:")
+        else:
+            st.caption("The dashboard is read-only: run the command above (or set SPECLENS_READONLY=0 and "
+                       "SPECLENS_ALLOW_JOBS=1 for a button that writes the fix and queues its proof).")
+
 st.subheader("Findings")
 for severity, source, text in check_charts.findings(rep):
     f, ic = BANNER.get(severity, BANNER["info"])

@@ -372,3 +372,97 @@ def test_search_stays_inside_the_stack(pair, tmp_path, data_root, one_torch_thre
     seen = {b for c in rep["candidates"] for b in c["boundaries"]}
     assert seen <= set(ALL), seen
     assert rep["engine_feeds"]["boundaries"] == ["S_0", "S_4", "S_8"]
+
+
+# ---------------------------------------------------------------------------- --write-fix (issue: fix and prove)
+
+
+def test_write_fix_of_the_after_layer_drafter(checks, pair, tmp_path) -> None:
+    """The after-layer drafter (trained on S_3, S_5, S_6; vLLM's V2 runner feeds S_2, S_4, S_5): the fix writes the
+    top-level ids [3, 5, 6], the weights unchanged, and the fixed config makes vLLM feed what it was trained on."""
+    import filecmp
+
+    from backend.drafter.fix import FixPlan, write_fix
+
+    fix = checks["after"]["fix"]
+    assert "plan" in fix, fix
+    plan = FixPlan(**fix["plan"])
+    assert (plan.engine, plan.where, plan.ids) == ("vllm", "top-level", [3, 5, 6])
+    out = write_fix(plan, tmp_path / "fixed")
+    raw, orig = (json.loads((d / "config.json").read_text()) for d in (out, pair / "drafter-after-layer"))
+    assert raw["eagle_aux_hidden_state_layer_ids"] == [3, 5, 6]
+    assert {k: v for k, v in raw.items() if k != "eagle_aux_hidden_state_layer_ids"} == \
+        {k: v for k, v in orig.items() if k != "eagle_aux_hidden_state_layer_ids"}          # nothing else changed
+    assert filecmp.cmp(out / "model.safetensors", pair / "drafter-after-layer" / "model.safetensors", shallow=False)
+    rows, _ = static(out, pair / "target", "vllm", "v2")
+    assert rows[("vllm", "v2")].boundaries == ["S_3", "S_5", "S_6"]
+    text = (out / "FIX.md").read_text()
+    assert "from absent to [3, 5, 6]" in text and "Holds for" in text and "vLLM 0.24.0" in text
+    with pytest.raises(SpecLensError, match="not empty"):
+        write_fix(plan, out)
+
+
+def test_no_fix_for_a_match_a_lint_only_or_an_inconclusive_check(checks, pair, data_root, tmp_path,
+                                                                  one_torch_thread) -> None:
+    assert checks["matched"].report["fix"]["refused"].startswith("nothing to fix: vLLM 0.24.0")
+    lint = run_check(CheckSettings(drafter=str(pair / "drafter-matched"), target=str(pair / "target"), lint_only=True),
+                     root=data_root, progress=False).report
+    assert "lint-only check does not know" in lint["fix"]["refused"]
+    d = drafter_copy(pair, tmp_path, weights=_randomise)
+    rnd = run_check(CheckSettings(drafter=str(d), target=str(pair / "target"), device="cpu", num_prompts=6,
+                                  new_tokens=32, prompts=str(_heldout(pair))), root=data_root, progress=False).report
+    assert rnd["fix"]["refused"].startswith("no fix written: the check is inconclusive")
+
+
+def test_write_fix_cli_refuses_in_one_line_and_keeps_the_check(pair, data_root, tmp_path, capsys,
+                                                               one_torch_thread) -> None:
+    from backend.__main__ import main
+
+    rc = main(["check-drafter", "--drafter", str(pair / "drafter-matched"), "--target", str(pair / "target"),
+               "--device", "cpu", "--num-prompts", "4", "--new-tokens", "24", "--name", "chk-fix-cli",
+               "--write-fix", str(tmp_path / "out"), "--quiet"])
+    err = [x for x in capsys.readouterr().err.strip().splitlines() if not x.startswith("Loading weights")]
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: nothing to fix"), err
+    assert not (tmp_path / "out").exists()
+    assert (data_root / "runs" / "chk-fix-cli" / "manifest.json").exists()       # the check itself is kept
+    assert main(["check-drafter", "--drafter", "x", "--target", "y", "--prove"]) == 2
+    assert "--prove needs --write-fix" in capsys.readouterr().err
+
+
+def test_prove_recovers_tau(checks, pair, tmp_path, data_root, one_torch_thread) -> None:
+    """The proof bench of the after-layer drafter's vLLM fix on the held-out prompts: fed what it was trained on, its
+    tau rises; both against one paired baseline; greedy outputs stay equal to plain decoding."""
+    from backend.drafter.fix import FixPlan, write_fix
+    from backend.prove_fix import prove
+
+    plan = FixPlan(**checks["after"]["fix"]["plan"])
+    out = write_fix(plan, tmp_path / "fixed")
+    pr = prove(plan, out, str(_heldout(pair)), limit=6, name="pv", root=data_root, progress=False, device="cpu",
+               max_new_tokens=32)
+    assert pr.tau_fixed > pr.tau_original and pr.lossless is True
+    assert pr.baseline is not None and pr.compare == f"/compare?runs={pr.fixed},{pr.original}"
+    m = json.loads((data_root / "runs" / pr.original / "manifest.json").read_text())
+    assert m["baseline_run"] == pr.baseline
+
+
+def test_page_shows_the_fix_and_its_button_writes_and_queues(checks, pair, root, tmp_path, monkeypatch) -> None:
+    at = _app(root, monkeypatch, run="chk-after")
+    md = " ".join(m.value for m in at.markdown)
+    assert "Write `top-level eagle_aux_hidden_state_layer_ids: [3, 5, 6]`" in md and "then feeds S_3, S_5, S_6" in md
+    assert "--write-fix FIXED_DIR --prove" in at.code[0].value
+    assert not at.button and "read-only" in " ".join(c.value for c in at.caption)       # no button by default
+    work = tmp_path / "data"
+    shutil.copytree(root, work)
+    monkeypatch.setenv("SPECLENS_READONLY", "0")
+    monkeypatch.setenv("SPECLENS_ALLOW_JOBS", "1")
+    monkeypatch.setenv("SPECLENS_MODEL_ROOTS", f"{pair}:{work}")
+    at = _app(work, monkeypatch, run="chk-after")
+    at.button(key="prove").click().run()
+    ok = " ".join(x.value for x in at.success)
+    assert "Queued prove-chk-after-hf-original, prove-chk-after-hf-fixed" in ok, [e.value for e in at.error]
+    fixed = work / "models" / "fixes" / "chk-after"
+    assert json.loads((fixed / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [3, 5, 6]
+    from backend.jobs import queue
+    assert queue.find("prove-chk-after-hf-fixed", work)[0] == "pending"
+    at = _app(root, monkeypatch, run="chk-matched")
+    assert any(i.value.startswith("Nothing to fix: vLLM 0.24.0") for i in at.info)
