@@ -324,3 +324,19 @@ def test_a_noisy_level_of_one_config_gives_no_verdict_words(load: Path) -> None:
     assert line == ("**Concurrency 32**: K=4, the only configuration: 1.13x [1.09, 1.17]. **No verdict**: the "
                     "baseline was noisy (30% apart across its measurements, see below).")
     assert "30%" in lc.noise_note(cells, Catalog(load).read.load_levels([PAIR]))[1]
+
+
+def test_an_unfinished_load_run_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend.store.rundir import RunDir
+
+    root = tmp_path / "data"
+    shutil.copytree(RECORDED / PAIR, root / "runs" / PAIR)
+    m = json.loads((RECORDED / PAIR / "manifest.json").read_text())
+    keep = ("kind", "engine", "engine_version", "model", "drafter", "dtype", "dataset", "settings")
+    RunDir.create("load-live", {**{k: m[k] for k in keep}, "progress": {"done": 3, "total": 8}}, root)
+    Catalog(root).write.refresh(full=True)
+    monkeypatch.setenv("SPECLENS_DATA", str(root))
+    at = open_page("pages/load.py", run="load-live")
+    assert "Load run `load-live` is running (3 / 8 levels)" in texts(at.info) and not at.metric
+    at = open_page("pages/load.py", runs=f"load-live,{PAIR}")
+    assert "`load-live` is running" in texts(at.info) and len(at.metric) == 4 and len(figures(at)) == 4
