@@ -58,6 +58,7 @@ class CheckSettings:
     training_format: str | None = None
     producer_ids: list[int] | None = None
     training_files: int = 4
+    trained_on: list[str] | None = None      # with lint_only: the boundaries the drafter was trained on, if known
 
     def validate(self) -> None:
         if self.engine not in ENGINES:
@@ -111,18 +112,26 @@ def run_check(s: CheckSettings, name: str | None = None, root: Path | None = Non
     report["timing"] = {k: round(v, 2) for k, v in timing.items()}
     run_id = new_run_id("check", name)
     report["run_id"] = run_id
-    report["fix"] = _fix_of(report)
+    report["fix"] = _fix_of(report, s.trained_on if s.lint_only else None)
     path = _save(run_id, s, report, root) if save else Path()
     return CheckResult(run_id, path, report)
 
 
-def _fix_of(report: dict) -> dict:
-    """The fix this check supports ({"plan": ...}) or why none can be written ({"refused": one line})."""
-    from backend.drafter.fix import FixRefused, fixed_config, plan_fix
+def _fix_of(report: dict, trained_on: list[str] | None = None) -> dict:
+    """The fix this check supports ({"plan": ..., "config": the fixed config}) or why none can be written
+    ({"refused": one line}). `trained_on`: a lint-only check told what the drafter was trained on."""
+    from backend.drafter import lint as L
+    from backend.drafter.fix import FixRefused, fixed_config, plan_fix, plan_for
 
     try:
-        plan = plan_fix(report)
-        raw = json.loads((Path(plan.drafter) / "config.json").read_text())
+        if trained_on:
+            cfg, target, _ = L.load(report["drafter"], report["target"], weights_required=False)
+            plan = plan_for(cfg, target, trained_on, report["engine"], report.get("engine_version"),
+                            report.get("runner"), check_run=report.get("run_id"),
+                            verdict=f"trained on {', '.join(trained_on)} (given with --trained-on)")
+        else:
+            plan = plan_fix(report)
+        raw = json.loads(Path(plan.config_file).read_text())
         return {"plan": plan.to_json(), "config": fixed_config(raw, plan)}
     except FixRefused as e:
         return {"refused": str(e)}
@@ -429,6 +438,20 @@ def _ids(text: str | None) -> list[int] | None:
         raise SpecLensError(f"--producer-ids '{text}': expected comma-separated integers like 2,16,29") from None
 
 
+def _labels(text: str | None) -> list[str] | None:
+    """--trained-on S_0,S_3,S_5 -> boundary labels in stream order (a one-line error for anything else)."""
+    from backend import coords
+
+    if not text:
+        return None
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    try:
+        return sorted(out, key=coords.label_index)
+    except (SpecLensError, ValueError, KeyError):
+        raise SpecLensError(f"--trained-on '{text}': expected boundaries like S_2,S_16,S_29 (S_b = input of layer "
+                            "b)") from None
+
+
 def cmd_check(a: argparse.Namespace) -> int:
     from backend.bench_cli import engine_options
 
@@ -438,7 +461,10 @@ def cmd_check(a: argparse.Namespace) -> int:
                       max_prompt_tokens=a.max_prompt_tokens, num_spec_tokens=a.num_spec_tokens,
                       chat_template=not a.no_chat_template, search=not a.no_search, device=a.device, dtype=a.dtype,
                       threads=a.threads, training_data=a.training_data, training_format=a.training_format,
-                      producer_ids=_ids(a.producer_ids), training_files=a.training_files)
+                      producer_ids=_ids(a.producer_ids), training_files=a.training_files,
+                      trained_on=_labels(a.trained_on))
+    if a.trained_on and not a.lint_only:
+        raise SpecLensError("--trained-on goes with --lint-only: a full check finds what the drafter was trained on")
     if a.prove and not a.write_fix:
         raise SpecLensError("--prove needs --write-fix OUT (the fixed drafter directory to bench)")
     r = run_check(s, name=a.name, progress=not a.quiet and not a.json)
@@ -550,6 +576,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     c.add_argument("--threads", type=int, help="torch CPU threads (default 1 on a CPU)")
     c.add_argument("--write-fix", metavar="OUT", help="write a drafter directory whose config makes the engine "
                    "release feed what the check found the drafter was trained on (refused when inconclusive)")
+    c.add_argument("--trained-on", metavar="S_a,S_b,S_c", help="with --lint-only: the boundaries the drafter was "
+                   "trained on, when known (e.g. the trainer's convention), so --write-fix can write the fix")
     c.add_argument("--prove", action="store_true", help="with --write-fix: bench the original and the fixed drafter "
                    "against one paired baseline and print what was recovered")
     c.add_argument("--prove-engine", default="hf", choices=["hf", "vllm", "sglang"],

@@ -44,6 +44,7 @@ class FixPlan:
     check_run: str | None = None
     verdict: str = ""
     before: dict = field(default_factory=dict)   # ids as written: {"top-level": .., "eagle_config": ..}
+    config_file: str = ""           # the config read (a drafter directory's config.json, or a config file alone)
 
     @property
     def engine_name(self) -> str:
@@ -71,9 +72,19 @@ def plan_fix(report: dict) -> FixPlan:
         why = _first_sentence(verdict) or "the finder did not run"
         raise FixRefused(f"no fix written: the check is inconclusive ({why[:160]}); more prompts (--num-prompts) or "
                          "the drafter's training data (--training-data) would settle what it was trained on")
-    trained = list(best["boundaries"])
     cfg, target, _ = L.load(report["drafter"], report["target"], weights_required=False)
-    focus = _reading(cfg, target, report["engine"], report.get("engine_version"), report.get("runner"))
+    return plan_for(cfg, target, list(best["boundaries"]), report["engine"], report.get("engine_version"),
+                    report.get("runner"), check_run=report.get("run_id"), verdict=verdict)
+
+
+def plan_for(cfg, target, trained: list[str], engine: str, version: str | None = None, runner: str | None = None,
+             check_run: str | None = None, verdict: str = "") -> FixPlan:
+    """The fix that makes `engine` `version` feed `trained` (boundary labels) to this drafter config on this target:
+    from a check's finder, or from what the user knows (`check-drafter --trained-on S_2,S_16,S_29`, e.g. the
+    trainer's convention). FixRefused when nothing needs fixing or no ids can do it."""
+    from backend.drafter import lint as L
+
+    focus = _reading(cfg, target, engine, version, runner)
     if focus.boundaries == trained:
         raise FixRefused(f"nothing to fix: {focus.name} already feeds {', '.join(trained)}, what the drafter was "
                          "trained on")
@@ -83,11 +94,12 @@ def plan_fix(report: dict) -> FixPlan:
         alt = (f"; ids can for {', '.join(can[:4])}{' ...' if len(can) > 4 else ''}" if can else
                "; no release in the conventions table can: retrain the drafter on boundaries the engine can feed")
         raise FixRefused(f"no fix written: no ids make {focus.name} feed {', '.join(trained)}{alt}")
-    return FixPlan(drafter=str(Path(report["drafter"]).resolve()), target=str(Path(report["target"]).resolve()),
+    return FixPlan(drafter=str(Path(cfg.name).resolve()), target=str(Path(target.path).resolve()),
                    engine=focus.engine, version=focus.version, runner=focus.runner,
                    where="eagle_config" if focus.engine == "sglang" else "top-level", ids=ids, trained_on=trained,
-                   fed_before=focus.boundaries, check_run=report.get("run_id"), verdict=verdict,
-                   before={"top-level": cfg.aux_layer_ids_top, "eagle_config": cfg.aux_layer_ids_nested})
+                   fed_before=focus.boundaries, check_run=check_run, verdict=verdict,
+                   before={"top-level": cfg.aux_layer_ids_top, "eagle_config": cfg.aux_layer_ids_nested},
+                   config_file=str(Path(cfg.config_file).resolve()))
 
 
 def _reading(cfg, target, engine: str, version: str | None, runner: str | None):
@@ -146,7 +158,7 @@ def write_fix(plan: FixPlan, out: str | Path) -> Path:
         raise FixRefused(f"--write-fix {out}: that is the drafter itself; write the fix to a new directory")
     if out.exists() and any(out.iterdir()):
         raise FixRefused(f"--write-fix {out}: the directory exists and is not empty; pick a new one")
-    cfg_file = src / "config.json"
+    cfg_file = Path(plan.config_file) if plan.config_file else src / "config.json"
     try:
         raw = json.loads(cfg_file.read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -154,9 +166,10 @@ def write_fix(plan: FixPlan, out: str | Path) -> Path:
                             "directory") from None
     out.mkdir(parents=True, exist_ok=True)
     how = {}
-    for f in sorted(src.iterdir()):
-        if f.is_file() and f.name not in ("config.json", "FIX.md"):
-            how[f.name] = _link_or_copy(f, out / f.name)
+    if cfg_file.name == "config.json":            # a drafter directory: its other files come along unchanged
+        for f in sorted(src.iterdir()):
+            if f.is_file() and f.name not in ("config.json", "FIX.md"):
+                how[f.name] = _link_or_copy(f, out / f.name)
     tmp = out / ".config.json.tmp"
     tmp.write_text(json.dumps(fixed_config(raw, plan), indent=2) + "\n")
     os.replace(tmp, out / "config.json")
@@ -199,17 +212,25 @@ def fix_text(plan: FixPlan, m: dict, how: dict[str, str]) -> str:
     was = plan.before.get(plan.where)
     rows = [r for r in m["rows"] if r["picked"]]
     holds = _ranges([r for r in rows if r["trained"] == "matches"], lambda r: "")
-    fails = _ranges([r for r in rows if r["trained"] != "matches"],
-                    lambda r: f" (feeds {', '.join(r['feeds'])})" if r["feeds"] else
-                    f" (cannot serve it: {(r['error'] or '').split(';')[0]})")
+    def fed(r: dict) -> str:
+        if r["feeds"]:
+            return f" (feeds {', '.join(r['feeds'])})"
+        why = (r["error"] or "").split(";")[0].replace(f"{r['engine']} {r['release']} ", "")
+        return f" (cannot serve it: {why})"
+
+    fails = _ranges([r for r in rows if r["trained"] != "matches"], fed)
     lines = [
         "# The fix SpecLens wrote",
         "",
-        f"Changed: `{key}` from {was if was is not None else 'absent'} to {plan.ids} in config.json. Nothing else: "
-        + ", ".join(f"{n} {h}" for n, h in how.items()) + " unchanged from " + plan.drafter + ".",
+        f"Changed: `{key}` from {was if was is not None else 'absent'} to {plan.ids} in config.json. Nothing else"
+        + (": " + ", ".join(f"{n} {h}" for n, h in how.items()) + " unchanged from " + plan.drafter if how else
+           f" (the config alone was given: {plan.config_file}; copy the weights beside it)") + ".",
         "",
-        f"Why: the drafter check{' ' + plan.check_run if plan.check_run else ''} found it was trained on "
-        f"{', '.join(plan.trained_on)}, and {plan.engine_name} fed the original config "
+        ("Why: it was trained on " + ", ".join(plan.trained_on) + " (given with --trained-on)"
+         if plan.verdict.endswith("(given with --trained-on)") else
+         f"Why: the drafter check{' ' + plan.check_run if plan.check_run else ''} found it was trained on "
+         f"{', '.join(plan.trained_on)}")
+        + f", and {plan.engine_name} fed the original config "
         f"{', '.join(plan.fed_before) if plan.fed_before else 'nothing'}. {plan.engine_name} reads these ids "
         f"from {key} and now feeds {', '.join(plan.trained_on)}.",
         "",
