@@ -187,16 +187,18 @@ def slot_shift_models(root: Path | None = None) -> Path | None:
         out.mkdir(parents=True, exist_ok=True)
         with tarfile.open(SLOT_TARBALL) as tf:
             tf.extractall(out, filter="data")
-    write_variants(out)
+    write_variants(out, ("drafter-slot-shift-patched",))     # the user's patch; the fix comes from the check
     return out
 
 
 def build_slot_shift_demo(root: Path | None = None, force: bool = False, progress: bool = True,
                           limit: int | None = None, max_new_tokens: int = 48, benches: bool = True,
                           check: bool = True) -> list[str]:
-    """The slot-shift drafter benched as SGLang 0.5.15 feeds it (ids as written, patched, fixed) on the held-out
-    prompts, each interleaved with plain decoding (linking the matched drafter's paired baseline run when it is there),
-    then its drafter check against SGLang."""
+    """The slot-shift drafter's check against SGLang 0.5.15 first; its fix written as `check-drafter --write-fix`
+    writes it (backend/drafter/fix.py: eagle_config ids [-1, 2, 4], the weights linked); then the drafter benched as
+    SGLang 0.5.15 feeds it (ids as written, the user's patch, the written fix) on the held-out prompts, each interleaved
+    with plain decoding (linking the matched drafter's paired baseline run when it is there): the proof path of
+    `check-drafter --write-fix OUT --prove`, with the demo's run names."""
     from backend.bench import BenchSettings, run_bench
     from backend.check_drafter import CheckSettings, run_check
 
@@ -208,7 +210,26 @@ def build_slot_shift_demo(root: Path | None = None, force: bool = False, progres
         print(f"no slot-shift drafter ({SLOT_TARBALL} missing): skipping the slot-shift demo")
         return []
     prompts = heldout_prompts(pair)
-    made = []
+    made: list[str] = []
+    report = None
+    if check and _fresh(SLOT_CHECK_RUN, root, force):
+        r = run_check(CheckSettings(drafter=str(slot / "drafter-slot-shift"), target=str(pair / "target"),
+                                    engine=SLOT_ENGINE[0], engine_version=SLOT_ENGINE[1], device="cpu",
+                                    training_data=str(slot / "training-data"), training_format="speculators-legacy"),
+                      name=SLOT_CHECK_RUN, root=root, progress=progress)
+        made.append(r.run_id)
+        report = r.report
+    fixed = slot / SLOT_RUNS["demo-bench-slot-shift-fixed"]
+    if benches and not (fixed / "config.json").exists():
+        from backend.drafter.check_result import load_check
+        from backend.drafter.fix import plan_fix, write_fix
+
+        if report is None:
+            report = (load_check(SLOT_CHECK_RUN, root) if _complete(SLOT_CHECK_RUN, root) else
+                      run_check(CheckSettings(drafter=str(slot / "drafter-slot-shift"), target=str(pair / "target"),
+                                              engine=SLOT_ENGINE[0], engine_version=SLOT_ENGINE[1], device="cpu"),
+                                save=False, progress=progress).report)
+        write_fix(plan_fix(report), fixed)
     for run_id, drafter in SLOT_RUNS.items():
         if not benches or not _fresh(run_id, root, force):
             continue
@@ -216,12 +237,6 @@ def build_slot_shift_demo(root: Path | None = None, force: bool = False, progres
                           num_spec_tokens=4, limit=limit, max_new_tokens=max_new_tokens, repeats=REPEATS, device="cpu",
                           producer=SLOT_ENGINE[0], producer_version=SLOT_ENGINE[1])
         made.append(run_bench(s, name=run_id, root=root, progress=progress).run_id)
-    if check and _fresh(SLOT_CHECK_RUN, root, force):
-        r = run_check(CheckSettings(drafter=str(slot / "drafter-slot-shift"), target=str(pair / "target"),
-                                    engine=SLOT_ENGINE[0], engine_version=SLOT_ENGINE[1], device="cpu",
-                                    training_data=str(slot / "training-data"), training_format="speculators-legacy"),
-                      name=SLOT_CHECK_RUN, root=root, progress=progress)
-        made.append(r.run_id)
     return made
 
 

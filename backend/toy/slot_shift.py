@@ -178,11 +178,14 @@ def save(d, out: Path, ids: list[int]) -> Path:
 VARIANTS = {"drafter-slot-shift-patched": PATCHED_IDS, "drafter-slot-shift-fixed": FIX_IDS}
 
 
-def write_variants(out: Path) -> list[Path]:
+def write_variants(out: Path, names: tuple[str, ...] | None = None) -> list[Path]:
     """OUT/drafter-slot-shift-patched and -fixed: the same weights with eagle_config ids [-1, 3, 5] (the patch) and
-    [-1, 2, 4] (the fix the drafter check names); made when missing, so the tarball ships the weights once."""
+    [-1, 2, 4] (the fix the drafter check names); made when missing, so the tarball ships the weights once. The demo
+    makes only the patch this way (`names`): its fix is written by `check-drafter --write-fix` (drafter/fix.py)."""
     made = []
     for name, ids in VARIANTS.items():
+        if names is not None and name not in names:
+            continue
         dst = out / name
         if (dst / "config.json").is_file():
             continue
