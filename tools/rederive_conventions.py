@@ -7,6 +7,9 @@ release's code at the places that decide them says something the table does not.
     python tools/rederive_conventions.py --json docs/results/conventions_derived.json
     python tools/rederive_conventions.py --facts docs/results/conventions_derived.json --markdown docs/RELEASES.md
                                                               # offline: the stored facts, no download
+    python tools/rederive_conventions.py --fields [--write]   # backend/drafter_fields.yaml: the drafter config
+                                                              # fields (norm_before_fc, fc_norm, ...) each release
+                                                              # honours or ignores (see "drafter config fields")
 
 Each wheel is fetched with `pip download --no-deps vllm==X` (300-400 MB for vLLM, a few MB for SGLang); only the
 few .py files read below are kept (under --cache, default ~/.cache/speclens/wheels) and the wheel is deleted.
@@ -112,24 +115,23 @@ def cache_dir(arg: str | None) -> Path:
 def _wanted(engine: str, name: str) -> bool:
     if not name.endswith(".py"):
         return False
-    if engine == "vllm":
-        return name in VLLM_FILES.values()
+    if engine == "vllm":   # the rule files, and every model file (the EAGLE-3 drafters' field reading, below)
+        return name in VLLM_FILES.values() or name.startswith("vllm/model_executor/models/")
     # every model file: which architectures (EntryClass) take which set_eagle3_layers_to_capture
     return (name.startswith("sglang/srt/model_executor/") or name == "sglang/srt/server_args.py"
             or name.startswith("sglang/srt/models/"))
 
 
-# what an extracted cache holds; a cache without this mark (older extraction: SGLang's seven rule files only) is
+# what an extracted cache holds; a cache without this mark (older extraction: the rule files only) is
 # re-extracted from the same wheel (its sha256 must not change)
-CACHE_MARK = {"vllm": "1", "sglang": "2: sglang/srt/models/**"}
+CACHE_MARK = {"vllm": "2: vllm/model_executor/models/**", "sglang": "2: sglang/srt/models/**"}
 
 
 def sources(engine: str, version: str, cache: Path, pip: str = sys.executable) -> Path:
     """The directory holding the release's files read here, downloading the wheel once."""
     dest = cache / f"{engine}-{version}"
     mark = dest / "EXTRACTED"
-    if (dest / "WHEEL_SHA256").exists() and (
-            engine == "vllm" or (mark.exists() and mark.read_text().strip() == CACHE_MARK[engine])):
+    if (dest / "WHEEL_SHA256").exists() and mark.exists() and mark.read_text().strip() == CACHE_MARK[engine]:
         return dest
     before = (dest / "WHEEL_SHA256").read_text().strip() if (dest / "WHEEL_SHA256").exists() else None
     with tempfile.TemporaryDirectory(prefix=f"wheel-{engine}-") as tmp:
@@ -791,6 +793,207 @@ def sglang_rows(facts: list[dict]) -> list[dict]:
     return rows
 
 
+# ------------------------------------------------------------------------------------------- drafter config fields
+
+# Which EAGLE-3 drafter config fields each release honours (issue 22 item 3), written to backend/drafter_fields.yaml
+# (--fields). Read in every `*eagle3*.py` drafter model file of the release (vllm/model_executor/models/,
+# sglang/srt/models/); the lint uses the rows of the Llama drafter file, the one SpecLens's three formats load.
+# A release honours a field when a function of the file reads its key from the config (a "key" string constant, or
+# `<...config>.key`) and a function other than __init__/load_weights applies the module the field builds (calls or
+# iterates `<...>.module`, or is that module, e.g. vLLM's `_norm_before_residual`), or branches on the key itself.
+FIELDS_TABLE = REPO / "backend" / "drafter_fields.yaml"
+DRAFTER_FIELDS = {"norm_before_fc": "input_norm", "fc_norm": "fc_norm", "use_aux_norm": "fc_norm",
+                  "norm_before_residual": "_norm_before_residual"}
+LLAMA_DRAFTER = {"vllm": "vllm/model_executor/models/llama_eagle3.py", "sglang": "sglang/srt/models/llama_eagle3.py"}
+MODELS_DIR = {"vllm": "vllm/model_executor/models", "sglang": "sglang/srt/models"}
+_NOT_APPLYING = ("__init__", "load_weights")
+
+
+def _qual_functions(tree: ast.Module):
+    for n in tree.body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield n.name, n
+        elif isinstance(n, ast.ClassDef):
+            for m in n.body:
+                if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    yield f"{n.name}.{m.name}", m
+
+
+def _reads_key(node: ast.AST, key: str) -> bool:
+    for x in ast.walk(node):
+        if isinstance(x, ast.Constant) and x.value == key:
+            return True
+        if isinstance(x, ast.Attribute) and x.attr == key and "config" in ast.unparse(x.value).lower():
+            return True
+    return False
+
+
+def _uses_module(qual: str, node: ast.AST, module: str) -> bool:
+    if qual.rsplit(".", 1)[-1] == module:
+        return True
+    return any(isinstance(x, ast.Attribute) and x.attr == module and isinstance(x.ctx, ast.Load)
+               for x in ast.walk(node))
+
+
+def _site(funcs: list[tuple[str, ast.AST]], field: str) -> str | None:
+    """Where the field would act: the function building fc (the norms before fc), or the one setting the first
+    layer's residual from the fc output (norm_before_residual)."""
+    for q, n in funcs:
+        for x in ast.walk(n):
+            if not isinstance(x, ast.Assign):
+                continue
+            t = [ast.unparse(t) for t in x.targets]
+            if field != "norm_before_residual" and "self.fc" in t:
+                return q
+            if field == "norm_before_residual" and "residual" in t and ast.unparse(x.value) == "hidden_states":
+                return q
+    return None
+
+
+def entry_names(tree: ast.Module) -> list[str]:
+    for n in tree.body:
+        if isinstance(n, ast.Assign) and any(getattr(t, "id", None) == "EntryClass" for t in n.targets):
+            v = n.value
+            return [e.id for e in (v.elts if isinstance(v, (ast.List, ast.Tuple)) else [v]) if isinstance(e, ast.Name)]
+    return []
+
+
+def derive_fields(engine: str, root: Path, version: str) -> list[dict]:
+    """One fact per (drafter file, field) of the release: honoured or ignored, and the functions that say so."""
+    out = []
+    files = sorted(p for p in (root / MODELS_DIR[engine]).glob("*eagle3*.py"))
+    if not (root / LLAMA_DRAFTER[engine]).exists():
+        raise Drift(f"{engine} {version}: no {LLAMA_DRAFTER[engine]} in the wheel")
+    for path in files:
+        tree, _ = _tree(path)
+        rel = str(path.relative_to(root))
+        funcs = list(_qual_functions(tree))
+        for field, module in DRAFTER_FIELDS.items():
+            reads = [q for q, n in funcs if _reads_key(n, field)]
+            applies = [q for q, n in funcs if q.rsplit(".", 1)[-1] not in _NOT_APPLYING
+                       and (_uses_module(q, n, module) or _reads_key(n, field))]
+            honoured = bool(reads and applies)
+            cited = sorted(set(reads + applies)) if honoured else [s for s in [_site(funcs, field)] if s]
+            out.append(dict(engine=engine, version=version, file=rel, architectures=entry_names(tree), field=field,
+                            status="honoured" if honoured else "ignored", reads=reads if honoured else [],
+                            applies=applies if honoured else [],
+                            code={f"{rel}:{q}": digest(find(path, q)) for q in cited}))
+    return out
+
+
+def _fields_decided_by(f: dict) -> str:
+    if f["status"] == "honoured":
+        return (f"{f['file']}: {', '.join(f['reads'])} reads {f['field']}; {', '.join(f['applies'])} applies "
+                f"{DRAFTER_FIELDS[f['field']]}")
+    site = next(iter(f["code"]), f"{f['file']}:").split(":", 1)[1]
+    what = ("builds no input_norm" if f["field"] == "norm_before_fc" else
+            "builds no fc_norm" if f["field"] in ("fc_norm", "use_aux_norm") else
+            "takes the un-normed fc output as the residual")
+    return f"{f['file']}: no function reads {f['field']}; {site or 'the model'} {what}"
+
+
+def fields_rows(facts: list[dict], releases: dict[str, list[str]]) -> list[dict]:
+    """Consecutive releases whose facts agree (status and cited functions) share a row; `versions` runs from the
+    first to the next derived release (post releases of the last one included)."""
+    rows: list[dict] = []
+    key = lambda f: (f["engine"], f["file"], f["field"])  # noqa: E731
+    groups: dict[tuple, list[dict]] = {}
+    for f in facts:
+        groups.setdefault(key(f), []).append(f)
+    for (eng, file, field), fs in groups.items():
+        order = releases[eng]
+        fs = sorted(fs, key=lambda f: order.index(f["version"]))
+        cur: dict | None = None
+        for f in fs:
+            sig = (f["status"], f["reads"], f["applies"], sorted(f["code"]), f["architectures"])
+            i = order.index(f["version"])
+            if cur is not None and cur["_sig"] == sig and order.index(cur["releases"][-1]) == i - 1:
+                cur["releases"].append(f["version"])
+                cur["wheels"][f["version"]] = f["code"]
+                continue
+            cur = dict(_sig=sig, engine=eng, field=field, status=f["status"], file=file,
+                       architectures=f["architectures"], releases=[f["version"]], decided_by=_fields_decided_by(f),
+                       wheels={f["version"]: f["code"]})
+            rows.append(cur)
+    for r in rows:
+        order = releases[r["engine"]]
+        last = order.index(r["releases"][-1])
+        hi = order[last + 1] if last + 1 < len(order) else _next_patch(r["releases"][-1])
+        r["versions"] = f">={r['releases'][0]},<{hi}"
+        del r["_sig"]
+    keys = ("engine", "versions", "field", "status", "file", "architectures", "decided_by", "releases", "wheels")
+    rows = [{k: r[k] for k in keys} for r in rows]
+    eng_order = {"vllm": 0, "sglang": 1}
+    return sorted(rows, key=lambda r: (eng_order[r["engine"]], r["file"] != LLAMA_DRAFTER[r["engine"]], r["file"],
+                                       list(DRAFTER_FIELDS).index(r["field"]), _vkey(r["versions"])))
+
+
+FIELDS_HEAD = """\
+# Which EAGLE-3 drafter config fields each vLLM / SGLang release honours or ignores, derived from the released wheels
+# by tools/rederive_conventions.py --fields --write (do not edit by hand; run it again after a new release).
+# One row per (engine, drafter model file, field, run of consecutive releases that agree):
+#   status: honoured (a function of the file reads the key and another applies what it builds) | ignored (no
+#     function reads the key: a drafter trained with it set is served without it)
+#   file: the drafter model file read (every *eagle3*.py of the release); architectures: its EntryClass (SGLang)
+#     or its classes serving it (vLLM: empty, the registry maps LlamaForCausalLMEagle3 / Eagle3LlamaForCausalLM to
+#     llama_eagle3.py); the lint (backend/drafter/lint.py) reads the llama_eagle3.py rows.
+#   decided_by: the functions that read and apply it (honoured) or where it would act (ignored);
+#   releases: the wheels read; wheels: per release, the hash of each cited function (the tool fails on a change).
+# Fields: norm_before_fc (one input_norm over the concatenated aux states), fc_norm / use_aux_norm (SGLang's legacy
+#   key; a per-aux-chunk fc_norm), norm_before_residual (vLLM: the first layer's residual is the normed fc output).
+# Releases not listed (older or newer than the rows) are not derived: the lint reports no field finding for them.
+"""
+
+
+def fields_main(a, engines: list[str], cache: Path) -> int:
+    releases = {"vllm": VLLM_RELEASES, "sglang": SGLANG_RELEASES}
+    facts: list[dict] = []
+    derived = {e: [] for e in ("vllm", "sglang")}
+    for eng in engines:
+        rels = [r for r in releases[eng] if not a.releases or r in a.releases]
+        for v in rels:
+            facts += derive_fields(eng, sources(eng, v, cache), v)
+            derived[eng].append(v)
+            print(f"{eng} {v}: drafter fields read", file=sys.stderr)
+    rows = fields_rows(facts, releases)
+    if a.json:
+        Path(a.json).write_text(json.dumps(facts, indent=1) + "\n")
+    old = yaml.safe_load(FIELDS_TABLE.read_text()) if FIELDS_TABLE.exists() else []
+    if a.write:
+        keep = [r for r in old or [] if r["engine"] not in engines]
+        allrows = sorted(rows + keep, key=lambda r: ({"vllm": 0, "sglang": 1}[r["engine"]],
+                                                       r["file"] != LLAMA_DRAFTER[r["engine"]], r["file"],
+                                                       list(DRAFTER_FIELDS).index(r["field"]), _vkey(r["versions"])))
+        FIELDS_TABLE.write_text(FIELDS_HEAD + yaml.safe_dump(allrows, sort_keys=False, width=120))
+        print(f"wrote {len(rows)} derived rows to {FIELDS_TABLE.relative_to(REPO)}")
+        return 0
+    diffs = compare_fields(facts, old or [])
+    if diffs:
+        print(f"FAIL: {len(diffs)} difference(s) between the wheels and {FIELDS_TABLE.relative_to(REPO)}:")
+        for d in diffs:
+            print("  " + d)
+        return 1
+    print(f"OK: {', '.join(f'{e} {len(derived[e])} release(s)' for e in engines)} agree with "
+          f"{FIELDS_TABLE.relative_to(REPO)} ({len(facts)} facts)")
+    return 0
+
+
+def compare_fields(facts: list[dict], table: list[dict]) -> list[str]:
+    """Each derived fact against the table row holding its release: status, and the hash of each cited function."""
+    out = []
+    for f in facts:
+        row = next((r for r in table if r["engine"] == f["engine"] and r["file"] == f["file"]
+                    and r["field"] == f["field"] and f["version"] in r["releases"]), None)
+        name = f"{f['engine']} {f['version']} {f['file']} {f['field']}"
+        if row is None:
+            out.append(f"{name}: no row (run --fields --write)")
+        elif row["status"] != f["status"]:
+            out.append(f"{name}: the wheel says {f['status']}, the table {row['status']}")
+        elif row["wheels"].get(f["version"]) != f["code"]:
+            out.append(f"{name}: cited code differs: wheel {f['code']}, table {row['wheels'].get(f['version'])}")
+    return out
+
+
 # ------------------------------------------------------------------------------------------- table I/O + check
 
 KEPT = ("status", "seen", "note")
@@ -952,6 +1155,28 @@ def markdown(facts: dict) -> str:
                    f"{RULE_WORDS[fam['deepseek_v2']['rule']]} | "
                    f"{RULE_WORDS[fam['glm4_moe_lite']['rule']]} | {RULE_WORDS[fam['gpt_oss']['rule']]} | "
                    f"{'yes' if f['return_aux_hidden_states_flag'] else 'no'} | `{f['decided_by']['ids']}` |")
+    return "\n".join(out) + "\n" + fields_markdown()
+
+
+def fields_markdown() -> str:
+    """The section of docs/RELEASES.md on the drafter config fields, from backend/drafter_fields.yaml."""
+    if not FIELDS_TABLE.exists():
+        return ""
+    rows = yaml.safe_load(FIELDS_TABLE.read_text()) or []
+    out = ["", "## Drafter config fields each release honours or ignores", "",
+           "From `backend/drafter_fields.yaml` (`python tools/rederive_conventions.py --fields --write`: every "
+           "`*eagle3*.py` drafter model file of every release above, read, not run). The lint (`check-drafter "
+           "--lint-only --engine E --engine-version V`) reports a field the drafter's config sets to true that "
+           "release's Llama drafter file (`llama_eagle3.py`, which loads SpecLens's three formats) ignores; a release "
+           "outside the table is not derived and gets no such finding. The other drafter files (DeepSeek/Kimi MLA, "
+           "Qwen3) are in the table but not used by the lint.", "",
+           "| Engine | Releases | Field | Llama drafter | Decided by |", "|---|---|---|---|---|"]
+    for r in rows:
+        if r["file"] != LLAMA_DRAFTER[r["engine"]]:
+            continue
+        eng = {"vllm": "vLLM", "sglang": "SGLang"}[r["engine"]]
+        span = r["releases"][0] + (f"-{r['releases'][-1]}" if len(r["releases"]) > 1 else "")
+        out.append(f"| {eng} | {span} | `{r['field']}` | {r['status']} | {r['decided_by']} |")
     return "\n".join(out) + "\n"
 
 
@@ -966,10 +1191,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--facts", help="read the derived facts from this file (a --json output, e.g. "
                    "docs/results/conventions_derived.json) instead of the wheels: offline, for --markdown and the "
                    "check")
+    p.add_argument("--fields", action="store_true", help="the drafter config fields each release honours or "
+                   "ignores (backend/drafter_fields.yaml) instead of the id conventions: check, or --write it")
     a = p.parse_args(argv)
     cache = cache_dir(a.cache)
     cache.mkdir(parents=True, exist_ok=True)
     engines = ["vllm", "sglang"] if a.engine == "all" else [a.engine]
+    if a.fields:
+        try:
+            return fields_main(a, engines, cache)
+        except Drift as e:
+            print(f"FAIL: {e}")
+            return 1
     facts: dict[str, list[dict]] = {"vllm": [], "sglang": []}
     if a.facts:
         stored = json.loads(Path(a.facts).read_text())

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -332,7 +333,7 @@ def lint(cfg: DrafterConfig, target: TargetInfo, weights: WeightInfo | None, rea
     if weights is None:
         out.append(Finding("info", f"No model.safetensors next to {f}: fc width, d2t, embeddings and LM head were not "
                                    f"checked (config only)."))
-        out.extend(_flag_findings(cfg, f))
+        out.extend(_flag_findings(cfg, f, focus))
         return sort_findings(out)
 
     # k (aux count) against fc, and the fields vLLM/SGLang need for it
@@ -370,7 +371,7 @@ def lint(cfg: DrafterConfig, target: TargetInfo, weights: WeightInfo | None, rea
                                        f"{cfg.draft_vocab_size}: "
                                        f"the draft vocab is the first {cfg.draft_vocab_size} target ids."))
 
-    out.extend(_flag_findings(cfg, f))
+    out.extend(_flag_findings(cfg, f, focus))
 
     # embeddings and LM head the engines substitute
     if not weights.has_embed:
@@ -381,16 +382,84 @@ def lint(cfg: DrafterConfig, target: TargetInfo, weights: WeightInfo | None, rea
     return sort_findings(out)
 
 
-def _flag_findings(cfg: DrafterConfig, f: str) -> list[Finding]:
-    """Flags whose meaning differs between engines, from the config alone."""
+FIELDS_FILE = Path(__file__).resolve().parents[1] / "drafter_fields.yaml"
+# the drafter model file each engine loads SpecLens's three formats with (LlamaForCausalLMEagle3 et al.)
+LLAMA_DRAFTER = {"vllm": "vllm/model_executor/models/llama_eagle3.py", "sglang": "sglang/srt/models/llama_eagle3.py"}
+_IGNORED = {  # field -> (what the file lacks, what the drafter is fed instead)
+    "norm_before_fc": ("builds no input norm", "un-normed aux states it was not trained on"),
+    "fc_norm": ("builds no per-aux fc_norm", "aux states without the per-chunk norm it was trained with"),
+    "use_aux_norm": ("builds no per-aux fc_norm for this legacy key",
+                     "aux states without the per-chunk norm it was trained with"),
+    "norm_before_residual": ("never reads it, the residual is the un-normed fc output",
+                             "a residual it was not trained on"),
+}
+
+
+@lru_cache(maxsize=1)
+def drafter_fields() -> tuple[dict, ...]:
+    """backend/drafter_fields.yaml: which release honours which field (tools/rederive_conventions.py --fields)."""
+    import yaml
+
+    return tuple(yaml.safe_load(FIELDS_FILE.read_text()) or ()) if FIELDS_FILE.exists() else ()
+
+
+def field_status(engine: str, version: str, field: str) -> dict | None:
+    """The drafter_fields.yaml row for the Llama drafter file of this release (None: not derived)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        v = Version(version)
+    except InvalidVersion:
+        return None
+    return next((r for r in drafter_fields() if r["engine"] == engine and r["field"] == field
+                 and r["file"] == LLAMA_DRAFTER.get(engine) and v in SpecifierSet(r["versions"])), None)
+
+
+def _set_fields(cfg: DrafterConfig) -> list[str]:
+    """The fields of drafter_fields.yaml this config sets to a non-default (true) value."""
+    raw = _raw(cfg)
+    out = ["norm_before_fc"] if cfg.norm_before_fc else []
+    if raw.get("fc_norm"):
+        out.append("fc_norm")
+    elif raw.get("use_aux_norm"):
+        out.append("use_aux_norm")
+    if cfg.norm_before_residual and not cfg.norm_before_residual_defaulted:
+        out.append("norm_before_residual")
+    return out
+
+
+def _release_field_findings(cfg: DrafterConfig, f: str, focus: Reading | None) -> tuple[list[Finding], set[str]]:
+    """A finding per field the config sets that the chosen release ignores; the fields the table covers for it."""
     out: list[Finding] = []
-    if cfg.norm_before_residual:
+    covered: set[str] = set()
+    if focus is None:
+        return out, covered
+    for key in _set_fields(cfg):
+        row = field_status(focus.engine, focus.version, key)
+        if row is None:
+            continue                                   # not derived for this release: no release finding
+        covered.add(key)
+        if row["status"] == "ignored":
+            lacks, fed = _IGNORED[key]
+            eng = {"vllm": "vLLM", "sglang": "SGLang"}[focus.engine]
+            out.append(Finding("warning", f"{eng} {focus.version} ignores {key}: true ({row['file']} {lacks}): "
+                                          f"the drafter will be fed {fed}. ({f}; backend/drafter_fields.yaml, "
+                                          f"{row['decided_by']})"))
+    return out, covered
+
+
+def _flag_findings(cfg: DrafterConfig, f: str, focus: Reading | None = None) -> list[Finding]:
+    """Flags whose meaning differs between engines, from the config alone; with `focus`, the fields that release
+    ignores (backend/drafter_fields.yaml)."""
+    out, covered = _release_field_findings(cfg, f, focus)
+    if cfg.norm_before_residual and not any("ignores norm_before_residual" in x.text for x in out):
         why = (" (absent in this speculators config: vLLM's converter defaults it to True)"
                if cfg.norm_before_residual_defaulted else "")
         out.append(Finding("warning", f"{f}: norm_before_residual is true{why}: vLLM uses the normed fc output as "
                                       f"the residual, SGLang ignores the flag; "
                                       f"the two engines run different drafters."))
-    if cfg.norm_before_fc:
+    if cfg.norm_before_fc and "norm_before_fc" not in covered:   # the release's own answer is above
         out.append(Finding("warning", f"{f}: norm_before_fc is true: vLLM applies input_norm before fc, SGLang has no "
                                       f"input_norm and skips it."))
     if cfg.tie_word_embeddings:

@@ -1,0 +1,127 @@
+"""Drafter config fields a release ignores (issue 22 item 3): backend/drafter_fields.yaml, derived from the wheels by
+tools/rederive_conventions.py --fields, and the lint's finding when the chosen release ignores a field the drafter
+sets (bar: a drafter trained with `norm_before_fc: true` served by a release that ignores it gets a finding; one
+that honours it does not)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+import rederive_conventions as rc  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def toy_configs(tmp_path_factory) -> Path:
+    """The toy pair's target and matched-drafter config.json only (a lint reads nothing else)."""
+    d = tmp_path_factory.mktemp("toy-configs")
+    with tarfile.open(REPO / "models" / "toy-pair.tar.gz") as t:
+        for name in ("target/config.json", "drafter-matched/config.json"):
+            t.extract(name, d, filter="data")
+    return d
+
+
+def drafter_with(toy: Path, **fields) -> Path:
+    """The toy drafter's config with `fields` set, in a directory whose name holds no field name (pytest's tmp_path
+    is named after the test, and findings quote the config's path)."""
+    raw = json.loads((toy / "drafter-matched" / "config.json").read_text())
+    raw.update(fields)
+    f = Path(tempfile.mkdtemp(prefix="drafter-", dir=toy)) / "config.json"
+    f.write_text(json.dumps(raw, indent=1))
+    return f
+
+
+def lint_only(drafter: Path, target: Path, engine: str, version: str, data: Path) -> list[dict]:
+    out = subprocess.run([sys.executable, "-m", "backend", "check-drafter", "--drafter", str(drafter), "--target",
+                          str(target), "--lint-only", "--engine", engine, "--engine-version", version, "--json"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "SPECLENS_DATA": str(data)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)["findings"]
+
+
+def test_norm_before_fc_ignored_by_sglang_0_5_15_is_a_finding(toy_configs, tmp_path) -> None:
+    d = drafter_with(toy_configs, norm_before_fc=True)
+    fs = [f for f in lint_only(d, toy_configs / "target", "sglang", "0.5.15", tmp_path / "data")
+          if "norm_before_fc" in f["text"]]
+    assert len(fs) == 1 and fs[0]["severity"] == "warning", fs
+    assert fs[0]["text"].startswith("SGLang 0.5.15 ignores norm_before_fc: true (sglang/srt/models/llama_eagle3.py "
+                                    "builds no input norm): the drafter will be fed un-normed aux states it was not "
+                                    "trained on"), fs[0]["text"]
+
+
+@pytest.mark.parametrize("engine,version", [("vllm", "0.24.0"), ("vllm", "0.20.0"), ("sglang", "0.5.17")])
+def test_norm_before_fc_honoured_gives_no_finding(toy_configs, tmp_path, engine, version) -> None:
+    d = drafter_with(toy_configs, norm_before_fc=True)
+    fs = lint_only(d, toy_configs / "target", engine, version, tmp_path / "data")
+    assert not [f for f in fs if "norm_before_fc" in f["text"]], fs
+
+
+def test_fc_norm_ignored_before_vllm_0_22_and_sglang_0_5_12(toy_configs, tmp_path) -> None:
+    d = drafter_with(toy_configs, fc_norm=True)
+    tgt, data = toy_configs / "target", tmp_path / "data"
+    for engine, old, new in (("vllm", "0.21.0", "0.22.0"), ("sglang", "0.5.11", "0.5.12")):
+        assert any(f"{old} ignores fc_norm: true" in f["text"] for f in lint_only(d, tgt, engine, old, data))
+        assert not any("fc_norm" in f["text"] for f in lint_only(d, tgt, engine, new, data))
+
+
+def test_table_rows_cover_every_release_once() -> None:
+    rows = yaml.safe_load(rc.FIELDS_TABLE.read_text())
+    for eng, rels in (("vllm", rc.VLLM_RELEASES), ("sglang", rc.SGLANG_RELEASES)):
+        for field in rc.DRAFTER_FIELDS:
+            mine = [r for r in rows if r["engine"] == eng and r["field"] == field
+                    and r["file"] == rc.LLAMA_DRAFTER[eng]]
+            assert sorted(v for r in mine for v in r["releases"]) == sorted(rels), (eng, field)
+            assert all(r["status"] in ("honoured", "ignored") and r["decided_by"] for r in mine)
+
+
+def test_derivation_reads_honoured_and_ignored(tmp_path) -> None:
+    """The rule on two small drafter files: read and applied -> honoured; never read -> ignored, citing the
+    function that builds fc."""
+    root = tmp_path / "sglang-x"
+    models = root / rc.MODELS_DIR["sglang"]
+    models.mkdir(parents=True)
+    (models / "llama_eagle3.py").write_text(
+        "class M:\n"
+        "    def __init__(self, config):\n"
+        "        self.fc = Linear()\n"
+        "        self.input_norm = RMSNorm() if getattr(config, 'norm_before_fc', False) else None\n"
+        "    def forward(self, h):\n"
+        "        if self.input_norm is not None:\n"
+        "            h = self.input_norm(h)\n"
+        "        return self.fc(h)\n"
+        "EntryClass = [M]\n")
+    facts = {f["field"]: f for f in rc.derive_fields("sglang", root, "0.0.1")}
+    assert facts["norm_before_fc"]["status"] == "honoured"
+    assert facts["norm_before_fc"]["reads"] == ["M.__init__"] and facts["norm_before_fc"]["applies"] == ["M.forward"]
+    assert facts["fc_norm"]["status"] == "ignored" and list(facts["fc_norm"]["code"]) == [
+        "sglang/srt/models/llama_eagle3.py:M.__init__"]
+
+
+def _cached(eng: str, v: str, cache: Path) -> bool:
+    d = cache / f"{eng}-{v}"
+    mark = d / "EXTRACTED"
+    return (d / "WHEEL_SHA256").exists() and mark.exists() and mark.read_text().strip() == rc.CACHE_MARK[eng]
+
+
+def test_table_agrees_with_the_cached_wheels() -> None:
+    """Re-derive from the wheels already extracted by the tool (no download here) and compare with the table."""
+    cache = rc.cache_dir(None)
+    have = [(e, v) for e, rels in (("vllm", rc.VLLM_RELEASES), ("sglang", rc.SGLANG_RELEASES)) for v in rels
+            if _cached(e, v, cache)]
+    if not have:
+        pytest.skip(f"no extracted wheels in {cache} (run `python tools/rederive_conventions.py --fields` once to "
+                    f"download and extract them)")
+    facts = [f for e, v in have for f in rc.derive_fields(e, cache / f"{e}-{v}", v)]
+    table = yaml.safe_load(rc.FIELDS_TABLE.read_text())
+    assert rc.compare_fields(facts, table) == []
