@@ -89,11 +89,19 @@ def plan_for(cfg, target, trained: list[str], engine: str, version: str | None =
         raise FixRefused(f"nothing to fix: {focus.name} already feeds {', '.join(trained)}, what the drafter was "
                          "trained on")
     ids = L.ids_for(focus, trained, target)
-    if ids is None:
-        can = [r.name for r in _all_readings(cfg, target) if L.ids_for(r, trained, target) is not None]
+    after = _reading_with_ids(cfg, target, focus, ids) if ids is not None else None
+    if ids is None or after.boundaries != trained:
+        # the ids alone do not do it: none exist, or the release still cannot serve the drafter with them (a format
+        # it does not load, an fc built for another number of aux states) or feeds something else
+        why = "" if after is None else (
+            f" (with ids {ids} it still cannot serve this drafter: {(after.error or '').split(';')[0]})"
+            if after.boundaries is None else f" (ids {ids} would make it feed {', '.join(after.boundaries)})")
+        can = [r.name for r in _all_readings(cfg, target) if _ids_fix(cfg, target, r, trained)]
         alt = (f"; ids can for {', '.join(can[:4])}{' ...' if len(can) > 4 else ''}" if can else
+               "; no release in the conventions table can with ids alone: fix what stops it serving the drafter"
+               if after is not None and after.boundaries is None else
                "; no release in the conventions table can: retrain the drafter on boundaries the engine can feed")
-        raise FixRefused(f"no fix written: no ids make {focus.name} feed {', '.join(trained)}{alt}")
+        raise FixRefused(f"no fix written: no ids make {focus.name} feed {', '.join(trained)}{why}{alt}")
     return FixPlan(drafter=str(Path(cfg.name).resolve()), target=str(Path(target.path).resolve()),
                    engine=focus.engine, version=focus.version, runner=focus.runner,
                    where="eagle_config" if focus.engine == "sglang" else "top-level", ids=ids, trained_on=trained,
@@ -113,6 +121,31 @@ def _reading(cfg, target, engine: str, version: str | None, runner: str | None):
     return L.picked(L.engine_readings(cfg, target, versions, choice), engine)
 
 
+def _reading_with_ids(cfg, target, reading, ids: list[int]):
+    """`reading`'s release and runner on this drafter config with `ids` written where that release reads them: what
+    write_fix's re-lint will find, known before a plan is offered."""
+    from backend.drafter.config import config_from_dict
+
+    f = cfg.config_file or str(Path(cfg.name) / "config.json")
+    raw = json.loads(Path(f).read_text())
+    fixed = config_from_dict(_with_ids(raw, "eagle_config" if reading.engine == "sglang" else "top-level", ids), f)
+    fixed.name, fixed.config_file = cfg.name, cfg.config_file
+    return _reading(fixed, target, reading.engine, reading.version, reading.runner)
+
+
+def _ids_fix(cfg, target, reading, trained: list[str]) -> bool:
+    """Whether some ids make `reading`'s release feed `trained` to this drafter (and it can then serve it)."""
+    from backend.drafter import lint as L
+
+    ids = L.ids_for(reading, trained, target)
+    if ids is None:
+        return False
+    try:
+        return _reading_with_ids(cfg, target, reading, ids).boundaries == trained
+    except (SpecLensError, OSError, ValueError):
+        return False
+
+
 def _all_readings(cfg, target) -> list:
     """The reading of every engine release in the conventions table (the runner each vLLM release picks)."""
     from backend import coords
@@ -129,12 +162,16 @@ def _all_readings(cfg, target) -> list:
 
 def fixed_config(raw: dict, plan: FixPlan) -> dict:
     """The drafter's config.json with the plan's ids where its release reads them (nothing else changed)."""
+    return _with_ids(raw, plan.where, plan.ids)
+
+
+def _with_ids(raw: dict, where: str, ids: list[int]) -> dict:
     new = json.loads(json.dumps(raw))
-    if plan.where == "eagle_config":
+    if where == "eagle_config":
         nested = new.get("eagle_config") if isinstance(new.get("eagle_config"), dict) else {}
-        new["eagle_config"] = {**nested, IDS_KEY: list(plan.ids)}
+        new["eagle_config"] = {**nested, IDS_KEY: list(ids)}
     else:
-        new[IDS_KEY] = list(plan.ids)
+        new[IDS_KEY] = list(ids)
     return new
 
 
