@@ -18,8 +18,9 @@ How each flag is read (verified in sources, see the notes per field below):
   top level, default False. The speculators converter (vLLM
   `transformers_utils/configs/speculators/algos.py` update_eagle3) copies the top-level value,
   default False (newer copies of that converter also forward `fc_norm` and `norm_output`; older ones
-  drop them). The SGLang `llama_eagle3.py` sources read (sgl-project/sglang and a newer copy
-  with fc_norm/norm_output) build no `input_norm` at all: SGLang ignores this flag.
+  drop them). SGLang's `llama_eagle3.py` builds no `input_norm` up to 0.5.16 (it ignores this flag) and reads
+  and applies it from 0.5.17 (derived per release from the wheels: backend/drafter_fields.yaml, which the lint
+  uses).
 - `fc_norm` (one RMSNorm `fc_norm.{i} [H_T]` per aux chunk, applied after `input_norm`, before fc):
   vLLM `combine_hidden_states`; SGLang honours it too (also as legacy `use_aux_norm` with weights
   `aux_norm_low/mid/high`).
