@@ -85,7 +85,7 @@ if words:
         st.info(words, icon=":material/info:")
     else:
         st.markdown(words)
-        st.code(check_charts.fix_command(rep), language="bash")
+        st.code(check_charts.fix_command(rep), language="bash", wrap_lines=True)
         st.download_button("config.json with the fix", data=json.dumps(rep["fix"]["config"], indent=2) + "\n",
                            file_name="config.json", mime="application/json", icon=":material/download:",
                            key="dl_fix_config", help="the drafter's config with only the ids changed")
