@@ -159,7 +159,10 @@ def test_every_open_link_lands_on_the_run_page(page, server: str) -> None:
     for rid, target in targets.items():
         open_run(page, server, "/" + target, rid)
         assert page.locator("h1").first.inner_text().strip() == f"Run {rid}"
-        assert not alerts(page), alerts(page)
+        # the speed-noise notice is the run's own finding when the fixture bench was timed on a busy machine
+        other = [a for a in page.locator('[data-testid="stAlert"]').all_inner_texts()
+                 if "No faster/slower verdict from this run's speed figures" not in a]
+        assert not other, other
     # a click on an "open" cell (the baseline's row) opens its run page: the row's cells are scanned left to right
     # (the grid draws on a canvas; its column widths are the browser's)
     open_view(page, server, "/runs", charts=0)
