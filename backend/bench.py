@@ -1,6 +1,7 @@
 """A speculative-decoding bench run: prompts x repeats through plain decoding or an EAGLE-3 drafter.
 
-Spec-Bench methodology (REFERENCE section 5) with the baseline timed beside the drafter: a drafter bench decodes
+Spec-Bench methodology (speedup and acceptance: backend/metrics.py) with the baseline timed beside the drafter:
+a drafter bench decodes
 every (repeat, prompt) unit twice, back to back in this one process, plain decoding and the drafter, alternating
 which goes first from one unit to the next, in an order shuffled within each repeat (seeded), so that a slow or fast
 moment of the machine hits both sides. speedup = mean per-prompt tokens/s of the drafter / the same of plain decoding

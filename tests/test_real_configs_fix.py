@@ -11,7 +11,7 @@ tests/data/real_configs/README.md:
   can).
 
 The truth below is copied from the README's tables, which derive it from the engines' code (the wheels' files named
-there) and REFERENCE section 9's H200 runs, not from SpecLens's output."""
+there) and the H200 runs recorded in docs/RELEASES.md, not from SpecLens's output."""
 
 from __future__ import annotations
 
