@@ -45,7 +45,7 @@ from backend.model_id import fingerprint
 from backend.prompts import Prompt, encode_all, load_prompts
 from backend.runs.lifecycle import Run, RunGuard
 from backend.store.rundir import (COMPLETE, RUNNING, RunDir, atomic_write_json, atomic_write_parquet,
-                                  list_run_dirs, new_run_id)
+                                  list_run_dirs, new_run_id, read_journal)
 
 JOURNAL = "journal.jsonl"
 SPEC_ONLY = ("drafter", "num_spec_tokens", "producer", "producer_version", "runner", "draft_sampling")
@@ -407,17 +407,8 @@ def _open_or_resume(run_id: str, s: BenchSettings, lm, spec, base, root, n_promp
 
 
 def _read_journal(rd: RunDir) -> list[dict]:
-    """Finished units; a torn last line (the process died mid-write) is dropped."""
-    p = rd.file(JOURNAL)
-    if not p.exists():
-        return []
-    out = []
-    for line in p.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return out
+    """Finished units (rundir.read_journal: a torn last line is dropped)."""
+    return read_journal(rd.file(JOURNAL))
 
 
 def _ensure_baseline(lm, bs: BenchSettings, prompts, seqs, name, root, progress) -> BenchResult:

@@ -37,7 +37,7 @@ from backend import metrics, server_metrics
 from backend.errors import SpecLensError
 from backend.load_client import run_level, scrape, served_model, server_version
 from backend.runs.lifecycle import Run, RunGuard
-from backend.store.rundir import COMPLETE, atomic_write_json, atomic_write_parquet, new_run_id
+from backend.store.rundir import COMPLETE, atomic_write_json, atomic_write_parquet, new_run_id, read_journal
 
 JOURNAL = "journal.jsonl"
 SIDES = ("baseline", "drafter")
@@ -254,18 +254,6 @@ def _cells(s: LoadSettings) -> list[tuple[Config, int, int]]:
     return [(cfg, c, r) for cfg in s.configs() for c in s.concurrency for r in range(s.repeats)]
 
 
-def _read_journal(run: Run) -> list[dict]:
-    p = run.file(JOURNAL)
-    out = []
-    if p.exists():
-        for line in p.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return out
-
-
 def run_load(s: LoadSettings, name: str | None = None, root: Path | None = None, progress: bool = True) -> LoadResult:
     """Run (or resume, same name and settings) a serving-load bench; servers are started here unless URLs are given."""
     _validate(s)
@@ -284,7 +272,7 @@ def run_load(s: LoadSettings, name: str | None = None, root: Path | None = None,
         if m.get("kind") != "load" or m.get("identity") != manifest["identity"]:
             raise SpecLensError(f"run '{run_id}' was started with other settings ({run.manifest_path}); resume it "
                                 "with the same options or pick another --name") from None
-        done = _read_journal(run)
+        done = read_journal(run.file(JOURNAL))
         run.claim(progress={"done": len(done), "total": len(cells) * 2}, settings=manifest["settings"])
     finished = {(d["config"], d["concurrency"], d["repeat"], d["side"]) for d in done}
     guard = RunGuard(run, interrupted=lambda: f"interrupted after {len(done)}/{len(cells) * 2} levels; run the same "

@@ -57,6 +57,20 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
 
 
+def read_journal(path: Path) -> list[dict]:
+    """The whole lines of an append-only JSONL journal (a run's finished units); a torn last line (the process died
+    mid-write) and anything after it are dropped; [] when there is no journal yet."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
+
+
 def atomic_write_parquet(path: Path, df: "pd.DataFrame") -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     df.to_parquet(tmp, index=False)
