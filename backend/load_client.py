@@ -48,6 +48,20 @@ class RequestResult:
     hist: list[int] | None = None   # SGLang: verification steps with n correct drafts
     output_hash: str | None = None
     error: str | None = None
+    last: float = field(default=0.0, repr=False)   # perf_counter of the last chunk that carried tokens
+
+    def arrived(self, new: int, t0: float) -> None:
+        """A chunk with `new` tokens arrived now (the request was sent at perf_counter `t0`): TTFT, the gap since the
+        last chunk (ITL), chunk count, largest chunk, tokens so far."""
+        now = time.perf_counter()
+        if self.ttft is None:
+            self.ttft = now - t0
+        else:
+            self.itl.append(now - self.last)
+        self.last = now
+        self.output_tokens += new
+        self.chunks += 1
+        self.max_chunk = max(self.max_chunk, new)
 
     @property
     def tpot(self) -> float | None:
@@ -58,6 +72,7 @@ class RequestResult:
     def row(self) -> dict:
         d = asdict(self)
         d.pop("itl")
+        d.pop("last")
         d["tpot"] = self.tpot
         d["hist"] = json.dumps(self.hist) if self.hist is not None else None
         return d
@@ -93,7 +108,7 @@ async def _vllm_request(session: aiohttp.ClientSession, url: str, model: str, r:
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     t0 = time.perf_counter()
     r.sent = t0 - t_level
-    last, out_ids, n_tokens = t0, [], 0
+    out_ids: list[int] = []
     async with session.post(url + "/v1/completions", json=body) as resp:
         if resp.status != 200:
             r.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
@@ -106,24 +121,14 @@ async def _vllm_request(session: aiohttp.ClientSession, url: str, model: str, r:
                 new += len(tid)
             usage = ev.get("usage") or {}
             if usage.get("completion_tokens") is not None:
-                new = max(new, int(usage["completion_tokens"]) - n_tokens)
-            if new <= 0:
-                continue
-            now = time.perf_counter()
-            if r.ttft is None:
-                r.ttft = now - t0
-            else:
-                r.itl.append(now - last)
-            last = now
-            n_tokens += new
-            r.chunks += 1
-            r.max_chunk = max(r.max_chunk, new)
+                new = max(new, int(usage["completion_tokens"]) - r.output_tokens)
+            if new > 0:
+                r.arrived(new, t0)
     r.latency = time.perf_counter() - t0
-    r.output_tokens = n_tokens
     r.output_hash = _hash(out_ids)
     if r.chunks >= 2:
         r.drafts = r.chunks - 1                       # the first chunk is the prefill's token
-        r.accepted = max(0, n_tokens - r.chunks)
+        r.accepted = max(0, r.output_tokens - r.chunks)
 
 
 async def _sglang_request(session: aiohttp.ClientSession, url: str, r: RequestResult, ids: list[int],
@@ -132,7 +137,8 @@ async def _sglang_request(session: aiohttp.ClientSession, url: str, r: RequestRe
             "sampling_params": {"max_new_tokens": max_tokens, "temperature": temperature, "ignore_eos": True}}
     t0 = time.perf_counter()
     r.sent = t0 - t_level
-    last, n_tokens, meta, out_ids = t0, 0, {}, []
+    meta: dict = {}
+    out_ids: list[int] = []
     async with session.post(url + "/generate", json=body) as resp:
         if resp.status != 200:
             r.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
@@ -143,25 +149,15 @@ async def _sglang_request(session: aiohttp.ClientSession, url: str, r: RequestRe
             oi = ev.get("output_ids")
             if isinstance(oi, list):
                 out_ids = oi if len(oi) >= len(out_ids) and total == len(oi) else out_ids + oi
-            if total <= n_tokens:
-                continue
-            now = time.perf_counter()
-            if r.ttft is None:
-                r.ttft = now - t0
-            else:
-                r.itl.append(now - last)
-            r.max_chunk = max(r.max_chunk, total - n_tokens)
-            last = now
-            n_tokens = total
-            r.chunks += 1
+            if total > r.output_tokens:
+                r.arrived(total - r.output_tokens, t0)
     r.latency = time.perf_counter() - t0
-    r.output_tokens = n_tokens
-    r.output_hash = _hash(out_ids[:n_tokens])
+    r.output_hash = _hash(out_ids[:r.output_tokens])
     vc = meta.get("spec_verify_ct")
     if vc:
         r.drafts = int(vc)
         correct = meta.get("spec_num_correct_drafts")
-        r.accepted = int(correct) if correct is not None else max(0, n_tokens - 1 - int(vc))
+        r.accepted = int(correct) if correct is not None else max(0, r.output_tokens - 1 - int(vc))
         hist = meta.get("spec_correct_drafts_histogram")
         r.hist = [int(x) for x in hist] if isinstance(hist, list) else None
 
