@@ -7,7 +7,7 @@ CKA; a best-match path; and a verdict in words (aligned, offset, mislabelled, fi
 Final norm without F on the other side: a state y is named F when a per-dimension weight w fitted by least squares
 (w_d = sum_t y_td z_td / sum_t z_td^2, z = RMSNorm(x), x the other side's S_N) gives y ~ w * z to a small relative
 L2, clearly better than the same fit without the norm (y ~ w * x). That comparison is scale-aware: cosine alone is
-blind to a unit-weight RMSNorm (REFERENCE section 1), and a genuine S_N is fitted by w * x exactly. With the
+blind to a unit-weight RMSNorm (docs/CONVENTIONS.md#boundaries), and a genuine S_N is fitted by w * x exactly. With the
 target's model directory in a manifest, the fitted weight is checked against its own final norm weight.
 """
 
@@ -424,7 +424,7 @@ def _num(lbl: str, n_layers: int) -> float:
 
 
 def _ids_text(right: list[str]) -> str:
-    """The ids that name these boundaries, in both conventions of REFERENCE section 2."""
+    """The ids that name these boundaries, in both conventions (docs/CONVENTIONS.md#before-and-after-layer-i)."""
     before = [int(coords.label_index(a)) for a in right]
     text = f"ids {before} read as id a = S_a (vLLM, speculators >= 0.5)"
     if all(i >= 1 for i in before):

@@ -1,4 +1,4 @@
-"""Boundary coordinates (REFERENCE section 1) and what each producer's layer ids mean (section 2).
+"""Boundary coordinates and what each producer's layer ids mean (docs/CONVENTIONS.md#boundaries).
 
 S_0 is the residual stream entering layer 0 (the embeddings), S_b (1 <= b <= N) the output of decoder
 layer b-1 before any final norm, and F = final_norm(S_N). Every captured tensor carries one of these

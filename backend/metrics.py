@@ -1,6 +1,6 @@
 """Acceptance and speed metrics for speculative decoding: one definition, used by every engine and page.
 
-Definitions (REFERENCE section 5). A *draft* is one verification step of K proposed tokens; `accepted`
+Definitions (docs/CONVENTIONS.md#metrics). A *draft* is one verification step of K proposed tokens; `accepted`
 counts proposed tokens the target kept (the bonus token is not a draft token):
 
     tau (mean acceptance length) = 1 + accepted / drafts        plain decoding = 1.00; includes the bonus

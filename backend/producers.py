@@ -1,4 +1,4 @@
-"""Write EAGLE-3 training data the way each producer does, from a real HF model (REFERENCE sections 2-3).
+"""Write EAGLE-3 training data the way each producer does, from a real HF model (docs/CONVENTIONS.md).
 
 Every format is written by imitating its producer's id convention exactly, with the HF engine's boundary
 hooks, so an import of these files can be checked against an HF capture of the same prompts:
@@ -45,7 +45,7 @@ class Produced:
 
 
 def default_ids(fmt: str, n: int) -> list[int]:
-    """The ids each producer uses when none are given (REFERENCE section 2)."""
+    """The ids each producer uses when none are given (docs/CONVENTIONS.md#layer-ids)."""
     if fmt == "specforge":
         return [1, n // 2 - 1, n - 4]
     if fmt == "vllm-extract":

@@ -22,7 +22,7 @@ here), watermarking overrides =0. In releases without those checks the two optio
 
 `UNSUPPORTED` maps each feature name a release's `_get_v2_model_runner_unsupported_features()` appends to a
 predicate over the engine options (vLLM's own argument names, as given to `LLM(...)` or `--engine-option`); a
-release lists which of them it checks. Seen on the H200 (REFERENCE section 9, docs/results/vllm_runner_check_*):
+release lists which of them it checks. Seen on the H200 (docs/results/vllm_runner_check_*):
 0.24.0 and 0.25.1 agree with this module on every case run.
 """
 

@@ -9,7 +9,7 @@ Next to it, what SpecLens predicts for the same files, engine options and enviro
 `python -m backend check-drafter --lint-only --json` (backend/vllm_runner.py decides the runner).
 
 The cases are the ones whose runner choice depends on something other than the architecture (engine options that
-V2 does not support, the environment variable), which REFERENCE section 9 did not run. Writes
+V2 does not support, the environment variable), which the first H200 runs (0.24.0) did not cover. Writes
 DIR/runner_check_<vLLM version>.json after every case. Needs vLLM 0.24 and a CUDA GPU.
 """
 
@@ -65,7 +65,7 @@ CASES = {
     "deepseekv3_61_nested_env_v2": ("deepseekv3-61", "specforge_deepseek-v3-671b.json", {},
                                     {"VLLM_USE_V2_MODEL_RUNNER": "1"}, True),
     "deepseekv3_61_nested": ("deepseekv3-61", "specforge_deepseek-v3-671b.json", {}, {}, True),
-    # the architecture-only cases of REFERENCE section 9 (seen on 0.24.0): for other releases
+    # the architecture-only cases of docs/CONVENTIONS.md#vllm-runner (seen on 0.24.0): for other releases
     "llama61_nested": ("llama-61", "specforge_deepseek-v3-671b.json", {}, {}, True),
     "llama32_none": ("llama-32", "specforge_llama3-8b.json", {}, {}, True),
     "qwen3_36_none": ("qwen3-36", "sglang_test_qwen3-8b-eagle3.json", {}, {}, True),

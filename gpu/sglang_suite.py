@@ -18,8 +18,8 @@ Every experiment runs on its own: an exception is recorded (type, message, trace
 server logs it wrote under DIR/logs/<experiment>/) and the suite goes on with the next one; DIR/sglang_results.json
 is rewritten after each experiment, so a run cut short still leaves what it measured. The SGLang experiments run
 first (they are what only this machine can do); `--budget-s` skips experiments that would start after that many
-seconds, and `--only` picks some of them. Each SGLang server start took about 100 s on the H200 (REFERENCE
-section 7): the whole suite starts four (capture, plain baseline, two drafters).
+seconds, and `--only` picks some of them. Each SGLang server start took about 100 s on the H200 (first
+runs, 2026-11-30): the whole suite starts four (capture, plain baseline, two drafters).
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def test_a_side_holding_f_as_s_n(caps):
 
 
 def test_unit_weight_norm_is_seen_although_cosine_is_blind_to_it(caps):
-    """B's S_8 = RMSNorm(A's S_8) with a unit weight: cosine 1.0000 to A's S_8 (the REFERENCE trap), yet the fit
+    """B's S_8 = RMSNorm(A's S_8) with a unit weight: cosine 1.0000 to A's S_8 (docs/CONVENTIONS.md), yet the fit
     (scale-aware) names it F, and says the weight is not this target's."""
     ref = caps["ref"]
     x = ref.states["S_8"]

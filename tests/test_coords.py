@@ -1,4 +1,4 @@
-"""The conventions table: what each producer's ids mean, as boundaries (REFERENCE section 2)."""
+"""The conventions table: what each producer's ids mean, as boundaries (docs/CONVENTIONS.md#layer-ids)."""
 
 import pytest
 

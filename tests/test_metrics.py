@@ -74,7 +74,7 @@ def test_sglang_histogram_to_per_position():
 
 
 def test_sglang_accept_length_bias():
-    # seen on the H200 (REFERENCE section 7): a drafter that never hits
+    # seen on the H200 (docs/results/sglang_toy_h200.json): a drafter that never hits
     meta = {"spec_verify_ct": 63, "completion_tokens": 64, "spec_num_correct_drafts": 0,
             "spec_accept_length": 64 / 63, "spec_correct_drafts_histogram": [63, 0, 0, 0]}
     r = M.sglang_request(meta)

@@ -3,7 +3,7 @@ config-only targets of the stated architecture and depth: `check-drafter --lint-
 names what each engine really feeds (the README's table: vLLM 0.24.0 seen on the H200 for the DeepSeek-V3 and
 Llama cases, read in the released code for the others; SGLang 0.5.15 likewise).
 
-Also vLLM 0.24.0's runner choice itself (backend/vllm_runner.py) against REFERENCE section 9's H200 table."""
+Also vLLM 0.24.0's runner choice itself (backend/vllm_runner.py) against the H200 runs (docs/CONVENTIONS.md)."""
 
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def test_bad_config_files_give_one_line_errors(tmp_path: Path, data_root) -> Non
 # ---------------------------------------------------------------------------- the runner choice itself
 
 @pytest.mark.parametrize("archs,env,opts,want", [
-    # REFERENCE section 9, seen on the H200 (vLLM 0.24.0, aux layers read from the running model)
+    # docs/CONVENTIONS.md#vllm-runner, seen on the H200 (vLLM 0.24.0, aux layers read from the running model)
     (["DeepseekV3ForCausalLM"], {}, {}, "v1"),
     (["Qwen3MoeForCausalLM"], {}, {}, "v1"),
     (["Qwen3ForCausalLM"], {}, {}, "v2"),

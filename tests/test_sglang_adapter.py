@@ -154,7 +154,7 @@ def test_recorded_sglang_layers_to_capture():
 
 
 def test_recorded_reference_meta_info():
-    """RECORDED on the H200 (SGLang 0.5.15, 2026-11-30, REFERENCE section 7): a dummy-weight drafter, chain of 3
+    """RECORDED on the H200 (SGLang 0.5.15, 2026-11-30, sglang_toy_h200.json): a dummy-weight drafter, chain of 3
     steps; each response's meta_info. SGLang's own spec_accept_length 1.0159 = 64/63 is the prefill-token bias;
     SpecLens's tau is 1.0 (no draft accepted)."""
     meta = {"spec_verify_ct": 63, "completion_tokens": 64, "spec_num_correct_drafts": 0, "spec_accept_length": 1.0159,

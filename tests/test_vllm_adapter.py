@@ -175,7 +175,7 @@ def test_recorded_engine_aux_layers_map_to_boundaries():
 
 
 def test_aux_layers_from_recorded_log_line(tmp_path):
-    """RECORDED on the H200 (vLLM 0.24.0, 2026-11-30, REFERENCE section 2): a drafter config with nested ids
+    """RECORDED on the H200 (vLLM 0.24.0, 2026-11-30, docs/results/vllm_toy_h200.json): a drafter config with nested ids
     [1, 4, 6] on an 8-layer target made the V2 runner log this line: the nested ids were ignored."""
     line = ("(EngineCore_DP0 pid=4711) INFO 11-30 12:00:00 [eagle3_utils.py:31] "
             "Using Eagle3 auxiliary layers from model: (2, 4, 5)")

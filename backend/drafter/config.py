@@ -1,6 +1,6 @@
 """EAGLE-3 drafter config: one dataclass and loaders for the three on-disk formats.
 
-Formats (REFERENCE section 3), told apart by `config.json`:
+Formats (docs/CONVENTIONS.md#drafter-formats), told apart by `config.json`:
 
 - "eagle": EAGLE / SpecForge / SGLang-native. A LlamaConfig with
   `architectures: ["LlamaForCausalLMEagle3"]`, `draft_vocab_size`, optional `target_hidden_size`,
@@ -29,7 +29,7 @@ How each flag is read (verified in sources, see the notes per field below):
   SGLang always uses the un-normed fc output as residual (ignores the flag).
 - `norm_output`: vLLM LlamaModel.forward and SGLang LlamaModel.forward return the post-norm state
   as the hidden for the next draft step when set (meaning "next_step"; logits always come from the
-  normed state). REFERENCE section 3 says SpecForge reads it as "apply the final norm before
+  normed state). SpecForge may read it as "apply the final norm before
   lm_head" (meaning "lm_head"); that reading was not found in the SpecForge sources searched, so
   it is offered as an option, not a default.
 - aux count k: vLLM and SGLang both use `num_aux_hidden_states`, else the length of the *nested*
@@ -76,7 +76,7 @@ class DrafterConfig:
     fc_norm: bool = False
     norm_before_residual: bool = False
     norm_output: bool = False
-    norm_output_meaning: str = "next_step"  # "next_step" (vLLM, SGLang) or "lm_head" (SpecForge per REFERENCE)
+    norm_output_meaning: str = "next_step"  # "next_step" (vLLM, SGLang) or "lm_head" (SpecForge, docs/CONVENTIONS.md)
     tie_word_embeddings: bool = False
     draft_vocab_size_given: bool = True   # False: config had none (SGLang then uses the target's lm_head)
     # where things came from

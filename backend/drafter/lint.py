@@ -11,7 +11,7 @@ table (backend/conventions.yaml), without running anything:
   LM head an engine will substitute.
 - `check_inputs`: the drafter-for-another-target errors (hidden size, vocab, ids out of range), one line each.
 
-REFERENCE.md sections 2-3 hold the facts; backend/drafter/config.py and model.py how each flag is read.
+docs/CONVENTIONS.md (ids, formats) holds the facts; backend/drafter/config.py and model.py how each flag is read.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Shapes: T tokens, H drafter width, H_T target width, k aux states, V target vocab, V_d draft vocab,
 nh/nkv query/kv heads, hd head dim.
 
-The draft step (REFERENCE section 4, vLLM `v1/spec_decode/eagle.py` + `llama_eagle3.py`):
+The draft step (docs/CONVENTIONS.md#draft-step, vLLM `v1/spec_decode/eagle.py` + `llama_eagle3.py`):
 
     g_t   = fc(fc_norm(input_norm(A_t)))             A_t = [S_a(t) | S_b(t) | ...]  [k*H_T] -> [H]
     e     = input_layernorm(embed(token))             token of slot t is x_{t+1}

@@ -1,4 +1,4 @@
-"""HF decoding loops for the bench: plain decoding and EAGLE-3 chain drafting (REFERENCE section 4).
+"""HF decoding loops for the bench: plain decoding and EAGLE-3 chain drafting (docs/CONVENTIONS.md#draft-step).
 
 Shapes: P prompt tokens, K draft tokens per step, V target vocab, H_T target width, k aux boundaries.
 

@@ -12,7 +12,7 @@ The hooks that run inside it live in backend/engines/sglang_hooks.py.
   output is dropped in batch_result_processor.process_batch_result_decode), so every max_new_tokens=1 request
   would put one extra token through the hooks.
 - bench: one `/generate` request at a time with token ids; acceptance from each response's `meta_info`
-  (tau = 1 + spec_num_correct_drafts / spec_verify_ct, REFERENCE section 5; SGLang's own spec_accept_length
+  (tau = 1 + spec_num_correct_drafts / spec_verify_ct, docs/CONVENTIONS.md; SGLang's own spec_accept_length
   kept raw), per-step accepted lengths from `spec_correct_drafts_histogram`; chains by default
   (`--speculative-num-steps K --speculative-eagle-topk 1 --speculative-num-draft-tokens K+1`, comparable
   with vLLM's num_speculative_tokens=K), trees when `engine_options` ask for them (recorded as given).

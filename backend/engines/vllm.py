@@ -124,7 +124,7 @@ def model_info(llm) -> dict:
 
 def fed_boundaries(aux_layers: list[int] | None, n_layers: int) -> list[str] | None:
     """vLLM adds up layer i's input for aux id i (`_maybe_add_hidden_state(idx)`, idx 0 = embeddings):
-    aux id i is boundary S_i (REFERENCE section 2)."""
+    aux id i is boundary S_i (docs/CONVENTIONS.md#layer-ids)."""
     if not aux_layers:
         return None
     return coords.labels(coords.resolve_ids("vllm", list(aux_layers), n_layers, version="0.24.0"))

@@ -5,7 +5,7 @@ Installed with `LLM(..., worker_extension_cls="backend.engines.vllm_worker.SpecL
 graphs or compiled regions) and `enable_prefix_caching=False` (cached prefixes are never recomputed, so
 their tokens would pass no hook). Nothing here imports vLLM: the hooks sit on plain torch modules.
 
-Where each boundary is read (REFERENCE section 1; vLLM's decoder layers return `(hidden, residual)` with the
+Where each boundary is read (docs/CONVENTIONS.md#boundaries; vLLM's decoder layers return `(hidden, residual)` with the
 residual add fused into the next norm):
   S_0      input of decoder layer 0 (the embeddings; residual is None there)
   S_{b+1}  `hidden + residual` of decoder layer b's output (what vLLM's own aux capture adds up)

@@ -1,6 +1,6 @@
 """The slot-shift drafter: the Kimi-K2.5 / DeepSeek-V3 team's failure, rebuilt on the toy pair (issue 15).
 
-What that team did (REFERENCE section 2, speculators <= 0.4): their training files held, per token,
+What that team did (docs/CONVENTIONS.md, speculators <= 0.4): their training files held, per token,
 [embeddings, layer outputs a, b, c]; `standardize_data_v1` fed the first three to the drafter's fc and used the last
 as the teacher. So the drafter was trained on fc inputs [S_0, S_{a+1}, S_{b+1}] (the embedding slot first) with
 S_{c+1} as the teacher. SGLang then read the ids [a, b, c] written in the drafter config "after layer" (+1) and fed

@@ -7,7 +7,7 @@
    answered greedily by the target (up to `gen_tokens` new tokens, through its `<|eos|>`).
 2. Capture with the HF engine's forward hooks (`backend.engines.hf.BoundaryHooks`): the aux states
    of the chosen convention and F (the final-norm output, whose LM-head logits are the teacher).
-   The convention turns the ids into boundaries (REFERENCE section 2, `backend.coords.resolve_ids`):
+   The convention turns the ids into boundaries (`backend.coords.resolve_ids`, docs/CONVENTIONS.md):
      "before": vLLM / EAGLE, id a -> S_a (input of layer a);   ids [2, 4, 5] -> S_2, S_4, S_5
      "after":  speculators <= 0.4, id a -> S_{a+1};            ids [2, 4, 5] -> S_3, S_5, S_6
 3. TTT training (`ttt_forward`): `steps` unrolled draft steps over every slot at once. Step 0 is the

@@ -235,7 +235,7 @@ def write_fixture(d: Path, info: dict) -> None:
 
 # ---------------------------------------------------------------------------- speculators + vLLM (peers venv)
 
-# name, launch_vllm.py arguments, layer ids vLLM captures, the labels they are (REFERENCE section 2: vLLM id a = S_a)
+# name, launch_vllm.py arguments, layer ids vLLM captures, the labels they are (docs/CONVENTIONS.md: vLLM id a = S_a)
 SPECULATORS = [
     ("speculators-default", [], [2, 4, 5, 8], ["S_2", "S_4", "S_5", "S_8"],
      "file backend: vLLM's ExampleHiddenStatesConnector, float32"),
