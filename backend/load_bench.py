@@ -212,17 +212,26 @@ def _measure(engine: str, url: str, model: str | None, seqs: list[list[int]], c:
                tau_server=acc.tau if acc and acc.drafts else None,
                acceptance_rate_server=acc.acceptance_rate if acc and acc.drafts else None,
                per_pos_server=json.dumps(acc.per_pos_rate) if acc and acc.per_pos_rate else None)
-    own = [r for r in ok if r.drafts is not None]
-    merged = [r for r in own if engine == "vllm" and r.max_chunk > k + 1]      # a chunk of > K+1 tokens: merged steps
-    own = [r for r in own if r not in merged]
-    row["merged_requests"] = len(merged) if k else None
-    if k and own:
-        d, a = sum(r.drafts for r in own), sum(r.accepted or 0 for r in own)
-        row.update(drafts_client=d, accepted_client=a, tau_client=1 + a / d if d else None)
-    else:
-        row.update(drafts_client=None, accepted_client=None, tau_client=None)
+    row.update(own_count(ok, engine, k))
     row["tau_agreement"] = metrics.agreement(row.get("tau_client"), row.get("tau_server"))
     return row, [r.row() for r in results]
+
+
+def own_count(ok: list, engine: str, k: int) -> dict:
+    """The level's own count of verification steps from its requests' streams: drafts_client, accepted_client,
+    tau_client and merged_requests (vLLM requests with a chunk of more than K+1 tokens: merged steps).
+
+    A level where the server coalesced any stream has no own count: a merge of steps that stays within K+1 tokens
+    (two steps of one token each read as one step with one accepted) cannot be told from a real step, so the other
+    requests' count is biased upward too, and the server's counters stand alone there."""
+    own = [r for r in ok if r.drafts is not None]
+    merged = [r for r in own if engine == "vllm" and r.max_chunk > k + 1]
+    out = {"merged_requests": len(merged) if k else None, "drafts_client": None, "accepted_client": None,
+           "tau_client": None}
+    if k and own and not merged:
+        d, a = sum(r.drafts for r in own), sum(r.accepted or 0 for r in own)
+        out.update(drafts_client=d, accepted_client=a, tau_client=1 + a / d if d else None)
+    return out
 
 
 # ---------------------------------------------------------------------- the run

@@ -619,13 +619,22 @@ def agreement_note(cells: pd.DataFrame) -> tuple[str, str] | None:
     """("info" | "caption", text): where the server's counters and SpecLens's own per-request count disagree by more
     than 2%, and why; or that they agree within 2% everywhere. None without both figures."""
     d = cells[cells["tau_agreement"].notna()]
+    co = cells[cells["merged_requests"].fillna(0) > 0] if "merged_requests" in cells else cells.iloc[:0]
+    coalesced = ""
+    if len(co):
+        items = [f"{r.config} at concurrency {int(r.concurrency)}" for r in co.sort_values(["concurrency", "k"])
+                 .itertuples()]
+        coalesced = (f" No own count for {_and(items)}: the server merged steps into one stream chunk there "
+                     f"({int(co['merged_requests'].sum())} request(s) with a chunk of more than K+1 tokens), which "
+                     "hides steps, so the server's counters stand alone.")
     if d.empty:
-        return None
+        return ("caption", "Acceptance: from the server's counters only." + coalesced) if coalesced else None
     bad = d[d["tau_agreement"] > AGREEMENT_BAR].sort_values(["concurrency", "k"], ascending=[False, True])
     good = d[d["tau_agreement"] <= AGREEMENT_BAR]
     if bad.empty:
         return ("caption", f"Acceptance: the server's counters and SpecLens's own count of the requests agree within "
-                           f"2% at every level (largest difference {d['tau_agreement'].max():.1%}).")
+                           f"2% at every level where both exist (largest difference {d['tau_agreement'].max():.1%})."
+                           + coalesced)
     parts = []
     for c, g in bad.groupby("concurrency", sort=False):
         items = [f"{r.config} (tau {r.tau_client:.2f} against {r.tau_server:.2f}, {r.tau_agreement:.0%} apart)"
@@ -633,12 +642,9 @@ def agreement_note(cells: pd.DataFrame) -> tuple[str, str] | None:
                  f"{r.config} (tau {r.tau_client:.2f} against {r.tau_server:.2f}, {r.tau_agreement:.1%} apart)"
                  for r in g.itertuples()]
         parts.append(f"at concurrency {int(c)} for {_and(items)}")
-    merged = int(d["merged_requests"].fillna(0).sum()) if "merged_requests" in d else 0
     rest = (f" Elsewhere they agree within 2% (largest {good['tau_agreement'].max():.1%})." if len(good) else "")
-    extra = (f" {merged} request(s) whose stream proved merged steps (a chunk of more than K+1 tokens) were left out "
-             "of the own count." if merged else "")
     return ("info", f"**Acceptance: SpecLens's own count disagrees with the server's counters** {_and(parts)}: "
-                    f"{MERGED_WHY}.{extra}{rest}")
+                    f"{MERGED_WHY}.{rest}{coalesced}")
 
 
 def headline(run_id: str, cells: pd.DataFrame) -> str:

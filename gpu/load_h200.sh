@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 19 item 6 on the lent H200: the serving-load runs of gpu/load_suite.py, one step per device call.
 #   bash gpu/load_h200.sh install-vllm SHA256 | install-sgl SHA256 | watch | sglang | vllm-pair | vllm-sweep |
-#        synthetic | collect
+#        synthetic | collect | prove-start | prove-collect
+# prove-start / prove-collect: issue 22's proof through vLLM 0.24 (gpu/prove_vllm.sh, in the background).
 # Wheel-bundle parts lie in /tmp/stage_v (vLLM 0.24.0) and /tmp/stage_s (SGLang 0.5.15, sgl_kernel without its FA3
 # library: SGLang servers run --attention-backend triton); /tmp/whl holds duckdb, /tmp/whl2 SGLang's own
 # transformers 5.12.1 + tokenizers 0.22.2. Each step's results go to $OUT (at most 8 files).
@@ -51,6 +52,12 @@ case $step in
     $V timeout 570 python3 gpu/load_suite.py synthetic --out /tmp/out_syn --root /tmp/root_syn --memory 0.15 \
       --taus ${2:-1,2,3,4} 2>&1 | tail -20
     cp /tmp/out_syn/*.json /tmp/out_syn/*.tar.gz "$OUT/" 2>/dev/null; ls -la "$OUT" ;;
+  prove-start)
+    mkdir -p /tmp/out_prove
+    setsid nohup $V bash gpu/prove_vllm.sh /tmp/out_prove > /tmp/out_prove/prove.log 2>&1 < /dev/null &
+    sleep 5; tail -3 /tmp/out_prove/prove.log ;;
+  prove-collect)
+    tail -30 /tmp/out_prove/prove.log; cp /tmp/out_prove/* "$OUT/" 2>/dev/null; ls -la "$OUT" ;;
   collect)
     tail -20 /tmp/out_watch/suite.log
     (cd /tmp/out_watch && tar czf "$OUT/watch_raw.tar.gz" watch_raw) ; cp /tmp/out_watch/*.json /tmp/out_watch/*.tar.gz \

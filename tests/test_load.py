@@ -400,3 +400,38 @@ def test_worth_cli(data_root: Path, capsys) -> None:
     assert main(["worth", "--map", "map1", "--tau-from", "0.5", "--tau-to", "2"]) == 1
     assert main(["worth", "--map", "nope", "--tau-from", "1", "--tau-to", "2"]) == 2
     assert "not a complete load run" in capsys.readouterr().err
+
+
+def test_a_level_with_a_merged_stream_has_no_own_count() -> None:
+    """vLLM under load merges a slow reader's stream chunks; a merge within K+1 tokens looks like one step, so once
+    any request of a level shows a merge (a chunk of more than K+1 tokens) the level's own count is not used."""
+    from backend.load_bench import own_count
+    from backend.load_client import RequestResult
+
+    def req(i, drafts, accepted, max_chunk):
+        return RequestResult(index=i, prompt_index=i, prompt_tokens=8, sent=0.0, drafts=drafts, accepted=accepted,
+                             max_chunk=max_chunk)
+
+    clean = [req(0, 10, 12, 3), req(1, 10, 8, 2)]
+    c = own_count(clean, "vllm", 2)
+    assert c["merged_requests"] == 0 and c["tau_client"] == pytest.approx(1 + 20 / 20)
+    one_merged = clean + [req(2, 4, 10, 6)]
+    c = own_count(one_merged, "vllm", 2)
+    assert c["merged_requests"] == 1 and c["tau_client"] is None and c["drafts_client"] is None
+    assert own_count(one_merged, "sglang", 2)["tau_client"] is not None   # SGLang counts per request itself
+    assert own_count(clean, "vllm", 0)["merged_requests"] is None           # a baseline level has no drafts
+
+
+def test_agreement_note_names_the_levels_without_own_count() -> None:
+    from dashboard.load_charts import agreement_note
+
+    cells = pd.DataFrame([
+        {"config": "K=2", "k": 2, "concurrency": 8, "tau_client": 2.0, "tau_server": 2.01, "tau_agreement": 0.005,
+         "merged_requests": 0},
+        {"config": "K=2", "k": 2, "concurrency": 64, "tau_client": None, "tau_server": 2.08, "tau_agreement": None,
+         "merged_requests": 37}])
+    kind, text = agreement_note(cells)
+    assert kind == "caption" and "within 2% at every level where both exist" in text
+    assert "No own count for K=2 at concurrency 64" in text and "37 request(s)" in text
+    kind, text = agreement_note(cells.iloc[1:])
+    assert "from the server's counters only" in text
