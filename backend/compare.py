@@ -54,6 +54,22 @@ class Comparison:
     headline: str
     warnings: list[str] = field(default_factory=list)
     tiles: list["Tile"] = field(default_factory=list)   # one per run: speedup in words, before the headline
+    loss: "TauLoss | None" = None                        # the weakest drafter run's tau against the strongest's
+    diagnoses: dict[str, str] = field(default_factory=dict)   # run -> drafter_diagnosis line (also in warnings)
+
+
+@dataclass
+class TauLoss:
+    """What the weakest drafter run of a comparison loses in tau against the strongest: the numbers a page levels
+    (dashboard/severity.py); ci_low/ci_high: the 95% paired interval of best - worst over `prompts` shared prompts."""
+
+    best: str
+    worst: str
+    best_tau: float
+    worst_tau: float
+    ci_low: float | None = None
+    ci_high: float | None = None
+    prompts: int = 0
 
 
 @dataclass
@@ -190,14 +206,31 @@ def _compare(ac: Acceptance, baseline: str, root: Path | None) -> Comparison:
             "speedup": sp[0], "speedup_ci_low": sp[1], "speedup_ci_high": sp[2], "ci_method": sp[3],
             "lossless": row["lossless"], "mismatched_prompts": row["mismatched_prompts"]})
     figures = pd.DataFrame(rows, columns=FIGURE_COLUMNS)
-    warnings += drafter_diagnosis(manifests, cat.check_manifests())
+    diag = drafter_diagnosis(manifests, cat.check_manifests())
+    warnings += diag
     warnings += _warnings(figures, runs)
     cats = _categories(ids, bases, by_run, base_frames, root)
+    gap = lambda a, b: tau_gap(a, b, by_run)  # noqa: E731
     return Comparison(
         run_ids=ids, baseline=baseline, figures=figures, histogram=ac.histogram,
         positions=ac.positions, categories=cats, config=config_diff(manifests, ids),
-        headline=headline(figures, lambda a, b: tau_gap(a, b, by_run), cats), warnings=warnings,
-        tiles=tiles(figures))
+        headline=headline(figures, gap, cats), warnings=warnings,
+        tiles=tiles(figures), loss=tau_loss(figures, gap),
+        diagnoses={line.split("`")[1]: line for line in diag})
+
+
+def tau_loss(fig: pd.DataFrame, gap=None) -> TauLoss | None:
+    """The weakest drafter run's tau against the strongest's with the paired interval (None with fewer than two
+    drafter runs, or when they accept alike)."""
+    spec = fig[(fig["num_spec_tokens"] > 0) & (fig["drafts"] > 0)]
+    if len(spec) < 2:
+        return None
+    best, worst = spec.loc[spec["tau"].idxmax()], spec.loc[spec["tau"].idxmin()]
+    if best["tau"] - worst["tau"] < 0.005:
+        return None
+    ci = gap(best["run_id"], worst["run_id"]) if gap else None
+    return TauLoss(best["run_id"], worst["run_id"], float(best["tau"]), float(worst["tau"]),
+                   *(ci if ci else (None, None, 0)))
 
 
 INTERLEAVED, SEPARATE = "interleaved", "separate"     # how a run's speedup was timed (the figures' baseline_timing)
@@ -334,9 +367,27 @@ def _relation(fed: list[str], trained: list[str]) -> str:
     return "a different set"
 
 
-def drafter_diagnosis(manifests: dict[str, dict], checks: dict[str, dict]) -> list[str]:
-    """In plain words, each drafter run whose engine fed other boundaries than the newest drafter check of the
-    same drafter and target found it was trained on (checks: catalog.check_manifests(), newest first)."""
+@dataclass
+class Mismatch:
+    """A drafter run fed other boundaries than its drafter check found it was trained on."""
+
+    run: str
+    check: str                   # the newest complete drafter check of the same drafter and target
+    drafter: str                 # the drafter directory's name
+    fed: list[str]
+    trained: list[str]
+    relation: str                # _relation(fed, trained), in words
+
+    def line(self) -> str:
+        return (f"`{self.run}`: the engine fed {', '.join(self.fed)}, but drafter check `{self.check}` finds "
+                f"{self.drafter} was trained on {', '.join(self.trained)} ({self.relation}); its acceptance here is "
+                f"below what it can reach. The [drafter check](/drafter?run={self.check}) gives the config line that "
+                "makes the engine feed what it was trained on.")
+
+
+def drafter_mismatches(manifests: dict[str, dict], checks: dict[str, dict]) -> list[Mismatch]:
+    """Each drafter run whose engine fed other boundaries than the newest drafter check of the same drafter and
+    target found it was trained on (checks: catalog.check_manifests(), newest first)."""
     out = []
     for run, m in manifests.items():
         drafter, fed = m.get("drafter") or {}, (m.get("aux") or {}).get("boundaries")
@@ -346,13 +397,15 @@ def drafter_diagnosis(manifests: dict[str, dict], checks: dict[str, dict]) -> li
             best = (c.get("check") or {}).get("best")
             if best and _same(c.get("drafter") or {}, drafter) and _same(c.get("model") or {}, m.get("model") or {}):
                 if list(best) != list(fed):
-                    name = Path(drafter.get("path", "")).name or "the drafter"
-                    out.append(f"`{run}`: the engine fed {', '.join(fed)}, but drafter check `{chk}` finds {name} was "
-                               f"trained on {', '.join(best)} ({_relation(fed, list(best))}); its acceptance here is "
-                               f"below what it can reach. The [drafter check](/drafter?run={chk}) gives the config "
-                               "line that makes the engine feed what it was trained on.")
+                    out.append(Mismatch(run, chk, Path(drafter.get("path", "")).name or "the drafter", list(fed),
+                                        list(best), _relation(fed, list(best))))
                 break
     return out
+
+
+def drafter_diagnosis(manifests: dict[str, dict], checks: dict[str, dict]) -> list[str]:
+    """drafter_mismatches in plain words, one line per run (Compare's warnings, the run page)."""
+    return [x.line() for x in drafter_mismatches(manifests, checks)]
 
 
 def _k(row) -> int:
@@ -483,7 +536,8 @@ def _categories(ids: list[str], bases: dict, by_run: dict, base_frames: dict, ro
     """Per run and Spec-Bench category: prompts, tau and tokens/s (catalog aggregates), tau's bootstrap interval
     over the category's prompts (metrics.tau_estimate), and the speedup over the run's baseline on that category's
     prompts with a bootstrap CI (metrics.speedup); the baseline's timings are `base_frames[run]` (the run's own
-    interleaved pairs, else its baseline run's rows)."""
+    interleaved pairs, else its baseline run's rows). Intervals over fewer than metrics.MIN_INTERVAL_PROMPTS prompts
+    are NaN (metrics.interval_shown): the figure is shown alone."""
     cats = Catalog(root).read.bench_categories(list(ids))
     split = {run: {c: g for c, g in df.groupby("category")} for run, df in by_run.items()}
     base_split = {r: {c: g for c, g in f.groupby("category")} for r, f in base_frames.items() if f is not None}
@@ -506,6 +560,8 @@ def _categories(ids: list[str], bases: dict, by_run: dict, base_frames: dict, ro
                 if pairs is not None:
                     s = metrics.speedup(*pairs, n_boot=CATEGORY_BOOT)
                     sp = (s.mean, s.ci_low, s.ci_high)
+            n = int(c.prompts)         # a category of 2 prompts: its figures without an interval
+            tci, sp = metrics.interval_shown(n, *tci), (sp[0], *metrics.interval_shown(n, *sp[1:]))
             rows.append({"run_id": r, "category": c.category, "prompts": int(c.prompts), "tau": c.tau,
                          "tau_ci_low": tci[0], "tau_ci_high": tci[1], "tokens_per_s": c.tokens_per_s, "baseline_run": b,
                          "baseline_tokens_per_s": float(bb["tokens_per_s"].mean()) if bb is not None else None,
@@ -683,7 +739,7 @@ def tau_gap(best: str, worst: str, by_run: dict[str, pd.DataFrame]) -> tuple[flo
 
 SAME_TAU = 0.05          # categories whose tau differ by at most this between two runs "accept alike"
 NOISY_RATIO = 1.25       # ... and whose tokens/s differ by this factor or more point at timing noise
-MIN_CATEGORY_PROMPTS = 5  # a category's speedup interval is read only from this many prompts on
+MIN_CATEGORY_PROMPTS = metrics.MIN_INTERVAL_PROMPTS   # a category's interval is read and shown from 5 prompts
 
 
 def category_noise(cats: pd.DataFrame | None) -> str | None:

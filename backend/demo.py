@@ -24,6 +24,12 @@ pairs and each run's noise check (plain decoding's drift over the run in a shuff
 second repeat would add about a minute per bench (five benches) for a tighter speedup interval the demo does not
 need.
 
+A regression pair (the Regression page and `python -m backend regress`): the after-layer drafter benched a second
+time as SGLang 0.5.15 reads its ids (after layer: S_3, S_5, S_6, what it was trained on), on the first REGRESS_LIMIT
+of the same held-out prompts (one short bench: the pair is paired over the prompts both decoded). Same drafter, same
+target, two engine releases' readings: `regress --baseline demo-bench-after-layer-sglang --candidate
+demo-bench-after-layer` says whether vLLM 0.24's reading costs tau.
+
 Then the slot-shift case (issue 15, models/toy-slot-shift.tar.gz, `python -m backend.toy.slot_shift`): a drafter for
 the same target trained on speculators <= 0.4 files [embeddings, layer outputs] whose last state was the teacher, so
 its fc slots are S_0, S_3, S_5; benched as SGLang feeds it (ids [2, 4, 5] read after layer: S_3, S_5, S_6), with the
@@ -47,6 +53,8 @@ LIMIT = 40
 BENCH_RUNS = ("demo-bench-matched", "demo-bench-after-layer")
 BASELINE_RUN = f"{BENCH_RUNS[0]}-baseline"      # the name bench.py gives the paired baseline of the first bench
 REPEATS = 1                                     # see the module docstring: tau needs prompts, not repeats
+REGRESS_RUN = "demo-bench-after-layer-sglang"   # the after-layer drafter as SGLang 0.5.15 reads it (regression pair)
+REGRESS_LIMIT = 40                              # its prompts: the first 40 held-out ones (one short bench)
 DEMO_PAIRS = [
     ("demo-fp32", "demo-fp32-again", "aligned"),
     ("demo-fp32", "demo-after-layer", "offset"),
@@ -120,10 +128,11 @@ def build_demo(root: Path | None = None, force: bool = False, progress: bool = T
 
 
 def build_bench_demo(root: Path | None = None, force: bool = False, progress: bool = True, limit: int | None = None,
-                     max_new_tokens: int = 48, repeats: int = REPEATS) -> list[str]:
+                     max_new_tokens: int = 48, repeats: int = REPEATS, regress: bool = True) -> list[str]:
     """The matched drafter and the after-layer drafter on the held-out prompts (all 116 by default: the two drafters
     differ by about 4% in tau, which takes that many prompts to tell apart; K=4, greedy), each interleaved with plain
-    decoding; the first writes the paired baseline run (`BASELINE_RUN`), the rest link it."""
+    decoding; the first writes the paired baseline run (`BASELINE_RUN`), the rest link it. regress: also the
+    regression pair's short bench (`REGRESS_RUN`)."""
     from backend.bench import BenchSettings, run_bench
 
     import torch
@@ -146,6 +155,12 @@ def build_bench_demo(root: Path | None = None, force: bool = False, progress: bo
                           device="cpu")
         r = run_bench(s, name=run_id, root=root, progress=progress)
         made.append(r.run_id)
+    if regress and _fresh(REGRESS_RUN, root, force):        # the regression pair's second half (module docstring)
+        s = BenchSettings(target=str(pair / "target"), drafter=str(pair / "drafter-after-layer"), prompts=str(prompts),
+                          num_spec_tokens=4, limit=min(limit or REGRESS_LIMIT, REGRESS_LIMIT),
+                          max_new_tokens=max_new_tokens, repeats=repeats, device="cpu", producer="sglang",
+                          producer_version="0.5.15")
+        made.append(run_bench(s, name=REGRESS_RUN, root=root, progress=progress).run_id)
     return made
 
 
@@ -304,8 +319,12 @@ def run_demo(force: bool = False, progress: bool = True, root: Path | None = Non
         print(f"  align {a} {b}: [{kinds}] {al.verdict[0].text[:110]}")
     t1 = time.perf_counter()
     build_bench_demo(root, force, progress)         # one bench after another, in this process: none times another
-    for r in Catalog(root).read.bench_runs(run_ids=list(BENCH_RUNS)).itertuples():
+    for r in Catalog(root).read.bench_runs(run_ids=[*BENCH_RUNS, REGRESS_RUN]).itertuples():
         print(f"  bench {r.run_id}: tau {r.tau:.2f}, {r.tokens_per_s:.1f} tok/s, {_speed(r)}, lossless {r.lossless}")
+    if _complete(REGRESS_RUN, root) and _complete(BENCH_RUNS[1], root):
+        from backend.regress import compare as regress
+
+        print("  regress: " + regress(REGRESS_RUN, BENCH_RUNS[1], root=root)["line"])
     print(f"benchmark demo ready in {time.perf_counter() - t1:.1f} s; open http://localhost:8501/compare?runs="
           f"{','.join(BENCH_RUNS)}")
     t2 = time.perf_counter()

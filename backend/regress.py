@@ -23,6 +23,9 @@ from backend import metrics
 from backend.errors import SpecLensError
 
 
+MAX_TAU_DROP = 0.02      # the default allowed drop in tau (`--max-tau-drop`)
+
+
 def _f(v) -> float | None:
     try:
         x = float(v)
@@ -41,7 +44,7 @@ def _run(df, run_id: str) -> dict:
     return r
 
 
-def compare(baseline: str, candidate: str, max_tau_drop: float = 0.02, root: Path | None = None) -> dict:
+def compare(baseline: str, candidate: str, max_tau_drop: float = MAX_TAU_DROP, root: Path | None = None) -> dict:
     """The verdict of `candidate` against `baseline` (see the module docstring) with the figures behind it and
     one line saying why."""
     from backend.store.catalog import Catalog
@@ -79,8 +82,8 @@ def compare(baseline: str, candidate: str, max_tau_drop: float = 0.02, root: Pat
                      "lossless": None if r.get("lossless") is None or (isinstance(r.get("lossless"), float)
                                                                       and math.isnan(r["lossless"]))
                      else bool(r["lossless"])}
-    tau_worse = diff < -max_tau_drop and hi < 0
-    lossless_lost = fig["baseline"]["lossless"] is True and fig["candidate"]["lossless"] is False
+    tau_worse, lossless_lost = worse(diff, hi, max_tau_drop, fig["baseline"]["lossless"],
+                                     fig["candidate"]["lossless"])
     interval = f"{diff:+.3f} (95% CI {lo:+.3f} to {hi:+.3f}, paired over {len(shared)} prompts)"
     if tau_worse:
         line = (f"REGRESSION: {candidate} ({fig['candidate']['release']}) tau {fig['candidate']['tau']:.3f} vs "
@@ -98,6 +101,13 @@ def compare(baseline: str, candidate: str, max_tau_drop: float = 0.02, root: Pat
     return {"verdict": "worse" if (tau_worse or lossless_lost) else "ok", "line": line,
             "tau_difference": {"diff": diff, "ci_low": lo, "ci_high": hi, "prompts": int(len(shared))},
             "max_tau_drop": max_tau_drop, **fig}
+
+
+def worse(diff: float, ci_high: float, max_tau_drop: float = MAX_TAU_DROP, lossless_before=None,
+          lossless_after=None) -> tuple[bool, bool]:
+    """The rule of the module docstring: (tau worse, lossless lost). diff, ci_high: tau(candidate) - tau(baseline)
+    and the upper end of its paired 95% interval."""
+    return (diff < -max_tau_drop and ci_high < 0), (lossless_before is True and lossless_after is False)
 
 
 def release_label(r: dict) -> str:

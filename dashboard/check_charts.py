@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 
 from backend.align import Alignment
 from backend.drafter.lint import SEVERITIES
+from dashboard import severity
 
 # metric -> (axis title, lower is better, number format)
 METRICS: dict[str, tuple[str, bool, str]] = {
@@ -104,13 +105,46 @@ def _candidate_problem(rank: int, c: dict, rep: dict) -> str:
     best = rep["candidates"][0]
     gap = c["cross_entropy"] - best["cross_entropy"]
     z = c["z_vs_best"]
-    sure = (f"z {z:.1f}: clearly worse" if z is not None and z >= SURE_Z else
-            f"z {z:.1f} < {SURE_Z:g}: not told apart on this sample" if z is not None else "z not computable")
+    # the z says only whether the sample tells the two apart; how much it matters is the predicted tau cost, on the
+    # one severity scale (dashboard/severity.py)
+    cost = (severity.tau_cost(best["tau"], c["tau"], sure=z is not None and z >= SURE_Z, what="predicted tau")
+            if c["tau"] is not None and best["tau"] is not None else None)
     head = f"what {name} feeds: " if role == "engine feeds" else ""
-    parts.insert(0, f"{head}cross-entropy {gap:+.3f} nats over the best ({sure})")
-    if c["tau"] is not None and best["tau"] is not None:
-        parts.append(f"predicted tau {c['tau']:.2f} vs {best['tau']:.2f}")
+    said = severity.significance_words(z, SURE_Z, cost)
+    parts.insert(0, f"{head}cross-entropy {gap:+.3f} nats over the best ({said})")
     return "; ".join(parts)
+
+
+def check_cost(rep: dict) -> severity.Cost | None:
+    """What feeding the engine's boundaries instead of the trained ones costs, by the check's own prediction: the
+    predicted tau of what the engine feeds against the best candidate's, sure when their paired z reaches
+    finder.SURE_Z. None when the engine feeds the best, or either is not scored."""
+    from backend.drafter.finder import SURE_Z
+
+    best, fed = rep.get("best_candidate"), (rep.get("engine_feeds") or {}).get("accuracy")
+    if not best or not fed or fed.get("boundaries") == best.get("boundaries"):
+        return None
+    if best.get("tau") is None or fed.get("tau") is None:
+        return None
+    z = fed.get("z_vs_best")
+    return severity.tau_cost(best["tau"], fed["tau"], sure=z is not None and z >= SURE_Z, what="predicted tau")
+
+
+_OF_SEVERITY = {"ok": "ok", "info": "note", "warning": "warning", "error": "error"}
+
+
+def verdict_level(rep: dict) -> tuple[severity.Level, str]:
+    """The verdict banner: its level on the one severity scale and its text. A mismatch is as loud as what it costs
+    (the predicted tau of what the engine feeds against the trained set's: 2% is a note, 50% an error); other
+    verdicts (match, inconclusive, cannot serve, lint only) keep the check's own severity."""
+    text = rep["verdict"]
+    cost = check_cost(rep)
+    if cost is not None and text.startswith("Mismatch: "):
+        size = {"ok": "no cost", "note": "a small mismatch", "warning": "a mismatch that costs",
+                "error": "a mismatch that costs much"}[cost.level.key]
+        return cost.level, (f"**{cost.level.name}: {size}** ({cost.words}). Mismatch: "
+                            f"{text[len('Mismatch: '):]}")
+    return severity.LEVELS[_OF_SEVERITY.get(rep.get("verdict_severity"), "warning")], text
 
 
 def _num(v, spec: str) -> str:
@@ -158,13 +192,21 @@ def candidate_bars(rep: dict, metric: str = "step1_accuracy") -> go.Figure:
     title, lower, fmt = METRICS[metric]
     order = ranked(rep, metric)
     cands = [c for _, c in order]
-    colors = {"best": BEST, "engine feeds": FED, "best and fed": BOTH, "other": OTHER}
+    # "best" only ever marks the best by the measure shown (the top bar); the check's own pick (lowest
+    # cross-entropy) is named as such, in its own colour, wherever it ranks by this measure
+    name = {"best": "trained on (the check's pick: lowest cross-entropy)", "engine feeds": "what the engine feeds",
+            "best and fed": "trained on and fed", "other": "other"}
+    colors = {name["best"]: BEST, name["engine feeds"]: FED, name["best and fed"]: BOTH, name["other"]: OTHER}
     y = [", ".join(c["boundaries"]) for c in cands]
     x = [c[metric] for c in cands]
-    roles = [_role(c, rep) for c in cands]
+    roles = [name[_role(c, rep)] for c in cands]
+    by = METRICS[metric][0].split(" (")[0]
+    labels = [format(v, fmt) if v is not None else "not scored" for v in x]
+    if labels and x[0] is not None:
+        labels[0] += f"  \u2605 best by {by}"
     fig = go.Figure(go.Bar(
         x=x, y=y, orientation="h", marker_color=[colors[r] for r in roles], customdata=roles,
-        text=[format(v, fmt) if v is not None else "not scored" for v in x], textposition="outside",
+        text=labels, textposition="outside",
         cliponaxis=False, showlegend=False, hovertemplate="%{y} (%{customdata}): %{x:" + fmt + "}<extra></extra>"))
     for role, col in colors.items():                     # a legend for the colours
         if role in roles:
@@ -172,9 +214,9 @@ def candidate_bars(rep: dict, metric: str = "step1_accuracy") -> go.Figure:
     vals = [v for v in x if v is not None]
     hi = max(vals, default=1.0)
     rng = [0.0, 1.0] if "%" in fmt else [0.0, (hi or 1.0) * 1.15]
-    by = METRICS[metric][0].split(" (")[0]
     note = "best at the top" + ("" if metric == "cross_entropy" else "; the check itself ranks by cross-entropy")
-    fig.update_layout(**_LAYOUT, height=max(320, 120 + 34 * len(cands)), showlegend=True,
+    fig.update_layout(**{**_LAYOUT, "margin": dict(l=70, r=190, t=70, b=60)}, height=max(320, 120 + 34 * len(cands)),
+                      showlegend=True,
                       title=dict(text=f"{title[0].upper()}{title[1:]}" + (" (lower is better)" if lower else "")
                                  + f"<br><sup>candidates ranked by {by}, {note}</sup>"),
                       xaxis=dict(title=title + " (axis from 0)", tickformat=".0%" if "%" in fmt else None, range=rng),
@@ -219,8 +261,29 @@ def step_curves(rep: dict) -> go.Figure:
 
 
 def findings(rep: dict) -> list[tuple[str, str, str]]:
-    """(severity, source, text), most severe first; the verdict is shown on its own and left out here."""
-    fs = [(f["severity"], f.get("source", "lint"), f["text"]) for f in rep["findings"] if f["text"] != rep["verdict"]]
+    """(severity, source, text), most severe first; the verdict is shown on its own and left out here. "Another engine
+    feeds something else" is as loud as what that costs (its candidate's predicted tau against the trained set's, on
+    the one scale of dashboard/severity.py), like the verdict."""
+    from backend.drafter.finder import SURE_Z
+
+    best = rep.get("best_candidate")
+    by_set = {tuple(c["boundaries"]): c for c in rep.get("candidates") or []}
+    fs = []
+    for f in rep["findings"]:
+        if f["text"] == rep["verdict"]:
+            continue
+        sev = f["severity"]
+        for r in rep.get("lint") or []:
+            c = by_set.get(tuple(r.get("boundaries") or ()))
+            if (best and c and sev == "warning" and f["text"].startswith(f"{r['name']} feeds ")
+                    and c["tau"] is not None and best.get("tau") is not None):
+                z = c.get("z_vs_best")
+                cost = severity.tau_cost(best["tau"], c["tau"], sure=z is not None and z >= SURE_Z,
+                                         what="predicted tau")
+                sev = {"ok": "ok", "note": "info"}.get(cost.level.key, cost.level.key)
+                f = {**f, "text": f"{f['text']} ({cost.level.name.lower()}: {cost.words})"}
+                break
+        fs.append((sev, f.get("source", "lint"), f["text"]))
     return sorted(fs, key=lambda f: SEVERITIES.index(f[0]) if f[0] in SEVERITIES else 9)
 
 
@@ -271,3 +334,50 @@ def fix_command(rep: dict) -> str | None:
     ver = f" --engine-version {fix['version']}"
     return (f"python -m backend check-drafter --drafter {fix['drafter']} --target {fix['target']} --engine "
             f"{fix['engine']}{ver} --write-fix FIXED_DIR --prove")
+
+
+def benches_of(manifest: dict, history: pd.DataFrame) -> pd.DataFrame:
+    """The complete bench runs (catalog.bench_history rows) of the checked drafter on the checked target, matched by
+    fingerprint (else path), as Regression groups them."""
+    if history is None or history.empty:
+        return pd.DataFrame()
+    d, m = manifest.get("drafter") or {}, manifest.get("model") or {}
+    dkey, mkey = d.get("fingerprint") or d.get("path"), m.get("fingerprint") or m.get("path")
+    if not dkey or not mkey:
+        return history.iloc[0:0]
+    hit = history[(history["drafter_key"] == dkey) & (history["model_key"] == mkey) & (history["status"] == "complete")
+                  & (history["num_spec_tokens"].fillna(0) > 0)]
+    return hit
+
+
+def predicted_vs_measured(rep: dict, benches: pd.DataFrame, speeds: pd.DataFrame) -> pd.DataFrame:
+    """One row per bench of the checked drafter and target: the boundaries its engine reading fed, the tau it
+    measured (95% bootstrap interval over prompts) and the tau this check predicts for those boundaries (teacher
+    forced over the check's sample, at the check's K)."""
+    import json
+
+    from backend.regress import tau_interval
+
+    K = (rep.get("sample") or {}).get("num_spec_tokens")
+    pred = {tuple(c["boundaries"]): c for c in rep.get("candidates") or []}
+    best = tuple((rep.get("best_candidate") or {}).get("boundaries") or [])
+    rows = []
+    for b in benches.to_dict("records"):
+        try:
+            fed = tuple(json.loads(b.get("aux_boundaries") or "[]"))
+        except (TypeError, ValueError):
+            fed = ()
+        p = speeds[speeds["run_id"] == b["run_id"]].groupby("prompt_id")[["accepted", "drafts"]].sum()
+        tau = lo = hi = None
+        if len(p) >= 2 and p["drafts"].sum() > 0:
+            tau, lo, hi = tau_interval(p.to_numpy())
+        c = pred.get(fed)
+        k = int(b["num_spec_tokens"])
+        rows.append({"bench run": b["run_id"], "fed": _bounds(list(fed)),
+                     "is": "trained on" if fed and fed == best else "not what it was trained on" if fed else DASH,
+                     "measured tau [95% CI]": DASH if tau is None else f"{tau:.2f} [{lo:.2f}, {hi:.2f}]",
+                     "predicted tau": DASH if not c or c.get("tau") is None else f"{c['tau']:.2f}",
+                     "K (bench / check)": f"{k} / {K}" + ("" if k == K else ": not the same K, tau not comparable"),
+                     "prompts": int(len(p))})
+    return pd.DataFrame(rows, columns=["bench run", "fed", "is", "measured tau [95% CI]", "predicted tau",
+                                       "K (bench / check)", "prompts"])

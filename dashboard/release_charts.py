@@ -41,10 +41,19 @@ def _track(m: dict, engine: str, track: str | None) -> list[dict]:
             (track is None or (r["picked"] if track == "picked" else r["runner"] == track))]
 
 
+def short(feeds: list[str] | None) -> str:
+    """A square's label: the boundaries fed as their numbers ("2,4,5" = S_2, S_4, S_5; F stays F), "none" when the
+    release cannot serve the drafter."""
+    if not feeds:
+        return "none"
+    return ",".join(b[2:] if b.startswith("S_") else b for b in feeds)
+
+
 def feeds_grid(m: dict) -> go.Figure:
-    """Release (x) by engine reading (y), one cell per release: the boundaries fed as text; colour: matches /
-    differs from what the drafter was trained on when a drafter check is stored, else one colour per distinct set;
-    grey when the release cannot serve the drafter."""
+    """Release (x) by engine reading (y), one labelled square per release (short(): the boundaries fed); colour:
+    matches / differs from what the drafter was trained on when a drafter check is stored, else one colour per
+    distinct set; grey when the release cannot serve the drafter; a black outline on the runner vLLM picks. The
+    legend says all of it."""
     trained = m.get("trained_on")
     sets = sorted({", ".join(r["feeds"]) for r in m["rows"] if r["feeds"]})
     colour_of = {s: PALETTE[i % len(PALETTE)] for i, s in enumerate(sets)}
@@ -56,8 +65,7 @@ def feeds_grid(m: dict) -> go.Figure:
                 continue
             rs = _track(m, engine, track)
             text = [", ".join(r["feeds"]) if r["feeds"] else "cannot serve" for r in rs]
-            # a label where the value changes (and at the first release): the rest is in the hover and the table
-            shown = [t if i == 0 or t != text[i - 1] else "" for i, t in enumerate(text)]
+            shown = [short(r["feeds"]) for r in rs]               # a label on every square
             if trained:
                 colours = [MATCH if r["trained"] == "matches" else DIFFER if r["trained"] == "differs" else CANNOT
                            for r in rs]
@@ -67,14 +75,29 @@ def feeds_grid(m: dict) -> go.Figure:
                      + (f"<br>{r['trained']} training" if r["trained"] else "") for r, t in zip(rs, text)]
             fig.add_trace(go.Scatter(
                 x=[r["release"] for r in rs], y=[name] * len(rs), mode="markers+text", text=shown,
-                textposition="top right", textfont=dict(size=11), hovertext=hover, hoverinfo="text",
-                marker=dict(size=16, symbol="square", color=colours, line=dict(color="#333", width=[
-                    2 if r["picked"] and r["runner"] else 0 for r in rs])),
+                textposition="top center", textfont=dict(size=10), hovertext=hover, hoverinfo="text",
+                marker=dict(size=16, symbol="square", color=colours, line=dict(color="#111", width=[
+                    2.5 if r["picked"] and r["runner"] else 0 for r in rs])),
                 showlegend=False, name=name), row=row, col=1)
-    title = "What each release feeds" + (f" (green: what the drafter check {trained['run_id']} found it was trained "
-                                         f"on, {', '.join(trained['boundaries'])}; red: something else)"
-                                         if trained else " (one colour per boundary set; grey: cannot serve)")
-    fig.update_layout(**_LAYOUT, title=dict(text=title, font=dict(size=14)), height=520)
+    # the legend: what each colour and the outline mean (empty traces, drawn nowhere)
+    keys = ([(MATCH, f"feeds what it was trained on ({', '.join(trained['boundaries'])}, check {trained['run_id']})"),
+             (DIFFER, "feeds something else")] if trained else
+            [(colour_of[s_], f"feeds {s_}") for s_ in sets])
+    keys.append((CANNOT, "cannot serve this drafter"))
+    for colour, label in keys:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=label, showlegend=True,
+                                 marker=dict(size=14, symbol="square", color=colour)), row=1, col=1)
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", showlegend=True,
+                             name="outlined: the runner vLLM picks for this target",
+                             marker=dict(size=14, symbol="square-open", color="#111", line=dict(width=2.5))),
+                  row=1, col=1)
+    title = ("What each release feeds" + (f", against what drafter check {trained['run_id']} found it was trained on"
+                                          if trained else "")
+             + "<br><sup>label on each square: the boundaries fed by number (2,4,5 = S_2, "
+             "S_4, S_5; F = after the final norm); hover for the reason</sup>")
+    fig.update_layout(**{**_LAYOUT, "margin": dict(l=150, r=30, t=80, b=70)}, title=dict(text=title,
+                      font=dict(size=14)), height=600, showlegend=True,
+                      legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0))
     fig.update_xaxes(type="category", tickangle=-45)
     fig.update_yaxes(type="category")
     return fig

@@ -71,7 +71,8 @@ def _writer(param: str, key: str) -> Callable[[], None]:
 # ---------------------------------------------------------------------------- notices for link parameters
 # A link parameter that cannot be shown as asked (a missing run, an unknown choice, a duplicated id) is never
 # replaced silently: one warning names the parameter and its value (cut to SHOWN_MAX characters) and what is shown
-# instead; the URL is then rewritten to what is shown, so a copied link reproduces the view.
+# instead. The URL keeps what the link asked for (a copied link shares the asked run, not the substitute, and shows
+# the same notice), and what is shown instead never carries a verdict: no tiles, headline or banner (`instead`).
 
 SHOWN_MAX = 80           # characters of a link value a notice shows (a 100 KB bogus id is cut, then "…")
 _NOTES = "_qp_notes"     # session_state: this script run's reasons, pickers and substitutions (see _notes)
@@ -95,7 +96,8 @@ def _notes() -> dict:
     token = (id(ctx.cursors), ctx.page_script_hash) if ctx is not None else None
     notes = st.session_state.get(_NOTES)
     if not isinstance(notes, dict) or notes.get("token") != token:
-        notes = {"token": token, "why": {}, "groups": [], "picked": {}, "substituted": [], "same": None}
+        notes = {"token": token, "why": {}, "groups": [], "picked": {}, "substituted": [], "instead": [],
+                 "same": None}
         st.session_state[_NOTES] = notes
     return notes
 
@@ -142,10 +144,11 @@ def select(label: str, options: Sequence[str], param: str, default: str, *, wher
             fmt = kw.get("format_func", str)
             link_notice(f"{_head(param, asked, label, options, fmt)}; showing `{cut(fmt(value))}` instead.")
             _notes()["substituted"].append(param)
+            _notes()["instead"].append(param)
     _pair_check(param, label, value)
     st.session_state[key] = value
-    if sticky or param in st.query_params:
-        qp_set(param, value)
+    if (sticky or param in st.query_params) and param not in _notes()["substituted"]:
+        qp_set(param, value)             # a substitute is never written to the URL: the link keeps what it asked
     return where.selectbox(label, list(options), key=key, on_change=_writer(param, key), **kw)
 
 
@@ -194,14 +197,16 @@ def multiselect(label: str, options: Sequence[str], param: str, default: Sequenc
         if not value:
             value = [v for v in default if v in options]
             lines.append(f"Nothing in `{param}={cut(qp_get(param))}` can be shown; showing "
-                         f"{', '.join(f'`{cut(fmt(v))}`' for v in value) or 'nothing'} instead.")
+                         f"{', '.join(f'`{cut(fmt(v))}`' for v in value) or 'nothing'} instead, without a verdict.")
+            _notes()["instead"].append(param)
         if lines:
             link_notice("  \n".join(lines))
             _notes()["substituted"].append(param)
     else:
         value = [v for v in default if v in options]
     st.session_state[key] = value
-    qp_set(param, value)
+    if param not in _notes()["substituted"]:
+        qp_set(param, value)             # the link keeps what it asked (see the notice)
     return where.multiselect(label, list(options), key=key, on_change=_writer(param, key), **kw)
 
 
@@ -215,7 +220,8 @@ def text(label: str, param: str, *, where: Any = st, max_chars: int = 200, **kw:
         value = value[:max_chars]
         _notes()["substituted"].append(param)
     st.session_state[key] = value
-    qp_set(param, value)
+    if param not in _notes()["substituted"]:
+        qp_set(param, value)
     return where.text_input(label, key=key, on_change=_writer(param, key), max_chars=max_chars, **kw)
 
 
@@ -233,6 +239,28 @@ def ticked(ids: pd.Series, param: str = "ticked") -> list[int]:
                     f"{f' and {len(missing) - 5} more' if len(missing) > 5 else ''}, not among the runs shown "
                     "(filtered out, or not in the catalog); left unticked.")
     return rows
+
+
+def instead(*params: str) -> list[str]:
+    """The params among these (all when none given) whose shown value is a substitute for the link's: what is shown
+    then carries no verdict (no tiles, headline or banner)."""
+    shown = dict.fromkeys(_notes()["instead"])
+    return [p for p in shown if not params or p in params]
+
+
+def no_verdict_for_substitute(params: Sequence[str], what: str = "verdict") -> None:
+    """One neutral line in place of a verdict for a view whose runs are substitutes for the link's."""
+    st.info(f"No {what}: {', '.join(f'`{p}`' for p in params)} in the link cannot be shown (see the notice above), "
+            f"and a {what} is only given for what the link asks. Pick above to see one.", icon=":material/info:")
+
+
+def tab_choice(param: str, tabs: Sequence[str], label: str = "View") -> None:
+    """A tab bar bound to `?param=` (st.tabs(bind="query-params")) opens its first tab on a value that names no tab,
+    silently; call this before st.tabs: a notice names the value and the tab shown."""
+    asked = qp_get(param)
+    if asked is not None and asked not in tabs:
+        link_notice(f"`{param}={cut(asked)}` (from the URL) is {_choices(label, tabs)}; showing `{tabs[0]}` instead.")
+        _notes()["substituted"].append(param)
 
 
 def unknown_runs(params: Sequence[str], known: Sequence[str], runs: pd.DataFrame, what: str = "capture") -> None:
@@ -343,8 +371,8 @@ def default_stats_runs(ids: list[str], n: int = 3) -> list[str]:
 def verdict_banner(findings: Sequence[Any]) -> None:
     """One coloured banner per finding: success when aligned, error or warning otherwise. The texts are the view's
     verdict in its exported charts and report bundle. Never a verdict the link did not ask for: a pair of run
-    pickers on one run (select's notice) shows none, and runs shown instead of the link's (a missing run) turn the
-    banners into neutral notes that say so."""
+    pickers on one run (select's notice) shows none, and runs shown instead of the link's (a missing run) show one
+    neutral line that says why there is no verdict."""
     notes = _notes()
     if notes["same"]:
         first, second, run = notes["same"]
@@ -352,15 +380,24 @@ def verdict_banner(findings: Sequence[Any]) -> None:
         st.info(text, icon=":material/info:")
         note_verdict(text)
         return
-    instead = [p for p in dict.fromkeys(notes["substituted"]) if any(p in g for g in notes["groups"])]
+    swapped = [p for p in instead() if any(p in g for g in notes["groups"])]
+    if swapped:                     # runs the link did not ask for: no verdict at all, not even a neutral one
+        no_verdict_for_substitute(swapped)
+        return
     for f in findings:
         show, icon = _BANNER.get(f.kind, (st.warning, ":material/warning:"))
-        text = f.text
-        if instead:
-            show, icon = st.info, ":material/info:"
-            text = (f"For the runs shown instead of the link's ({', '.join(f'`{p}`' for p in instead)}: see the "
-                    f"notice above): {f.text}")
-        show(text, icon=icon)
+        show(f.text, icon=icon)
+        note_verdict(f.text)
+
+
+_LEVEL_SHOW = {"ok": st.success, "note": st.info, "warning": st.warning, "error": st.error}
+
+
+def level_banner(level: Any, text: str, note: bool = True) -> None:
+    """A banner in the colour of a severity level (dashboard/severity.py: ok green, note blue, warning orange, error
+    red), the same on every page; `note`: the text is also the view's verdict (exports, report bundle)."""
+    _LEVEL_SHOW.get(level.key, st.warning)(text, icon=level.icon)
+    if note:
         note_verdict(text)
 
 

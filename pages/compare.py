@@ -6,7 +6,7 @@ settings that differ. Numbers: backend/compare.py (from backend/metrics.py); dat
 import streamlit as st
 
 from backend import compare
-from dashboard import charts, ui
+from dashboard import charts, severity, ui
 
 st.title("Compare bench runs")
 cat = ui.catalog()
@@ -28,7 +28,9 @@ if len(chosen) < 2:
     st.info("Pick at least two bench runs to compare.")
     st.stop()
 
+substitute = ui.instead("runs")      # runs the link did not ask for: charts only, no tiles, headline or banner
 tile_row, headline, warnings = st.empty(), st.empty(), st.empty()     # filled once the speed figures are in
+ui.tab_choice("view", compare.VIEWS)
 # lazy tabs: only the open one runs and is sent (?view=Speed reproduces a view); the first paint stays light
 acc_tab, speed_tab, cat_tab, cfg_tab = st.tabs(list(compare.VIEWS), key="view", on_change="rerun",
                                                bind="query-params")
@@ -49,17 +51,37 @@ with st.spinner(f"Speedups of {len(acc.run_ids)} runs ..."):
 # green/red only for a verdict; "noisy" (the speed figures are not comparable: timing noise, load, another moment)
 # is grey without an arrow, like "no clear difference"
 TONE = {"slower": "normal", "faster": "normal", "unclear": "off", "none": "off", "noisy": "off"}
-with tile_row.container():
-    for start in range(0, len(cmp.tiles), 4):                        # four tiles a row
-        for col, tile in zip(st.columns(4), cmp.tiles[start:start + 4]):
-            with col.container(border=True, key=f"tile_{start + cmp.tiles[start:start + 4].index(tile)}"):
-                st.metric(tile.run_id, tile.value, tile.delta, delta_color=TONE.get(tile.tone, "off"),
-                          delta_arrow="off" if tile.tone == "noisy" else "auto")
-                st.caption("  \n".join(tile.lines))
-headline.container(border=True).markdown(cmp.headline)
-ui.note_verdict(cmp.headline)        # above exported charts, in the report bundle
-with warnings.container():
-    ui.warning_list(cmp.warnings)
+if substitute:
+    with tile_row.container():
+        ui.no_verdict_for_substitute(substitute, "speed tiles, headline or verdict")
+else:
+    with tile_row.container():
+        for start in range(0, len(cmp.tiles), 4):                        # four tiles a row
+            for col, tile in zip(st.columns(4), cmp.tiles[start:start + 4]):
+                with col.container(border=True, key=f"tile_{start + cmp.tiles[start:start + 4].index(tile)}"):
+                    st.metric(tile.run_id, tile.value, tile.delta, delta_color=TONE.get(tile.tone, "off"),
+                              delta_arrow="off" if tile.tone == "noisy" else "auto")
+                    st.caption("  \n".join(tile.lines))
+if not substitute:
+    with headline.container(border=True):
+        st.markdown(cmp.headline)
+        if cmp.loss:                     # the tau loss on the one severity scale (dashboard/severity.py)
+            lo = cmp.loss
+            cost = severity.tau_cost(lo.best_tau, lo.worst_tau, lo.ci_low, lo.ci_high)
+            ui.level_banner(cost.level, severity.headline(cost, f"`{lo.worst}` against `{lo.best}`, {cost.words}"
+                            + (f" over {lo.prompts} shared prompts" if lo.prompts else "") + "."))
+            st.caption(severity.scale_text())
+    ui.note_verdict(cmp.headline)        # above exported charts, in the report bundle
+    with warnings.container():
+        for run, line in cmp.diagnoses.items():     # each drafter diagnosis at the level of what it costs here
+            if cmp.loss and run == cmp.loss.worst and run != cmp.loss.best:
+                cost = severity.tau_cost(cmp.loss.best_tau, cmp.loss.worst_tau, cmp.loss.ci_low, cmp.loss.ci_high)
+            else:
+                cost = None
+            level = cost.level if cost else severity.LEVELS["note"]
+            ui.level_banner(level, (severity.headline(cost, line) if cost else
+                                    f"**{level.name}** (cost not measured in this comparison): {line}"), note=False)
+        ui.warning_list([w for w in cmp.warnings if w not in cmp.diagnoses.values()])
 
 if speed_tab.open:
     with speed_tab:

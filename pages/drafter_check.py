@@ -6,7 +6,7 @@ import json
 
 import streamlit as st
 
-from dashboard import charts, check_charts, ui
+from dashboard import charts, check_charts, severity, ui
 
 HOW = ("`python -m backend check-drafter --drafter DRAFTER_DIR --target TARGET_DIR` stores a check here; "
        "`make demo` unpacks the toy pair (data/models/toy-pair) to try it on.")
@@ -29,6 +29,9 @@ run = ui.select("Check", ui.capped(ids, [ui.qp_get("run") or "", ids[0]]), "run"
                 format_func=lambda r: names.get(r, r))
 metric = ui.select("Rank chart by", list(check_charts.METRICS), "metric", "step1_accuracy", where=c2,
                    format_func=lambda m: check_charts.METRICS[m][0])
+if ui.instead("run"):        # the link's run is no drafter check: never the verdict of another one in its place
+    ui.no_verdict_for_substitute(["run"], "check shown")
+    st.stop()
 rep = ui.guarded(cat.drafter_check, run)
 
 s = rep.get("sample")
@@ -42,9 +45,11 @@ if s:
 else:
     st.caption(f"{about}. Lint only (`--lint-only`): read from the config files, no model loaded, so what the drafter "
                f"was trained on is not checked; took {rep['timing']['total']:.2f} s.")
-show, icon = BANNER.get(rep["verdict_severity"], BANNER["warning"])
-show(rep["verdict"], icon=icon)
-ui.note_verdict(rep["verdict"])
+level, verdict = check_charts.verdict_level(rep)      # as loud as what the mismatch costs (dashboard/severity.py)
+ui.level_banner(level, verdict)
+if check_charts.check_cost(rep) is not None:
+    st.caption(severity.scale_text() + " Here the cost is the check's predicted tau of what the engine feeds against "
+               "the trained set's; the measured one is below when a bench exists.")
 
 st.subheader("What each engine feeds")
 st.caption("From the drafter's config.json and the conventions table (backend/conventions.yaml): where each engine "
@@ -78,6 +83,21 @@ if rep["candidates"]:
         "problem": st.column_config.TextColumn(width="large", help="what is wrong with this candidate, in words"),
         "why": st.column_config.TextColumn("why tried")})
 
+if rep["candidates"]:
+    st.subheader("Predicted against measured")
+    benches = check_charts.benches_of(ui.guarded(cat.run_manifests, [run]).get(run, {}), ui.guarded(cat.bench_history))
+    if benches.empty:
+        st.caption("No bench of this drafter on this target yet: `python -m backend bench --target TARGET_DIR "
+                   "--drafter DRAFTER_DIR --prompts FILE` measures the tau this check predicts (with `--producer "
+                   "ENGINE --producer-version V`: as that release reads the ids).")
+    else:
+        st.caption("Each bench of this drafter on this target: the boundaries its engine reading fed, the tau it "
+                   "measured (95% bootstrap interval over prompts) and the tau this check predicts for the same "
+                   "boundaries (teacher-forced over the check's sample). The prediction ranks boundary sets; the "
+                   "measured tau is what serving gets.")
+        speeds = ui.guarded(cat.bench_prompt_speeds, benches["run_id"].tolist())
+        st.dataframe(check_charts.predicted_vs_measured(rep, benches, speeds), hide_index=True, key="measured")
+
 kind, words = check_charts.fix_words(rep)
 if words:
     st.subheader("The fix")
@@ -102,8 +122,8 @@ if words:
                        "SPECLENS_ALLOW_JOBS=1 for a button that writes the fix and queues its proof).")
 
 st.subheader("Findings")
-for severity, source, text in check_charts.findings(rep):
-    f, ic = BANNER.get(severity, BANNER["info"])
+for sev, source, text in check_charts.findings(rep):
+    f, ic = BANNER.get(sev, BANNER["info"])
     f(f"**{source.replace('_', ' ')}**: {text}", icon=ic)
 
 table = check_charts.training_table(rep)

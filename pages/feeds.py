@@ -6,7 +6,7 @@ dashboard/release_charts.py."""
 import streamlit as st
 
 from backend import feeds
-from dashboard import release_charts, ui
+from dashboard import check_charts, release_charts, ui
 
 HOW = ("`python -m backend feeds --drafter DRAFTER_DIR --target TARGET_DIR` prints the same matrix; "
        "`python -m backend check-drafter ...` stores a check whose pair this page can open.")
@@ -20,8 +20,16 @@ if drafter or target:
     check = None
     st.caption(f"Drafter `{drafter}` on target `{target}` (from the URL).")
 elif ids:
-    check = ui.select("Drafter check", ui.capped(ids, [ui.qp_get("check") or "", ids[0]]), "check", ids[0],
+    asked = ui.qp_get("check")
+    check = ui.select("Drafter check", ui.capped(ids, [asked or "", ids[0]]), "check", ids[0],
                       format_func=lambda r: names.get(r, r))
+    if asked is None:              # a bare /feeds: say which check it opens and why, never silently
+        st.info(f"The link names no drafter check (`?check=`), so this shows the newest of the {len(ids)} stored, "
+                f"`{check}`; pick another above, or open `/feeds?drafter=DIR&target=DIR` for any pair.",
+                icon=":material/info:")
+    if ui.instead("check"):        # the link's check cannot be shown: no matrix of another one in its place
+        ui.no_verdict_for_substitute(["check"], "feeds matrix")
+        st.stop()
 else:
     st.info(f"No drafter checks yet and no ?drafter=&target= in the URL. {HOW}")
     st.stop()
@@ -37,6 +45,11 @@ st.caption(f"Drafter `{m['drafter']}` ({m['drafter_ids']['format']} format; {ids
 for line in feeds.summary(m):
     (st.warning if "differs" in line else st.markdown)(line)
     ui.note_verdict(line)        # above exported charts, in the report bundle
+if check:                          # the fix line, in the Drafter check page's own words
+    kind, words = check_charts.fix_words(ui.guarded(ui.catalog().drafter_check, check))
+    if words:
+        (st.info if kind == "info" else st.success)(f"**The fix** (drafter check [{check}](/drafter?run={check})): "
+                                                   f"{words}", icon=":material/build:")
 ui.chart_with_downloads(release_charts.feeds_grid(m), release_charts.feeds_table(m),
                         f"feeds_{ti['architectures'][0] if ti['architectures'] else 'target'}_{ti['n_layers']}")
 st.subheader("Where the answer changed")

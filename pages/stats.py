@@ -3,7 +3,7 @@ capture's outlier dimensions (?runs=a,b&stat=&mode=values|diff|rel&ref=&run=).""
 
 import streamlit as st
 
-from dashboard import charts, ui
+from dashboard import charts, severity, ui
 from backend import stats_compare
 
 st.title("Hidden-state statistics")
@@ -31,14 +31,19 @@ sel = runs[runs["run_id"].isin(shown)]
 n_layers = dict(zip(sel["run_id"], sel["n_layers"]))
 stats = stats_compare.with_depth(stats, n_layers)
 if mode == "values":
+    if len(chosen) > 1:     # a headline here too: how far the curves lie from the first, by the same rule
+        comp = stats_compare.compare(stats, stat, chosen[0], chosen, n_layers, label=charts.STATS[stat])
+        level, line = severity.stat_headline(comp.frame, "values", charts.STATS[stat], chosen[0], comp.verdict)
+        ui.level_banner(level, line)
     st.caption("x is depth: S_b at b, F one step after S_N; a boundary a capture lacks is a gap in its line. "
                "`Show: difference` compares every capture with a reference.")
     ui.chart_with_downloads(charts.stat_curves(stats, stat, chosen), charts.stat_frame(stats, stat),
                             f"stats_{stat}_{'_'.join(chosen)}")
 else:
     comp = stats_compare.compare(stats, stat, ref, shown, n_layers, label=charts.STATS[stat])
-    st.info(comp.verdict, icon=":material/compare_arrows:")
-    ui.note_verdict(comp.verdict)
+    # one definition of change for the headline and the chart: absolute in `diff`, relative in `rel`
+    level, line = severity.stat_headline(comp.frame, mode, charts.STATS[stat], ref, comp.verdict)
+    ui.level_banner(level, line)
     st.caption(f"Each capture minus the reference `{ref}` at every boundary both hold "
                f"({'absolute' if mode == 'diff' else 'relative to the reference, in %'}); x is depth, gaps where "
                "either capture lacks a boundary.")
