@@ -3,6 +3,8 @@
 #   bash gpu/load_h200.sh install-vllm SHA256 | install-sgl SHA256 | watch | sglang | vllm-pair | vllm-sweep |
 #        synthetic | collect | prove-start | prove-collect
 # prove-start / prove-collect: issue 22's proof through vLLM 0.24 (gpu/prove_vllm.sh, in the background).
+# bg-sglang | bg-synthetic | bg-vsweep start a step in the background (no 600 s call limit); `poll DIR SECONDS` waits
+# for it (or SECONDS), shows its log and copies its results to $OUT.
 # Wheel-bundle parts lie in /tmp/stage_v (vLLM 0.24.0) and /tmp/stage_s (SGLang 0.5.15, sgl_kernel without its FA3
 # library: SGLang servers run --attention-backend triton); /tmp/whl holds duckdb, /tmp/whl2 SGLang's own
 # transformers 5.12.1 + tokenizers 0.22.2. Each step's results go to $OUT (at most 8 files).
@@ -58,6 +60,23 @@ case $step in
     sleep 5; tail -3 /tmp/out_prove/prove.log ;;
   prove-collect)
     tail -30 /tmp/out_prove/prove.log; cp /tmp/out_prove/* "$OUT/" 2>/dev/null; ls -la "$OUT" ;;
+  bg-sglang)
+    mkdir -p /tmp/out_sgl; setsid nohup $S python3 gpu/load_suite.py sweep --engine sglang --ks ${2:-1,2,4} \
+      --out /tmp/out_sgl --root /tmp/root_sgl --memory ${3:-0.12} --opt attention-backend=triton \
+      > /tmp/out_sgl/suite.log 2>&1 < /dev/null & echo $! > /tmp/out_sgl/pid; sleep 15; tail -5 /tmp/out_sgl/suite.log ;;
+  bg-synthetic)
+    mkdir -p /tmp/out_syn; setsid nohup $V python3 gpu/load_suite.py synthetic --out /tmp/out_syn --root /tmp/root_syn \
+      --memory 0.15 --taus ${2:-1,2,3,4} > /tmp/out_syn/suite.log 2>&1 < /dev/null & echo $! > /tmp/out_syn/pid
+    sleep 15; tail -5 /tmp/out_syn/suite.log ;;
+  bg-vsweep)
+    mkdir -p /tmp/out_vs; setsid nohup $V python3 gpu/load_suite.py sweep --engine vllm --ks ${2:-1,2,4,6} \
+      --out /tmp/out_vs --root /tmp/root_vs --memory 0.06 > /tmp/out_vs/suite.log 2>&1 < /dev/null &
+    echo $! > /tmp/out_vs/pid; sleep 15; tail -5 /tmp/out_vs/suite.log ;;
+  poll)
+    d=$2; end=$(( $(date +%s) + ${3:-500} ))
+    while kill -0 "$(cat "$d/pid")" 2>/dev/null && [ "$(date +%s)" -lt $end ]; do sleep 5; done
+    tail -25 "$d/suite.log"; kill -0 "$(cat "$d/pid")" 2>/dev/null && echo "STILL RUNNING" || echo "FINISHED"
+    cp "$d"/*.json "$d"/*.tar.gz "$OUT/" 2>/dev/null; nvidia-smi --query-gpu=memory.used --format=csv,noheader; ls "$OUT" ;;
   collect)
     tail -20 /tmp/out_watch/suite.log
     (cd /tmp/out_watch && tar czf "$OUT/watch_raw.tar.gz" watch_raw) ; cp /tmp/out_watch/*.json /tmp/out_watch/*.tar.gz \
