@@ -22,6 +22,7 @@ from backend.runs.lifecycle import RunGuard
 from backend.stats import StreamingStats, TokenSample
 from backend.store.rundir import new_run_id
 
+
 @dataclass
 class CaptureSettings:
     model: str

@@ -232,3 +232,47 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# ---------------------------------------------------------------------- markers (registered in pytest.ini)
+
+SLOW_FILES = {"test_reliability", "test_fuzz_ingest", "test_ray", "test_security", "test_vllm_cpu_serve"}
+GPU_RECORD_FILES = {"test_h200_records", "test_vllm_adapter", "test_sglang_adapter", "test_load", "test_real_configs"}
+_BROWSER_WORDS = ("chromium", "playwright")
+
+
+def _drives_a_browser(item: pytest.Item, seen: dict) -> bool:
+    """A browser test file, or a test whose own code or any fixture it uses (transitively) starts chromium."""
+    import inspect
+
+    if item.path.stem.startswith(("test_browser", "test_release_browser")):
+        return True
+    funcs = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(item, "fixturenames", ()):
+        defs = info.name2fixturedefs.get(name) if info is not None else None
+        if defs:
+            funcs.append(defs[-1].func)
+    for f in funcs:
+        if f is None:
+            continue
+        if f not in seen:
+            try:
+                seen[f] = any(w in inspect.getsource(f).lower() for w in _BROWSER_WORDS)
+            except (OSError, TypeError):
+                seen[f] = False
+        if seen[f]:
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    seen: dict = {}
+    for item in items:
+        stem = item.path.stem
+        if _drives_a_browser(item, seen):
+            item.add_marker(pytest.mark.browser)
+        if stem in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+        if stem in GPU_RECORD_FILES:
+            item.add_marker(pytest.mark.gpu_records)

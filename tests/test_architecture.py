@@ -7,6 +7,7 @@ bench; the lint runs clean (ruff, line length 120)."""
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -101,3 +102,139 @@ def test_ruff_is_clean() -> None:
     ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
     out = subprocess.run([ruff, "check", "--output-format", "concise", "."], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-4000:]
+
+
+# ---------------------------------------------------------------------- the repository's docs stand alone
+
+_OUTSIDE_DOC = re.compile(r"REFER" r"ENCE(?:\.md| section| sections|\b)")     # split so this file does not match itself
+_TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".txt", ".toml", ".ini", ".cfg", ".sh", ".json", ".html"}
+
+
+def _repo_text_files() -> list[Path]:
+    """Every text file of the repository that git tracks or would track (tests/data and models aside)."""
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                         capture_output=True, text=True)
+    names = out.stdout.split() if out.returncode == 0 else [str(p.relative_to(REPO)) for p in REPO.rglob("*")]
+    files = []
+    for n in names:
+        p = REPO / n
+        if n.startswith(("tests/data/", "models/", "datasets/", "data/", ".venv/")) or not p.is_file():
+            continue
+        if p.suffix in _TEXT_SUFFIXES or p.name in ("Makefile", "Dockerfile", "Dockerfile.gpu"):
+            files.append(p)
+    return files
+
+
+def test_no_citation_of_a_document_outside_the_repository() -> None:
+    """What the code and docs rest on is written in the repository (docs/CONVENTIONS.md, the files that hold the
+    facts), never in a document the repository does not have."""
+    bad = []
+    for f in _repo_text_files():
+        for i, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+            if _OUTSIDE_DOC.search(line) or "shared/REFER" "ENCE" in line:
+                bad.append(f"{f.relative_to(REPO)}:{i}: {line.strip()[:100]}")
+    assert bad == [], "cite a docs/CONVENTIONS.md anchor or the repo file that holds the fact:\n" + "\n".join(bad)
+
+
+def test_the_citation_check_can_fail() -> None:
+    assert _OUTSIDE_DOC.search("(REFER" "ENCE section 2)") and not _OUTSIDE_DOC.search("docs/CONVENTIONS.md#metrics")
+
+
+def _anchors(md: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation but '-' and '_' dropped, spaces to '-'."""
+    out = set()
+    for line in md.read_text().splitlines():
+        m = re.match(r"^#{1,6}\s+(.*)$", line)
+        if m:
+            out.add(re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", m.group(1).strip().lower())))
+    return out
+
+
+def test_every_conventions_anchor_cited_exists() -> None:
+    conv = REPO / "docs" / "CONVENTIONS.md"
+    have = _anchors(conv)
+    cited = {}
+    for f in _repo_text_files():
+        for a in re.findall(r"CONVENTIONS\.md#([\w-]+)", f.read_text(errors="replace")):
+            cited.setdefault(a, str(f.relative_to(REPO)))
+    assert cited, "nothing cites docs/CONVENTIONS.md"
+    assert {a: f for a, f in cited.items() if a not in have} == {}, f"anchors of {conv.name}: {sorted(have)}"
+
+
+# ---------------------------------------------------------------------- every third-party import is declared
+
+CODE = ("backend", "dashboard", "pages", "bench", "tools")
+FIRST_PARTY = {"backend", "dashboard", "pages", "bench", "tools", "gpu", "tests", "app"}
+# imported lazily, each only where that tool runs; never by the CPU path (the reason beside each)
+NOT_DECLARED = {
+    "vllm": "GPU node only (README 'GPU node'), imported inside backend/engines/vllm*.py functions",
+    "sglang": "GPU node only, runs as a child process (backend/engines/sglang.py)",
+    "datasets": "tools/peer_fixtures runs in the peers' own venv (tests/data/peers/README.md)",
+    "specforge": "tools/peer_fixtures runs in the peers' own venv",
+    "speculators": "tools/peer_fixtures runs in the peers' own venv",
+}
+# declared in requirements-dev.txt, not requirements.txt: the runtime imports it only for an optional feature
+OPTIONAL_RUNTIME = {"ray": "python -m backend worker --ray (multi-node jobs)"}
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _declared(path: Path) -> set[str]:
+    out = set()
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and not line.startswith("-"):
+            out.add(_norm(re.split(r"[\s;<>=!~\[]", line, maxsplit=1)[0]))
+    return out
+
+
+def _third_party_imports() -> dict[str, set[str]]:
+    """Top-level module -> files importing it, for every import (module level or inside a function) of the code."""
+    files = [REPO / "app.py", *(f for d in CODE for f in (REPO / d).rglob("*.py"))]
+    out: dict[str, set[str]] = {}
+    for f in files:
+        tree = ast.parse(f.read_text(), filename=str(f))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for n in names:
+                top = n.split(".")[0]
+                if top in sys.stdlib_module_names or top in FIRST_PARTY or (f.parent / f"{top}.py").exists():
+                    continue
+                out.setdefault(top, set()).add(str(f.relative_to(REPO)))
+    return out
+
+
+def test_every_third_party_import_is_declared_in_requirements() -> None:
+    """`pip install -r requirements.txt` (torch first, as the Makefile does) gives every module the dashboard and
+    the backend import; bench/ and tools/ may rely on requirements-dev.txt too."""
+    from importlib.metadata import packages_distributions
+
+    runtime = _declared(REPO / "requirements.txt")
+    dev = runtime | _declared(REPO / "requirements-dev.txt")
+    dists = packages_distributions()
+    missing = []
+    for top, files in sorted(_third_party_imports().items()):
+        if top in NOT_DECLARED:
+            continue
+        names = {_norm(d) for d in dists.get(top, [])}
+        if not names:
+            missing.append(f"{top} (not installed here; imported by {sorted(files)[0]})")
+            continue
+        runtime_files = [f for f in files if not f.startswith(("bench/", "tools/"))]
+        need = runtime if runtime_files and top not in OPTIONAL_RUNTIME else dev
+        if not names & need:
+            where = "requirements.txt" if need is runtime else "requirements*.txt"
+            missing.append(f"{top}: distribution {sorted(names)} not in {where} (imported by {sorted(files)[0]})")
+    assert missing == [], "\n".join(missing)
+
+
+def test_the_requirements_check_can_fail(tmp_path: Path) -> None:
+    (tmp_path / "r.txt").write_text("# c\ntorch==2.13.0\nPyYAML  # yaml\nAuthlib>=1.3.2\nprometheus_client==0.26.0\n")
+    assert _declared(tmp_path / "r.txt") == {"torch", "pyyaml", "authlib", "prometheus-client"}

@@ -114,7 +114,7 @@ def test_hook_factory_in_sglang_order_matches_hf(tiny_llama, tmp_path, one_torch
     with torch.no_grad():
         for s in seqs:
             states = {}
-            with hf.BoundaryHooks(lm, coords.all_boundaries(lm.n_layers), lambda k, x: states.__setitem__(k, x)):
+            with hf.BoundaryHooks(lm, coords.all_boundaries(lm.n_layers), lambda k, x: states.__setitem__(k, x)):  # noqa: B023
                 hf.forward(lm, s)
             for k in range(len(labels)):
                 ref.update(k, states[k])

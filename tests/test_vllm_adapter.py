@@ -43,7 +43,7 @@ def test_reducer_matches_hf_capture(tiny_llama, one_torch_thread):
         for s in seqs:
             states = {}
             with hf.BoundaryHooks(lm, coords.all_boundaries(lm.n_layers),
-                                  lambda k, x: states.__setitem__(k, x[0] if x.dim() == 3 else x)):
+                                  lambda k, x: states.__setitem__(k, x[0] if x.dim() == 3 else x)):  # noqa: B023
                 hf.forward(lm, s)
             for k in range(len(labels)):
                 ref_stats.update(k, states[k])

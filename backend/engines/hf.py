@@ -8,9 +8,9 @@ engine: it runs on CPU or CUDA, fp32 or bf16, and needs nothing but transformers
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 

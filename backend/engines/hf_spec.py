@@ -16,9 +16,10 @@ One speculative step, with the target's last sampled token x at position `pos` (
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import torch
 
@@ -149,7 +150,7 @@ class AuxCapture:
     def close(self) -> None:
         self.hooks.remove()
 
-    def __enter__(self) -> "AuxCapture":
+    def __enter__(self) -> AuxCapture:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -17,8 +17,8 @@ def predicted_aux(drafter: str, info: SimpleNamespace, engine: str, runner: str 
     """What SpecLens expects the engine to feed, from the drafter config and the conventions table row of `version`
     (the engine's release; default: the release SpecLens targets); also the one-line checks (hidden size, vocab)
     before any GPU time is spent."""
-    from backend.drafter.config import load_config
     from backend.drafter.aux import engine_feeds
+    from backend.drafter.config import load_config
 
     dcfg = load_config(drafter)
     for what, mine, theirs in (("hidden size", dcfg.target_hidden_size, info.hidden_size),

@@ -42,7 +42,7 @@ from backend.errors import SpecLensError
 from backend.netutil import free_port, port_free  # noqa: F401 (re-exported: tests, callers)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-_LIVE: list["Server"] = []
+_LIVE: list[Server] = []
 START_TIMEOUT_ENV = "SPECLENS_SGLANG_START_TIMEOUT"     # seconds a server may take to become healthy (default 600)
 LOG_DIR_ENV = "SPECLENS_SGLANG_LOG_DIR"                 # where servers started without an explicit log write theirs
 
@@ -66,7 +66,7 @@ def _http(url: str, body: dict | None = None, timeout: float = 30.0) -> dict:
     except urllib.error.HTTPError as e:
         detail = e.read().decode(errors="replace")[:300].replace("\n", " ")
         raise SpecLensError(f"SGLang server {url} answered HTTP {e.code}: {detail}") from None
-    except socket.timeout:
+    except TimeoutError:
         raise SpecLensError(f"SGLang server {url}: no answer within {timeout:.0f} s; raise the timeout or check the "
                             "server log") from None
     except (urllib.error.URLError, OSError) as e:
@@ -204,7 +204,7 @@ class Server:
         if self in _LIVE:
             _LIVE.remove(self)
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self
 
     def __exit__(self, *exc) -> None:

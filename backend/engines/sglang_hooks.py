@@ -40,7 +40,7 @@ from backend import coords
 from backend.engines.vllm_worker import _layer_out, plan_sample, stage_rows
 from backend.stats import StreamingStats, TokenSample
 
-_REDUCERS: dict[str, "ServerReducer"] = {}
+_REDUCERS: dict[str, ServerReducer] = {}
 
 
 def _rank() -> int:

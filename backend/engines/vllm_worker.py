@@ -53,7 +53,7 @@ def bypasses_module_hooks(m: torch.nn.Module) -> bool:
     hooks registered on the module itself never fire. vLLM 0.24's `@support_torch_compile` does this to the
     inner decoder stack (e.g. `LlamaModel`, vllm/compilation/decorators.py: `cls.__call__ = __call__`, which in
     eager mode returns `self.forward(*args, **kwargs)`); hooks on its children (layers, norm) still fire."""
-    call = getattr(type(m), "__call__", None)
+    call = getattr(type(m), "__call__", None)  # noqa: B004 (the class attribute, not callable())
     return hasattr(m, "do_not_compile") or "_support_torch_compile" in getattr(call, "__qualname__", "")
 
 
