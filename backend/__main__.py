@@ -83,21 +83,25 @@ def cmd_align(a: argparse.Namespace) -> int:
 
 
 def cmd_runs(a: argparse.Namespace) -> int:
+    from backend import run_view
     from backend.store.catalog import Catalog
 
     Catalog().write.refresh()
-    if a.json:       # every run with the headline figures of bench runs (tau, acceptance, speedup + CI, lossless)
-        df = Catalog().read.runs_overview()
-        if a.kind:
-            df = df[df["kind"] == a.kind]
+    cat = Catalog().read
+    df = cat.runs_overview()       # every run with the headline figures of bench runs (tau, speedup + CI, lossless)
+    if a.kind:
+        df = df[df["kind"] == a.kind]
+    bench = df.loc[df["kind"] == "bench", "run_id"].tolist()
+    found = run_view.findings(cat.run_manifests(bench), cat.check_manifests()) if bench else {}
+    # what a reader must know before trusting a run's figures (the run page and the Runs row say the same)
+    df = df.assign(finding=df["run_id"].map({r: run_view.finding_text(f) for r, f in found.items()}))
+    if a.json:
         print(df.to_json(orient="records", date_format="iso"))
         return 0
-    df = Catalog().read.list_runs(kind=a.kind)
     if df.empty:
         print("no runs yet: try `python -m backend demo`")
         return 0
-    cols = ["run_id", "kind", "engine", "status", "model", "dtype", "n_boundaries", "tokens", "nonfinite_tokens"]
-    print(df[cols].to_string(index=False))
+    print(run_view.runs_text(df))
     return 0
 
 

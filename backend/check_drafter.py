@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from backend.config import REPO_ROOT
+from backend.config import REPO_ROOT, dashboard_link
 from backend.errors import SpecLensError
 from backend.model_id import fingerprint
 from backend.drafter.check_result import RESULT
@@ -472,7 +472,8 @@ def cmd_check(a: argparse.Namespace) -> int:
         print(json.dumps(r.report))
     else:
         print_report(r.report)
-        print(f"\ncheck {r.run_id} -> {r.path} (dashboard: /drafter?run={r.run_id})")
+        print(f"\ncheck {r.run_id} -> {r.path}\ndashboard: {dashboard_link(f'/drafter?run={r.run_id}')} "
+              "(SPECLENS_URL sets the address)")
     if a.write_fix:
         return _write_and_prove(r.report, a)
     return 0

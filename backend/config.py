@@ -1,7 +1,8 @@
 """Where SpecLens keeps its files and what it may change. SPECLENS_DATA (default ./data) moves everything;
 the dashboard is read-only unless SPECLENS_READONLY=0 (SPECLENS_READONLY=1 refuses annotation writes
 everywhere); SPECLENS_ALLOW_JOBS=1 lets it submit
-jobs and SPECLENS_MODEL_ROOTS confines the paths job specs may name."""
+jobs and SPECLENS_MODEL_ROOTS confines the paths job specs may name. SPECLENS_URL is where the dashboard is served,
+for the links the command line prints (dashboard_url)."""
 
 from __future__ import annotations
 
@@ -72,3 +73,30 @@ def model_roots() -> list[Path]:
     if env:
         return [Path(p).expanduser().resolve() for p in env.split(os.pathsep) if p.strip()]
     return [data_root(), REPO_ROOT / "models"]
+
+
+DEFAULT_PORT = 8501          # Streamlit's default, what `make demo` and `make serve` use unless PORT= is given
+
+
+def dashboard_url() -> str:
+    """The dashboard's address, for the links the command line prints: SPECLENS_URL (e.g. http://gpu-node:8600/
+    behind a proxy), else http://localhost:<port> with the port Streamlit is configured with (STREAMLIT_SERVER_PORT,
+    else `[server] port` in .streamlit/config.toml), else 8501."""
+    url = os.environ.get("SPECLENS_URL", "").strip()
+    if url:
+        return url.rstrip("/")
+    port = os.environ.get("STREAMLIT_SERVER_PORT", "").strip()
+    if not port.isdigit():
+        try:
+            import tomllib
+
+            with open(REPO_ROOT / ".streamlit" / "config.toml", "rb") as f:
+                port = str((tomllib.load(f).get("server") or {}).get("port") or "")
+        except (OSError, ValueError):
+            port = ""
+    return f"http://localhost:{port if port.isdigit() else DEFAULT_PORT}"
+
+
+def dashboard_link(path: str) -> str:
+    """A dashboard path ('/drafter?run=x') as a full link on the configured address (dashboard_url)."""
+    return dashboard_url() + "/" + path.lstrip("/")

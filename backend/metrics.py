@@ -361,6 +361,18 @@ def speedup_total(method_tokens: Sequence[Sequence[float]], method_seconds: Sequ
     return Speedup(mean, std, per_rep, lo, hi, "bootstrap", R, P)
 
 
+MIN_INTERVAL_PROMPTS = 5     # a figure over fewer prompts (a Spec-Bench category of 2) is shown without an interval
+
+
+def interval_shown(n_prompts: int, lo: float | None, hi: float | None) -> tuple[float, float]:
+    """The 95% interval of a figure over n_prompts prompts as it may be shown: (lo, hi) from MIN_INTERVAL_PROMPTS
+    prompts on, else (nan, nan). A bootstrap over 2 prompts draws only 3 distinct resamples and spans what those two
+    prompts did (tau 0.94 [0.93, 0.95] over 2 is no statement about the category), so the figure stands alone."""
+    if n_prompts < MIN_INTERVAL_PROMPTS or lo is None or hi is None:
+        return math.nan, math.nan
+    return float(lo), float(hi)
+
+
 def tau_estimate(per_prompt: Sequence[Sequence[float]], n_boot: int = 2000, seed: int = 0) -> Estimate:
     """tau = 1 + sum(accepted) / sum(drafts) over prompts, with a bootstrap interval over prompts. per_prompt[p] =
     (accepted, drafts) of prompt p summed over its repeats (n_repeats is reported as 0: not known here)."""

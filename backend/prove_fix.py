@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from backend import metrics
+from backend.config import dashboard_link
 from backend.drafter.fix import FixPlan
 
 
@@ -41,7 +42,7 @@ class Proof:
         if self.lossless is not None:
             out.append("lossless: greedy outputs equal plain decoding" if self.lossless else
                        "NOT lossless: some greedy outputs differ from plain decoding")
-        out.append(f"compare: {self.compare}")
+        out.append(f"compare: {dashboard_link(self.compare)}")
         return out
 
 

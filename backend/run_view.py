@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from backend import metrics
-from backend.compare import NOT_CONFIG, flatten
+from backend.compare import NOT_CONFIG, Mismatch, drafter_mismatches, flatten
 from backend.config import paths
+from backend.prompts import load_prompts
 from backend.store.rundir import valid_run_id
 
 LOG_TAIL_LINES = 40
+PROMPT_TEXT_MAX = 80                # characters of a prompt's text the per-prompt table shows (the rest: "…")
+PROMPT_FILE_MAX_BYTES = 64 << 20    # a prompts file larger than this is not read for the table's texts
 LOG_TAIL_BYTES = 64 * 1024          # a log is read from its end: a 2 GB server log costs what a small one does
 MAX_FILES = 200                     # files listed (a run directory holds a handful)
 # the settings a reader looks for first, in this order (the rest follows alphabetically)
@@ -35,7 +39,7 @@ SORT_LABELS = {"order": "prompt order", "tau": "tau, lowest first", "-tau": "tau
                "tokens_per_s": "tokens/s, slowest first", "-tokens_per_s": "tokens/s, fastest first",
                "ttft": "TTFT, shortest first", "-ttft": "TTFT, longest first",
                "acceptance": "acceptance, lowest first", "-acceptance": "acceptance, highest first"}
-PROMPT_COLUMNS = ["#", "prompt", "category", "repeats", "accepted", "drafted", "acceptance", "tau", "tokens/s",
+PROMPT_COLUMNS = ["#", "prompt", "text", "category", "repeats", "accepted", "drafted", "acceptance", "tau", "tokens/s",
                   "TTFT ms", "TPOT ms", "output tokens", "output hash", "same as baseline"]
 
 
@@ -78,7 +82,11 @@ def fed(manifest: dict) -> Fed:
         runner = f", runner {aux['runner']}" if aux.get("runner") else ""
         summary = (f"{reading or 'The engine'}{runner} read aux ids [{_labels(aux.get('ids'))}] from "
                    f"{aux.get('ids_from') or 'its default'} and fed the drafter {_labels(aux.get('boundaries'))}.")
+        hf = reading_note(manifest)
+        if hf:
+            summary += f" HF transformers reproduced {engine_fact(manifest)}'s reading: this run did not run inside it."
         rows = [("engine reading", f"{reading}{runner}" if reading else None),
+                ("decoded by", f"{hf_name(manifest)}, reproducing this reading" if hf else None),
                 ("why this runner", aux.get("runner_reason")),
                 ("aux layer ids", f"[{_labels(aux.get('ids'))}]"), ("ids read from", aux.get("ids_from")),
                 ("boundaries fed", _labels(aux.get("boundaries"))),
@@ -128,6 +136,77 @@ def fed(manifest: dict) -> Fed:
 
 
 _ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
+def reading_note(manifest: dict) -> str | None:
+    """A drafter bench run on the HF engine fed the drafter what a serving engine's release reads from its config
+    (`aux.producer`/`version`, backend/conventions.yaml): in one line, that HF reproduced that release's reading, so
+    the acceptance is HF's decoding of those boundaries, not a measurement inside that engine. None otherwise (a bench
+    inside vLLM or SGLang measured the engine itself; plain decoding feeds nothing)."""
+    if manifest.get("kind") != "bench" or manifest.get("engine") != "hf":
+        return None
+    aux = manifest.get("aux") if isinstance(manifest.get("aux"), dict) else None
+    if not aux or aux.get("producer") not in _ENGINE_NAMES:
+        return None
+    release = " ".join(str(x) for x in (_ENGINE_NAMES[aux["producer"]], aux.get("version")) if x)
+    runner = f" ({aux['runner']} runner)" if aux.get("runner") else ""
+    ids = f"ids [{_labels(aux['ids'])}]" if aux.get("ids") else "its default ids"
+    return (f"Run on {hf_name(manifest)}, reproducing {release}{runner}'s reading: the drafter was fed "
+            f"{_labels(aux.get('boundaries'))}, what {release} feeds it from {ids}; tau and speed are HF's decoding of "
+            f"that feed, not measured inside {release}.")
+
+
+def hf_name(manifest: dict) -> str:
+    """'HF transformers 5.17.0' (the HF engine's version is recorded as 'transformers 5.17.0' or '5.17.0')."""
+    v = str(manifest.get("engine_version") or "").removeprefix("transformers").strip()
+    return f"HF transformers {v}".strip()
+
+
+def engine_fact(manifest: dict) -> str | None:
+    """The run header's engine words: 'hf 5.x, reproducing SGLang 0.5.15's reading' for a drafter bench on HF."""
+    aux = manifest.get("aux") if isinstance(manifest.get("aux"), dict) else None
+    if not reading_note(manifest) or not aux:
+        return None
+    return " ".join(str(x) for x in (_ENGINE_NAMES[aux["producer"]], aux.get("version")) if x)
+
+
+@dataclass
+class Finding:
+    """A problem that travels with a bench run: on its page, its Runs row, `runs --json` and its exports."""
+
+    severity: str                  # "error": its figures are not what the drafter can do; "note": read them knowing
+    short: str                     # a few words for a table cell
+    line: str                      # markdown, one line, with the link that proves it
+
+
+def findings(manifests: dict[str, dict], checks: dict[str, dict]) -> dict[str, list[Finding]]:
+    """run_id -> what a reader must know before trusting the run's figures: the drafter check's finding that the
+    engine fed other boundaries than the drafter was trained on (backend/compare.py's drafter_mismatches, the one
+    place that decides it; Compare shows the same line) and the HF engine reproducing a serving engine's reading
+    (reading_note). `manifests`: catalog.run_manifests; `checks`: catalog.check_manifests (newest first)."""
+    out: dict[str, list[Finding]] = {r: [] for r in manifests}
+    for x in drafter_mismatches(manifests, checks):
+        out[x.run].append(_mismatch(x))
+    for r, m in manifests.items():
+        note = reading_note(m)
+        if note:
+            out[r].append(Finding("note", f"{engine_fact(m)}'s reading, reproduced on HF", note))
+    return {r: f for r, f in out.items() if f}
+
+
+def _mismatch(x: Mismatch) -> Finding:
+    return Finding("error", f"fed {', '.join(x.fed)}; trained on {', '.join(x.trained)} (check {x.check})",
+                   "**Fed the wrong boundaries.** " + x.line())
+
+
+def plain(line: str) -> str:
+    """A markdown line as plain text (for exported files): links as 'text (url)', no emphasis or code marks."""
+    return re.sub(r"\[([^\]]+)\]\(([^)]+)\)", r"\1 (\2)", line).replace("**", "").replace("`", "")
+
+
+def finding_text(found: list[Finding]) -> str:
+    """A run's findings in one cell (the Runs table, `runs --json`): the short forms, errors first."""
+    return "; ".join(f.short for f in sorted(found, key=lambda f: f.severity != "error"))
 
 
 def _rows(pairs) -> pd.DataFrame:
@@ -233,11 +312,34 @@ def log_tail(run_dir: str | Path, manifest: dict, root: Path | None = None, n: i
 
 # ---------------------------------------------------------------------------- per-prompt table (bench runs)
 
-def prompt_table(agg: pd.DataFrame, k: int, greedy: bool) -> pd.DataFrame:
+def prompt_texts(manifest: dict) -> dict[str, str]:
+    """prompt id -> its text, from the prompts file the bench read (`settings.prompts`, backend/prompts.py), for the
+    per-prompt table; empty when the file is gone, unreadable or too large (the table then shows ids only)."""
+    st = manifest.get("settings") if isinstance(manifest.get("settings"), dict) else {}
+    path = st.get("prompts")
+    if not isinstance(path, str) or not path:
+        return {}
+    try:
+        f = Path(path)
+        if not f.is_file() or f.stat().st_size > PROMPT_FILE_MAX_BYTES:
+            return {}
+        return {p.id: p.text for p in load_prompts(f)}
+    except Exception:  # noqa: BLE001 - a bad prompts file costs the texts, never the page
+        return {}
+
+
+def short_text(text: str | None, n: int = PROMPT_TEXT_MAX) -> str:
+    """A prompt's text on one line, at most n characters, then an ellipsis."""
+    one = " ".join(str(text or "").split())
+    return one if len(one) <= n else one[:n - 1].rstrip() + "\u2026"
+
+
+def prompt_table(agg: pd.DataFrame, k: int, greedy: bool, texts: dict[str, str] | None = None) -> pd.DataFrame:
     """One row per prompt (its repeats pooled) from catalog.bench_prompt_table: accepted and drafted draft tokens,
     the acceptance rate and tau (backend/metrics.py: tau = 1 + accepted / verify steps), mean tokens/s, TTFT and
     TPOT (ms), output tokens, the output hash ("(n differ)" when repeats disagree) and, for a greedy run with a
-    baseline, whether every repeat's output equals the baseline's."""
+    baseline, whether every repeat's output equals the baseline's; `texts` (prompt_texts): each prompt's text, cut to
+    PROMPT_TEXT_MAX characters."""
     stats = [metrics.AcceptanceStats(drafts=int(d), draft_tokens=int(d) * k, accepted=int(a))
              for a, d in zip(agg["accepted"].fillna(0).tolist(), agg["drafts"].fillna(0).tolist())]
     hashes = [h if n <= 1 else f"{h} ({n} differ)" for h, n in zip(agg["output_hash"].fillna("").tolist(),
@@ -245,6 +347,7 @@ def prompt_table(agg: pd.DataFrame, k: int, greedy: bool) -> pd.DataFrame:
     same = agg["same_as_baseline"] if greedy else pd.Series([None] * len(agg), index=agg.index, dtype=object)
     return pd.DataFrame({
         "#": agg["prompt_index"].astype("Int64"), "prompt": agg["prompt_id"].astype(str),
+        "text": [short_text((texts or {}).get(str(p), "")) for p in agg["prompt_id"].tolist()],
         "category": agg["category"].fillna(""), "repeats": agg["repeats"].astype("Int64"),
         "accepted": agg["accepted"].astype("Int64"), "drafted": [s.draft_tokens for s in stats],
         "acceptance": [s.acceptance_rate for s in stats], "tau": [s.tau for s in stats],
@@ -253,24 +356,53 @@ def prompt_table(agg: pd.DataFrame, k: int, greedy: bool) -> pd.DataFrame:
     }, columns=PROMPT_COLUMNS).reset_index(drop=True)
 
 
+PROMPT_SPEED_COLUMNS = ["#", "prompt", "category", "text", "tokens/s", "plain tokens/s", "speedup"]
+
+
+def prompt_speeds(timings: pd.DataFrame, base: pd.DataFrame | None = None,
+                  texts: dict[str, str] | None = None) -> pd.DataFrame:
+    """Per prompt of a bench run (catalog.bench_prompt_timings of the run; repeats averaged): its tokens/s, plain
+    decoding's on the same prompt (the interleaved pair's own half, `base_tokens_per_s`, else `base`: the baseline
+    run's timings) and their ratio; what the run page's per-prompt speed chart draws and exports."""
+    if timings is None or timings.empty:
+        return pd.DataFrame(columns=PROMPT_SPEED_COLUMNS)
+    g = timings.groupby(["prompt_index", "prompt_id", "category"], dropna=False, sort=True)
+    out = g["tokens_per_s"].mean().rename("tokens/s").reset_index()
+    plain = pd.to_numeric(g["base_tokens_per_s"].mean(), errors="coerce").reset_index(drop=True) \
+        if "base_tokens_per_s" in timings else pd.Series([float("nan")] * len(out))
+    if plain.isna().all() and base is not None and not base.empty:
+        by_id = base.groupby("prompt_id")["tokens_per_s"].mean()
+        plain = out["prompt_id"].astype(str).map({str(k): v for k, v in by_id.items()}).astype(float)
+    out["plain tokens/s"] = plain.to_numpy()
+    out["speedup"] = out["tokens/s"] / out["plain tokens/s"]
+    out = out.rename(columns={"prompt_index": "#", "prompt_id": "prompt"})
+    out["prompt"] = out["prompt"].astype(str)
+    out["category"] = out["category"].fillna("")
+    out["text"] = [short_text((texts or {}).get(p, "")) for p in out["prompt"]]
+    return out.reindex(columns=PROMPT_SPEED_COLUMNS)
+
+
 def prompt_columns(table: pd.DataFrame, k: int, greedy_with_baseline: bool) -> list[str]:
     """The per-prompt columns worth showing: no acceptance figures for plain decoding, no baseline check without a
-    greedy baseline."""
+    greedy baseline, no text column when no prompt's text was found."""
     drop = set() if k > 0 else {"accepted", "drafted", "acceptance", "tau"}
+    if not (table["text"] != "").any():
+        drop.add("text")
     if not greedy_with_baseline:
         drop.add("same as baseline")
     return [c for c in table.columns if c not in drop]
 
 
 def filter_prompts(table: pd.DataFrame, categories: list[str], text: str, sort: str) -> pd.DataFrame:
-    """The rows of these categories (all when none) holding `text` (case-insensitive) in the prompt id, category or
-    output hash, sorted by `sort` (SORTS; missing values last)."""
+    """The rows of these categories (all when none) holding `text` (case-insensitive) in the prompt id, its text (as
+    shown), category or output hash, sorted by `sort` (SORTS; missing values last)."""
     out = table
     if categories:
         out = out[out["category"].isin(categories)]
     needle = (text or "").strip().lower()
     if needle:
-        hay = out["prompt"].str.lower() + "\n" + out["category"].str.lower() + "\n" + out["output hash"].str.lower()
+        hay = (out["prompt"].str.lower() + "\n" + out["text"].str.lower() + "\n" + out["category"].str.lower() + "\n"
+               + out["output hash"].str.lower())
         out = out[hay.str.contains(needle, regex=False)]
     col, ascending = SORTS.get(sort, SORTS["order"])
     return out.sort_values([col, "#"], ascending=[ascending, True], na_position="last", kind="stable")
@@ -435,6 +567,67 @@ def timing_lines(manifest: dict) -> list[str]:
                    + (f"{load.get('speclens_units')} unit(s) shared with {', '.join(f'`{p}`' for p in procs[:2])}"
                       if procs else "none seen") + ".")
     return out
+
+
+def headline_text(row: dict) -> str:
+    """One run's headline in words, for `python -m backend runs` (a catalog.runs_overview row): a drafter bench's
+    tau and speedup with its 95% CI (no verdict when its speed figures are noise), plain decoding's tokens/s, a
+    capture's boundaries and tokens, a check's best candidate (or "lint only")."""
+    def ok(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+
+    kind = row.get("kind")
+    if row.get("status") != "complete":
+        done, total = row.get("progress_done"), row.get("progress_total")
+        return f"{int(done)}/{int(total)} done" if ok(done) and ok(total) else "-"
+    if kind == "bench":
+        if not ok(row.get("num_spec_tokens")) or not row["num_spec_tokens"]:
+            tps = row.get("tokens_per_s")
+            return f"plain decoding, {tps:.1f} tokens/s" if ok(tps) else "plain decoding"
+        out = f"tau {row['tau']:.2f}" if ok(row.get("tau")) else "tau -"
+        if ok(row.get("speedup")):
+            out += f", speedup {row['speedup']:.2f}x"
+            if ok(row.get("speedup_ci_low")) and ok(row.get("speedup_ci_high")):
+                out += f" [{row['speedup_ci_low']:.2f}, {row['speedup_ci_high']:.2f}]"
+            if isinstance(row.get("speed_noise"), str) and row["speed_noise"]:
+                out += " (no verdict: timing noise)"
+        return out
+    if kind == "capture":
+        out = f"{int(row['n_boundaries'])} boundaries" if ok(row.get("n_boundaries")) else ""
+        if ok(row.get("tokens")):
+            out += f", {int(row['tokens']):,} tokens"
+        if ok(row.get("nonfinite_tokens")) and row["nonfinite_tokens"]:
+            out += f", {int(row['nonfinite_tokens'])} NaN/inf tokens"
+        return out or "-"
+    if kind == "check":
+        if row.get("engine") == "lint":
+            return "lint only (config files)"
+        best = row.get("boundaries")
+        return f"trained on {best}" if isinstance(best, str) and best else "-"
+    return "-"
+
+
+RUNS_TEXT_COLUMNS = ["run_id", "kind", "status", "engine", "model", "drafter", "figures", "finding"]
+
+
+def runs_text(df: pd.DataFrame) -> str:
+    """`python -m backend runs` in text mode: one line per run, its headline figures (headline_text) and findings."""
+    rows = df.to_dict("records")
+    table = pd.DataFrame({
+        "run_id": [r["run_id"] for r in rows], "kind": [r.get("kind") or "-" for r in rows],
+        "status": [r.get("status") or "-" for r in rows],
+        "engine": [" ".join(str(x) for x in (r.get("engine"), r.get("engine_version")) if isinstance(x, str) and x)
+                   or "-" for r in rows],
+        "model": [r["model"] if isinstance(r.get("model"), str) else "-" for r in rows],
+        "drafter": [r["drafter"] if isinstance(r.get("drafter"), str) else "-" for r in rows],
+        "figures": [headline_text(r) for r in rows],
+        "finding": [r["finding"] if isinstance(r.get("finding"), str) and r["finding"] else "" for r in rows],
+    }, columns=RUNS_TEXT_COLUMNS).rename(columns={"model": "target"})
+    if not (table["finding"] != "").any():
+        table = table.drop(columns="finding")
+    cells = [list(table.columns)] + [[str(v) for v in r] for r in table.itertuples(index=False)]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(table.columns))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
 
 
 def manifest_text(manifest: dict) -> str:

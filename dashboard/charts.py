@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from backend import coords, stats_compare
+from backend import coords, metrics, stats_compare
 
 if TYPE_CHECKING:  # the alignment module imports torch; the statistics page need not
     from backend.align import Alignment
@@ -385,13 +385,14 @@ def runs_frame(runs: pd.DataFrame) -> pd.DataFrame:
     def py(name: str) -> list:           # plain lists: iterating Arrow-backed columns element by element is slow
         return col(name).tolist()
 
-    out = pd.DataFrame({
+    out = pd.DataFrame({          # the bench figures next to the id: on the first screen of a wide table
         "run_id": runs["run_id"],
         "view": run_links(runs["run_id"]),
-        "status": runs["status"], "kind": runs["kind"], "pinned": col("pinned").fillna(False).astype(bool),
-        "tags": col("tags").fillna(""), "model": runs["model"], "drafter": col("drafter"),
+        "status": runs["status"], "kind": runs["kind"], "tau": col("tau"), "speedup": col("speedup"),
+        "drafter": col("drafter"), "model": runs["model"],
         "engine": [engine_label(e, v) for e, v in zip(py("engine"), py("engine_version"))],
-        "dataset": col("dataset"), "tau": col("tau"), "speedup": col("speedup"), "dtype": runs["dtype"],
+        "dataset": col("dataset"), "pinned": col("pinned").fillna(False).astype(bool), "tags": col("tags").fillna(""),
+        "dtype": runs["dtype"],
         "boundaries": runs["boundaries"].map(compact_labels), "tokens": runs["tokens"],
         "nonfinite_tokens": runs["nonfinite_tokens"],
         "progress": [frac(d, t, s) for d, t, s in zip(py("progress_done"), py("progress_total"), py("status"))],
@@ -401,7 +402,20 @@ def runs_frame(runs: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index(drop=True)
 
 
-_OPTIONAL = {"bench": ["pinned", "drafter", "tau", "speedup"], "capture": ["boundaries", "nonfinite_tokens"]}
+_OPTIONAL = {"bench": ["pinned", "drafter", "tau", "speedup", "finding"], "capture": ["boundaries", "nonfinite_tokens"]}
+
+
+def lint_only(runs: pd.DataFrame) -> pd.Series:
+    """The rows that are `check-drafter --lint-only` runs (engine `lint`: config files read, no model loaded, no
+    tokens): the Runs page hides them unless asked."""
+    return (runs["kind"] == "check") & (runs["engine"] == "lint")
+
+
+def text_width(values: pd.Series, most: int = 320) -> int:
+    """A text column's width in pixels that shows its longest value whole (about 7.5 px a character in the grid's
+    font), at most `most`: names like `AngelSlim/Qwen3-8B_eagle3` are read, not cut."""
+    longest = max((len(str(v)) for v in values.tolist() if isinstance(v, str)), default=0)
+    return int(min(most, max(80, 7.5 * longest + 24)))
 
 
 def runs_columns(table: pd.DataFrame) -> list[str]:
@@ -409,6 +423,8 @@ def runs_columns(table: pd.DataFrame) -> list[str]:
     when captures are, progress only for unfinished runs."""
     kinds = set(table["kind"].dropna())
     drop = {c for kind, cols in _OPTIONAL.items() if kind not in kinds for c in cols}
+    if "finding" in table and not (table["finding"].fillna("") != "").any():
+        drop.add("finding")
     if table["progress"].isna().all():
         drop.add("progress")
     return [c for c in table.columns if c not in drop]
@@ -474,13 +490,33 @@ def acceptance_curves(pos: pd.DataFrame, run_ids: list[str]) -> go.Figure:
     return fig
 
 
+def prompt_speed_chart(frame: pd.DataFrame, run_id: str) -> go.Figure:
+    """One bench run's tokens/s per prompt (backend/run_view.prompt_speeds: repeats averaged), beside plain decoding's
+    on the same prompt when the run has a paired baseline: the prompts where drafting pays and where it does not."""
+    fig = go.Figure()
+    text = frame["text"] if "text" in frame else frame["prompt"]
+    hover = "prompt %{customdata[0]} (%{customdata[1]}): %{y:.1f} tokens/s<br>%{customdata[2]}<extra>%{fullData.name}"
+    data = list(zip(frame["prompt"], frame["category"], text))
+    if frame["plain tokens/s"].notna().any():
+        fig.add_trace(go.Scatter(x=frame["#"], y=frame["plain tokens/s"], mode="markers", name="plain decoding",
+                                 marker=dict(color="#7f7f7f", symbol="circle-open", size=8), customdata=data,
+                                 hovertemplate=hover + "</extra>"))
+    fig.add_trace(go.Scatter(x=frame["#"], y=frame["tokens/s"], mode="markers", name=run_id,
+                             marker=dict(color=_PALETTE[0], size=8), customdata=data, hovertemplate=hover + "</extra>"))
+    fig.update_layout(**_LAYOUT, height=420, title=dict(text="Tokens/s per prompt (mean over repeats)"),
+                      xaxis=dict(title="prompt (# in the prompts file's order)"),
+                      yaxis=dict(title="tokens/s", rangemode="tozero"), legend=dict(title="run"))
+    return fig
+
+
 def _ci_arrays(values, lo, hi) -> dict:
-    """Asymmetric error bars from a value and its interval (0 where either is missing)."""
+    """Asymmetric error bars from a value and its interval; none where either is missing (a bar of zero length would
+    read as an exact figure: metrics.interval_shown leaves a few prompts' figure without one)."""
     v = pd.to_numeric(pd.Series(list(values)), errors="coerce")
-    up = (pd.to_numeric(pd.Series(list(hi)), errors="coerce") - v).clip(lower=0).fillna(0)
-    down = (v - pd.to_numeric(pd.Series(list(lo)), errors="coerce")).clip(lower=0).fillna(0)
-    return dict(type="data", symmetric=False, array=up.tolist(), arrayminus=down.tolist(), visible=True,
-                thickness=1.5, width=6)
+    up = (pd.to_numeric(pd.Series(list(hi)), errors="coerce") - v).clip(lower=0)
+    down = (v - pd.to_numeric(pd.Series(list(lo)), errors="coerce")).clip(lower=0)
+    return dict(type="data", symmetric=False, array=[None if x != x else x for x in up.tolist()],
+                arrayminus=[None if x != x else x for x in down.tolist()], visible=True, thickness=1.5, width=6)
 
 
 def _col(df: pd.DataFrame, name: str) -> pd.Series:
@@ -657,7 +693,8 @@ def category_chart(cats: pd.DataFrame, run_ids: list[str]) -> go.Figure:
                                  hovertemplate=f"{r}, %{{x}}: {key} %{{y:{fmt}}}<extra></extra>"), row=1, col=i)
     fig.add_hline(y=1.0, line=dict(color="#555", dash="dash"), row=1, col=2)
     fig.update_layout(**_LAYOUT, height=440, barmode="group",
-                      title=dict(text="Per category (prompts in brackets; 95% CI over the category's prompts)"),
+                      title=dict(text="Per category (prompts in brackets; 95% CI over the category's prompts, none "
+                                      f"under {metrics.MIN_INTERVAL_PROMPTS} prompts)"),
                       legend=dict(title="run", orientation="h", yanchor="bottom", y=1.08, xanchor="right", x=1.0))
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=[labels[c] for c in cat_order])
     fig.update_yaxes(rangemode="tozero")
@@ -672,8 +709,16 @@ def _ci_text(lo, hi, digits: int = 2) -> str:
     return f"[{float(lo):.{digits}f}, {float(hi):.{digits}f}]"
 
 
+def _no_interval(n) -> str:
+    """The interval cell of a figure over too few prompts to give one (metrics.interval_shown)."""
+    if _nan(n) or int(n) >= metrics.MIN_INTERVAL_PROMPTS:
+        return ""
+    return f"none: {int(n)} prompt{'s' if int(n) != 1 else ''} (< {metrics.MIN_INTERVAL_PROMPTS})"
+
+
 def category_table(cats: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
-    """Categories (rows) x runs: tau, tokens/s, speedup over the baseline and its 95% CI, per run."""
+    """Categories (rows) x runs: tau, tokens/s, speedup over the baseline and its 95% CI, per run; a category of fewer
+    than metrics.MIN_INTERVAL_PROMPTS prompts says why it has no interval."""
     if cats.empty:
         return pd.DataFrame(columns=["category"])
     out = pd.DataFrame({"category": sorted(cats["category"].dropna().unique())})
@@ -685,5 +730,6 @@ def category_table(cats: pd.DataFrame, run_ids: list[str]) -> pd.DataFrame:
         out[f"{r} · tokens/s"] = out["category"].map(g["tokens_per_s"])
         out[f"{r} · speedup"] = out["category"].map(g["speedup"])
         out[f"{r} · 95% CI"] = out["category"].map(
-            {c: _ci_text(lo, hi) for c, lo, hi in zip(g.index, g["speedup_ci_low"], g["speedup_ci_high"])})
+            {c: _ci_text(lo, hi) or _no_interval(k) for c, lo, hi, k in zip(g.index, g["speedup_ci_low"],
+                                                                           g["speedup_ci_high"], g["prompts"])})
     return out

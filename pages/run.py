@@ -1,12 +1,15 @@
 """Run (?id=RUN&category=&q=&sort=): one run on one page: its status (and error, or why it stopped), links to every
 view that shows it, its headline figures, what the engine fed the drafter, a bench run's per-prompt table (filtered by
 category and text, sorted; all in the URL), a capture's boundaries, its settings (the manifest flattened), the files
-of its run directory and the tail of its log. Every "open" link of the dashboard comes here. Numbers and tables:
-backend/run_view.py (tau and acceptance from backend/metrics.py); data: catalog queries."""
+of its run directory and the tail of its log. A bench run carries its problems here (the drafter check's finding that
+the engine fed other boundaries than the drafter was trained on, the HF engine reproducing a serving engine's reading;
+written above its exported charts too) and its charts (accepted lengths, per-position acceptance, tokens/s per prompt).
+Every "open" link of the dashboard comes here. Numbers and tables: backend/run_view.py (tau and acceptance from
+backend/metrics.py); data: catalog queries."""
 
 import streamlit as st
 
-from backend import regress, run_view
+from backend import compare, regress, run_view
 from backend.config import data_root
 from dashboard import charts, ui, watch_charts
 
@@ -40,7 +43,9 @@ head.title(f"Run {rid}")
 
 facts = [f":{STATUS.get(status, 'gray')}-badge[{status}]", f"**{kind}**"]
 engine = charts.engine_label(run.get("engine"), run.get("engine_version"))
-facts += [f"engine `{engine}`" if engine else None, f"target `{run['model']}`" if run.get("model") else None,
+reading = run_view.engine_fact(m)
+engine_words = f"engine `{engine}`" + (f", reproducing **{reading}**'s reading" if reading else "") if engine else None
+facts += [engine_words, f"target `{run['model']}`" if run.get("model") else None,
           f"drafter `{run['drafter']}`" if run.get("drafter") else None,
           f"dataset `{run['dataset']}`" if run.get("dataset") else None,
           f"created {run['created']}" if run.get("created") else None,
@@ -57,6 +62,12 @@ elif status == "interrupted":
 elif status == "running":
     done, total = charts.progress(run.get("progress_done"), run.get("progress_total"))
     st.progress(done / total if total else 0.0, text=f"running: {done} / {total}")
+found = (ui.guarded(run_view.findings, {rid: m}, ui.guarded(cat.check_manifests)).get(rid, [])
+         if kind == "bench" else [])
+for i, f in enumerate(found):       # the run's problems first (notes: in the header and the feed line); in exports too
+    if f.severity == "error":
+        st.container(key=f"run_finding_{i}").error(f.line, icon=":material/error:")
+    ui.note_verdict(run_view.plain(f.line))
 
 # ---------------------------------------------------------------------------- views that show this run
 
@@ -124,34 +135,58 @@ if kind == "capture" and status == "complete":
                 "nonfinite_tokens": st.column_config.NumberColumn("NaN/inf tokens"),
                 **{c: st.column_config.NumberColumn(format="%.3g") for c in ("rms", "max_abs", "kurtosis")}})
 
-# ---------------------------------------------------------------------------- per-prompt table (bench runs)
+# ---------------------------------------------------------------------------- charts and per-prompt table (bench runs)
 
 if kind == "bench":
-    st.subheader("Per prompt")
     k = int(m.get("num_spec_tokens") or 0)
     base = run.get("baseline_run") if isinstance(run.get("baseline_run"), str) else None
+    texts = run_view.prompt_texts(m) if status == "complete" else {}
+    if status == "complete":
+        st.subheader("Charts")
+        timings = ui.guarded(cat.bench_prompt_timings, [rid])
+        base_timings = ui.guarded(cat.bench_prompt_timings, [base]) if base else None
+        speeds = run_view.prompt_speeds(timings, base_timings, texts)
+        left, right = st.columns(2)
+        if k > 0:
+            acc = ui.guarded(compare.load_acceptance, [rid])
+            with left:
+                ui.chart_with_downloads(charts.accepted_histogram(acc.histogram, acc.run_ids), acc.histogram,
+                                        f"accepted_hist_{rid}")
+            with right:
+                ui.chart_with_downloads(charts.acceptance_curves(acc.positions, acc.run_ids), acc.positions,
+                                        f"acceptance_per_position_{rid}")
+            left, right = st.columns(2)
+        if not speeds.empty:
+            with left:
+                ui.chart_with_downloads(charts.prompt_speed_chart(speeds, rid), speeds,
+                                        f"tokens_per_s_per_prompt_{rid}")
+    st.subheader("Per prompt")
     agg = ui.guarded(cat.bench_prompt_table, rid, base) if status == "complete" else None
     if agg is None or agg.empty:
         st.caption("The per-prompt rows are indexed once the run is complete." if status != "complete"
                    else "No per-prompt rows in the catalog for this run.")
     else:
         greedy = not m.get("temperature")
-        table = run_view.prompt_table(agg, k, greedy)
+        table = run_view.prompt_table(agg, k, greedy, texts)
         c1, c2, c3 = st.columns([2, 2, 1])
         cats = ui.multiselect("Category", sorted(table["category"].unique()), "category", [], where=c1,
                               placeholder="all")
-        needle = ui.text("Find", "q", where=c2, placeholder="prompt id, category or output hash")
+        needle = ui.text("Find", "q", where=c2, placeholder="prompt id, text, category or output hash")
         sort = ui.select("Sort by", list(run_view.SORTS), "sort", "order", where=c3, sticky=False,
                          format_func=run_view.SORT_LABELS.get)
         shown = run_view.filter_prompts(table, cats, needle, sort)
         repeats = int(table["repeats"].max())
-        st.caption(f"{len(shown)} of {len(table)} prompts; figures pooled over {repeats} repeat(s): accepted and "
+        cut_to = (f"texts cut to {run_view.PROMPT_TEXT_MAX} characters" if texts else
+                  "no texts: the prompts file the run read is gone")
+        st.caption(f"{len(shown)} of {len(table)} prompts ({cut_to}); figures pooled over {repeats} repeat(s): "
+                   "accepted and "
                    f"drafted draft tokens (K = {k}), acceptance = accepted / drafted, tau = 1 + accepted / verify "
                    "steps (backend/metrics.py), mean tokens/s, TTFT and TPOT"
                    + (f"; same as baseline: every repeat's output equals `{base}`'s (greedy)." if greedy and base
                       else "."))
         st.container(key="run_prompts").dataframe(shown, hide_index=True,
                      column_order=run_view.prompt_columns(table, k, greedy and bool(base)), column_config={
+                         "text": st.column_config.TextColumn("text", width="large"),
                          "acceptance": st.column_config.NumberColumn(format="percent"),
                          "tau": st.column_config.NumberColumn(format="%.2f"),
                          "tokens/s": st.column_config.NumberColumn(format="%.1f"),

@@ -1,17 +1,21 @@
 """Runs: every capture and bench run with its status, filterable by kind, status, engine and its version, target,
-drafter, dataset and tag (?kind=&status=&engine=&version=&target=&drafter=&dataset=&tag=); the ticked rows are in the
+drafter, dataset and tag (?kind=&status=&engine=&version=&target=&drafter=&dataset=&tag=); lint-only drafter checks
+(config files only: no tokens, nothing measured) hidden unless ?lint=shown; bench runs' tau, speedup and findings (the
+drafter check's "fed the wrong boundaries", HF reproducing a serving engine's reading) next to the id; the ticked rows
+are in the
 URL too (?ticked=a,b: a link reproduces the selection that feeds "Compare"), and each row's "open" link goes to the
 run's page (/run?id=). Tags, notes and the pinned baseline of a run (?run=) are edited below the table when
 SPECLENS_READONLY=0 (read-only by default; with [auth] secrets only after a login, dashboard/auth.py)."""
 
 import streamlit as st
 
-from backend import annotations
+from backend import annotations, run_view
 from dashboard import auth, charts, ui
 from backend.demo import story as demo_story
 
 LIVE_EVERY_S = 5
 STATUSES = ["complete", "running", "interrupted", "failed", "quarantined"]
+LINT = {"hidden": "hidden (the default)", "shown": "shown"}
 FLASH = "runs_flash"
 
 st.title("Runs")
@@ -43,9 +47,17 @@ tags = ui.multiselect("Tag", all_tags, "tag", [], where=c8, placeholder="any" if
 shown = charts.with_any_tag(charts.filter_runs(runs, kind=kinds, status=statuses, engine=engines,
                                                engine_version=versions, model=targets, drafter=drafters,
                                                dataset=datasets), tags)
+lint_rows = charts.lint_only(shown)
+lint = ui.select("Lint-only checks", list(LINT), "lint", "hidden", format_func=LINT.get, where=st.columns(4)[0],
+                 help="`check-drafter --lint-only` runs read config files only: no tokens, no tau") \
+    if lint_rows.any() or ui.qp_get("lint") else "hidden"
+if lint == "hidden":
+    shown = shown[~lint_rows]
 
 counts = runs["status"].value_counts()
-st.caption(f"{len(shown)} of {len(runs)} runs shown; " + ", ".join(f"{counts[s]} {s}" for s in counts.index))
+st.caption(f"{len(shown)} of {len(runs)} runs shown; " + ", ".join(f"{counts[s]} {s}" for s in counts.index)
+           + (f"; {int(lint_rows.sum())} lint-only drafter checks hidden (config files only, nothing measured: "
+              "\u201cLint-only checks\u201d shows them)" if lint == "hidden" and lint_rows.any() else ""))
 
 
 @st.fragment(run_every=LIVE_EVERY_S)
@@ -80,6 +92,11 @@ if shown.empty:
     st.stop()
 
 table = charts.runs_frame(shown)
+bench_ids = shown.loc[shown["kind"] == "bench", "run_id"].tolist()
+found = ui.guarded(run_view.findings, ui.guarded(cat.run_manifests, bench_ids), ui.guarded(cat.check_manifests)) \
+    if bench_ids else {}
+table.insert(table.columns.get_loc("speedup") + 1, "finding",
+             table["run_id"].map({r: run_view.finding_text(f) for r, f in found.items()}).fillna(""))
 picked = st.dataframe(
     table, hide_index=True, key="runs_table", placeholder="-", on_select="rerun", selection_mode="multi-row",
     selection_default={"selection": {"rows": ui.ticked(table["run_id"])}},
@@ -92,10 +109,15 @@ picked = st.dataframe(
         "pinned": st.column_config.CheckboxColumn("pinned", help="the pinned baseline of its target (Compare page)"),
         "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
         "tau": st.column_config.NumberColumn("tau", format="%.2f", help="mean acceptance length, bonus token included"),
+        "finding": st.column_config.TextColumn(
+            "finding", width=charts.text_width(table["finding"], 420),
+            help="what to know before trusting the figures: the drafter check's finding that the engine fed other "
+                 "boundaries than the drafter was trained on; whose reading of the drafter's ids HF reproduced"),
+        "drafter": st.column_config.TextColumn("drafter", width=charts.text_width(table["drafter"])),
         "speedup": st.column_config.NumberColumn("speedup", format="%.2fx", help="over the paired baseline"),
         "nonfinite_tokens": st.column_config.NumberColumn(
             "NaN/inf tokens", help="tokens holding NaN or inf, summed over boundaries (left out of statistics)"),
-        "model": st.column_config.TextColumn("target"),
+        "model": st.column_config.TextColumn("target", width=charts.text_width(table["model"])),
         "engine": st.column_config.TextColumn("engine"),      # sized to its text ("hf transformers 5.x" was cut)
         "boundaries": st.column_config.TextColumn("boundaries", width="medium"),
         "notes": st.column_config.TextColumn("notes", width="medium"),
