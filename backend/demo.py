@@ -24,11 +24,11 @@ pairs and each run's noise check (plain decoding's drift over the run in a shuff
 second repeat would add about a minute per bench (five benches) for a tighter speedup interval the demo does not
 need.
 
-A regression pair (the Regression page and `python -m backend regress`): the after-layer drafter benched a second
-time as SGLang 0.5.15 reads its ids (after layer: S_3, S_5, S_6, what it was trained on), on the first REGRESS_LIMIT
-of the same held-out prompts (one short bench: the pair is paired over the prompts both decoded). Same drafter, same
-target, two engine releases' readings: `regress --baseline demo-bench-after-layer-sglang --candidate
-demo-bench-after-layer` says whether vLLM 0.24's reading costs tau.
+A regression pair (the Regression page and `python -m backend regress`): the slot-shift drafter with its fix (ids
+only in eagle_config) benched a second time as vLLM 0.24.0 reads it: its V2 runner reads only top-level ids, so it
+feeds its default S_2, S_4, S_5 and the fix is lost; on the first REGRESS_LIMIT of the same held-out prompts (one
+short bench: the pair is paired over the prompts both decoded). Same drafter, same target, two engine releases'
+readings: `regress --baseline demo-bench-slot-shift-fixed --candidate demo-bench-slot-shift-fixed-vllm`.
 
 Then the slot-shift case (issue 15, models/toy-slot-shift.tar.gz, `python -m backend.toy.slot_shift`): a drafter for
 the same target trained on speculators <= 0.4 files [embeddings, layer outputs] whose last state was the teacher, so
@@ -53,7 +53,7 @@ LIMIT = 40
 BENCH_RUNS = ("demo-bench-matched", "demo-bench-after-layer")
 BASELINE_RUN = f"{BENCH_RUNS[0]}-baseline"      # the name bench.py gives the paired baseline of the first bench
 REPEATS = 1                                     # see the module docstring: tau needs prompts, not repeats
-REGRESS_RUN = "demo-bench-after-layer-sglang"   # the after-layer drafter as SGLang 0.5.15 reads it (regression pair)
+REGRESS_RUN = "demo-bench-slot-shift-fixed-vllm"   # the fixed slot-shift drafter as vLLM 0.24 reads it (regression)
 REGRESS_LIMIT = 40                              # its prompts: the first 40 held-out ones (one short bench)
 DEMO_PAIRS = [
     ("demo-fp32", "demo-fp32-again", "aligned"),
@@ -128,14 +128,13 @@ def build_demo(root: Path | None = None, force: bool = False, progress: bool = T
 
 
 def build_bench_demo(root: Path | None = None, force: bool = False, progress: bool = True, limit: int | None = None,
-                     max_new_tokens: int = 48, repeats: int = REPEATS, regress: bool = True) -> list[str]:
+                     max_new_tokens: int = 48, repeats: int = REPEATS) -> list[str]:
     """The matched drafter and the after-layer drafter on the held-out prompts (all 116 by default: the two drafters
     differ by about 4% in tau, which takes that many prompts to tell apart; K=4, greedy), each interleaved with plain
-    decoding; the first writes the paired baseline run (`BASELINE_RUN`), the rest link it. regress: also the
-    regression pair's short bench (`REGRESS_RUN`)."""
-    from backend.bench import BenchSettings, run_bench
-
+    decoding; the first writes the paired baseline run (`BASELINE_RUN`), the rest link it."""
     import torch
+
+    from backend.bench import BenchSettings, run_bench
 
     # a toy target decodes fastest on one thread; two threads collapse when anything else uses a core
     torch.set_num_threads(1)
@@ -155,12 +154,6 @@ def build_bench_demo(root: Path | None = None, force: bool = False, progress: bo
                           device="cpu")
         r = run_bench(s, name=run_id, root=root, progress=progress)
         made.append(r.run_id)
-    if regress and _fresh(REGRESS_RUN, root, force):        # the regression pair's second half (module docstring)
-        s = BenchSettings(target=str(pair / "target"), drafter=str(pair / "drafter-after-layer"), prompts=str(prompts),
-                          num_spec_tokens=4, limit=min(limit or REGRESS_LIMIT, REGRESS_LIMIT),
-                          max_new_tokens=max_new_tokens, repeats=repeats, device="cpu", producer="sglang",
-                          producer_version="0.5.15")
-        made.append(run_bench(s, name=REGRESS_RUN, root=root, progress=progress).run_id)
     return made
 
 
@@ -214,10 +207,10 @@ def build_slot_shift_demo(root: Path | None = None, force: bool = False, progres
     SGLang 0.5.15 feeds it (ids as written, the user's patch, the written fix) on the held-out prompts, each interleaved
     with plain decoding (linking the matched drafter's paired baseline run when it is there): the proof path of
     `check-drafter --write-fix OUT --prove`, with the demo's run names."""
+    import torch
+
     from backend.bench import BenchSettings, run_bench
     from backend.check_drafter import CheckSettings, run_check
-
-    import torch
 
     torch.set_num_threads(1)
     pair, slot = toy_pair(root), slot_shift_models(root)
@@ -252,6 +245,11 @@ def build_slot_shift_demo(root: Path | None = None, force: bool = False, progres
                           num_spec_tokens=4, limit=limit, max_new_tokens=max_new_tokens, repeats=REPEATS, device="cpu",
                           producer=SLOT_ENGINE[0], producer_version=SLOT_ENGINE[1])
         made.append(run_bench(s, name=run_id, root=root, progress=progress).run_id)
+    if benches and _fresh(REGRESS_RUN, root, force):     # the regression pair's second half (module docstring)
+        s = BenchSettings(target=str(pair / "target"), drafter=str(fixed), prompts=str(prompts), num_spec_tokens=4,
+                          limit=min(limit or REGRESS_LIMIT, REGRESS_LIMIT), max_new_tokens=max_new_tokens,
+                          repeats=REPEATS, device="cpu", producer="vllm", producer_version="0.24.0")
+        made.append(run_bench(s, name=REGRESS_RUN, root=root, progress=progress).run_id)
     return made
 
 
@@ -313,18 +311,14 @@ def run_demo(force: bool = False, progress: bool = True, root: Path | None = Non
     made = build_demo(root, force, progress)
     print(f"demo data ready in {time.perf_counter() - t0:.1f} s ({len(made)} runs built, "
           f"{len(list_run_dirs(root))} runs in {paths(root).runs})")
-    for a, b, expected in DEMO_PAIRS:
+    for a, b, _expected in DEMO_PAIRS:
         al = get_alignment(a, b, root)
         kinds = ",".join(f.kind for f in al.verdict)
         print(f"  align {a} {b}: [{kinds}] {al.verdict[0].text[:110]}")
     t1 = time.perf_counter()
     build_bench_demo(root, force, progress)         # one bench after another, in this process: none times another
-    for r in Catalog(root).read.bench_runs(run_ids=[*BENCH_RUNS, REGRESS_RUN]).itertuples():
+    for r in Catalog(root).read.bench_runs(run_ids=list(BENCH_RUNS)).itertuples():
         print(f"  bench {r.run_id}: tau {r.tau:.2f}, {r.tokens_per_s:.1f} tok/s, {_speed(r)}, lossless {r.lossless}")
-    if _complete(REGRESS_RUN, root) and _complete(BENCH_RUNS[1], root):
-        from backend.regress import compare as regress
-
-        print("  regress: " + regress(REGRESS_RUN, BENCH_RUNS[1], root=root)["line"])
     print(f"benchmark demo ready in {time.perf_counter() - t1:.1f} s; open http://localhost:8501/compare?runs="
           f"{','.join(BENCH_RUNS)}")
     t2 = time.perf_counter()
@@ -332,8 +326,13 @@ def run_demo(force: bool = False, progress: bool = True, root: Path | None = Non
         print(f"drafter check ready in {time.perf_counter() - t2:.1f} s; open http://localhost:8501/drafter?run={CHECK_RUN}")
     t3 = time.perf_counter()
     build_slot_shift_demo(root, force, progress)
-    for r in Catalog(root).read.bench_runs(run_ids=list(SLOT_RUNS)).itertuples():
+    for r in Catalog(root).read.bench_runs(run_ids=[*SLOT_RUNS, REGRESS_RUN]).itertuples():
         print(f"  bench {r.run_id}: tau {r.tau:.2f}, {_speed(r)}, lossless {r.lossless}")
+    fixed_run = "demo-bench-slot-shift-fixed"
+    if _complete(REGRESS_RUN, root) and _complete(fixed_run, root):
+        from backend.regress import compare as regress
+
+        print("  regress: " + regress(fixed_run, REGRESS_RUN, root=root)["line"])
     print(f"slot-shift demo ready in {time.perf_counter() - t3:.1f} s ({time.perf_counter() - t0:.0f} s in all); "
           f"open http://localhost:8501/drafter?run={SLOT_CHECK_RUN}")
     for line in story(root) or []:

@@ -215,14 +215,14 @@ def candidate_bars(rep: dict, metric: str = "step1_accuracy") -> go.Figure:
     hi = max(vals, default=1.0)
     rng = [0.0, 1.0] if "%" in fmt else [0.0, (hi or 1.0) * 1.15]
     note = "best at the top" + ("" if metric == "cross_entropy" else "; the check itself ranks by cross-entropy")
-    fig.update_layout(**{**_LAYOUT, "margin": dict(l=70, r=190, t=70, b=60)}, height=max(320, 120 + 34 * len(cands)),
+    fig.update_layout(**{**_LAYOUT, "margin": dict(l=70, r=190, t=70, b=130)}, height=max(390, 190 + 34 * len(cands)),
                       showlegend=True,
                       title=dict(text=f"{title[0].upper()}{title[1:]}" + (" (lower is better)" if lower else "")
                                  + f"<br><sup>candidates ranked by {by}, {note}</sup>"),
                       xaxis=dict(title=title + " (axis from 0)", tickformat=".0%" if "%" in fmt else None, range=rng),
                       yaxis=dict(title="boundaries fed to the drafter", type="category", autorange="reversed",
                                  categoryorder="array", categoryarray=y),
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0), bargap=0.25)
+                      legend=dict(orientation="h", yanchor="top", y=-0.16, xanchor="left", x=0.0), bargap=0.25)
     return fig
 
 
@@ -236,7 +236,8 @@ def step_frame(rep: dict) -> pd.DataFrame:
             picks[r] = c
     for role, c in picks.items():
         for j, (a, acc) in enumerate(zip(c["accuracy"], c["acceptance"]), 1):
-            rows.append({"candidate": f"{', '.join(c['boundaries'])} ({role})", "role": role, "step": j,
+            said = {"best": "trained on", "best and fed": "trained on and fed"}.get(role, role)
+            rows.append({"candidate": f"{', '.join(c['boundaries'])} ({said})", "role": role, "step": j,
                          "accuracy": a, "acceptance": acc})
     return pd.DataFrame(rows, columns=["candidate", "role", "step", "accuracy", "acceptance"])
 

@@ -94,8 +94,9 @@ def tau_cost(better: float, worse: float, lo: float | None = None, hi: float | N
 
 def headline(cost: Cost, subject: str) -> str:
     """'**Error** (tau cost 50%): subject' — the level's name and the size first, then what it is about."""
-    size = "no cost" if cost.level.key == "ok" else f"tau cost {max(cost.rel, 0):.0%}"
-    return f"**{cost.level.name}** ({size}): {subject}"
+    if cost.level.key == "ok":
+        return f"**{cost.level.name}**: {subject}"
+    return f"**{cost.level.name}** (tau cost {cost.rel:.0%}): {subject}"
 
 
 def significance_words(z: float | None, sure_z: float, cost: Cost | None) -> str:

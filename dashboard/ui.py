@@ -250,8 +250,8 @@ def instead(*params: str) -> list[str]:
 
 def no_verdict_for_substitute(params: Sequence[str], what: str = "verdict") -> None:
     """One neutral line in place of a verdict for a view whose runs are substitutes for the link's."""
-    st.info(f"No {what}: {', '.join(f'`{p}`' for p in params)} in the link cannot be shown (see the notice above), "
-            f"and a {what} is only given for what the link asks. Pick above to see one.", icon=":material/info:")
+    st.info(f"No {what} for what the link did not ask for: {', '.join(f'`{p}`' for p in params)} in the link cannot "
+            "be shown as asked (see the notice above). Pick above to see it.", icon=":material/info:")
 
 
 def tab_choice(param: str, tabs: Sequence[str], label: str = "View") -> None:

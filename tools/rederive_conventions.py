@@ -924,8 +924,10 @@ def fields_rows(facts: list[dict], releases: dict[str, list[str]]) -> list[dict]
     keys = ("engine", "versions", "field", "status", "file", "architectures", "decided_by", "releases", "wheels")
     rows = [{k: r[k] for k in keys} for r in rows]
     eng_order = {"vllm": 0, "sglang": 1}
+    if f.get("decided_by"):                            # MORE_FIELDS facts word their own (derive_more_fields)
+        return f["decided_by"]
     return sorted(rows, key=lambda r: (eng_order[r["engine"]], r["file"] != LLAMA_DRAFTER[r["engine"]], r["file"],
-                                       list(DRAFTER_FIELDS).index(r["field"]), _vkey(r["versions"])))
+                                       _field_order(r["field"]), _vkey(r["versions"])))
 
 
 FIELDS_HEAD = """\
@@ -940,7 +942,11 @@ FIELDS_HEAD = """\
 #   decided_by: the functions that read and apply it (honoured) or where it would act (ignored);
 #   releases: the wheels read; wheels: per release, the hash of each cited function (the tool fails on a change).
 # Fields: norm_before_fc (one input_norm over the concatenated aux states), fc_norm / use_aux_norm (SGLang's legacy
-#   key; a per-aux-chunk fc_norm), norm_before_residual (vLLM: the first layer's residual is the normed fc output).
+#   key; a per-aux-chunk fc_norm), norm_before_residual (vLLM: the first layer's residual is the normed fc output);
+#   for the Llama drafter file only (MORE_FIELDS, read with the llama.py classes it builds on and, for vLLM, the rope
+#   loader vllm/transformers_utils/config.py:patch_rope_parameters): draft_vocab_size, d2t (the checkpoint tensor),
+#   target_hidden_size, rope_theta, rope_scaling, sliding_window, tie_word_embeddings, head_dim. The aux-id keys are
+#   the `ids_from` of backend/conventions.yaml's rows (not repeated here).
 # Releases not listed (older or newer than the rows) are not derived: the lint reports no field finding for them.
 """
 
@@ -952,7 +958,10 @@ def fields_main(a, engines: list[str], cache: Path) -> int:
     for eng in engines:
         rels = [r for r in releases[eng] if not a.releases or r in a.releases]
         for v in rels:
-            facts += derive_fields(eng, sources(eng, v, cache), v)
+            root = sources(eng, v, cache)
+            facts += derive_fields(eng, root, v)
+            rope_loader(eng, v, root)
+            facts += derive_more_fields(eng, root, v)
             derived[eng].append(v)
             print(f"{eng} {v}: drafter fields read", file=sys.stderr)
     rows = fields_rows(facts, releases)
@@ -963,7 +972,7 @@ def fields_main(a, engines: list[str], cache: Path) -> int:
         keep = [r for r in old or [] if r["engine"] not in engines]
         allrows = sorted(rows + keep, key=lambda r: ({"vllm": 0, "sglang": 1}[r["engine"]],
                                                        r["file"] != LLAMA_DRAFTER[r["engine"]], r["file"],
-                                                       list(DRAFTER_FIELDS).index(r["field"]), _vkey(r["versions"])))
+                                                       _field_order(r["field"]), _vkey(r["versions"])))
         FIELDS_TABLE.write_text(FIELDS_HEAD + yaml.safe_dump(allrows, sort_keys=False, width=120))
         print(f"wrote {len(rows)} derived rows to {FIELDS_TABLE.relative_to(REPO)}")
         return 0
@@ -1036,6 +1045,176 @@ def compare(derived: list[dict], table: list[dict]) -> list[str]:
                     for fn, h in w["code"].items():
                         if (hw.get("code") or {}).get(fn) != h:
                             out.append(f"{r['producer']} {ver}: code at {fn} changed (hash {h} != table "
+# ------------------------------------------------------------------------------------------- more drafter fields
+
+# The other drafter config fields issue 22 names (draft vocab / d2t, target_hidden_size, rope, sliding window, tied
+# embeddings, head_dim), read in the Llama drafter file (LLAMA_DRAFTER, the one the lint uses) together with the code
+# of the target-model file it builds on (`from ...models.llama import LlamaDecoderLayer, ...`): the methods of those
+# base classes the drafter's classes do not override (plus a base __init__ reached through super().__init__), and the
+# classes those __init__s construct (LlamaAttention, LlamaMLP), which is where rope, head_dim and the window act. For
+# vLLM also the config loader's `patch_rope_parameters` (vllm/transformers_utils/config.py), which turns rope_theta /
+# rope_scaling into the rope_parameters the attention reads. A field is honoured when a function in that scope reads
+# one of its keys from the config (or, for d2t, the checkpoint tensor name) and a function in that scope uses what it
+# sets (the `uses` names below); ignored when no function reads any of its keys.
+MORE_FIELDS = {  # field -> (keys read, names a function uses to apply it, what is built from it)
+    "draft_vocab_size": (("draft_vocab_size",), ("lm_head", "logits_processor"), "the LM head's rows"),
+    "d2t": (("d2t",), ("draft_id_to_target_id", "hot_token_id"), "the draft-to-target id map"),
+    "target_hidden_size": (("target_hidden_size",), ("fc",), "fc's input width"),
+    "rope_theta": (("rope_theta", "rope_parameters"), ("get_rope",), "the rotary embedding's base"),
+    "rope_scaling": (("rope_scaling", "rope_parameters"), ("get_rope",), "the rotary embedding's scaling"),
+    "sliding_window": (("sliding_window",), ("per_layer_sliding_window", "sliding_window_size"),
+                       "the attention window"),
+    "tie_word_embeddings": (("tie_word_embeddings",), ("lm_head",), "the LM head shared with embed_tokens"),
+    "head_dim": (("head_dim",), ("head_dim",), "the attention head width"),
+}
+VLLM_ROPE_LOADER = ("vllm/transformers_utils/config.py", "patch_rope_parameters")
+
+
+def _field_order(field: str) -> int:
+    return (list(DRAFTER_FIELDS) + list(MORE_FIELDS)).index(field)
+
+
+def rope_loader(engine: str, version: str, root: Path, pip: str = sys.executable) -> Path | None:
+    """vLLM's config loader file, extracted beside the model files from the same wheel (its sha256 checked)."""
+    if engine != "vllm":
+        return None
+    f = root / VLLM_ROPE_LOADER[0]
+    if f.exists():
+        return f
+    with tempfile.TemporaryDirectory(prefix="wheel-vllm-") as tmp:
+        r = subprocess.run([pip, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", f"vllm=={version}",
+                            "-d", tmp, "-q"], capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if r.returncode != 0 or not wheels:
+            raise SystemExit(f"pip download vllm=={version} failed: {(r.stderr or r.stdout).strip()[-400:]}")
+        h = hashlib.sha256(wheels[0].read_bytes()).hexdigest()
+        if (root / "WHEEL_SHA256").read_text().strip() != h:
+            raise SystemExit(f"vllm=={version}: the wheel downloaded now (sha256 {h[:12]}) is not the one cached "
+                             f"in {root}; read what changed")
+        with zipfile.ZipFile(wheels[0]) as z:
+            z.extract(VLLM_ROPE_LOADER[0], root)
+    return f
+
+
+def _names_used(node: ast.AST) -> set[str]:
+    """Names and attribute names a function loads or calls, and the keyword names it passes."""
+    out: set[str] = set()
+    for x in ast.walk(node):
+        if isinstance(x, ast.Name):
+            out.add(x.id)
+        elif isinstance(x, ast.Attribute):
+            out.add(x.attr)
+        elif isinstance(x, ast.keyword) and x.arg:
+            out.add(x.arg)
+    return out
+
+
+def field_scope(engine: str, root: Path) -> list[tuple[str, str, ast.AST]]:
+    """(file, qualified name, function) of every function that runs when the Llama drafter is built and served:
+    the drafter file's, the base-module methods its classes inherit or reach through super().__init__, the classes
+    those __init__s construct, and (vLLM) the rope loader."""
+    dfile = root / LLAMA_DRAFTER[engine]
+    base_rel = f"{MODELS_DIR[engine]}/llama.py"
+    tree, _ = _tree(dfile)
+    out = [(LLAMA_DRAFTER[engine], q, n) for q, n in _qual_functions(tree)]
+    imported = {a.asname or a.name: a.name for n in tree.body if isinstance(n, ast.ImportFrom) and n.module
+                and (n.module.endswith("models.llama") or (n.level == 1 and n.module == "llama")) for a in n.names}
+    for n in ast.walk(tree):                          # `Base = LlamaDecoderLayer` (vLLM 0.30+: outside TYPE_CHECKING)
+        if (isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and n.value.id in imported
+                and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)):
+            imported[n.targets[0].id] = imported[n.value.id]
+    bt = _tree(root / base_rel)
+    if bt is not None:
+        base_classes = {n.name: n for n in bt[0].body if isinstance(n, ast.ClassDef)}
+        methods = lambda c: {m.name: m for m in c.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))}  # noqa: E731
+        taken: dict[str, ast.AST] = {}
+        for c in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            own = methods(c)
+            for b in c.bases:
+                bname = imported.get(ast.unparse(b))
+                if bname not in base_classes:
+                    continue
+                for name, m in methods(base_classes[bname]).items():
+                    if name not in own:
+                        taken[f"{bname}.{name}"] = m
+                init = own.get("__init__")
+                if init is not None and "super().__init__" in ast.unparse(init) and "__init__" in methods(
+                        base_classes[bname]):
+                    taken[f"{bname}.__init__"] = methods(base_classes[bname])["__init__"]
+        todo = [q for q in taken if q.endswith(".__init__")]
+        while todo:                                  # classes constructed by an __init__ in scope (one module)
+            q = todo.pop()
+            for name in _names_used(taken[q]) & set(base_classes):
+                for mname, m in methods(base_classes[name]).items():
+                    k = f"{name}.{mname}"
+                    if k not in taken:
+                        taken[k] = m
+                        if mname == "__init__":
+                            todo.append(k)
+        out += [(base_rel, q, n) for q, n in taken.items()]
+    loader = root / VLLM_ROPE_LOADER[0]
+    if engine == "vllm" and loader.exists():
+        n = find(loader, VLLM_ROPE_LOADER[1])
+        if n is not None:
+            out.append((VLLM_ROPE_LOADER[0], VLLM_ROPE_LOADER[1], n))
+    return out
+
+
+def _reads_any(node: ast.AST, keys: tuple[str, ...], field: str) -> bool:
+    if field == "d2t":                                 # the checkpoint tensor's name, not a config key
+        return any(isinstance(x, ast.Constant) and x.value == "d2t" for x in ast.walk(node))
+    for x in ast.walk(node):
+        if isinstance(x, ast.Constant) and x.value in keys:
+            return True
+        if (isinstance(x, ast.Attribute) and x.attr in keys and isinstance(x.ctx, ast.Load)
+                and "config" in ast.unparse(x.value).lower()):
+            return True
+    return False
+
+
+def derive_more_fields(engine: str, root: Path, version: str) -> list[dict]:
+    """One fact per MORE_FIELDS field for the release's Llama drafter: honoured or ignored, the functions that read
+    and apply it (file:function, with their hashes)."""
+    if not (root / LLAMA_DRAFTER[engine]).exists():
+        raise Drift(f"{engine} {version}: no {LLAMA_DRAFTER[engine]} in the wheel")
+    scope = field_scope(engine, root)
+    if engine == "vllm" and not any(f == VLLM_ROPE_LOADER[0] for f, _, _ in scope):
+        raise Drift(f"vllm {version}: no {VLLM_ROPE_LOADER[0]}:{VLLM_ROPE_LOADER[1]} (the rope loader moved; read "
+                    f"where rope_theta becomes rope_parameters now)")
+    out = []
+    for field, (keys, uses, builds) in MORE_FIELDS.items():
+        reads = [f"{f}:{q}" for f, q, n in scope if _reads_any(n, keys, field)]
+        applies = [f"{f}:{q}" for f, q, n in scope if set(uses) & _names_used(n)
+                   and (field != "d2t" or q.rsplit(".", 1)[-1] != "load_weights")]
+        honoured = bool(reads and applies)
+        if honoured:                                   # cite the drafter file's own functions when it has some
+            own = lambda xs: [x for x in xs if x.startswith(LLAMA_DRAFTER[engine] + ":")] or xs  # noqa: E731
+            applies = own(applies)
+            cited = sorted(set(reads + applies))
+            short = lambda xs: ", ".join(dict.fromkeys(xs))  # noqa: E731
+            how = (f"{short(reads)} reads {' / '.join(keys)}; {short(applies)} "
+                   f"{'applies it' if field != 'd2t' else 'maps draft ids with it'}")
+            gate = [r for r in reads if _reads_any(next(n for f, q, n in scope if f"{f}:{q}" == r), ("layer_types",),
+                                                   "layer_types")]
+            if field == "sliding_window" and gate:
+                how += f" (only on the layers layer_types marks sliding_attention: {gate[0]} reads layer_types)"
+        else:
+            site = applies[:1] or [f"{LLAMA_DRAFTER[engine]}:{q}" for f, q, _ in scope
+                                   if f == LLAMA_DRAFTER[engine] and q.endswith("__init__")][-1:]
+            cited = site
+            how = (f"no function reads {' / '.join(keys)}"
+                   + (f"; {site[0]} builds {builds} without it" if site else ""))
+        code = {}
+        for c in cited:
+            f, q = c.split(":", 1)
+            node = next(n for ff, qq, n in scope if ff == f and qq == q)
+            code[c] = digest(node)
+        out.append(dict(engine=engine, version=version, file=LLAMA_DRAFTER[engine], architectures=[], field=field,
+                        status="honoured" if honoured else "ignored", reads=reads if honoured else [],
+                        applies=applies if honoured else [], code=code, decided_by=how))
+    return out
+
+
                                        f"{(hw.get('code') or {}).get(fn)}); read it and update the row")
                 continue
             if have.get(k) != v:
