@@ -125,3 +125,128 @@ def test_table_agrees_with_the_cached_wheels() -> None:
     facts = [f for e, v in have for f in rc.derive_fields(e, cache / f"{e}-{v}", v)]
     table = yaml.safe_load(rc.FIELDS_TABLE.read_text())
     assert rc.compare_fields(facts, table) == []
+
+
+# ---------------------------------------------------------------------------- the other fields (MORE_FIELDS)
+
+def test_more_fields_rows_cover_every_release_once() -> None:
+    """draft_vocab_size, d2t, target_hidden_size, rope, sliding window, tied embeddings, head_dim: one row per
+    release of the Llama drafter file, each citing the functions (file:function) that decide it, with their hashes."""
+    rows = yaml.safe_load(rc.FIELDS_TABLE.read_text())
+    for eng, rels in (("vllm", rc.VLLM_RELEASES), ("sglang", rc.SGLANG_RELEASES)):
+        for field in rc.MORE_FIELDS:
+            mine = [r for r in rows if r["engine"] == eng and r["field"] == field]
+            assert sorted(v for r in mine for v in r["releases"]) == sorted(rels), (eng, field)
+            for r in mine:
+                assert r["file"] == rc.LLAMA_DRAFTER[eng] and r["status"] in ("honoured", "ignored")
+                cited = {c for w in r["wheels"].values() for c in w}
+                assert cited and all(c.split(":", 1)[1] in r["decided_by"] for c in cited), r["decided_by"]
+
+
+def test_more_fields_what_the_wheels_say() -> None:
+    """The facts the lint's new findings rest on, as the table holds them."""
+    rows = yaml.safe_load(rc.FIELDS_TABLE.read_text())
+
+    def status(eng: str, field: str, v: str) -> str:
+        return next(r["status"] for r in rows if r["engine"] == eng and r["field"] == field
+                    and r["file"] == rc.LLAMA_DRAFTER[eng] and v in r["releases"])
+
+    for v in rc.VLLM_RELEASES:
+        assert status("vllm", "tie_word_embeddings", v) == "ignored"
+        assert status("vllm", "rope_theta", v) == status("vllm", "d2t", v) == "honoured"
+    for v in rc.SGLANG_RELEASES:
+        assert status("sglang", "sliding_window", v) == "ignored"
+        assert status("sglang", "tie_word_embeddings", v) == status("sglang", "draft_vocab_size", v) == "honoured"
+
+
+def test_more_fields_derivation_reads_base_classes(tmp_path) -> None:
+    """The rule on a small drafter file and the llama.py it builds on: rope read in the base decoder layer and applied
+    by the attention it constructs -> honoured, citing llama.py; a key nobody reads -> ignored, citing the drafter's
+    __init__; an overridden base __init__ that the drafter does not call is not read."""
+    root = tmp_path / "sglang-x"
+    models = root / rc.MODELS_DIR["sglang"]
+    models.mkdir(parents=True)
+    (models / "llama.py").write_text(
+        "class LlamaAttention:\n"
+        "    def __init__(self, config, rope_theta):\n"
+        "        self.rotary_emb = get_rope(base=rope_theta)\n"
+        "class LlamaDecoderLayer:\n"
+        "    def __init__(self, config):\n"
+        "        self.self_attn = LlamaAttention(config, getattr(config, 'rope_theta', 10000))\n"
+        "class LlamaForCausalLM:\n"
+        "    def __init__(self, config):\n"
+        "        self.tied = config.tie_word_embeddings\n")
+    (models / "llama_eagle3.py").write_text(
+        "from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM\n"
+        "class Layer(LlamaDecoderLayer):\n"
+        "    def __init__(self, config):\n"
+        "        super().__init__(config)\n"
+        "class M(LlamaForCausalLM):\n"
+        "    def __init__(self, config):\n"
+        "        self.layer = Layer(config)\n"
+        "        self.lm_head = Head(config.draft_vocab_size)\n"
+        "EntryClass = [M]\n")
+    facts = {f["field"]: f for f in rc.derive_more_fields("sglang", root, "0.0.1")}
+    rope = facts["rope_theta"]
+    assert rope["status"] == "honoured"
+    assert rope["reads"] == ["sglang/srt/models/llama.py:LlamaDecoderLayer.__init__"]
+    assert rope["applies"] == ["sglang/srt/models/llama.py:LlamaAttention.__init__"]
+    assert facts["draft_vocab_size"]["status"] == "honoured"
+    assert facts["tie_word_embeddings"]["status"] == "ignored"       # LlamaForCausalLM.__init__ never runs
+    assert facts["sliding_window"]["status"] == "ignored"
+    assert list(facts["sliding_window"]["code"]) == ["sglang/srt/models/llama_eagle3.py:M.__init__"]
+
+
+def test_sliding_window_ignored_by_sglang_and_by_vllm_without_layer_types(toy_configs, tmp_path) -> None:
+    tgt, data = toy_configs / "target", tmp_path / "data"
+    d = drafter_with(toy_configs, sliding_window=64)
+    fs = [f["text"] for f in lint_only(d, tgt, "sglang", "0.5.15", data) if "sliding_window" in f["text"]]
+    assert len(fs) == 1 and fs[0].startswith("SGLang 0.5.15 ignores sliding_window: 64 "), fs
+    assert "full attention instead of the 64-token window" in fs[0]
+    fs = [f["text"] for f in lint_only(d, tgt, "vllm", "0.24.0", data) if "sliding_window" in f["text"]]
+    assert len(fs) == 1 and "layer_types marks sliding_attention, and this config has none" in fs[0], fs
+    marked = drafter_with(toy_configs, sliding_window=64, layer_types=["sliding_attention"])
+    assert not [f for f in lint_only(marked, tgt, "vllm", "0.24.0", data) if "sliding_window" in f["text"]]
+
+
+def test_tie_word_embeddings_ignored_by_vllm_honoured_by_sglang(toy_configs, tmp_path) -> None:
+    tgt, data = toy_configs / "target", tmp_path / "data"
+    d = drafter_with(toy_configs, tie_word_embeddings=True)
+    fs = [f["text"] for f in lint_only(d, tgt, "vllm", "0.24.0", data) if "tie_word_embeddings" in f["text"]]
+    assert len(fs) == 1 and fs[0].startswith("vLLM 0.24.0 ignores tie_word_embeddings: true "), fs
+    assert not [f for f in lint_only(d, tgt, "sglang", "0.5.15", data) if "ignores tie_word_embeddings" in f["text"]]
+
+
+@pytest.mark.parametrize("engine,version", [("vllm", "0.24.0"), ("vllm", "0.33.0"), ("sglang", "0.5.1"),
+                                            ("sglang", "0.5.23")])
+def test_honoured_fields_give_no_finding(toy_configs, tmp_path, engine, version) -> None:
+    """A drafter with its own draft vocab, target width, rope base and scaling and head width: every release in the
+    table honours them, so no 'ignores' finding."""
+    d = drafter_with(toy_configs, draft_vocab_size=1024, hidden_size=512, target_hidden_size=256, rope_theta=500000.0,
+                     head_dim=32,
+                     rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    from backend.drafter.config import load_config
+    from backend.drafter.lint import _set_fields
+
+    assert set(_set_fields(load_config(d))) >= {"draft_vocab_size", "d2t", "target_hidden_size", "rope_theta",
+                                                 "rope_scaling", "head_dim"}      # the lint looks at each of them
+    fs = [f["text"] for f in lint_only(d, toy_configs / "target", engine, version, tmp_path / "data")]
+    assert not [t for t in fs if " ignores " in t and any(k in t for k in rc.MORE_FIELDS)], fs
+
+
+def test_the_rederivation_passes_over_every_release() -> None:
+    """`rederive_conventions.py --fields` over every release: every field of every release agrees with the table
+    (the norm fields and the others). Reads the wheels the tool has extracted (SPECLENS_WHEEL_CACHE, or
+    ~/.cache/speclens/wheels); skipped when none are there."""
+    cache = rc.cache_dir(None)
+    have = [(e, v) for e, rels in (("vllm", rc.VLLM_RELEASES), ("sglang", rc.SGLANG_RELEASES)) for v in rels
+            if _cached(e, v, cache) and (e != "vllm" or (cache / f"{e}-{v}" / rc.VLLM_ROPE_LOADER[0]).exists())]
+    if len(have) < len(rc.VLLM_RELEASES) + len(rc.SGLANG_RELEASES):
+        pytest.skip(f"{len(have)} of {len(rc.VLLM_RELEASES) + len(rc.SGLANG_RELEASES)} releases extracted in {cache} "
+                    f"(run `python tools/rederive_conventions.py --fields` once)")
+    out = subprocess.run([sys.executable, "tools/rederive_conventions.py", "--fields", "--cache", str(cache)],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert out.stdout.startswith(f"OK: vllm {len(rc.VLLM_RELEASES)} release(s), sglang {len(rc.SGLANG_RELEASES)} "
+                                 f"release(s) agree"), out.stdout

@@ -882,6 +882,8 @@ def derive_fields(engine: str, root: Path, version: str) -> list[dict]:
 
 
 def _fields_decided_by(f: dict) -> str:
+    if f.get("decided_by"):                            # MORE_FIELDS facts word their own (derive_more_fields)
+        return f["decided_by"]
     if f["status"] == "honoured":
         return (f"{f['file']}: {', '.join(f['reads'])} reads {f['field']}; {', '.join(f['applies'])} applies "
                 f"{DRAFTER_FIELDS[f['field']]}")
@@ -924,8 +926,6 @@ def fields_rows(facts: list[dict], releases: dict[str, list[str]]) -> list[dict]
     keys = ("engine", "versions", "field", "status", "file", "architectures", "decided_by", "releases", "wheels")
     rows = [{k: r[k] for k in keys} for r in rows]
     eng_order = {"vllm": 0, "sglang": 1}
-    if f.get("decided_by"):                            # MORE_FIELDS facts word their own (derive_more_fields)
-        return f["decided_by"]
     return sorted(rows, key=lambda r: (eng_order[r["engine"]], r["file"] != LLAMA_DRAFTER[r["engine"]], r["file"],
                                        _field_order(r["field"]), _vkey(r["versions"])))
 
@@ -1003,48 +1003,6 @@ def compare_fields(facts: list[dict], table: list[dict]) -> list[str]:
     return out
 
 
-# ------------------------------------------------------------------------------------------- table I/O + check
-
-KEPT = ("status", "seen", "note")
-
-
-def _key(r: dict) -> tuple:
-    return r["producer"], str(r["versions"]), tuple(r["families"])
-
-
-def table_parts(path: Path = TABLE) -> tuple[str, list[dict], str]:
-    s = path.read_text()
-    if BEGIN not in s or END not in s:
-        raise SystemExit(f"{path}: the derived-rows markers are missing")
-    head, rest = s.split(BEGIN, 1)
-    body, tail = rest.split(END, 1)
-    return head, yaml.safe_load(body) or [], tail
-
-
-def compare(derived: list[dict], table: list[dict]) -> list[str]:
-    """Differences between the rows derived from the wheels and the table's rows (KEPT fields ignored)."""
-    t = {_key(r): r for r in table}
-    out = []
-    for r in derived:
-        have = t.get(_key(r))
-        if have is None:
-            out.append(f"{r['producer']} {r['versions']} {r['families']}: no such row in the table")
-            continue
-        for k, v in r.items():
-            if k in KEPT:
-                continue
-            if k == "wheels":
-                for ver, w in v.items():
-                    hw = (have.get("wheels") or {}).get(ver)
-                    if hw is None:
-                        out.append(f"{r['producer']} {ver}: the table's row {r['versions']} does not list this wheel")
-                        continue
-                    if hw.get("sha256") != w["sha256"]:
-                        out.append(f"{r['producer']} {ver}: wheel sha256 {w['sha256'][:12]} != table "
-                                   f"{str(hw.get('sha256'))[:12]}")
-                    for fn, h in w["code"].items():
-                        if (hw.get("code") or {}).get(fn) != h:
-                            out.append(f"{r['producer']} {ver}: code at {fn} changed (hash {h} != table "
 # ------------------------------------------------------------------------------------------- more drafter fields
 
 # The other drafter config fields issue 22 names (draft vocab / d2t, target_hidden_size, rope, sliding window, tied
@@ -1215,6 +1173,48 @@ def derive_more_fields(engine: str, root: Path, version: str) -> list[dict]:
     return out
 
 
+# ------------------------------------------------------------------------------------------- table I/O + check
+
+KEPT = ("status", "seen", "note")
+
+
+def _key(r: dict) -> tuple:
+    return r["producer"], str(r["versions"]), tuple(r["families"])
+
+
+def table_parts(path: Path = TABLE) -> tuple[str, list[dict], str]:
+    s = path.read_text()
+    if BEGIN not in s or END not in s:
+        raise SystemExit(f"{path}: the derived-rows markers are missing")
+    head, rest = s.split(BEGIN, 1)
+    body, tail = rest.split(END, 1)
+    return head, yaml.safe_load(body) or [], tail
+
+
+def compare(derived: list[dict], table: list[dict]) -> list[str]:
+    """Differences between the rows derived from the wheels and the table's rows (KEPT fields ignored)."""
+    t = {_key(r): r for r in table}
+    out = []
+    for r in derived:
+        have = t.get(_key(r))
+        if have is None:
+            out.append(f"{r['producer']} {r['versions']} {r['families']}: no such row in the table")
+            continue
+        for k, v in r.items():
+            if k in KEPT:
+                continue
+            if k == "wheels":
+                for ver, w in v.items():
+                    hw = (have.get("wheels") or {}).get(ver)
+                    if hw is None:
+                        out.append(f"{r['producer']} {ver}: the table's row {r['versions']} does not list this wheel")
+                        continue
+                    if hw.get("sha256") != w["sha256"]:
+                        out.append(f"{r['producer']} {ver}: wheel sha256 {w['sha256'][:12]} != table "
+                                   f"{str(hw.get('sha256'))[:12]}")
+                    for fn, h in w["code"].items():
+                        if (hw.get("code") or {}).get(fn) != h:
+                            out.append(f"{r['producer']} {ver}: code at {fn} changed (hash {h} != table "
                                        f"{(hw.get('code') or {}).get(fn)}); read it and update the row")
                 continue
             if have.get(k) != v:

@@ -392,7 +392,18 @@ _IGNORED = {  # field -> (what the file lacks, what the drafter is fed instead)
                      "aux states without the per-chunk norm it was trained with"),
     "norm_before_residual": ("never reads it, the residual is the un-normed fc output",
                              "a residual it was not trained on"),
+    # the other fields of the table (tools/rederive_conventions.py MORE_FIELDS); "{v}" is the config's value
+    "draft_vocab_size": ("never reads it", "an LM head over the whole vocab instead of its {v}-token draft vocab"),
+    "d2t": ("never loads d2t", "draft ids taken as target ids"),
+    "target_hidden_size": ("never reads it", "an fc built for its own hidden size instead of {v}"),
+    "rope_theta": ("never reads rope_theta / rope_parameters", "positions rotated with another base than {v}"),
+    "rope_scaling": ("never reads rope_scaling / rope_parameters", "positions without the scaling {v}"),
+    "sliding_window": ("never reads sliding_window", "full attention instead of the {v}-token window"),
+    "tie_word_embeddings": ("never reads it (the drafter's own lm_head, or the target's when the checkpoint has "
+                            "none, scores the draft)", "an LM head other than the tied embedding it was trained with"),
+    "head_dim": ("never reads it", "attention heads of hidden_size / num_attention_heads instead of {v}"),
 }
+FIELD_COST_FILE = Path(__file__).resolve().parents[2] / "docs" / "results" / "field_cost_toy.json"
 
 
 @lru_cache(maxsize=1)
@@ -426,7 +437,39 @@ def _set_fields(cfg: DrafterConfig) -> list[str]:
         out.append("use_aux_norm")
     if cfg.norm_before_residual and not cfg.norm_before_residual_defaulted:
         out.append("norm_before_residual")
+    return out + [k for k in _more_fields_set(cfg, raw)]
+
+
+def _more_fields_set(cfg: DrafterConfig, raw: dict) -> list[str]:
+    """The other table fields the config gives a value that matters: a draft vocab smaller than the vocab (and so
+    its d2t), a target width other than its own, a rope base or scaling, a window, tied embeddings, a head width
+    other than hidden_size / num_attention_heads."""
+    out = []
+    if raw.get("draft_vocab_size") and int(raw["draft_vocab_size"]) < int(raw.get("vocab_size") or 0):
+        out += ["draft_vocab_size", "d2t"]
+    if raw.get("target_hidden_size") and raw["target_hidden_size"] != raw.get("hidden_size"):
+        out.append("target_hidden_size")
+    out += [k for k in ("rope_theta", "rope_scaling", "sliding_window", "tie_word_embeddings") if raw.get(k)]
+    heads = raw.get("num_attention_heads")
+    if raw.get("head_dim") and heads and raw.get("hidden_size") and raw["head_dim"] != raw["hidden_size"] // heads:
+        out.append("head_dim")
     return out
+
+
+def _field_value(raw: dict, key: str):
+    return {"d2t": raw.get("draft_vocab_size")}.get(key, raw.get(key))
+
+
+def _field_cost(key: str) -> str:
+    """The measured cost of dropping this field on the toy pair (tools/field_cost.py), when there is one."""
+    if not FIELD_COST_FILE.exists():
+        return ""
+    c = json.loads(FIELD_COST_FILE.read_text())
+    if c.get("field") != key:
+        return ""
+    return (f" Measured on the toy pair (tools/field_cost.py, {c['prompts']} prompts, K={c['k']}): trained with "
+            f"{key} {c['trained_with'][key]}, served with {c['served_with'][key]}: tau {c['tau_trained']:.2f} -> "
+            f"{c['tau_dropped']:.2f} ({c['difference']:+.2f}, 95% CI {c['ci95'][0]:+.2f} to {c['ci95'][1]:+.2f}).")
 
 
 def _release_field_findings(cfg: DrafterConfig, f: str, focus: Reading | None) -> tuple[list[Finding], set[str]]:
@@ -440,12 +483,20 @@ def _release_field_findings(cfg: DrafterConfig, f: str, focus: Reading | None) -
         if row is None:
             continue                                   # not derived for this release: no release finding
         covered.add(key)
-        if row["status"] == "ignored":
+        raw = _raw(cfg)
+        gated = (key == "sliding_window" and row["status"] == "honoured" and "layer_types" in row["decided_by"]
+                 and "sliding_attention" not in (raw.get("layer_types") or []))
+        if row["status"] == "ignored" or gated:
             lacks, fed = _IGNORED[key]
+            v = _field_value(raw, key)
+            if gated:
+                lacks = "reads sliding_window only for the layers layer_types marks sliding_attention, and this " \
+                        "config has none"
             eng = {"vllm": "vLLM", "sglang": "SGLang"}[focus.engine]
-            out.append(Finding("warning", f"{eng} {focus.version} ignores {key}: true ({row['file']} {lacks}): "
-                                          f"the drafter will be fed {fed}. ({f}; backend/drafter_fields.yaml, "
-                                          f"{row['decided_by']})"))
+            shown = "true" if v is True else json.dumps(v)
+            out.append(Finding("warning", f"{eng} {focus.version} ignores {key}: {shown} ({row['file']} {lacks}): "
+                                          f"the drafter will be fed {fed.format(v=shown)}. ({f}; "
+                                          f"backend/drafter_fields.yaml, {row['decided_by']})" + _field_cost(key)))
     return out, covered
 
 
@@ -462,7 +513,7 @@ def _flag_findings(cfg: DrafterConfig, f: str, focus: Reading | None = None) -> 
     if cfg.norm_before_fc and "norm_before_fc" not in covered:   # the release's own answer is above
         out.append(Finding("warning", f"{f}: norm_before_fc is true: vLLM applies input_norm before fc, SGLang has no "
                                       f"input_norm and skips it."))
-    if cfg.tie_word_embeddings:
+    if cfg.tie_word_embeddings and "tie_word_embeddings" not in covered:    # the release's own answer is above
         out.append(Finding("warning", f"{f}: tie_word_embeddings is true: SGLang uses the embedding as the LM head "
                                       f"(logits over the whole vocab), vLLM ignores the flag and uses lm_head."))
     if cfg.norm_output:
