@@ -190,12 +190,12 @@ def findings(manifests: dict[str, dict], checks: dict[str, dict]) -> dict[str, l
     for r, m in manifests.items():
         note = reading_note(m)
         if note:
-            out[r].append(Finding("note", f"{engine_fact(m)}'s reading, reproduced on HF", note))
+            out[r].append(Finding("note", f"{engine_fact(m)}'s reading on HF", note))
     return {r: f for r, f in out.items() if f}
 
 
 def _mismatch(x: Mismatch) -> Finding:
-    return Finding("error", f"fed {', '.join(x.fed)}; trained on {', '.join(x.trained)} (check {x.check})",
+    return Finding("error", f"wrong feed: {','.join(x.fed)}, trained on {','.join(x.trained)} ({x.check})",
                    "**Fed the wrong boundaries.** " + x.line())
 
 
@@ -204,9 +204,11 @@ def plain(line: str) -> str:
     return re.sub(r"\[([^\]]+)\]\(([^)]+)\)", r"\1 (\2)", line).replace("**", "").replace("`", "")
 
 
-def finding_text(found: list[Finding]) -> str:
-    """A run's findings in one cell (the Runs table, `runs --json`): the short forms, errors first."""
-    return "; ".join(f.short for f in sorted(found, key=lambda f: f.severity != "error"))
+def finding_text(found: list[Finding], severity: str | None = None) -> str:
+    """A run's findings in one cell (the Runs table, `runs --json`): the short forms, errors first; only those of
+    `severity` when given."""
+    return "; ".join(f.short for f in sorted(found, key=lambda f: f.severity != "error")
+                     if severity is None or f.severity == severity)
 
 
 def _rows(pairs) -> pd.DataFrame:

@@ -423,8 +423,7 @@ def runs_columns(table: pd.DataFrame) -> list[str]:
     when captures are, progress only for unfinished runs."""
     kinds = set(table["kind"].dropna())
     drop = {c for kind, cols in _OPTIONAL.items() if kind not in kinds for c in cols}
-    if "finding" in table and not (table["finding"].fillna("") != "").any():
-        drop.add("finding")
+    drop |= {c for c in ("finding", "fed as") if c in table and not (table[c].fillna("") != "").any()}
     if table["progress"].isna().all():
         drop.add("progress")
     return [c for c in table.columns if c not in drop]

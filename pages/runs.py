@@ -95,8 +95,10 @@ table = charts.runs_frame(shown)
 bench_ids = shown.loc[shown["kind"] == "bench", "run_id"].tolist()
 found = ui.guarded(run_view.findings, ui.guarded(cat.run_manifests, bench_ids), ui.guarded(cat.check_manifests)) \
     if bench_ids else {}
-table.insert(table.columns.get_loc("speedup") + 1, "finding",
-             table["run_id"].map({r: run_view.finding_text(f) for r, f in found.items()}).fillna(""))
+table.insert(table.columns.get_loc("speedup") + 1, "finding",      # errors here; the HF note in "fed as"
+             table["run_id"].map({r: run_view.finding_text(f, "error") for r, f in found.items()}).fillna(""))
+table.insert(table.columns.get_loc("finding") + 1, "fed as",
+             table["run_id"].map({r: run_view.finding_text(f, "note") for r, f in found.items()}).fillna(""))
 picked = st.dataframe(
     table, hide_index=True, key="runs_table", placeholder="-", on_select="rerun", selection_mode="multi-row",
     selection_default={"selection": {"rows": ui.ticked(table["run_id"])}},
@@ -110,9 +112,13 @@ picked = st.dataframe(
         "progress": st.column_config.ProgressColumn("progress", min_value=0.0, max_value=1.0, format="percent"),
         "tau": st.column_config.NumberColumn("tau", format="%.2f", help="mean acceptance length, bonus token included"),
         "finding": st.column_config.TextColumn(
-            "finding", width=charts.text_width(table["finding"], 420),
+            "finding", width=charts.text_width(table["finding"], 560),
             help="what to know before trusting the figures: the drafter check's finding that the engine fed other "
                  "boundaries than the drafter was trained on; whose reading of the drafter's ids HF reproduced"),
+        "fed as": st.column_config.TextColumn(
+            "fed as", width=charts.text_width(table["fed as"]),
+            help="a bench on the HF engine feeds the drafter what this serving engine's release would (its reading "
+                 "of the drafter's aux ids); tau and speed are HF's decoding, not measured inside that engine"),
         "drafter": st.column_config.TextColumn("drafter", width=charts.text_width(table["drafter"])),
         "speedup": st.column_config.NumberColumn("speedup", format="%.2fx", help="over the paired baseline"),
         "nonfinite_tokens": st.column_config.NumberColumn(
