@@ -279,7 +279,9 @@ def _app(root: Path, monkeypatch, **params):
 
 def test_page_shows_a_stored_check(checks, root, monkeypatch) -> None:
     at = _app(root, monkeypatch, run="chk-after", metric="tau")
-    assert at.error[0].value.startswith("Mismatch: the drafter was trained on S_3, S_5, S_6")
+    # the verdict is as loud as its predicted tau cost (dashboard/severity.py): a few % is a note, not an error
+    verdict = next(e.value for e in [*at.info, *at.warning, *at.error] if "Mismatch: " in e.value)
+    assert "Mismatch: the drafter was trained on S_3, S_5, S_6" in verdict and "predicted tau" in verdict
     lint, cands, training = (d.value for d in at.dataframe)
     assert list(lint["feeds"]) == ["S_2, S_4, S_5"] * 3
     assert cands.iloc[0]["boundaries"] == "S_3, S_5, S_6" and cands.iloc[0]["role"] == "best"

@@ -90,7 +90,8 @@ def test_feeds_page_by_url_and_refusals(rel: Path) -> None:
     at, _ = open_page("pages/feeds.py", drafter="/etc", target="/usr")
     assert at.error and "not under SPECLENS_MODEL_ROOTS" in at.error[0].value
     at, _ = open_page("pages/feeds.py", check="chk-nope")
-    assert at.error or at.query_params["check"] == "chk-after"
+    assert "`check=chk-nope`" in text(at) and not at.get("plotly_chart"), "no matrix of another check in its place"
+    assert at.query_params["check"] == "chk-nope", "the URL keeps what the link asked for"
 
 
 def test_regression_page(rel: Path) -> None:
