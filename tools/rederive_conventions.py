@@ -1349,6 +1349,18 @@ def fields_markdown() -> str:
            "release's Llama drafter file (`llama_eagle3.py`, which loads SpecLens's three formats) ignores; a release "
            "outside the table is not derived and gets no such finding. The other drafter files (DeepSeek/Kimi MLA, "
            "Qwen3) are in the table but not used by the lint.", "",
+           "The other fields (draft_vocab_size, d2t, target_hidden_size, rope_theta, rope_scaling, sliding_window, "
+           "tie_word_embeddings, head_dim) are read in the Llama drafter file together with the llama.py classes it "
+           "builds on (the base methods it inherits or reaches through super().__init__, and the attention and MLP "
+           "classes those construct) and, for vLLM, `vllm/transformers_utils/config.py:patch_rope_parameters`, which "
+           "turns rope_theta / rope_scaling into the rope_parameters the attention reads. What they show: vLLM never "
+           "reads tie_word_embeddings (the drafter's own lm_head scores the draft) and applies sliding_window only on "
+           "the layers `layer_types` marks `sliding_attention`; SGLang never reads sliding_window from the config "
+           "(0.5.23 takes a draft window from its server arguments instead); every release honours the draft vocab "
+           "and d2t, target_hidden_size, rope and head_dim. The lint warns on each field a config sets that the chosen "
+           "release ignores. Which keys a release reads the aux layer ids from is the `ids_from` of each row of "
+           "backend/conventions.yaml (tables above), not repeated here. The cost of a dropped rope setting on the toy "
+           "pair is in docs/PERFORMANCE.md (tools/field_cost.py).", "",
            "| Engine | Releases | Field | Llama drafter | Decided by |", "|---|---|---|---|---|"]
     for r in rows:
         if r["file"] != LLAMA_DRAFTER[r["engine"]]:
