@@ -250,3 +250,15 @@ def test_the_rederivation_passes_over_every_release() -> None:
     assert out.returncode == 0, out.stdout[-3000:]
     assert out.stdout.startswith(f"OK: vllm {len(rc.VLLM_RELEASES)} release(s), sglang {len(rc.SGLANG_RELEASES)} "
                                  f"release(s) agree"), out.stdout
+
+
+def test_rope_cost_measured_on_the_toy_pair_is_quoted() -> None:
+    """docs/results/field_cost_toy.json (tools/field_cost.py): the rope finding quotes tau with and without, and the
+    interval of the difference; a field without a measurement gets no cost."""
+    from backend.drafter.lint import FIELD_COST_FILE, _field_cost
+
+    c = json.loads(FIELD_COST_FILE.read_text())
+    assert c["field"] == "rope_theta" and c["prompts"] >= 30 and c["ci95"][0] <= c["difference"] <= c["ci95"][1]
+    text = _field_cost("rope_theta")
+    assert f"tau {c['tau_trained']:.2f} -> {c['tau_dropped']:.2f}" in text and "95% CI" in text
+    assert _field_cost("sliding_window") == ""
