@@ -53,8 +53,8 @@ class Comparison:
     config: pd.DataFrame                           # setting, then one column per run: only the differing settings
     headline: str
     warnings: list[str] = field(default_factory=list)
-    tiles: list["Tile"] = field(default_factory=list)   # one per run: speedup in words, before the headline
-    loss: "TauLoss | None" = None                        # the weakest drafter run's tau against the strongest's
+    tiles: list[Tile] = field(default_factory=list)   # one per run: speedup in words, before the headline
+    loss: TauLoss | None = None                        # the weakest drafter run's tau against the strongest's
     diagnoses: dict[str, str] = field(default_factory=dict)   # run -> drafter_diagnosis line (also in warnings)
 
 

@@ -22,7 +22,6 @@ from pathlib import Path
 from backend import metrics
 from backend.errors import SpecLensError
 
-
 MAX_TAU_DROP = 0.02      # the default allowed drop in tau (`--max-tau-drop`)
 
 

@@ -87,7 +87,7 @@ def tau_cost(better: float, worse: float, lo: float | None = None, hi: float | N
     elif rel < 0:
         size = f"{-rel:.0%} higher"
     else:
-        size = f"{rel:.0%} lower" if rel >= 0.005 else "the same"
+        size = (f"{rel:.0%} lower" if rel >= NEGLIGIBLE else f"{rel:.1%} lower" if rel >= 0.0005 else "the same")
     tail = "" if sure or rel < NEGLIGIBLE else ", not told apart from no cost on this sample"
     return Cost(level, rel, bool(sure), f"{what} {worse:.2f} against {better:.2f}: {size}{ci}{tail}")
 

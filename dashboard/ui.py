@@ -6,19 +6,20 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any, TypeVar
 from urllib.parse import urlencode
-from typing import Any, Callable, Sequence, TypeVar
 
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from dashboard import exports
 from backend.config import data_root
 from backend.errors import SpecLensError
 from backend.store.catalog import Catalog, CatalogReader
+from dashboard import exports
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)

@@ -31,7 +31,9 @@ more = f" (the newest {len(shown)} of {len(frame)})" if len(shown) < len(frame) 
 st.caption(f"{len(t)} bench run(s){more} of {labels[int(g)]}, ordered by engine release, then date. tau: 95% bootstrap "
            f"interval over prompts; change: tau minus the first run's, paired over the prompts both decoded; speedup: "
            f"the Spec-Bench speedup over each run's paired plain-decoding baseline with its 95% interval.")
-if len(t) < 2:
+if ui.instead("group"):          # the link's group cannot be shown: the figures of another, but no verdict
+    ui.no_verdict_for_substitute(["group"])
+elif len(t) < 2:
     only = t["run_id"].iloc[0] if len(t) else "?"
     st.info(f"Nothing to compare yet: this group holds one bench run (`{only}`), so there is no trend and no "
             "verdict. To get one, bench the same drafter on the same target again as another engine release reads "

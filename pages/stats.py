@@ -3,8 +3,8 @@ capture's outlier dimensions (?runs=a,b&stat=&mode=values|diff|rel&ref=&run=).""
 
 import streamlit as st
 
-from dashboard import charts, severity, ui
 from backend import stats_compare
+from dashboard import charts, severity, ui
 
 st.title("Hidden-state statistics")
 runs = ui.load_runs()
@@ -31,7 +31,9 @@ sel = runs[runs["run_id"].isin(shown)]
 n_layers = dict(zip(sel["run_id"], sel["n_layers"]))
 stats = stats_compare.with_depth(stats, n_layers)
 if mode == "values":
-    if len(chosen) > 1:     # a headline here too: how far the curves lie from the first, by the same rule
+    if ui.instead("runs"):  # captures the link did not ask for: curves, no headline
+        ui.no_verdict_for_substitute(["runs"], "headline")
+    elif len(chosen) > 1:   # a headline here too: how far the curves lie from the first, by the same rule
         comp = stats_compare.compare(stats, stat, chosen[0], chosen, n_layers, label=charts.STATS[stat])
         level, line = severity.stat_headline(comp.frame, "values", charts.STATS[stat], chosen[0], comp.verdict)
         ui.level_banner(level, line)
@@ -43,7 +45,10 @@ else:
     comp = stats_compare.compare(stats, stat, ref, shown, n_layers, label=charts.STATS[stat])
     # one definition of change for the headline and the chart: absolute in `diff`, relative in `rel`
     level, line = severity.stat_headline(comp.frame, mode, charts.STATS[stat], ref, comp.verdict)
-    ui.level_banner(level, line)
+    if ui.instead("runs", "ref"):
+        ui.no_verdict_for_substitute(ui.instead("runs", "ref"), "headline")
+    else:
+        ui.level_banner(level, line)
     st.caption(f"Each capture minus the reference `{ref}` at every boundary both hold "
                f"({'absolute' if mode == 'diff' else 'relative to the reference, in %'}); x is depth, gaps where "
                "either capture lacks a boundary.")
