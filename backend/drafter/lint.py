@@ -513,7 +513,7 @@ def _flag_findings(cfg: DrafterConfig, f: str, focus: Reading | None = None) -> 
     if cfg.norm_before_fc and "norm_before_fc" not in covered:   # the release's own answer is above
         out.append(Finding("warning", f"{f}: norm_before_fc is true: vLLM applies input_norm before fc, SGLang has no "
                                       f"input_norm and skips it."))
-    if cfg.tie_word_embeddings and "tie_word_embeddings" not in covered:    # the release's own answer is above
+    if cfg.tie_word_embeddings:
         out.append(Finding("warning", f"{f}: tie_word_embeddings is true: SGLang uses the embedding as the LM head "
                                       f"(logits over the whole vocab), vLLM ignores the flag and uses lm_head."))
     if cfg.norm_output:
