@@ -96,6 +96,14 @@ class BenchSettings:
     def baseline(self) -> "BenchSettings":
         return dataclasses.replace(self, drafter=None)
 
+    def engine_settings(self):
+        """The typed settings a serving engine is built from (backend/engines/base.py EngineSettings)."""
+        from backend.engines.base import EngineSettings
+
+        return EngineSettings(target=self.target, num_spec_tokens=self.num_spec_tokens, dtype=self.dtype,
+                              tensor_parallel_size=self.tensor_parallel_size, server_url=self.server_url,
+                              options=dict(self.engine_options or {}))
+
 
 @dataclass
 class BenchResult:
@@ -273,7 +281,7 @@ def _run_engine_bench(s: BenchSettings, name: str | None, root: Path | None, pro
             def __getattr__(self, k):
                 if k in ("engine_unit", "engine_version", "engine"):
                     if "lm" not in holder:
-                        holder["eng"] = mod.make_engine(s, drafter=None, eos=info.eos)
+                        holder["eng"] = mod.make_engine(s.engine_settings(), drafter=None, eos=info.eos)
                         holder["lm"] = bind(info, holder["eng"], s.engine)
                     return getattr(holder["lm"], k)
                 raise AttributeError(k)
@@ -285,7 +293,7 @@ def _run_engine_bench(s: BenchSettings, name: str | None, root: Path | None, pro
         if base.status != COMPLETE:
             return base
 
-    eng = mod.make_engine(s, drafter=s.drafter, eos=info.eos)
+    eng = mod.make_engine(s.engine_settings(), drafter=s.drafter, eos=info.eos)
     try:
         lm = bind(info, eng, s.engine)
         spec = None

@@ -218,8 +218,6 @@ class Suite:
     def real_case(self, case: str, logdir: Path) -> dict:
         """One real-config case: start SGLang on the shrunken target with dummy weights, read `layers_to_capture`
         from the running target model, and put SpecLens's prediction for the installed release next to it."""
-        import types
-
         from backend.drafter.aux import drafter_aux_boundaries
         from backend.drafter.config import load_config
         from backend.engines import sglang as S
@@ -252,11 +250,11 @@ class Suite:
             out["predicted"] = {"error": f"{type(e).__name__}: {e}"[:600]}
         self.res["experiments"][f"real/{case}"] = {"status": "running", **out}
         self.save()
-        s = types.SimpleNamespace(target=str(t), num_spec_tokens=3, tensor_parallel_size=1, dtype="bf16",
-                                  server_url=None,
-                                  engine_options={"mem-fraction-static": 0.15, "disable-cuda-graph": True,
-                                                  "load-format": "dummy", "context-length": 1024,
-                                                  **self.a.engine_option})
+        from backend.engines.base import EngineSettings
+
+        s = EngineSettings(target=str(t), num_spec_tokens=3, tensor_parallel_size=1, dtype="bf16",
+                           options={"mem-fraction-static": 0.15, "disable-cuda-graph": True,
+                                    "load-format": "dummy", "context-length": 1024, **self.a.engine_option})
         t0 = time.perf_counter()
         eng = S.ServerEngine(s, str(d), eos=[], log_dir=logdir)
         try:

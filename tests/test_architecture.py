@@ -238,3 +238,98 @@ def test_every_third_party_import_is_declared_in_requirements() -> None:
 def test_the_requirements_check_can_fail(tmp_path: Path) -> None:
     (tmp_path / "r.txt").write_text("# c\ntorch==2.13.0\nPyYAML  # yaml\nAuthlib>=1.3.2\nprometheus_client==0.26.0\n")
     assert _declared(tmp_path / "r.txt") == {"torch", "pyyaml", "authlib", "prometheus-client"}
+
+
+# ---------------------------------------------------------------------- layers (docs/ARCHITECTURE.md)
+
+# bottom to top; a module may import its own layer and the layers below, never one above
+LAYERS = ("base", "store", "analysis", "engines/runs", "cli")
+_LAYER_OF = [        # (module prefix, layer): the longest matching prefix wins
+    ("backend.errors", "base"), ("backend.config", "base"), ("backend.jsonfile", "base"), ("backend.netutil", "base"),
+    ("backend.model_id", "base"), ("backend.metrics", "base"), ("backend.stats", "base"), ("backend.coords", "base"),
+    ("backend.prompts", "base"), ("backend.vllm_runner", "base"), ("backend.server_metrics", "base"),
+    ("backend.load_client", "base"), ("backend.drafter_worth", "base"), ("backend.runs.manifest", "base"),
+    ("backend.store", "store"),
+    ("backend.align", "analysis"), ("backend.annotations", "analysis"), ("backend.compare", "analysis"),
+    ("backend.stats_compare", "analysis"), ("backend.drafter", "analysis"), ("backend.feeds", "analysis"),
+    ("backend.regress", "analysis"), ("backend.run_view", "analysis"),
+    ("backend.engines", "engines/runs"), ("backend.runs", "engines/runs"), ("backend.capture", "engines/runs"),
+    ("backend.bench", "engines/runs"), ("backend.importers", "engines/runs"), ("backend.check_drafter", "engines/runs"),
+    ("backend.load_bench", "engines/runs"), ("backend.watch", "engines/runs"), ("backend.producers", "engines/runs"),
+    ("backend.prove_fix", "engines/runs"), ("backend.toy", "engines/runs"), ("backend.jobs", "engines/runs"),
+    ("backend.__main__", "cli"), ("backend.bench_cli", "cli"), ("backend.watch_cli", "cli"),
+    ("backend.release_cli", "cli"), ("backend.jobs.cli", "cli"), ("backend.demo", "cli"),
+]
+# upward imports that exist today, each with what removes it; the test fails on any other, and on one of these once
+# it is gone (so the list only shrinks)
+KNOWN_UPWARD = {
+    ("backend.store.catalog", "backend.align"): "issue 21 item 3: the catalog's read side only reads",
+    ("backend.store.catalog", "backend.annotations"): "issue 21 item 3",
+    ("backend.store.catalog", "backend.drafter.check_result"): "issue 21 item 3",
+    ("backend.drafter.finder", "backend.engines.hf"): "HF model primitives below engines/ and drafter/",
+    ("backend.drafter.training_data", "backend.engines.hf"): "HF model primitives below engines/ and drafter/",
+    ("backend.drafter.training_data", "backend.importers"): "training-data readers below the importers",
+    ("backend.check_drafter", "backend.bench_cli"): "the CLI's option parsing out of check_drafter",
+}
+
+
+def _layer(mod: str) -> str | None:
+    best = max((p for p, _ in _LAYER_OF if mod == p or mod.startswith(p + ".")), key=len, default=None)
+    return dict(_LAYER_OF)[best] if best else None
+
+
+def _upward(g: dict[str, set[str]]) -> set[tuple[str, str]]:
+    out = set()
+    for m, targets in g.items():
+        for t in targets:
+            lm, lt = _layer(m), _layer(t)
+            if lm and lt and LAYERS.index(lt) > LAYERS.index(lm):
+                out.add((m, t))
+    return out
+
+
+def test_every_backend_module_has_a_layer() -> None:
+    assert sorted(m for m in _modules("backend") if m != "backend" and _layer(m) is None and
+                  not m.endswith(("backend.runs", "backend.jobs"))) == []
+
+
+def test_no_upward_import_across_layers() -> None:
+    """store below analysis below engines/runs below the CLI (docs/ARCHITECTURE.md 'Layers')."""
+    found = _upward(_graph())
+    assert sorted(found - set(KNOWN_UPWARD)) == [], "an import goes up a layer (docs/ARCHITECTURE.md)"
+    assert sorted(set(KNOWN_UPWARD) - found) == [], "gone: take it off KNOWN_UPWARD"
+
+
+def test_the_layer_check_can_fail() -> None:
+    assert _upward({"backend.store.rundir": {"backend.bench"}, "backend.bench": {"backend.store.rundir"}}) == {
+        ("backend.store.rundir", "backend.bench")}
+
+
+def test_engines_and_drafter_do_not_import_each_other_both_ways() -> None:
+    """engines/ runs drafters (engines -> drafter); drafter/ never needs an engine. The HF model primitives that
+    drafter/finder.py and training_data.py still take from engines/hf.py are the one exception, listed here."""
+    g = _graph()
+    up = {(m, t) for m, ts in g.items() for t in ts
+          if m.startswith("backend.drafter") and t.startswith("backend.engines")}
+    known = {(m, t) for m, t in KNOWN_UPWARD if m.startswith("backend.drafter") and t.startswith("backend.engines")}
+    assert up == known
+    assert all(t == "backend.engines.hf" for _, t in up)
+
+
+def test_engines_are_one_registry_and_implement_the_interface() -> None:
+    """Every engine is registered once (backend/engines/base.py ENGINES, HF included) and its module has the
+    interface's functions; adding an engine is its module plus that line."""
+    import importlib
+    import inspect
+
+    from backend.engines import base
+
+    assert set(base.ENGINES) == {"hf", "vllm", "sglang"}
+    for modname in base.ENGINES.values():
+        mod = importlib.import_module(modname)
+        for fn in ("require", "capture_session", "make_engine"):
+            assert callable(getattr(mod, fn, None)), f"{modname}.{fn}"
+        params = list(inspect.signature(mod.make_engine).parameters)
+        assert params[1:3] == ["drafter", "eos"], modname
+    loops = [f for f in (REPO / "backend").rglob("*.py") if "for i in range(start, " in f.read_text()]
+    assert [str(f.relative_to(REPO)) for f in loops] == ["backend/engines/capture_loop.py"]

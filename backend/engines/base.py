@@ -1,22 +1,36 @@
-"""What every engine adapter shares (backend/engines/vllm.py, sglang.py; hf.py is the in-process reference):
-the one Generation type a bench records, the target's shape and tokenizer without its weights, and the way an
-engine's hook results become a capture's statistics. Engines are looked up by name (`engine_module`), so neither
-capture nor bench imports an engine module statically, and no engine module imports capture or bench.
+"""The engine interface: what every engine (HF in-process, vLLM and SGLang on a GPU node) implements, the typed
+settings it is built from, and the one registry that finds it by name.
 
-Adding an engine: one module under backend/engines/ with `require()`, `run_capture(settings, name, root, progress)`
-and `make_engine(bench_settings, drafter, eos)` (an object with `generate`, `fed_boundaries`, `aux_ids`, `close`,
-`version`), plus its name in ENGINES. docs/ARCHITECTURE.md has the walk-through.
+An engine is a module registered in `ENGINES` that satisfies `EngineAdapter`:
+
+- `require() -> str`: its version, or a one-line error saying where it runs;
+- `capture_session(settings: CaptureSettings, options=None) -> CaptureSession`: its side of the one capture loop
+  (backend/engines/capture_loop.py: prompts, run creation or resume, checkpoints, progress and the run's end are
+  the loop's; the engine loads the target, puts prompts through its hooks and hands back the accumulators);
+- `make_engine(settings: EngineSettings, drafter, eos) -> Engine`: one request at a time for a bench
+  (backend/bench.py's loop; `Generation` is what it records).
+
+Engines are looked up by name (`adapter`), so neither capture nor bench imports an engine module statically, and no
+engine module imports capture or bench. Also shared here: the target's shape and tokenizer without its weights, and
+the way an engine's hook results become a capture's statistics. docs/ARCHITECTURE.md has the walk-through.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Protocol
 
 from backend.errors import SpecLensError
 
-ENGINES = {"vllm": "backend.engines.vllm", "sglang": "backend.engines.sglang"}     # hf: backend.engines.hf, in-process
+if TYPE_CHECKING:
+    from backend.coords import Boundary
+    from backend.stats import StreamingStats, TokenSample
+
+# the one registry: engine name -> adapter module (imported lazily: vLLM and SGLang live on the GPU node)
+ENGINES = {"hf": "backend.engines.hf", "vllm": "backend.engines.vllm", "sglang": "backend.engines.sglang"}
 
 
 @dataclass
@@ -29,11 +43,106 @@ class Generation:
     raw: dict | None = None              # the engine's own figures for the request (counter snapshots, meta_info)
 
 
-def engine_module(name: str):
-    """The adapter module of a serving engine, by name (imported lazily: vLLM and SGLang live on the GPU node)."""
+@dataclass
+class CaptureSettings:
+    """What a capture is asked for (`python -m backend capture`, a capture job); the same for every engine."""
+    model: str
+    prompts: str
+    engine: str = "hf"
+    limit: int | None = None
+    device: str = "auto"
+    dtype: str = "fp32"
+    boundaries: list[str] | None = None        # None = every boundary S_0..S_N and F
+    sample_tokens: int = 4096
+    sample_per_prompt: int = 512
+    max_prompt_tokens: int | None = 2048
+    chat_template: bool = True
+    checkpoint_every: int = 16
+
+    def identity(self) -> dict:
+        """The settings a resumed run must share with the run it resumes."""
+        d = asdict(self)
+        d.pop("checkpoint_every")
+        d.pop("device")
+        return d
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What a bench's engine is built from (backend.bench.BenchSettings.engine_settings() makes one)."""
+    target: str
+    num_spec_tokens: int
+    dtype: str = "fp32"                        # fp32 | bf16 (or an engine's own dtype name)
+    tensor_parallel_size: int = 1
+    server_url: str | None = None              # a running server instead of one started here
+    options: dict = field(default_factory=dict)   # passed through (vllm.LLM keywords, SGLang flags, server_log)
+
+    def engine_dtype(self) -> str:
+        return {"fp32": "float32", "bf16": "bfloat16"}.get(self.dtype, self.dtype)
+
+
+class Engine(Protocol):
+    """One request at a time through an engine, for a bench."""
+    version: str
+
+    def generate(self, prompt: list[int], max_new_tokens: int, temperature: float, seed: int) -> Generation: ...
+
+    def aux_ids(self) -> list[int] | None: ...
+
+    def fed_boundaries(self, n_layers: int) -> list[str] | None: ...
+
+    def close(self) -> None: ...
+
+
+class CaptureSession(Protocol):
+    """An engine's side of the one capture loop (backend/engines/capture_loop.py), in the order the loop calls it:
+    `target()` (tokenizer, config, n_layers, hidden_size, device), `begin` (the run is open: accumulators from the
+    resumed state, or a refusal to resume), `guard_options` (how a failure is told), `start` (model or server up,
+    hooks in), `run` once per `chunk` prompts (`checkpoint_due(done)` says when the loop checkpoints
+    `accumulators()`), `accumulators()` at the end, `close()` always, then `verify` (the hooks saw every token)."""
+    label: str                                 # progress bar suffix, e.g. " (vllm)"
+    engine_version: str | None                 # the manifest's engine_version (None: transformers' version)
+    chunk: int
+
+    def target(self) -> Any: ...
+
+    def guard_options(self, run_id: str, where: Callable[[], str],
+                      save: Callable[[], None]) -> dict: ...
+
+    def begin(self, rd: Any, run_id: str, start: int, labels: list[str], wanted: list[Boundary], state: Any,
+              sample: dict | None) -> None: ...
+
+    def start(self, rd: Any) -> None: ...
+
+    def run(self, seqs: list[list[int]]) -> None: ...
+
+    def checkpoint_due(self, done: int) -> bool: ...
+
+    def accumulators(self) -> tuple[StreamingStats, TokenSample]: ...
+
+    def close(self) -> None: ...
+
+    def verify(self, rd: Any, tokens_expected: int) -> None: ...
+
+
+class EngineAdapter(Protocol):
+    """An engine module (`ENGINES[name]`)."""
+
+    def require(self) -> str: ...
+
+    def capture_session(self, settings: CaptureSettings, options: Any = None) -> CaptureSession: ...
+
+    def make_engine(self, settings: EngineSettings, drafter: str | None, eos: list[int]) -> Engine: ...
+
+
+def adapter(name: str) -> EngineAdapter:
+    """The engine registered under `name`."""
     if name not in ENGINES:
-        raise SpecLensError(f"--engine {name}: unknown; use hf, {', '.join(ENGINES)}")
-    return importlib.import_module(ENGINES[name])
+        raise SpecLensError(f"--engine {name}: unknown; use {', '.join(ENGINES)}")
+    return importlib.import_module(ENGINES[name])   # type: ignore[return-value]
+
+
+engine_module = adapter          # the name bench.py and the load bench use
 
 
 def target_info(model: str) -> SimpleNamespace:
@@ -81,35 +190,3 @@ def check_hook_tokens(rd, res: dict, expected: int, engine: str, hint: str = "",
     if seen != expected:
         rd.fail(f"{engine} ran {seen} tokens through the hooks, the prompts hold {expected}{hint}")
         raise SpecLensError(f"capture {rd.run_id}: token count mismatch inside {engine} ({seen} != {expected})")
-
-
-@dataclass
-class CaptureStart:
-    """What a serving engine's capture starts from: the prompts as token ids and its (new or resumed) run."""
-    info: SimpleNamespace
-    seqs: list[list[int]]
-    labels: list[str]
-    run_id: str
-    rd: object                     # backend.runs.lifecycle.Run
-    start: int                     # prompts already done (a resumed run)
-    state: object | None           # statistics state of the checkpoint
-    sample: dict | None            # sample tensors of the checkpoint
-
-
-def start_capture(settings, name: str | None, root, engine: str, version: str) -> CaptureStart:
-    """The target's tokenizer and shape (no weights), the prompts encoded exactly as the HF engine encodes them,
-    the boundaries asked for, and the capture run created or resumed (backend/runs/capture_run.py)."""
-    from backend import coords
-    from backend.prompts import encode_all, load_prompts
-    from backend.runs import capture_run as cr
-    from backend.store.rundir import new_run_id
-
-    prompts = load_prompts(settings.prompts, settings.limit)
-    info = target_info(settings.model)
-    seqs = encode_all(info.tokenizer, prompts, settings.prompts, settings.chat_template, settings.max_prompt_tokens)
-    labels = coords.labels(cr.boundaries(settings.boundaries, info.n_layers))
-    run_id = new_run_id("capture", name)
-    rd, start, state, sample_t = cr.open_or_resume(run_id, settings, info, labels, root, len(prompts),
-                                                  engine_version=f"{engine} {version}")
-    return CaptureStart(info, seqs, labels, run_id, rd, start, state, sample_t)
-

@@ -13,6 +13,7 @@ num_speculative_tokens, rejection_sample_method / synthetic_acceptance_length); 
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -96,33 +97,51 @@ def sglang_spec(target: str, drafter: str | None, k: int = 0, topk: int = 1, dra
     return ServerSpec("sglang", label, tail, env=env)
 
 
-class Server:
-    """A started server process; `url` once healthy."""
+_LIVE: list[ServerProcess] = []      # every server started here and not stopped yet (stopped at exit)
 
-    def __init__(self, spec: ServerSpec, log: Path):
-        self.spec, self.log = spec, log
-        self.port = free_port(spec.host)
-        self.url = f"http://{spec.host}:{self.port}"
+
+def log_tail(path: Path | str, n: int = 6, sep: str = " | ") -> str:
+    """The last n non-empty lines of a server log, each cut to 200 characters."""
+    try:
+        lines = [ln for ln in Path(path).read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return sep.join(ln.strip()[:200] for ln in lines[-n:])
+
+
+class ServerProcess:
+    """One server process (`vllm serve`, SGLang's launch_server) in its own process group: started with the
+    repository on its PYTHONPATH (the hooks it may load live here) and its output in `log`; `healthy()` polls
+    `/health`; `stop()` always tears the whole group down (SIGTERM, then SIGKILL, then waits until it is gone: the
+    engine cores and schedulers hold the GPU until then). `label` names it in messages ("SGLang", "vllm K=4")."""
+
+    tail_lines = 4
+
+    def __init__(self, argv: list[str], log: Path, label: str, host: str, port: int, env: dict | None = None):
+        self.label, self.log, self.port = label, log, port
+        self.url = f"http://{host}:{port}"
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, **spec.env)
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                                                                if p])
+        full_env = dict(os.environ, **(env or {}))
+        full_env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [
+            p for p in full_env.get("PYTHONPATH", "").split(os.pathsep) if p])
         self._fh = open(log, "w")
         self.t0 = time.perf_counter()
-        self.proc = subprocess.Popen(spec.argv(self.port), stdout=self._fh, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-        self.start_seconds: float | None = None
-
-    def tail(self, n: int = 4) -> str:
         try:
-            lines = [ln.strip()[:200] for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
-        except OSError:
-            return ""
-        return " | ".join(lines[-n:])
+            self.proc = subprocess.Popen(argv, stdout=self._fh, stderr=subprocess.STDOUT, env=full_env,
+                                         start_new_session=True)
+        except BaseException:
+            self._fh.close()
+            raise
+        self.start_seconds: float | None = None
+        _LIVE.append(self)
+
+    def tail(self, n: int | None = None) -> str:
+        return log_tail(self.log, n or self.tail_lines)
 
     def healthy(self) -> bool:
+        """Whether `/health` answers 200; a one-line error with the log's tail when the process has exited."""
         if self.proc.poll() is not None:
-            raise SpecLensError(f"{self.spec.label} server exited with code {self.proc.returncode} while starting "
+            raise SpecLensError(f"{self.label} server exited with code {self.proc.returncode} while starting "
                                 f"(log {self.log}): {self.tail()}")
         try:
             with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
@@ -133,8 +152,27 @@ class Server:
             self.start_seconds = time.perf_counter() - self.t0
         return ok
 
+    def wait_healthy(self, timeout: float) -> None:
+        """Until healthy; stopped and a one-line error when it exits or `timeout` passes first."""
+        try:
+            deadline = time.time() + timeout
+            while not self.healthy():
+                if time.time() > deadline:
+                    raise SpecLensError(f"{self.label} server did not become healthy within {timeout:.0f} s "
+                                        f"(log {self.log}): {self.tail()}")
+                time.sleep(1.0)
+        except BaseException:
+            self.stop()
+            raise
+
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def death_note(self) -> str:
+        """' (the server exited with code C; log L: tail)' when the server process is gone, else ''."""
+        if self.alive():
+            return ""
+        return f" (the {self.label} server exited with code {self.proc.returncode}; log {self.log}: {self.tail()})"
 
     def stop(self) -> None:
         for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
@@ -146,18 +184,42 @@ class Server:
                 self.proc.wait(wait)
             except subprocess.TimeoutExpired:
                 continue
-        deadline = time.time() + 15                 # engine cores / schedulers hold the GPU until they are gone
+        deadline = time.time() + 15                 # children (engine core, scheduler) may outlive the leader
         while time.time() < deadline:
-            try:
-                os.killpg(self.proc.pid, 0)
-            except (ProcessLookupError, PermissionError):
-                break
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 break
             time.sleep(0.2)
         self._fh.close()
+        if self in _LIVE:
+            _LIVE.remove(self)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def stop_all() -> None:
+    for s in list(_LIVE):
+        try:
+            s.stop()
+        except Exception:     # noqa: BLE001 - the others must still be stopped
+            pass
+
+
+atexit.register(stop_all)
+
+
+class Server(ServerProcess):
+    """A server of a ServerGroup: a free port, its spec's command line and environment; `url` once healthy."""
+
+    def __init__(self, spec: ServerSpec, log: Path):
+        self.spec = spec
+        port = free_port(spec.host)
+        super().__init__(spec.argv(port), log, spec.label, spec.host, port, env=spec.env)
 
 
 class ServerGroup:
@@ -195,7 +257,7 @@ class ServerGroup:
             pending = [s for s in pending if not s.healthy()]
             if pending and time.time() > deadline:
                 s = pending[0]
-                raise SpecLensError(f"{s.spec.label} server did not become healthy within {self.timeout:.0f} s "
+                raise SpecLensError(f"{s.label} server did not become healthy within {self.timeout:.0f} s "
                                     f"(log {s.log}): {s.tail()}; raise SPECLENS_SERVER_START_TIMEOUT")
             if pending:
                 time.sleep(1.0)

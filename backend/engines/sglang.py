@@ -25,9 +25,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,12 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backend import coords, metrics
-from backend.engines.base import Generation
+from backend.engines.base import CaptureSettings, EngineSettings, Generation
+from backend.engines.server_process import _LIVE, ServerProcess, log_tail, stop_all  # noqa: F401 (re-exported)
 from backend.errors import SpecLensError
 from backend.netutil import free_port, port_free  # noqa: F401 (re-exported: tests, callers)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-_LIVE: list[Server] = []
 START_TIMEOUT_ENV = "SPECLENS_SGLANG_START_TIMEOUT"     # seconds a server may take to become healthy (default 600)
 LOG_DIR_ENV = "SPECLENS_SGLANG_LOG_DIR"                 # where servers started without an explicit log write theirs
 
@@ -114,8 +112,11 @@ class ServerSpec:
         return a
 
 
-class Server:
-    """A launched SGLang server; a context manager that always tears its whole process group down."""
+class Server(ServerProcess):
+    """A launched SGLang server (backend/engines/server_process.py ServerProcess: its own process group, always torn
+    down with it); healthy when constructed, or a one-line error with its log's tail and nothing left running."""
+
+    tail_lines = 6
 
     def __init__(self, spec: ServerSpec, log: Path | None = None, start_timeout: float | None = None):
         self.spec = spec
@@ -124,113 +125,19 @@ class Server:
         port = spec.port or free_port(spec.host)
         if not port_free(spec.host, port):
             raise SpecLensError(f"port {port} on {spec.host} is in use; stop what listens there or pick another port")
-        self.port, self.url = port, f"http://{spec.host}:{port}"
         if log is None:
             d = os.environ.get(LOG_DIR_ENV)
             log = (Path(d) / f"server-{time.strftime('%H%M%S')}-{port}.log") if d else \
                 Path(tempfile.mkdtemp(prefix="speclens-sglang-")) / "server.log"
-        self.log = log
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)]
-                                            + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         # /health would otherwise run a one-token generation (input_ids [0]) through the model, and so through
         # the hooks; with this off it only says whether the server is up (http_server.py health_generate).
-        env.setdefault("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "false")
-        t0 = time.perf_counter()
-        self._fh = open(self.log, "w")
-        try:
-            self.proc = subprocess.Popen(spec.argv(port), stdout=self._fh, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
-        except BaseException:
-            self._fh.close()
-            raise
-        _LIVE.append(self)
-        try:
-            self._wait(start_timeout)
-        except BaseException:
-            self.stop()
-            raise
-        self.start_seconds = time.perf_counter() - t0
+        env = {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION":
+               os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "false")}
+        super().__init__(spec.argv(port), log, "SGLang", spec.host, port, env=env)
+        self.wait_healthy(start_timeout)
 
     def log_tail(self, n: int = 6) -> str:
         return log_tail(self.log, n)
-
-    def death_note(self) -> str:
-        """' (the server exited with code C; log L: tail)' when the server process is gone, else ''."""
-        if self.proc.poll() is None:
-            return ""
-        return f" (the SGLang server exited with code {self.proc.returncode}; log {self.log}: {self.log_tail()})"
-
-    def _wait(self, timeout: float) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise SpecLensError(f"SGLang server exited with code {self.proc.returncode} while starting "
-                                    f"(log {self.log}): {self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(1.0)
-        raise SpecLensError(f"SGLang server did not become healthy within {timeout:.0f} s (log {self.log}): "
-                            f"{self.log_tail()}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(30)
-            except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)      # children of the server (scheduler, detokenizer)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-        deadline = time.time() + 15                        # the scheduler holds the GPU until it is gone
-        while time.time() < deadline:
-            try:
-                os.killpg(self.proc.pid, 0)
-            except (ProcessLookupError, PermissionError):
-                break
-            time.sleep(0.2)
-        self._fh.close()
-        if self in _LIVE:
-            _LIVE.remove(self)
-
-    def __enter__(self) -> Server:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-def stop_all() -> None:
-    for s in list(_LIVE):
-        try:
-            s.stop()
-        except Exception:
-            pass
-
-
-def log_tail(path: Path | str, n: int = 6, sep: str = " | ") -> str:
-    """The last n non-empty lines of a server log, each cut to 200 characters."""
-    try:
-        lines = [ln for ln in Path(path).read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    return sep.join(ln.strip()[:200] for ln in lines[-n:])
-
-
-import atexit  # noqa: E402
-
-atexit.register(stop_all)
 
 
 # ---------------------------------------------------------------------- requests
@@ -265,7 +172,7 @@ class ServerEngine:
 
     engine_name = "sglang"
 
-    def __init__(self, s, drafter: str | None, eos: list[int], log_dir: Path | None = None):
+    def __init__(self, s: EngineSettings, drafter: str | None, eos: list[int], log_dir: Path | None = None):
         self.k = s.num_spec_tokens if drafter else 0
         self.eos, self.server, self.hook_dir = eos, None, None
         if s.server_url:
@@ -277,14 +184,13 @@ class ServerEngine:
             self.hook_dir = Path(tempfile.mkdtemp(prefix="speclens-sglang-info-"))
             from transformers import AutoConfig
             n = int(AutoConfig.from_pretrained(s.target).num_hidden_layers)
-            extra = dict(s.engine_options or {})
+            from backend.engines.sglang_hooks import hook_specs
+
+            extra = dict(s.options)
             mem = float(extra.pop("mem-fraction-static", 0.2))
             spec = ServerSpec(model=s.target, drafter=drafter, num_spec_tokens=s.num_spec_tokens,
-                              tp=s.tensor_parallel_size,
-                              dtype={"fp32": "float32", "bf16": "bfloat16"}.get(s.dtype, s.dtype),
-                              mem_fraction=mem, extra=extra,
-                              hooks=__import__("backend.engines.sglang_hooks", fromlist=["hook_specs"]).hook_specs(
-                                  str(self.hook_dir), None, n) if drafter else None)
+                              tp=s.tensor_parallel_size, dtype=s.engine_dtype(), mem_fraction=mem, extra=extra,
+                              hooks=hook_specs(str(self.hook_dir), None, n) if drafter else None)
             try:
                 self.server = Server(spec, log=(log_dir / "server.log") if log_dir else None)
             except BaseException:
@@ -343,7 +249,7 @@ class ServerEngine:
             shutil.rmtree(self.hook_dir, ignore_errors=True)
 
 
-def make_engine(s, drafter: str | None, eos: list[int]):
+def make_engine(s: EngineSettings, drafter: str | None, eos: list[int]) -> ServerEngine:
     return ServerEngine(s, drafter, eos)
 
 
@@ -384,54 +290,91 @@ def collect_state(url: str, hook_dir: Path) -> dict:
     return torch.load(f, weights_only=False)
 
 
-def run_capture(settings, name: str | None = None, root: Path | None = None, progress: bool = True,
+class SGLangCapture:
+    """SGLang's side of the one capture loop (backend/engines/capture_loop.py): a server started with the capture
+    hooks, reset, one max_new_tokens=1 request per prompt, the state collected at the end; no checkpoints (a server
+    cannot take a resumed state), so a resumed run is refused."""
+
+    label = " (sglang)"
+    chunk = 1
+
+    def __init__(self, settings: CaptureSettings, log_dir: Path | None = None):
+        self.settings, self.log_dir = settings, log_dir
+        self.engine_version = f"sglang {require()}"
+        self.server: Server | None = None
+        self.hook_dir: Path | None = None
+        self.res: dict | None = None
+
+    def target(self):
+        from backend.engines.base import target_info
+
+        self.info = target_info(self.settings.model)
+        return self.info
+
+    def begin(self, rd, run_id: str, start: int, labels: list[str], wanted, state, sample: dict | None) -> None:
+        from backend.engines.sglang_hooks import hook_specs
+
+        if start:
+            rd.fail("an SGLang capture cannot resume inside a new server; run it again with another --name")
+            raise SpecLensError(f"capture {run_id}: SGLang captures restart from the beginning; use another --name")
+        s = self.settings
+        self.hook_dir = Path(tempfile.mkdtemp(prefix="speclens-sglang-cap-"))
+        self.spec = ServerSpec(model=s.model, capture=True,
+                               dtype={"fp32": "float32", "bf16": "bfloat16"}.get(s.dtype, s.dtype),
+                               hooks=hook_specs(str(self.hook_dir), labels, self.info.n_layers, s.sample_tokens,
+                                                s.sample_per_prompt))
+
+    def guard_options(self, run_id: str, where, save) -> dict:
+        from backend.runs.lifecycle import one_line
+
+        return {"note": lambda: self.server.death_note() if self.server is not None else "",
+                "describe": lambda e: f"SGLang capture stopped: {one_line(e)}",
+                "interrupted": lambda: "SGLang capture stopped: KeyboardInterrupt: "}
+
+    def start(self, rd) -> None:
+        self.server = Server(self.spec, log=(self.log_dir / "server.log") if self.log_dir else None)
+        rd.record(server={"start_seconds": round(self.server.start_seconds, 1),
+                          "argv": self.spec.argv(self.server.port)[1:]})
+        _trigger(self.server.url, self.hook_dir, "reset")
+
+    def run(self, seqs: list[list[int]]) -> None:
+        for s in seqs:
+            generate(self.server.url, s, 1)
+
+    def checkpoint_due(self, done: int) -> bool:
+        return False
+
+    def accumulators(self):
+        from backend.engines.base import rebuild_capture
+
+        self.res = collect_state(self.server.url, self.hook_dir)
+        return rebuild_capture(self.res, self.info.hidden_size, self.settings.sample_tokens,
+                               self.settings.sample_per_prompt)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        if self.hook_dir is not None:
+            shutil.rmtree(self.hook_dir, ignore_errors=True)
+
+    def verify(self, rd, tokens_expected: int) -> None:
+        from backend.engines.base import check_hook_tokens
+
+        check_hook_tokens(rd, self.res, tokens_expected, "SGLang", layers_to_capture=self.res.get("layers_to_capture"))
+
+
+def capture_session(settings: CaptureSettings, options: Path | None = None) -> SGLangCapture:
+    """`options`: the folder for the server's log (default: a temporary one, or SPECLENS_SGLANG_LOG_DIR)."""
+    return SGLangCapture(settings, options)
+
+
+def run_capture(settings: CaptureSettings, name: str | None = None, root: Path | None = None, progress: bool = True,
                 log_dir: Path | None = None):
     """`capture --engine sglang`: the HF capture's run directory, boundaries read inside an SGLang server."""
-    from tqdm import tqdm
+    from backend.engines import capture_loop
 
-    from backend.engines.base import check_hook_tokens, rebuild_capture, start_capture
-    from backend.engines.sglang_hooks import hook_specs
-    from backend.runs import capture_run as cr
-    from backend.runs.lifecycle import RunGuard, one_line
-
-    version = require()
-    if settings.sample_tokens < 0:
-        raise SpecLensError("--sample-tokens must be >= 0")
-    c = start_capture(settings, name, root, "sglang", version)
-    info, seqs, labels, run_id, rd, start = c.info, c.seqs, c.labels, c.run_id, c.rd, c.start
-    if start:
-        rd.fail("an SGLang capture cannot resume inside a new server; run it again with another --name")
-        raise SpecLensError(f"capture {run_id}: SGLang captures restart from the beginning; use another --name")
-    hook_dir = Path(tempfile.mkdtemp(prefix="speclens-sglang-cap-"))
-    spec = ServerSpec(model=settings.model, capture=True,
-                      dtype={"fp32": "float32", "bf16": "bfloat16"}.get(settings.dtype, settings.dtype),
-                      hooks=hook_specs(str(hook_dir), labels, info.n_layers, settings.sample_tokens,
-                                       settings.sample_per_prompt))
-    t0 = time.perf_counter()
-    server = None
-    guard = RunGuard(rd, note=lambda: server.death_note() if server is not None else "",
-                     describe=lambda e: f"SGLang capture stopped: {one_line(e)}",
-                     interrupted=lambda: "SGLang capture stopped: KeyboardInterrupt: ")
-    try:
-        with guard:
-            server = Server(spec, log=(log_dir / "server.log") if log_dir else None)
-            rd.record(server={"start_seconds": round(server.start_seconds, 1), "argv": spec.argv(server.port)[1:]})
-            _trigger(server.url, hook_dir, "reset")
-            bar = tqdm(total=len(seqs), desc=f"capture {run_id} (sglang)", unit="prompt", disable=not progress,
-                       file=sys.stderr)
-            for s in seqs:
-                generate(server.url, s, 1)
-                bar.update(1)
-            bar.close()
-            res = collect_state(server.url, hook_dir)
-    finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(hook_dir, ignore_errors=True)
-    stats, sample = rebuild_capture(res, info.hidden_size, settings.sample_tokens, settings.sample_per_prompt)
-    expected = sum(len(x) for x in seqs)
-    check_hook_tokens(rd, res, expected, "SGLang", layers_to_capture=res.get("layers_to_capture"))
-    return cr.finish(rd, stats, sample, labels, expected, len(seqs), time.perf_counter() - t0)
+    return capture_loop.run(SGLangCapture(settings, log_dir), settings, name, root, progress)
 
 
-__all__ = ["Server", "ServerSpec", "ServerEngine", "run_capture", "accepted_lengths", "metrics"]
+__all__ = ["Server", "ServerSpec", "ServerEngine", "SGLangCapture", "capture_session", "run_capture",
+           "accepted_lengths", "metrics"]

@@ -37,7 +37,8 @@ from pathlib import Path
 import torch
 
 from backend import coords
-from backend.engines.vllm_worker import _layer_out, plan_sample, stage_rows
+from backend.engines.hook_reduce import layer_out as _layer_out
+from backend.engines.hook_reduce import plan_sample, stage_rows
 from backend.stats import StreamingStats, TokenSample
 
 _REDUCERS: dict[str, ServerReducer] = {}

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backend import coords, metrics
-from backend.engines.base import Generation
+from backend.engines.base import CaptureSettings, EngineSettings, Generation
 from backend.errors import SpecLensError
 
 WORKER_EXT = "backend.engines.vllm_worker.SpecLensWorker"
@@ -336,17 +336,16 @@ class ServerEngine:
         pass
 
 
-def make_engine(s, drafter: str | None, eos: list[int]):
-    """The engine for a bench (settings `s` from backend.bench.BenchSettings)."""
+def make_engine(s: EngineSettings, drafter: str | None, eos: list[int]) -> OfflineEngine | ServerEngine:
+    """The engine for a bench: a running `vllm serve` when `s.server_url` is set, else an offline `vllm.LLM`."""
     if s.server_url:
         return ServerEngine(s.server_url, num_spec_tokens=s.num_spec_tokens if drafter else 0, eos=eos,
-                            server_log=(s.engine_options or {}).get("server_log"))
-    extra = dict(s.engine_options or {})
+                            server_log=s.options.get("server_log"))
+    extra = dict(s.options)
     extra.pop("server_log", None)                 # a ServerEngine option, never a vllm.LLM keyword
     opts = EngineOptions(tensor_parallel_size=s.tensor_parallel_size,
                          gpu_memory_utilization=float(extra.pop("gpu_memory_utilization", 0.3)),
-                         max_model_len=extra.pop("max_model_len", None),
-                         dtype={"fp32": "float32", "bf16": "bfloat16"}.get(s.dtype, s.dtype), extra=extra)
+                         max_model_len=extra.pop("max_model_len", None), dtype=s.engine_dtype(), extra=extra)
     return OfflineEngine(s.target, opts, drafter=drafter, num_spec_tokens=s.num_spec_tokens, eos=eos)
 
 
@@ -389,54 +388,75 @@ def collect(llm) -> dict:
     return llm.collective_rpc("speclens_collect")[0]
 
 
-def run_capture(settings, name: str | None = None, root: Path | None = None, progress: bool = True,
+class VllmCapture:
+    """vLLM's side of the one capture loop (backend/engines/capture_loop.py): an eager `LLM` without prefix caching,
+    hooks installed in every worker (with the resumed state), prompts prefilled `4 x checkpoint_every` at a time and
+    the state collected from rank 0 for each checkpoint and at the end; the hooks' token count is checked."""
+
+    label = " (vllm)"
+
+    def __init__(self, settings: CaptureSettings, opts: EngineOptions | None = None):
+        self.settings, self.opts = settings, opts or EngineOptions()
+        self.engine_version = f"vllm {require()}"
+        self.chunk = max(1, settings.checkpoint_every) * 4
+        self.llm = None
+        self.res: dict | None = None
+
+    def target(self):
+        from backend.engines.base import target_info
+
+        self.info = target_info(self.settings.model)
+        return self.info
+
+    def begin(self, rd, run_id: str, start: int, labels: list[str], wanted, state, sample: dict | None) -> None:
+        self.labels, self.state, self.sample = labels, state, sample
+
+    def guard_options(self, run_id: str, where, save) -> dict:
+        return {"describe": lambda e: f"vLLM: {short_error(e)}",
+                "wrap": lambda e: SpecLensError(f"capture {run_id} failed in vLLM: {short_error(e)}"),
+                "interrupted": lambda: f"interrupted after {where()}; run the same command again to resume"}
+
+    def start(self, rd) -> None:
+        s = self.settings
+        self.llm = make_llm(s.model, self.opts, capture=True)
+        install(self.llm, self.labels, s.sample_tokens, s.sample_per_prompt,
+                {k: v.cpu() for k, v in self.state.tensors().items()} if self.state is not None else None,
+                self.sample)
+
+    def run(self, seqs: list[list[int]]) -> None:
+        prefill(self.llm, seqs)
+
+    def checkpoint_due(self, done: int) -> bool:
+        return True                            # after every chunk
+
+    def accumulators(self):
+        from backend.engines.base import rebuild_capture
+
+        self.res = collect(self.llm)
+        return rebuild_capture(self.res, self.info.hidden_size, self.settings.sample_tokens,
+                               self.settings.sample_per_prompt)
+
+    def close(self) -> None:
+        if self.llm is not None:
+            shutdown(self.llm)
+
+    def verify(self, rd, tokens_expected: int) -> None:
+        from backend.engines.base import check_hook_tokens
+
+        check_hook_tokens(rd, self.res, tokens_expected, "vLLM",
+                          hint=" (prefix caching or padding on?); the statistics would not be the prompts'")
+
+
+def capture_session(settings: CaptureSettings, options: EngineOptions | None = None) -> VllmCapture:
+    return VllmCapture(settings, options)
+
+
+def run_capture(settings: CaptureSettings, name: str | None = None, root: Path | None = None, progress: bool = True,
                 opts: EngineOptions | None = None):
     """`capture --engine vllm`: the same run directory as the HF engine's, boundaries read inside vLLM."""
-    import sys
+    from backend.engines import capture_loop
 
-    from tqdm import tqdm
-
-    from backend.engines.base import check_hook_tokens, rebuild_capture, start_capture
-    from backend.runs import capture_run as cr
-    from backend.runs.lifecycle import RunGuard
-
-    version = require()
-    opts = opts or EngineOptions()
-    c = start_capture(settings, name, root, "vllm", version)
-    info, seqs, labels, run_id, rd, start, state, sample_t = (c.info, c.seqs, c.labels, c.run_id, c.rd, c.start,
-                                                              c.state, c.sample)
-    llm = None
-    done, t0 = start, time.perf_counter()
-    guard = RunGuard(rd, describe=lambda e: f"vLLM: {short_error(e)}",
-                     wrap=lambda e: SpecLensError(f"capture {run_id} failed in vLLM: {short_error(e)}"),
-                     interrupted=lambda: f"interrupted after {done}/{len(seqs)} prompts; run the same command again "
-                                         f"to resume")
-    try:
-        with guard:
-            llm = make_llm(settings.model, opts, capture=True)
-            install(llm, labels, settings.sample_tokens, settings.sample_per_prompt,
-                    {k: v.cpu() for k, v in state.tensors().items()} if state is not None else None, sample_t)
-            chunk = max(1, settings.checkpoint_every) * 4
-            bar = tqdm(total=len(seqs), initial=start, desc=f"capture {run_id} (vllm)", unit="prompt",
-                       disable=not progress, file=sys.stderr)
-            for i in range(start, len(seqs), chunk):
-                prefill(llm, seqs[i:i + chunk])
-                done = min(len(seqs), i + chunk)
-                bar.update(done - i)
-                if done < len(seqs):
-                    stats, sample = rebuild_capture(collect(llm), info.hidden_size, settings.sample_tokens,
-                                                    settings.sample_per_prompt)
-                    cr.checkpoint(rd, stats, sample, done, len(seqs))
-            bar.close()
-            res = collect(llm)
-    finally:
-        if llm is not None:
-            shutdown(llm)
-    stats, sample = rebuild_capture(res, info.hidden_size, settings.sample_tokens, settings.sample_per_prompt)
-    check_hook_tokens(rd, res, sum(len(x) for x in seqs[start:]), "vLLM",
-                      hint=" (prefix caching or padding on?); the statistics would not be the prompts'")
-    return cr.finish(rd, stats, sample, labels, sum(len(x) for x in seqs), len(seqs),
-                     time.perf_counter() - t0)
+    return capture_loop.run(VllmCapture(settings, opts), settings, name, root, progress)
 
 
 def run_extract(settings, ids: list[int], name: str | None = None, root: Path | None = None,
