@@ -163,3 +163,44 @@ def test_recorded_reference_meta_info():
     assert r.tau == 1.0 and r.raw_accept_length == pytest.approx(64 / 63, abs=1e-4)
     assert r.stats.draft_tokens == 3 * 63 and r.stats.accepted == 0 and not any(r.stats.per_pos or [])
     assert S.accepted_lengths(meta, 3) == [0] * 63
+
+
+def test_bench_engines_are_built_from_typed_settings(tmp_path):
+    """BenchSettings -> EngineSettings -> each registered engine's make_engine, attached to a running server by URL
+    (a local HTTP server answering /server_info, /v1/models and /version as SGLang and vLLM do)."""
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from backend.bench import BenchSettings
+    from backend.engines.base import EngineSettings, adapter
+
+    class Answer(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"version": "0.5.15"} if self.path == "/server_info"
+                              else {"data": [{"id": "served"}], "version": "0.24.0"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = HTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_port}"
+        s = BenchSettings(target=str(tmp_path), prompts="p", drafter="d", engine="sglang", server_url=url,
+                          num_spec_tokens=3, dtype="bf16", engine_options={"speculative-eagle-topk": 1})
+        es = s.engine_settings()
+        assert isinstance(es, EngineSettings) and es.engine_dtype() == "bfloat16" and es.options == {
+            "speculative-eagle-topk": 1}
+        sg = adapter("sglang").make_engine(es, drafter="d", eos=[2])
+        assert (sg.version, sg.k, sg.url) == ("0.5.15", 3, url)
+        vl = adapter("vllm").make_engine(es, drafter=None, eos=[2])
+        assert (vl.version, vl.k, vl.model) == ("0.24.0", 0, "served")
+        with pytest.raises(SpecLensError, match="in-process"):
+            adapter("hf").make_engine(es, drafter="d", eos=[])
+        with pytest.raises(SpecLensError, match="unknown; use hf, vllm, sglang"):
+            adapter("trt")
+    finally:
+        srv.shutdown()
