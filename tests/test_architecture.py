@@ -1,8 +1,11 @@
 """The flow runs one way (docs/ARCHITECTURE.md): engines -> capture/bench -> run directory -> catalog -> pages.
 
 Static checks over the source (every import, at module level or inside a function): no import cycle inside
-backend/; nothing under backend/ imports Streamlit or the dashboard package; no engine module imports capture or
-bench; the lint runs clean (ruff, line length 120)."""
+backend/; no upward import across the layers of backend/ (base < store < analysis < engines/runs < cli); nothing
+under backend/ imports Streamlit or the dashboard package; no engine module imports capture or bench; engines/ and
+drafter/ do not import each other both ways; one engine registry and one capture loop. The repository stands alone:
+no citation of a document outside it, every docs/CONVENTIONS.md anchor cited exists, every third-party module
+imported is declared in requirements. The lint runs clean (ruff.toml)."""
 
 from __future__ import annotations
 
