@@ -1,10 +1,10 @@
 """The one owner of a run's life: `Run` (create, resume by identity, progress, checkpoint, fail, complete) and
 `RunGuard`, the one place where a run that stops fails.
 
-Every state change of a run goes through `Run._write`, which writes the manifest and re-indexes the catalog, so the
-dashboard sees a run the moment it starts, fails or completes, and no producer (capture, bench, import, check)
-refreshes the catalog itself. Progress re-indexes at most every `PROGRESS_REINDEX_S` seconds (a checkpoint always
-does): a 10,000-run catalog is not rewritten every two seconds.
+Every state change of a run goes through `Run._write`, which writes the manifest and re-indexes the catalog (that run
+only: `CatalogWriter.refresh_runs`, whose cost does not grow with the catalog), so the dashboard sees a run the moment
+it starts, fails or completes, and no producer (capture, bench, import, check) refreshes the catalog itself.
+Progress re-indexes at most every `PROGRESS_REINDEX_S` seconds (a checkpoint always does).
 
 `with RunGuard(run, ...):` around the work of a run: any exception inside fails the run with a one-line reason
 (re-indexed), so a run that died never looks complete and the dashboard shows why at once; what was computed is
@@ -96,7 +96,7 @@ class Run:
         p = paths(root).runs / run_id
         if p.exists():
             shutil.rmtree(p, ignore_errors=True)
-            Catalog(root).write.refresh()
+            Catalog(root).write.refresh_runs([run_id])
 
     @property
     def run_id(self) -> str:
@@ -151,7 +151,7 @@ class Run:
         return m
 
     def _changed(self) -> None:
-        self.catalog.write.refresh()
+        self.catalog.write.refresh_runs([self.run_id])     # this run only: the cost does not grow with the catalog
         self._indexed = time.monotonic()
 
 

@@ -1,11 +1,20 @@
 """The DuckDB catalog: an index over run directories, rebuilt from them at any time. All SQL lives here.
 
-Writers never open the catalog file in place: `refresh` writes a new file under a temporary name and
-renames it over the old one (under a file lock), so a reader's read-only connection never meets a
-writer's lock (DuckDB 2.0 refuses readers while another process writes) and always sees a whole catalog.
+Writers never open a catalog file in place: they write a new file under a temporary name and rename it over
+the old one (under a file lock), so a reader's read-only connection never meets a writer's lock (DuckDB 2.0
+refuses readers while another process writes) and always sees a whole catalog.
 
-`refresh` is incremental: every run directory has a signature (size and mtime of its manifest and of its
-annotations file); runs whose signature and status are unchanged are kept, the others are re-read into a
+The catalog is a base (speclens.duckdb) and a small delta beside it (speclens.delta.duckdb): the rows of the runs
+changed since the base was written, and the list of those runs (`touched`, also the removed ones). A run's state
+change (`refresh_runs`, from backend/runs/lifecycle.py) rewrites only the delta: its cost does not grow with the
+catalog. Readers see the base's rows of untouched runs plus the delta's rows (views, see `_open`). Each base has a
+generation and each delta names its base's; a new base folds the delta in and is followed by an empty delta of
+its generation, so a reader that pairs a base with a delta of another generation either ignores the delta (older:
+already folded in) or reopens both (newer: the base was replaced after it was opened). A delta holding more than
+DELTA_MAX_RUNS runs is folded into a new base.
+
+`refresh` (a scan of every run directory) is incremental: every run directory has a signature (size and mtime of
+its manifest and of its annotations file); runs whose signature and status are unchanged are kept, the others are re-read into a
 copy of the catalog that then replaces it. When nothing changed it writes nothing (a page can rescan on
 every render, also with 10,000 runs); `refresh(full=True)` (`python -m backend db rebuild`) rebuilds from
 scratch. Parquet tables are read by DuckDB itself, many files per statement.
@@ -19,14 +28,14 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING
 
 import duckdb
-import pandas as pd
 
 from backend import annotations
 from backend.config import paths
@@ -34,7 +43,11 @@ from backend.errors import SpecLensError
 from backend.store import validate
 from backend.store.rundir import RUNNING, RunDir
 
-SCHEMA_VERSION = "7"          # 7: load_levels gpu_processes, gpu_util; 6: load_levels and load_cells (load runs)
+if TYPE_CHECKING:  # pandas is imported where frames are made: a run's state change and a config check need none
+    import pandas as pd
+
+SCHEMA_VERSION = "8"          # 8: catalog_meta generation and a delta beside the base
+                              # 7: load_levels gpu_processes, gpu_util; 6: load_levels and load_cells (load runs)
                               # 5: bench_prompts pairs and load columns, bench_runs pairing and speed_noise
 RUN_TYPES = {
     "run_id": "VARCHAR", "kind": "VARCHAR", "engine": "VARCHAR", "engine_version": "VARCHAR", "status": "VARCHAR",
@@ -54,6 +67,7 @@ STATS_TYPES = {
     "top_dims_max_abs": "DOUBLE[]",
 }
 _FULL_REBUILD_SHARE = 0.25      # more changed runs than this share (and > 64): rebuild instead of patching
+DELTA_MAX_RUNS = 512            # a delta holding more runs is folded into a new base
 
 
 def _int(x) -> int | None:
@@ -189,13 +203,23 @@ class _Plan:
         return not self.changed and not self.removed
 
 
+def _delta_path(catalog: Path) -> Path:
+    """The delta beside the base catalog: speclens.delta.duckdb."""
+    return catalog.with_name(f"{catalog.stem}.delta{catalog.suffix}")
+
+
+def _meta(con: duckdb.DuckDBPyConnection, db: str) -> dict[str, str]:
+    return dict(con.execute(f"SELECT key, value FROM {db}.catalog_meta").fetchall())
+
+
 def _plan(root: Path | None) -> _Plan | None:
-    """What changed since the catalog was written; None when it must be rebuilt (missing, older schema)."""
+    """What changed since the catalog (base and delta) was written; None when it must be rebuilt (missing, older
+    schema)."""
     p = paths(root)
     if not p.catalog.exists():
         return None
     try:
-        con = _open(p.catalog)
+        con = _with_retry(lambda: _open(p.catalog))
         try:
             ver = con.execute("SELECT value FROM catalog_meta WHERE key = 'schema_version'").fetchone()
             if not ver or ver[0] != SCHEMA_VERSION:
@@ -221,9 +245,32 @@ def _plan(root: Path | None) -> _Plan | None:
     return _Plan(entries, changed, [r for r in old if r not in on_disk])
 
 
+def _fresh_tmp(path: Path) -> Path:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    for f in (tmp, Path(str(tmp) + ".wal")):
+        if f.exists():
+            f.unlink()
+    return tmp
+
+
+def _write_empty_delta(catalog: Path, generation: str) -> None:
+    """An empty delta tagged with the base's generation, swapped in (never deleted: a reader holding the old base
+    then finds a delta newer than its base and reopens both)."""
+    delta = _delta_path(catalog)
+    tmp = _fresh_tmp(delta)
+    con = duckdb.connect(str(tmp))
+    try:
+        _create_tables(con, {"base_generation": generation})
+        con.execute("CHECKPOINT")
+    finally:
+        con.close()
+    os.replace(tmp, delta)
+
+
 def _refresh(root: Path | None, full: bool = False) -> Path:
     """Bring the catalog up to date with the run directories and swap it into place atomically: only the runs
-    that changed are re-read (nothing is written when none did); full=True rebuilds it from scratch."""
+    that changed are re-read (nothing is written when none did); full=True rebuilds it from scratch. A new base
+    folds the delta in (and an empty delta replaces it)."""
     p = paths(root)
     if not full:
         plan = _plan(root)                       # lock-free look first: the common case writes nothing
@@ -236,26 +283,115 @@ def _refresh(root: Path | None, full: bool = False) -> Path:
         if plan is not None and len(plan.changed) + len(plan.removed) > max(64, _FULL_REBUILD_SHARE
                                                                            * len(plan.entries)):
             plan = None                          # cheaper to rebuild than to patch
-        tmp = p.catalog.with_name(f".{p.catalog.name}.tmp-{os.getpid()}")
-        for f in (tmp, Path(str(tmp) + ".wal")):
-            if f.exists():
-                f.unlink()
-        if plan is not None:
-            shutil.copyfile(p.catalog, tmp)
-        con = duckdb.connect(str(tmp))
-        try:
-            if plan is None:
-                _create_tables(con)
-                _ingest(con, _scan(root))
-            else:
-                gone = [e.run_id for e in plan.changed] + plan.removed
+        _write_base(root, plan)
+    return p.catalog
+
+
+def _write_base(root: Path | None, plan: _Plan | None) -> None:
+    """Write a new base catalog (under the lock): the old one with its delta folded in and `plan` applied, or
+    (plan None) rebuilt from every run directory; then an empty delta for the new generation."""
+    p = paths(root)
+    tmp = _fresh_tmp(p.catalog)
+    generation = str(time.time_ns())
+    if plan is not None:
+        shutil.copyfile(p.catalog, tmp)
+    con = duckdb.connect(str(tmp))
+    try:
+        if plan is None:
+            _create_tables(con, {"generation": generation})
+            _ingest(con, _scan(root))
+        else:
+            delta = _delta_path(p.catalog)
+            gen = _meta(con, "main").get("generation")
+            if delta.exists():
+                con.execute("ATTACH ? AS d (READ_ONLY)", [str(delta)])
+                if _meta(con, "d").get("base_generation") == gen:
+                    for table in _TABLES:
+                        con.execute(f"DELETE FROM {table} WHERE run_id IN (SELECT run_id FROM d.touched)")
+                        con.execute(f"INSERT INTO {table} SELECT * FROM d.{table}")
+                con.execute("DETACH d")
+            gone = [e.run_id for e in plan.changed] + plan.removed
+            if gone:
                 for table in _TABLES:
                     con.execute(f"DELETE FROM {table} WHERE list_contains(?, run_id)", [gone])
                 _ingest(con, plan.changed)
+            con.execute("UPDATE catalog_meta SET value = ? WHERE key = 'generation'", [generation])
+        con.execute("CHECKPOINT")
+    finally:
+        con.close()
+    os.replace(tmp, p.catalog)
+    _write_empty_delta(p.catalog, generation)
+
+
+def _entry(root: Path | None, run_id: str) -> _Entry | None:
+    """One run directory with its signature (as _scan takes it), None when it has no manifest."""
+    d = str(paths(root).runs / run_id)
+    try:
+        ms = os.stat(d + "/manifest.json")
+    except OSError:
+        return None
+    try:
+        st = os.stat(d + "/" + annotations.FILE)
+        a = f"{st.st_mtime_ns}:{st.st_size}"
+    except OSError:
+        a = "-"
+    return _Entry(run_id, d, f"{ms.st_mtime_ns}:{ms.st_size}:{a}")
+
+
+def _refresh_runs(root: Path | None, run_ids: list[str]) -> Path:
+    """Re-index these runs only, whatever the catalog's size: their rows are upserted into the small delta
+    (copied, patched, swapped in under the lock; the base is not touched), a run without a directory is dropped.
+    Once the delta holds more than DELTA_MAX_RUNS runs it is folded into a new base (one O(catalog) write per
+    DELTA_MAX_RUNS changes). A missing or older-schema catalog is rebuilt."""
+    p = paths(root)
+    with _lock(root):
+        gen = None
+        if p.catalog.exists():
+            try:
+                con = duckdb.connect()
+                try:
+                    con.execute("ATTACH ? AS b (READ_ONLY)", [str(p.catalog)])
+                    meta = _meta(con, "b")
+                finally:
+                    con.close()
+                if meta.get("schema_version") == SCHEMA_VERSION:
+                    gen = meta.get("generation")
+            except duckdb.Error:
+                gen = None
+        if gen is None:
+            _write_base(root, None)
+            return p.catalog
+        delta = _delta_path(p.catalog)
+        tmp = _fresh_tmp(delta)
+        fresh = True
+        if delta.exists():
+            shutil.copyfile(delta, tmp)
+            con = duckdb.connect(str(tmp))
+            try:
+                fresh = _meta(con, "main").get("base_generation") != gen
+            except duckdb.Error:
+                fresh = True
+            if fresh:
+                con.close()
+                tmp.unlink()
+        if fresh:
+            con = duckdb.connect(str(tmp))
+            _create_tables(con, {"base_generation": gen})
+        try:
+            ids = sorted(set(run_ids))
+            for table in _TABLES:
+                con.execute(f"DELETE FROM {table} WHERE list_contains(?, run_id)", [ids])
+            con.execute("DELETE FROM touched WHERE list_contains(?, run_id)", [ids])
+            con.executemany("INSERT INTO touched VALUES (?)", [[r] for r in ids])
+            entries = [e for e in (_entry(root, r) for r in ids) if e is not None]
+            _ingest(con, entries)
+            touched = con.execute("SELECT count(*) FROM touched").fetchone()[0]
             con.execute("CHECKPOINT")
         finally:
             con.close()
-        os.replace(tmp, p.catalog)
+        os.replace(tmp, delta)
+        if touched > DELTA_MAX_RUNS:
+            _write_base(root, _Plan([], [], []))
     return p.catalog
 
 
@@ -266,11 +402,40 @@ def _ddl(columns: dict[str, str]) -> str:
     return ", ".join(f'"{c}" {t}' for c, t in columns.items())
 
 
-def _create_tables(con: duckdb.DuckDBPyConnection) -> None:
+def _create_tables(con: duckdb.DuckDBPyConnection, meta: dict[str, str]) -> None:
+    """Every table, empty; catalog_meta holds the schema version and `meta` (a base's generation, or the
+    generation of the base a delta belongs to, with its `touched` table: the runs it overrides)."""
     con.execute("CREATE TABLE catalog_meta (key VARCHAR, value VARCHAR)")
-    con.execute("INSERT INTO catalog_meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
+    con.executemany("INSERT INTO catalog_meta VALUES (?, ?)", [["schema_version", SCHEMA_VERSION], *meta.items()])
     for name, columns in _TABLE_COLUMNS.items():
         con.execute(f"CREATE TABLE {name} ({_ddl(columns)})")
+    if "base_generation" in meta:
+        con.execute("CREATE TABLE touched (run_id VARCHAR)")
+
+
+def _param(v):
+    """A Python value as DuckDB gets it from a DataFrame: NaN is NULL, anything not scalar its JSON text."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return None if v != v else v
+    return json.dumps(v, default=str)
+
+
+def _insert_rows(con: duckdb.DuckDBPyConnection, table: str, rows: list[dict]) -> None:
+    """Append rows (dicts) to a table, columns matched by name (missing ones NULL), cast to the table's types. A
+    few rows go in as bound parameters (no pandas: a run's state change and a config-only check stay light), many
+    through a DataFrame."""
+    if not rows:
+        return
+    if len(rows) > 256:
+        import pandas as pd
+
+        _insert_frame(con, table, pd.DataFrame(rows, columns=list(_TABLE_COLUMNS[table])))
+        return
+    columns = _TABLE_COLUMNS[table]
+    marks = ", ".join(f"CAST(? AS {t})" for t in columns.values())
+    con.executemany(f"INSERT INTO {table} VALUES ({marks})", [[_param(r.get(c)) for c in columns] for r in rows])
 
 
 def _insert_frame(con: duckdb.DuckDBPyConnection, table: str, df: pd.DataFrame) -> None:
@@ -313,12 +478,9 @@ def _insert_parquet_batch(con: duckdb.DuckDBPyConnection, table: str, files: lis
                                       [names]).fetchall()}
     cols = ", ".join("m.run_id" if c == "run_id" else f'CAST(f."{c}" AS {t})' if c in have else f"CAST(NULL AS {t})"
                      for c, t in columns.items())
-    con.register("_files", pd.DataFrame({"run_id": [r for r, _ in files], "filename": names}))
-    try:
-        con.execute(f"INSERT INTO {table} SELECT {cols} FROM read_parquet(?, union_by_name = true, filename = true) f "
-                    "JOIN _files m ON f.filename = m.filename", [names])
-    finally:
-        con.unregister("_files")
+    con.execute(f"INSERT INTO {table} SELECT {cols} FROM read_parquet(?, union_by_name = true, filename = true) f "
+                "JOIN (SELECT unnest(?::VARCHAR[]) AS run_id, unnest(?::VARCHAR[]) AS filename) m "
+                "ON f.filename = m.filename", [names, [r for r, _ in files], names])
 
 
 def _ingest(con: duckdb.DuckDBPyConnection, entries: list[_Entry]) -> None:
@@ -326,7 +488,7 @@ def _ingest(con: duckdb.DuckDBPyConnection, entries: list[_Entry]) -> None:
     captures, the figures of bench runs and the per-prompt and per-step tables of complete ones. A run whose
     Parquet cannot be read is listed but contributes no rows."""
     rows = [_run_row(RunDir(e.path), e.sig) for e in entries]
-    _insert_frame(con, "runs", pd.DataFrame(rows, columns=RUN_COLUMNS))
+    _insert_rows(con, "runs", rows)
     complete = [r for r in rows if r["status"] == "complete"]
     bad: dict[str, str] = {}                 # run_id -> why its files cannot be indexed (quarantined below)
     for r in complete:
@@ -340,7 +502,7 @@ def _ingest(con: duckdb.DuckDBPyConnection, entries: list[_Entry]) -> None:
                                                        for r in complete
                                                        if (Path(r["path"]) / "stats.parquet").exists()]))
     bench = [r for r in rows if r["kind"] == "bench"]
-    _insert_frame(con, "bench_runs", pd.DataFrame([_bench_run_row(r) for r in bench], columns=list(BENCH_RUN_COLUMNS)))
+    _insert_rows(con, "bench_runs", [_bench_run_row(r) for r in bench])
     done = [r for r in bench if r["status"] == "complete"]
     for table, name in (("bench_prompts", "prompts.parquet"), ("bench_steps", "steps.parquet")):
         for rid, why in _insert_parquet(con, table, [(r["run_id"], Path(r["path"]) / name) for r in done
@@ -533,7 +695,7 @@ def _ingest_load(con: duckdb.DuckDBPyConnection, rows: list[dict]) -> dict[str, 
             cells += _load_cell_rows(r["run_id"], json.loads(f.read_text()))
         except Exception as e:  # noqa: BLE001 - one unreadable summary must not hide the other runs
             bad[r["run_id"]] = f"summary.json: {_line(f'{type(e).__name__}: {e}')}"
-    _insert_frame(con, "load_cells", pd.DataFrame(cells, columns=list(LOAD_CELL_COLUMNS)))
+    _insert_rows(con, "load_cells", cells)
     return bad
 
 
@@ -545,14 +707,48 @@ def _noise_reason(v) -> str | None:
 # ---------------------------------------------------------------------- reading
 
 
+def _pd():
+    import pandas as pd
+
+    return pd
+
+
+class _StaleBase(duckdb.IOException):
+    """The delta belongs to a newer base than the one opened (a new base was swapped in between): reopen."""
+
+
 def _open(catalog: Path) -> duckdb.DuckDBPyConnection:
-    """A read-only connection to the catalog file as it is now. The file is ATTACHed to a private in-memory
-    database: `duckdb.connect(path)` would hand out the process's cached instance of that path, which still
-    shows the old catalog after a refresh swapped in a new file while any connection to it was open."""
+    """A read-only connection to the catalog as it is now: the base file and its delta (the runs changed since
+    the base was written), both ATTACHed read-only to a private in-memory database: `duckdb.connect(path)` would
+    hand out the process's cached instance of that path, which still shows the old catalog after a refresh
+    swapped in a new file while any connection to it was open. With a non-empty delta of this base, every table
+    is a view: the base's rows of the runs the delta does not touch, plus the delta's rows. A delta of an older
+    base is already folded into this one (ignored); of a newer base, the base was replaced after it was opened:
+    _StaleBase (an IOException, so reads retry on the new files)."""
     con = duckdb.connect()
     try:
         con.execute("ATTACH ? AS speclens (READ_ONLY)", [str(catalog)])
-        con.execute("USE speclens")
+        delta = _delta_path(catalog)
+        use = "speclens"
+        if delta.exists():
+            try:
+                con.execute("ATTACH ? AS d (READ_ONLY)", [str(delta)])
+            except duckdb.IOException:
+                con.execute("ATTACH ? AS d (READ_ONLY)", [str(delta)])    # swapped while opening: once more
+            base = _meta(con, "speclens").get("generation")
+            dbase = _meta(con, "d").get("base_generation")
+            if base is not None and dbase is not None and dbase != base:
+                if int(dbase) > int(base):
+                    raise _StaleBase(f"{catalog}: replaced while opening")
+            elif base is not None and con.execute("SELECT count(*) FROM d.touched").fetchone()[0]:
+                use = "memory"
+                con.execute("USE memory")
+                con.execute("CREATE VIEW catalog_meta AS SELECT * FROM speclens.catalog_meta")
+                for t in _TABLES:
+                    con.execute(f"CREATE VIEW {t} AS SELECT * FROM speclens.{t} WHERE run_id NOT IN "
+                                f"(SELECT run_id FROM d.touched) UNION ALL SELECT * FROM d.{t}")
+        if use == "speclens":
+            con.execute("USE speclens")
     except Exception:
         con.close()
         raise
@@ -719,7 +915,7 @@ class CatalogReader:
     def boundary_stats(self, run_ids: list[str]) -> pd.DataFrame:
         """Per-boundary statistics of the given runs, in stream order."""
         if not run_ids:
-            return pd.DataFrame()
+            return _pd().DataFrame()
         return self._df("""SELECT * FROM boundary_stats WHERE list_contains(?, run_id) ORDER BY run_id, ord""",
                    [_ids(run_ids)])
 
@@ -764,7 +960,7 @@ class CatalogReader:
     def bench_prompts(self, run_ids: list[str]) -> pd.DataFrame:
         """Per repeat x prompt rows of the given bench runs (tokens/s, TTFT, TPOT, accepted, drafts, output hash)."""
         if not run_ids:
-            return pd.DataFrame(columns=list(BENCH_PROMPT_COLUMNS))
+            return _pd().DataFrame(columns=list(BENCH_PROMPT_COLUMNS))
         return self._df("""SELECT * FROM bench_prompts WHERE list_contains(?, run_id)
                       ORDER BY run_id, repeat, prompt_index""", [_ids(run_ids)])
 
@@ -774,7 +970,7 @@ class CatalogReader:
         (backend/metrics.py)."""
         cols = ["run_id", "repeat", "prompt_index", "prompt_id", "category", "tokens_per_s", "accepted", "drafts"]
         if not run_ids:
-            return pd.DataFrame(columns=cols)
+            return _pd().DataFrame(columns=cols)
         return self._df(f"""SELECT {', '.join(cols)} FROM bench_prompts WHERE list_contains(?, run_id)
                        ORDER BY run_id, repeat, prompt_index""", [_ids(run_ids)])
 
@@ -782,14 +978,14 @@ class CatalogReader:
         """Accepted length of every verify step of the given bench runs (raw rows: for export and tests; pages
         use the aggregates below)."""
         if not run_ids:
-            return pd.DataFrame(columns=list(BENCH_STEP_COLUMNS))
+            return _pd().DataFrame(columns=list(BENCH_STEP_COLUMNS))
         return self._df("""SELECT * FROM bench_steps WHERE list_contains(?, run_id)
                       ORDER BY run_id, repeat, prompt_id, step""", [_ids(run_ids)])
 
     def bench_histogram(self, run_ids: list[str]) -> pd.DataFrame:
         """Verify steps per accepted length: run_id, accepted, steps, share (of the run's steps)."""
         if not run_ids:
-            return pd.DataFrame(columns=["run_id", "accepted", "steps", "share"])
+            return _pd().DataFrame(columns=["run_id", "accepted", "steps", "share"])
         return self._df("""SELECT run_id, accepted, count(*) AS steps,
                              count(*) / sum(count(*)) OVER (PARTITION BY run_id) AS share
                       FROM bench_steps WHERE list_contains(?, run_id)
@@ -799,7 +995,7 @@ class CatalogReader:
         """Per run and prompt category: prompts, mean tokens/s, mean TTFT/TPOT and tau = 1 + accepted / drafts
         (1.0 for plain decoding; the definition of backend/metrics.py)."""
         if not run_ids:
-            return pd.DataFrame(columns=["run_id", "category", "prompts", "tokens_per_s", "ttft", "tpot", "tau"])
+            return _pd().DataFrame(columns=["run_id", "category", "prompts", "tokens_per_s", "ttft", "tpot", "tau"])
         return self._df("""SELECT run_id, category, count(DISTINCT prompt_id) AS prompts,
                              avg(tokens_per_s) AS tokens_per_s, avg(ttft) AS ttft, avg(tpot) AS tpot,
                              CASE WHEN sum(drafts) > 0 THEN 1 + sum(accepted) / sum(drafts) ELSE 1.0 END AS tau
@@ -816,7 +1012,7 @@ class CatalogReader:
                 "ttft", "tpot", "accepted", "drafts", "unit_order", "base_output_tokens", "base_seconds",
                 "base_tokens_per_s", "base_ttft", "base_tpot", "other_cpu", "speclens_cpu"]
         if not run_ids:
-            return pd.DataFrame(columns=cols)
+            return _pd().DataFrame(columns=cols)
         return self._df(f"""SELECT {', '.join(cols)} FROM bench_prompts WHERE list_contains(?, run_id)
                                            ORDER BY run_id, repeat, prompt_index""", [_ids(run_ids)])
 
@@ -849,7 +1045,7 @@ class CatalogReader:
         from the requests' own count with their relative difference, the summary's best config at the concurrency
         (is_best, within_best), where the config stops paying and the concurrency's baseline-noise flag."""
         if not run_ids:
-            return pd.DataFrame(columns=list(LOAD_CELL_COLUMNS))
+            return _pd().DataFrame(columns=list(LOAD_CELL_COLUMNS))
         return self._df("""SELECT * FROM load_cells WHERE list_contains(?, run_id)
                       ORDER BY run_id, synthetic_tau NULLS FIRST, k, concurrency""", [_ids(run_ids)])
 
@@ -858,7 +1054,7 @@ class CatalogReader:
         requests/s, per-user tokens/s, TTFT/TPOT/ITL percentiles in seconds, tau from both sources, the machine's
         load), in the order they ran. Aggregates only: the per-request rows stay in requests.parquet."""
         if not run_ids:
-            return pd.DataFrame(columns=list(LOAD_LEVEL_COLUMNS))
+            return _pd().DataFrame(columns=list(LOAD_LEVEL_COLUMNS))
         return self._df('SELECT * FROM load_levels WHERE list_contains(?, run_id) ORDER BY run_id, "order"',
                         [_ids(run_ids)])
 
@@ -879,6 +1075,11 @@ class CatalogWriter:
         """Bring the catalog up to date with the run directories and swap it into place atomically: only the runs
         that changed are re-read (nothing is written when none did); full=True rebuilds it from scratch."""
         return _refresh(self.root, full)
+
+    def refresh_runs(self, run_ids: list[str]) -> Path:
+        """Re-index these runs only (a run's state change): its cost does not grow with the catalog (no scan of the
+        other run directories, no copy of the base), and readers see the change at once, whole."""
+        return _refresh_runs(self.root, list(run_ids))
 
 
 class Catalog:
