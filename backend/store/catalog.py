@@ -14,8 +14,8 @@ already folded in) or reopens both (newer: the base was replaced after it was op
 DELTA_MAX_RUNS runs is folded into a new base.
 
 `refresh` (a scan of every run directory) is incremental: every run directory has a signature (size and mtime of
-its manifest and of its annotations file); runs whose signature and status are unchanged are kept, the others are re-read into a
-copy of the catalog that then replaces it. When nothing changed it writes nothing (a page can rescan on
+its manifest and of its annotations file); runs whose signature and status are unchanged are kept, the others
+are re-read into a new base that then replaces the old one. When nothing changed it writes nothing (a page can rescan on
 every render, also with 10,000 runs); `refresh(full=True)` (`python -m backend db rebuild`) rebuilds from
 scratch. Parquet tables are read by DuckDB itself, many files per statement.
 Tables and columns: docs/SCHEMA.md.
@@ -260,7 +260,7 @@ def _write_empty_delta(catalog: Path, generation: str) -> None:
     tmp = _fresh_tmp(delta)
     con = duckdb.connect(str(tmp))
     try:
-        _create_tables(con, {"base_generation": generation})
+        _create_tables(con, {"base_generation": generation, "base_stamp": _stamp(catalog)})
         con.execute("CHECKPOINT")
     finally:
         con.close()
@@ -338,53 +338,67 @@ def _entry(root: Path | None, run_id: str) -> _Entry | None:
     return _Entry(run_id, d, f"{ms.st_mtime_ns}:{ms.st_size}:{a}")
 
 
+def _stamp(path: Path) -> str:
+    """Which file a path is now (inode, mtime, size): a delta records its base's, so a state change need not open
+    the base to know the delta still belongs to it."""
+    st = os.stat(path)
+    return f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
+
+
+def _base_generation(catalog: Path) -> str | None:
+    """The base's generation; None when it cannot be read or has an older schema (then it is rebuilt)."""
+    try:
+        con = duckdb.connect()
+        try:
+            con.execute("ATTACH ? AS b (READ_ONLY)", [str(catalog)])
+            meta = _meta(con, "b")
+        finally:
+            con.close()
+    except duckdb.Error:
+        return None
+    return meta.get("generation") if meta.get("schema_version") == SCHEMA_VERSION else None
+
+
 def _refresh_runs(root: Path | None, run_ids: list[str]) -> Path:
     """Re-index these runs only, whatever the catalog's size: their rows are upserted into the small delta
-    (copied, patched, swapped in under the lock; the base is not touched), a run without a directory is dropped.
-    Once the delta holds more than DELTA_MAX_RUNS runs it is folded into a new base (one O(catalog) write per
-    DELTA_MAX_RUNS changes). A missing or older-schema catalog is rebuilt."""
+    (copied, patched, swapped in under the lock; the base is neither copied nor opened while the delta records
+    its stamp), a run without a directory is dropped. Once the delta holds more than DELTA_MAX_RUNS runs it is
+    folded into a new base (one O(catalog) write per DELTA_MAX_RUNS changes). A missing or older-schema catalog
+    is rebuilt."""
     p = paths(root)
+    delta = _delta_path(p.catalog)
     with _lock(root):
-        gen = None
-        if p.catalog.exists():
-            try:
-                con = duckdb.connect()
-                try:
-                    con.execute("ATTACH ? AS b (READ_ONLY)", [str(p.catalog)])
-                    meta = _meta(con, "b")
-                finally:
-                    con.close()
-                if meta.get("schema_version") == SCHEMA_VERSION:
-                    gen = meta.get("generation")
-            except duckdb.Error:
-                gen = None
-        if gen is None:
+        try:
+            stamp = _stamp(p.catalog)
+        except OSError:
             _write_base(root, None)
             return p.catalog
-        delta = _delta_path(p.catalog)
         tmp = _fresh_tmp(delta)
-        fresh = True
+        con = None
         if delta.exists():
             shutil.copyfile(delta, tmp)
             con = duckdb.connect(str(tmp))
             try:
-                fresh = _meta(con, "main").get("base_generation") != gen
+                meta = _meta(con, "main")
             except duckdb.Error:
-                fresh = True
-            if fresh:
+                meta = {}
+            if meta.get("base_stamp") != stamp or meta.get("schema_version") != SCHEMA_VERSION:
                 con.close()
                 tmp.unlink()
-        if fresh:
+                con = None
+        if con is None:
+            gen = _base_generation(p.catalog)
+            if gen is None:
+                _write_base(root, None)
+                return p.catalog
             con = duckdb.connect(str(tmp))
-            _create_tables(con, {"base_generation": gen})
+            _create_tables(con, {"base_generation": gen, "base_stamp": stamp})
         try:
             ids = sorted(set(run_ids))
-            for table in _TABLES:
+            for table in [*_TABLES, "touched"]:
                 con.execute(f"DELETE FROM {table} WHERE list_contains(?, run_id)", [ids])
-            con.execute("DELETE FROM touched WHERE list_contains(?, run_id)", [ids])
             con.executemany("INSERT INTO touched VALUES (?)", [[r] for r in ids])
-            entries = [e for e in (_entry(root, r) for r in ids) if e is not None]
-            _ingest(con, entries)
+            _ingest(con, [e for e in (_entry(root, r) for r in ids) if e is not None])
             touched = con.execute("SELECT count(*) FROM touched").fetchone()[0]
             con.execute("CHECKPOINT")
         finally:
