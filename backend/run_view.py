@@ -18,7 +18,7 @@ import pandas as pd
 
 from backend import metrics
 from backend.compare import NOT_CONFIG, Mismatch, drafter_mismatches, flatten
-from backend.config import paths
+from backend.config import REPO_ROOT, model_roots, paths
 from backend.prompts import load_prompts
 from backend.store.rundir import valid_run_id
 
@@ -316,14 +316,17 @@ def log_tail(run_dir: str | Path, manifest: dict, root: Path | None = None, n: i
 
 def prompt_texts(manifest: dict) -> dict[str, str]:
     """prompt id -> its text, from the prompts file the bench read (`settings.prompts`, backend/prompts.py), for the
-    per-prompt table; empty when the file is gone, unreadable or too large (the table then shows ids only)."""
+    per-prompt table; empty when the file is gone, unreadable, too large or outside the places job specs may read
+    prompts from (config.model_roots and <repo>/datasets: a manifest never makes the page show another file)."""
     st = manifest.get("settings") if isinstance(manifest.get("settings"), dict) else {}
     path = st.get("prompts")
     if not isinstance(path, str) or not path:
         return {}
     try:
-        f = Path(path)
-        if not f.is_file() or f.stat().st_size > PROMPT_FILE_MAX_BYTES:
+        f = Path(path).resolve()
+        allowed = [*model_roots(), REPO_ROOT / "datasets"]
+        if (not any(f.is_relative_to(r.resolve()) for r in allowed) or not f.is_file()
+                or f.stat().st_size > PROMPT_FILE_MAX_BYTES):
             return {}
         return {p.id: p.text for p in load_prompts(f)}
     except Exception:  # noqa: BLE001 - a bad prompts file costs the texts, never the page

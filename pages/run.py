@@ -177,7 +177,7 @@ if kind == "bench":
         shown = run_view.filter_prompts(table, cats, needle, sort)
         repeats = int(table["repeats"].max())
         cut_to = (f"texts cut to {run_view.PROMPT_TEXT_MAX} characters" if texts else
-                  "no texts: the prompts file the run read is gone")
+                  "no texts: the prompts file it read is gone or outside SPECLENS_MODEL_ROOTS")
         st.caption(f"{len(shown)} of {len(table)} prompts ({cut_to}); figures pooled over {repeats} repeat(s): "
                    "accepted and "
                    f"drafted draft tokens (K = {k}), acceptance = accepted / drafted, tau = 1 + accepted / verify "

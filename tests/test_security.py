@@ -36,7 +36,7 @@ INJECTIONS = [f"{MARK}' OR '1'='1", f"{MARK}'); DROP TABLE runs; --", f'{MARK}" 
               f"{MARK}' UNION SELECT * FROM read_text('/etc/passwd') --",
               f"{MARK}\\'; ATTACH '/tmp/{MARK}.db'; --"]
 PAGE_PARAMS = {
-    "pages/runs.py": ["run", "kind", "status", "engine", "version", "target", "drafter", "dataset", "tag"],
+    "pages/runs.py": ["run", "kind", "status", "engine", "version", "target", "drafter", "dataset", "tag", "lint"],
     "pages/compare.py": ["runs", "baseline"],
     "pages/alignment.py": ["a", "b", "metric"],
     "pages/stats.py": ["runs", "stat", "run"],
