@@ -29,7 +29,12 @@ from backend.store.rundir import COMPLETE, RunDir, atomic_write_json
 if TYPE_CHECKING:  # torch is imported where tensors are made, so a cached alignment loads without it
     import torch
 
-CKA_TOKENS = 1024          # CKA on an evenly spaced subset: its cost grows with tokens^2 x hidden
+# CKA on all tokens costs tokens^2 x hidden x boundaries multiply-adds (4.5e12 for 33 + 33 boundaries x 4096 tokens
+# x 4096 dims): exact on a GPU and wherever it fits this budget, else estimated from CKA_BUDGET / (tokens x hidden x
+# boundaries) Gram rows (136 at that size), with its standard error (cka_matrix)
+CKA_BUDGET = 1.5e11
+CKA_MIN_ROWS = 64
+CKA_SE_BOUND = 4.0         # stated bound: |estimate - CKA on all tokens| <= CKA_SE_BOUND x its standard error
 MATCH_COS = 0.9            # below this best cosine a boundary "matches nothing"
 ALIGNED_COS = 0.999        # same-label pairs at least this close are numerically the same state
 DRIFT_REL_L2 = 0.01        # a same-label relative L2 above this is drift
@@ -44,7 +49,7 @@ NORM_FIT_MARGIN = 0.5      # ... and at most this fraction of the fit without th
 NORM_WEIGHT_REL = 0.05     # a fitted weight within this relative L2 of the target's final norm weight equals it
 DEFAULT_NORM_EPS = 1e-6
 _CHUNK = 512
-VERSION = 5                # bump when the figures or verdicts change: cached alignments are recomputed
+VERSION = 6                # bump when the figures or verdicts change: cached alignments are recomputed
 
 
 @dataclass
@@ -83,6 +88,9 @@ class Alignment:
     per_boundary: list[dict]
     warnings: list[str]
     norm_fits: list[dict] = field(default_factory=list)   # y ~ w * RMSNorm(S_N) fits (final_norm_fits)
+    cka_se: list[list[float]] = field(default_factory=list)   # standard error of each CKA (0 where exact)
+    cka_exact: bool = True                                     # CKA on all tokens (else the row estimator)
+    cka_definition: str = ""
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -103,8 +111,7 @@ class Alignment:
 # ---------------------------------------------------------------------------- loading
 
 def load_sample(run_id: str, root: Path | None = None) -> Sample:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors import SafetensorError, safe_open
 
     rd = RunDir.open(run_id, root)
     m = rd.manifest()
@@ -115,78 +122,180 @@ def load_sample(run_id: str, root: Path | None = None) -> Sample:
     if not f.exists():
         raise SpecLensError(f"{f}: missing raw sample; re-run the capture of '{run_id}'")
     try:
-        t = load_file(str(f))
-    except (SafetensorError, OSError, ValueError) as e:
+        with safe_open(str(f), framework="pt") as sf:
+            keys = set(sf.keys())
+            labels = coords.sort_labels([lbl for lbl in m.get("boundaries", []) if lbl in keys])
+            if not labels or "ctx_hash" not in keys:
+                raise SpecLensError(f"{f}: no boundary tensors or token hashes in the sample; re-run the capture of "
+                                    f"'{run_id}'")
+            ctx = sf.get_tensor("ctx_hash").numpy()
+            stacked = _read_stacked(f, labels)
+            states = ({lbl: stacked[:, i] for i, lbl in enumerate(labels)} if stacked is not None
+                      else {lbl: sf.get_tensor(lbl) for lbl in labels})
+    except (SafetensorError, OSError, ValueError, json.JSONDecodeError, KeyError) as e:
         raise SpecLensError(f"{f}: corrupt safetensors file ({e}); re-run the capture of '{run_id}'") from e
-    labels = [lbl for lbl in m.get("boundaries", []) if lbl in t]
-    if not labels or "ctx_hash" not in t:
-        raise SpecLensError(f"{f}: no boundary tensors or token hashes in the sample; re-run the capture of '{run_id}'")
     model = m.get("model") or {}
-    return Sample(run_id, coords.sort_labels(labels), {lbl: t[lbl] for lbl in labels}, t["ctx_hash"].numpy(),
-                  int(model.get("n_layers") or 0), int(t[labels[0]].shape[-1]), str(m.get("dtype")),
-                  model.get("path"))
+    return Sample(run_id, labels, states, ctx, int(model.get("n_layers") or 0), int(states[labels[0]].shape[-1]),
+                  str(m.get("dtype")), model.get("path"))
+
+
+_ST_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
+
+
+def _read_stacked(f: Path, labels: list[str]) -> torch.Tensor | None:
+    """The labels' [n, H] tensors read straight from the safetensors file into one token-major [n, L, H] tensor
+    (a scattered read: one pass over the bytes, no copy to stack or transpose later); None when they differ in
+    shape or dtype (then they are read one by one)."""
+    import os
+
+    import torch
+
+    with open(f, "rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(size))
+        metas = [header[lbl] for lbl in labels]
+        shape, dt = metas[0]["shape"], metas[0]["dtype"]
+        if len(shape) != 2 or dt not in _ST_DTYPES or any(x["shape"] != shape or x["dtype"] != dt for x in metas):
+            return None
+        n, H = shape
+        out = torch.empty(n, len(labels), H, dtype=getattr(torch, _ST_DTYPES[dt]))
+        raw = out.view(torch.uint8).numpy()                          # [n, L, H * itemsize]
+        row = raw.shape[-1]
+        step = max(1, min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024))
+        for i, x in enumerate(metas):
+            b, e = x["data_offsets"]
+            if e - b != n * row:
+                raise ValueError(f"tensor '{labels[i]}' holds {e - b} bytes for shape {shape}")
+            for s in range(0, n, step):
+                views = [memoryview(raw[t, i]) for t in range(s, min(n, s + step))]
+                want = len(views) * row
+                if os.preadv(fh.fileno(), views, 8 + size + b + s * row) != want:
+                    raise ValueError(f"tensor '{labels[i]}' is truncated")
+    return out
 
 
 # ---------------------------------------------------------------------------- matrices
 
-def stack_states(sample: Sample, idx: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """[L, n, H] float32 of the chosen tokens, boundaries in the sample's stream order, converted once
-    (a contiguous run of tokens is sliced, not gathered)."""
+def compute_dtype(A: Sample, B: Sample) -> torch.dtype:
+    """bf16 when both samples hold bf16 (the products then see the stored values exactly; GEMMs accumulate in fp32),
+    else fp32."""
     import torch
 
+    dts = {v.dtype for s in (A, B) for v in s.states.values()}
+    return torch.bfloat16 if dts == {torch.bfloat16} else torch.float32
+
+
+def stack_states(sample: Sample, idx: torch.Tensor, device: torch.device,
+                 dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Token-major [n, L, H] of the chosen tokens (dtype: float32 unless given), boundaries in the sample's stream
+    order. When the sample was loaded as one such tensor (load_sample) and the tokens are a contiguous run, this is
+    a view (no copy); else a contiguous run is sliced and other tokens gathered, converted once."""
+    import torch
+
+    dtype = dtype or torch.float32
     n = len(idx)
-    out = torch.empty(len(sample.labels), n, sample.hidden, dtype=torch.float32, device=device)
     start = int(idx[0]) if n else 0
-    contiguous = n > 0 and int(idx[-1]) - start == n - 1
+    contiguous = n > 0 and int(idx[-1]) - start == n - 1 and bool((idx[1:] > idx[:-1]).all())
+    base = _stacked_base(sample) if contiguous else None
+    if base is not None and base.dtype == dtype and base.device == device:
+        return base.narrow(0, start, n)
+    out = torch.empty(n, len(sample.labels), sample.hidden, dtype=dtype, device=device)
     for i, lbl in enumerate(sample.labels):
         src = sample.states[lbl]
-        out[i].copy_(src.narrow(0, start, n) if contiguous else src.index_select(0, idx.to(src.device)))
+        out[:, i].copy_(src.narrow(0, start, n) if contiguous else src.index_select(0, idx.to(src.device)))
     return out
 
 
+def _bmm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b batched, as float32: on CUDA 16-bit inputs give a float32 output directly, on CPU the fp32-accumulated
+    product is rounded to the input dtype (relative 2^-9 for bf16) and then widened."""
+    import torch
+
+    if a.is_cuda and a.dtype != torch.float32:
+        try:
+            return torch.bmm(a, b, out_dtype=torch.float32)
+        except (TypeError, RuntimeError):
+            pass
+    return torch.bmm(a, b).float()
+
+
 def pair_matrices(X: torch.Tensor, Y: torch.Tensor, same: list[tuple[int, int]],
-                  chunk: int = _CHUNK) -> dict[str, np.ndarray]:
-    """X [p, n, H] and Y [q, n, H] hold the same n tokens; over every boundary pair (i, j):
+                  chunk: int | None = None) -> dict[str, np.ndarray]:
+    """X [n, p, H] and Y [n, q, H] (token-major) hold the same n tokens; over every boundary pair (i, j):
 
     cosine[i, j]  mean over tokens of cos(x_it, y_jt)
     rel_l2[i, j]  ||X_i - Y_j||_F / ||Y_j||_F over the tokens (computed exactly for the `same` pairs)
     count[i, j]   tokens finite in both (tokens holding NaN/inf are left out of that pair)
 
-    Every sum is a GEMM over the flattened (token, dim) axis of a chunk of tokens:
-    two [p, c*H] x [c*H, q] products per chunk, so memory beyond X and Y is O(L x chunk x H)."""
+    Per chunk of tokens one batched GEMM gives every pair's per-token dot product D[t, i, j] = x_it . y_jt
+    ([c, p, H] x [c, H, q], fp32 accumulation); cosine and dot sums come from D and the token norms, so no
+    normalised copy is made. Chunks are small (about 4M values) and their buffers allocated once, so the work
+    stays in cache and memory beyond X and Y is a few tens of MB. Also returns the per-token norms (norms_a [p, n],
+    norms_b [q, n], float32) for the CKA row selection and each boundary's mean over the tokens finite everywhere
+    (means: ([p, H], [q, H]) float32) for its centring."""
     import torch
 
     device = X.device
-    p, q, n = X.shape[0], Y.shape[0], X.shape[1]
+    n, p, q, H = X.shape[0], X.shape[1], Y.shape[1], X.shape[-1]
+    c = chunk or max(1, (1 << (22 if device.type == "cpu" else 28)) // ((p + q) * H))
+    f32 = torch.float32
     acc = {k: torch.zeros(p, q, dtype=torch.float64, device=device) for k in ("cos", "dot", "xx", "yy", "cnt")}
     nfa = torch.zeros(p, dtype=torch.int64, device=device)
     nfb = torch.zeros(q, dtype=torch.int64, device=device)
     all_fin = torch.ones(n, dtype=torch.bool, device=device)        # tokens finite at every boundary of both
+    norms_a = torch.zeros(p, n, dtype=f32, device=device)
+    norms_b = torch.zeros(q, n, dtype=f32, device=device)
+    sum_a = torch.zeros(p, H, dtype=f32, device=device)             # over the tokens finite everywhere
+    sum_b = torch.zeros(q, H, dtype=f32, device=device)
     diff2 = torch.zeros(len(same), dtype=torch.float64, device=device)
-    for s in range(0, n, chunk):
-        x, y = X[:, s:s + chunk], Y[:, s:s + chunk]                  # [p, c, H], [q, c, H] views
-        nx, ny = torch.linalg.vector_norm(x, dim=-1), torch.linalg.vector_norm(y, dim=-1)  # [p, c], [q, c]
+    si = torch.tensor([i for i, _ in same], dtype=torch.long, device=device)
+    sj = torch.tensor([j for _, j in same], dtype=torch.long, device=device)
+    # buffers reused by every chunk (a fresh allocation per chunk costs page faults on every pass)
+    xbuf = None if X.dtype == f32 else torch.empty(c, p, H, dtype=f32, device=device)
+    ybuf = None if Y.dtype == f32 else torch.empty(c, q, H, dtype=f32, device=device)
+    dbuf = torch.empty(c, len(same), H, dtype=f32, device=device)
+    ebuf = torch.empty(c, len(same), H, dtype=f32, device=device)
+    tmp_a, tmp_b = torch.empty(p, H, dtype=f32, device=device), torch.empty(q, H, dtype=f32, device=device)
+    for s in range(0, n, c):
+        x, y = X[s:s + c], Y[s:s + c]                                # [k, p, H], [k, q, H] views
+        k = x.shape[0]
+        xf = x if xbuf is None else xbuf[:k].copy_(x)
+        yf = y if ybuf is None else ybuf[:k].copy_(y)
+        nx = torch.linalg.vector_norm(xf, dim=-1).T                  # [p, k]
+        ny = torch.linalg.vector_norm(yf, dim=-1).T                  # [q, k]
         fx, fy = torch.isfinite(nx), torch.isfinite(ny)    # a token holding NaN/inf has a non-finite norm
         nfa += (~fx).sum(1)
         nfb += (~fy).sum(1)
-        all_fin[s:s + chunk] = fx.all(0) & fy.all(0)
-        if not bool(fx.all()):
-            x, nx = torch.where(fx[..., None], x, 0.0), torch.where(fx, nx, 0.0)
-        if not bool(fy.all()):
-            y, ny = torch.where(fy[..., None], y, 0.0), torch.where(fy, ny, 0.0)
+        okc = fx.all(0) & fy.all(0)
+        all_fin[s:s + k] = okc
+        clean = bool(fx.all()) and bool(fy.all())
+        if not clean:                                      # zero what is not finite (fp32 copies, then products)
+            xf = xf.clone() if xbuf is None else xf
+            yf = yf.clone() if ybuf is None else yf
+            xf.masked_fill_(~fx.T[..., None], 0.0)
+            yf.masked_fill_(~fy.T[..., None], 0.0)
+            nx, ny = torch.where(fx, nx, 0.0), torch.where(fy, ny, 0.0)
+            x, y = xf, yf
+        norms_a[:, s:s + k], norms_b[:, s:s + k] = nx, ny
+        if bool(okc.all()):
+            sum_a += torch.sum(xf, 0, out=tmp_a)
+            sum_b += torch.sum(yf, 0, out=tmp_b)
+        else:
+            sum_a += (xf * okc[:, None, None]).sum(0)
+            sum_b += (yf * okc[:, None, None]).sum(0)
         wx, wy = fx.float(), fy.float()
-        acc["dot"] += (x.flatten(1) @ y.flatten(1).T).double()
+        D = _bmm32(x, y.transpose(1, 2))                             # [k, p, q]
+        acc["dot"] += D.sum(0).double()
+        acc["cos"] += (D / (nx.T[:, :, None] * ny.T[:, None, :]).clamp_min(1e-30)).sum(0).double()
         acc["xx"] += ((nx * nx) @ wy.T).double()
         acc["yy"] += (wx @ (ny * ny).T).double()
         acc["cnt"] += (wx @ wy.T).double()
-        clean = bool(fx.all()) and bool(fy.all())
-        for k, (i, j) in enumerate(same):             # exact distance for same-named pairs (no cancellation)
-            d = x[i] - y[j] if clean else (x[i] - y[j]) * (fx[i] & fy[j]).float()[:, None]
-            diff2[k] += (torch.linalg.vector_norm(d) ** 2).double()
-        xn = x / nx.clamp_min(1e-30)[..., None]
-        yn = y / ny.clamp_min(1e-30)[..., None]
-        acc["cos"] += (xn.flatten(1) @ yn.flatten(1).T).double()
-        del xn, yn
+        if same:                                  # exact distance for same-named pairs (no cancellation)
+            d = torch.index_select(xf, 1, si, out=dbuf[:k])
+            d -= torch.index_select(yf, 1, sj, out=ebuf[:k])
+            if not clean:
+                d *= (fx[si] & fy[sj]).T[..., None]
+            diff2 += (torch.linalg.vector_norm(d, dim=(0, 2)) ** 2).double()
     cnt = acc["cnt"]
     nan = torch.full_like(cnt, float("nan"))
     cos = torch.where(cnt > 0, acc["cos"] / cnt.clamp_min(1), nan)
@@ -195,35 +304,131 @@ def pair_matrices(X: torch.Tensor, Y: torch.Tensor, same: list[tuple[int, int]],
         d2[i, j] = diff2[k]
     rel = torch.where(cnt > 0, d2.sqrt() / acc["yy"].sqrt().clamp_min(1e-30), nan)
     return {"cosine": cos.cpu().numpy(), "rel_l2": rel.cpu().numpy(), "count": cnt.cpu().numpy(),
-            "nonfinite_a": nfa.cpu().numpy(), "nonfinite_b": nfb.cpu().numpy(), "all_finite": all_fin}
+            "nonfinite_a": nfa.cpu().numpy(), "nonfinite_b": nfb.cpu().numpy(), "all_finite": all_fin,
+            "norms_a": norms_a, "norms_b": norms_b,
+            "means": (sum_a / all_fin.sum().clamp_min(1), sum_b / all_fin.sum().clamp_min(1))}
 
 
-def cka_matrix(X: torch.Tensor, Y: torch.Tensor, all_finite: torch.Tensor,
-               max_tokens: int = CKA_TOKENS) -> tuple[np.ndarray, int]:
-    """Linear CKA over boundary pairs on an evenly spaced subset of the tokens finite everywhere.
-
-    CKA(X, Y) = <K_X, K_Y>_F / (||K_X||_F ||K_Y||_F) with K = Xc Xc^T the centred token Gram matrix."""
+def _cka_rows(rows: torch.Tensor, X: torch.Tensor, Y: torch.Tensor, ok: torch.Tensor, all_ok: bool,
+              mus: list[torch.Tensor], block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For the token rows `rows` (positions in `ok`): per row a, r[a, i, j] = sum_b Kc_i[a, b] Kc_j[a, b] over
+    all tokens b in ok, with Kc the centred token Gram of A's boundary i (X) and B's boundary j (Y), and the
+    self sums sa[a, i] = sum_b Kc_i[a, b]^2, sb[a, j] likewise. Each Gram row block is one GEMM of the chosen
+    rows against all tokens (fp32 accumulation); the centring is exact algebra on the uncentred product
+    (Kc[a, b] = K[a, b] - k_a - k_b + k, k_b = x_b . mean, k = mean . mean), the k_b of all tokens coming from one
+    extra row (the mean) of the same GEMM. Buffers are allocated once."""
     import torch
 
-    ok = all_finite.nonzero().flatten()
-    if len(ok) > max_tokens:
-        ok = ok[torch.linspace(0, len(ok) - 1, max_tokens, device=ok.device).round().long()]
-    m = len(ok)
-    if m < 3:
-        return np.full((X.shape[0], Y.shape[0]), np.nan), m
+    p, q, m = X.shape[1], Y.shape[1], len(ok)
+    dev, dt, f32 = X.device, X.dtype, torch.float32
+    r = torch.empty(len(rows), p, q, dtype=f32, device=dev)
+    sa = torch.empty(len(rows), p, dtype=f32, device=dev)
+    sb = torch.empty(len(rows), q, dtype=f32, device=dev)
+    kbar: list[torch.Tensor | None] = [None] * (p + q)
+    bs = min(block, len(rows))
+    GA = torch.empty(bs, p, m, dtype=f32, device=dev)
+    GB = torch.empty(bs, q, m, dtype=f32, device=dev)
+    zr_buf = torch.empty(bs + 1, X.shape[-1], dtype=dt, device=dev)
+    g_buf = torch.empty(bs + 1, m, dtype=dt, device=dev)
+    everything = all_ok and len(rows) == m and bool((rows == torch.arange(m, device=dev)).all())
+    for s in range(0, len(rows), bs):
+        rb = rows[s:s + bs]
+        b = len(rb)
+        for k, Z in enumerate(X.unbind(1) + Y.unbind(1)):          # Z [n, H] one boundary
+            z = Z if all_ok else Z.index_select(0, ok)             # [m, H]
+            G = GA[:b, k] if k < p else GB[:b, k - p]              # [b, m] view
+            if everything and b == m:                              # exact on all tokens: the rows are z itself
+                G.copy_(torch.mm(z, z.T, out=g_buf[:m]))
+                if kbar[k] is None:
+                    kbar[k] = (z.float() @ mus[k]) if dt == f32 else (z @ mus[k].to(dt)).float()
+            else:
+                torch.index_select(z, 0, rb, out=zr_buf[:b])
+                extra = kbar[k] is None
+                if extra:
+                    zr_buf[b] = mus[k]
+                g = torch.mm(zr_buf[:b + extra], z.T, out=g_buf[:b + extra])
+                if extra:
+                    kbar[k] = g[b].float()                         # k_b = x_b . mean
+                G.copy_(g[:b])
+            kb = kbar[k]
+            G -= kb.index_select(0, rb)[:, None]
+            G -= kb[None, :]
+            G += kb.mean()                                         # mean . mean
+        ga, gb = GA[:b], GB[:b]
+        torch.bmm(ga, gb.transpose(1, 2), out=r[s:s + b])
+        sa[s:s + b] = torch.linalg.vector_norm(ga, dim=-1) ** 2
+        sb[s:s + b] = torch.linalg.vector_norm(gb, dim=-1) ** 2
+    return r, sa, sb
 
-    def grams(Z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = []
-        for z in Z:                                                          # z [n, H]
-            z = z.index_select(0, ok)                                        # [m, H]
-            z = z - z.mean(0, keepdim=True)
-            out.append((z @ z.T).flatten())                                  # [m*m]
-        G = torch.stack(out)                                                 # [L, m*m]
-        return G, (G.double() ** 2).sum(-1).sqrt()
-    GX, nX = grams(X)
-    GY, nY = grams(Y)
-    hsic = (GX @ GY.T).double()                                              # [p, q]
-    return (hsic / (nX[:, None] * nY[None, :]).clamp_min(1e-30)).cpu().numpy(), m
+
+def cka_matrix(X: torch.Tensor, Y: torch.Tensor, all_finite: torch.Tensor, budget: float | None = None,
+               norms: tuple[torch.Tensor, torch.Tensor] | None = None,
+               means: tuple[torch.Tensor, torch.Tensor] | None = None,
+               seed: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
+    """Linear CKA over every boundary pair, on all tokens finite everywhere (n of them):
+
+        CKA(X, Y) = <Kc_X, Kc_Y>_F / (||Kc_X||_F ||Kc_Y||_F),   Kc = Xc Xc^T, Xc = X minus its token mean,
+
+    i.e. HSIC_XY = sum_{a,b} Kc_X[a, b] Kc_Y[a, b] = sum_a r_XY[a] with r the per-token row sums.
+
+    Exact (every row a, standard error 0) when n^2 x H x (p + q) multiply-adds fit in `budget` (None: no limit, the
+    GPU path). Else an estimator from m rows (m = budget / (n H (p + q))): the m/4 tokens of largest norm (summed
+    over both sides' boundaries) always, the rest a simple random sample without replacement (seeded) of the
+    other tokens, weighted N_S / m_S; each row sum r[a] is exact over all n tokens. The three sums (XY, XX, YY)
+    are then unbiased; the ratio is consistent, and its standard error is the delta-method one,
+        SE = CKA * N_S * sqrt((1 - m_S/N_S) var_S(z) / m_S),  z_a = r_XY[a]/HSIC_XY - r_XX[a]/2HSIC_XX
+                                                                    - r_YY[a]/2HSIC_YY.
+    The stated bound is |estimate - CKA on all tokens| <= CKA_SE_BOUND x SE (tests/test_align.py checks it
+    against the exact computation). Returns (cka [p, q], se [p, q], m)."""
+    import torch
+
+    device = X.device
+    p, q, H = X.shape[1], Y.shape[1], X.shape[-1]
+    ok = all_finite.nonzero().flatten()
+    n = len(ok)
+    if n < 3:
+        return np.full((p, q), np.nan), np.full((p, q), np.nan), n
+    per_row = n * H * (p + q)
+    m = n if budget is None else int(min(n, max(CKA_MIN_ROWS, budget // per_row)))
+    exact = m >= n
+    if exact:
+        rows = torch.arange(n, device=device)
+        take, sample = rows, rows[:0]
+    else:
+        if norms is not None:
+            na, nb = norms
+            w = ((na[:, ok] ** 2 / (na[:, ok] ** 2).sum(1, keepdim=True).clamp_min(1e-30)).sum(0)
+                 + (nb[:, ok] ** 2 / (nb[:, ok] ** 2).sum(1, keepdim=True).clamp_min(1e-30)).sum(0))
+            take = torch.topk(w, m // 4).indices.sort().values
+        else:
+            take = torch.arange(0, device=device)
+        rest = torch.ones(n, dtype=torch.bool, device=device)
+        rest[take] = False
+        rest_idx = rest.nonzero().flatten()
+        g = torch.Generator().manual_seed(seed)
+        pick = torch.randperm(len(rest_idx), generator=g)[:m - len(take)].to(device)
+        sample = rest_idx[pick].sort().values
+        rows = torch.cat([take, sample])
+    budget_bytes = 1 << (30 if device.type == "cuda" else 28)
+    block = max(1, budget_bytes // (4 * (p + q) * n))
+    if means is None:
+        means = tuple(torch.stack([z.index_select(0, ok).float().mean(0) for z in Z.unbind(1)]) for Z in (X, Y))
+    r, sa, sb = _cka_rows(rows, X, Y, ok, n == X.shape[0], list(means[0]) + list(means[1]), block)
+    r, sa, sb = r.double(), sa.double(), sb.double()
+    nt, ms, ns = len(take), len(sample), n - len(take)
+    w = torch.ones(len(rows), dtype=torch.float64, device=device)
+    if ms:
+        w[nt:] = ns / ms
+    hs = torch.einsum("a,aij->ij", w, r)
+    ha, hb = w @ sa, w @ sb
+    den = (ha[:, None] * hb[None, :]).sqrt()
+    cka = torch.where(den > 0, hs / den.clamp_min(1e-300), torch.full_like(hs, float("nan")))
+    se = torch.zeros_like(cka)
+    if ms > 1:
+        z = (r[nt:] / hs.clamp_min(1e-300) - sa[nt:, :, None] / (2 * ha[None, :, None].clamp_min(1e-300))
+             - sb[nt:, None, :] / (2 * hb[None, None, :].clamp_min(1e-300)))
+        se = cka.abs() * ns * ((1 - ms / ns) * z.var(0) / ms).clamp_min(0).sqrt()
+    return cka.cpu().numpy(), se.cpu().numpy(), len(rows)
 
 
 # ---------------------------------------------------------------------------- final norm fit
@@ -289,6 +494,7 @@ def norm_fit(x: torch.Tensor, y: torch.Tensor, eps: float = DEFAULT_NORM_EPS,
     (y against g * RMSNorm(x)). Tokens holding NaN/inf in x or y are left out."""
     import torch
 
+    x, y = x.float(), y.float()
     ok = torch.isfinite(x).all(-1) & torch.isfinite(y).all(-1)
     if not bool(ok.all()):
         x, y = x[ok], y[ok]
@@ -347,7 +553,7 @@ def final_norm_fits(A: Sample, B: Sample, X: torch.Tensor, Y: torch.Tensor, cos:
                 c, r = pick(P.labels.index(yl), j)
                 if not (np.isfinite(c) and np.isfinite(r)) or (c >= ALIGNED_COS and r <= DRIFT_REL_L2):
                     continue      # matches its namesake closely: never a final-norm question
-            jobs.append((side, yl, xl, QX[j], PX[P.labels.index(xl)]))
+            jobs.append((side, yl, xl, QX[:, j], PX[:, P.labels.index(xl)]))
     if not jobs:
         return []
     tn = target_final_norm(A.model_path, A.hidden) or target_final_norm(B.model_path, B.hidden)
@@ -577,11 +783,27 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
 
 # ---------------------------------------------------------------------------- entry points
 
+def _stacked_base(sample: Sample) -> torch.Tensor | None:
+    """The token-major [n, L, H] tensor the sample's states are views of, in label order (load_sample), else None."""
+    first = sample.states[sample.labels[0]]
+    base = getattr(first, "_base", None)
+    if (base is not None and base.dim() == 3 and base.shape[1] == len(sample.labels)
+            and all(sample.states[lbl].data_ptr() == base[:, i].data_ptr() and sample.states[lbl].shape[0]
+                    == base.shape[0] for i, lbl in enumerate(sample.labels))):
+        return base
+    return None
+
+
 def _on(sample: Sample, device: torch.device) -> Sample:
-    """The sample's states moved to the device once (a no-op on CPU)."""
-    if device.type == "cpu":
+    """The sample's states moved to the device once (a no-op on CPU); one stacked tensor stays one."""
+    if device.type == "cpu" or next(iter(sample.states.values())).device == device:
         return sample
-    states = {k: v.to(device, non_blocking=True) for k, v in sample.states.items()}
+    base = _stacked_base(sample)
+    if base is not None:
+        moved = base.to(device, non_blocking=True)
+        states = {lbl: moved[:, i] for i, lbl in enumerate(sample.labels)}
+    else:
+        states = {k: v.to(device, non_blocking=True) for k, v in sample.states.items()}
     return Sample(sample.run_id, sample.labels, states, sample.ctx_hash, sample.n_layers, sample.hidden, sample.dtype,
                   sample.model_path)
 
@@ -592,14 +814,15 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def align_samples(A: Sample, B: Sample, cka_tokens: int | None = None,
+def align_samples(A: Sample, B: Sample, cka_budget: float | None | str = "auto",
                   device: torch.device | str | None = None) -> Alignment:
-    """Align two samples. CKA uses `cka_tokens` tokens (default: 1024 on CPU, 4096 on a GPU)."""
+    """Align two samples. CKA is exact on all tokens within `cka_budget` multiply-adds (default "auto":
+    CKA_BUDGET on CPU, no limit on a GPU; None: always exact), else the row estimator of cka_matrix."""
     import torch
 
     device = torch.device(device) if device is not None else default_device()
-    if cka_tokens is None:
-        cka_tokens = CKA_TOKENS if device.type == "cpu" else 4 * CKA_TOKENS
+    if cka_budget == "auto":
+        cka_budget = CKA_BUDGET if device.type == "cpu" else None
     if A.hidden != B.hidden:
         raise SpecLensError(f"runs '{A.run_id}' (hidden {A.hidden}) and '{B.run_id}' (hidden {B.hidden}) have "
                             f"different hidden sizes; align captures of the same target")
@@ -609,11 +832,14 @@ def align_samples(A: Sample, B: Sample, cka_tokens: int | None = None,
                             f"chat template); capture both from the same --prompts file")
     order = np.argsort(ia)
     ia, ib = torch.from_numpy(ia[order]).to(device), torch.from_numpy(ib[order]).to(device)
-    X, Y = stack_states(_on(A, device), ia, device), stack_states(_on(B, device), ib, device)
+    dt = compute_dtype(A, B)
+    X, Y = stack_states(_on(A, device), ia, device, dt), stack_states(_on(B, device), ib, device, dt)
     same = [(A.labels.index(lbl), j) for j, lbl in enumerate(B.labels) if lbl in A.labels]
     mats = pair_matrices(X, Y, same)
     cos, rel, nfa, nfb = mats["cosine"], mats["rel_l2"], mats["nonfinite_a"], mats["nonfinite_b"]
-    cka, m = cka_matrix(X, Y, mats["all_finite"], cka_tokens)
+    cka, cka_se, m = cka_matrix(X, Y, mats["all_finite"], cka_budget, (mats["norms_a"], mats["norms_b"]),
+                                mats["means"])
+    exact = bool(np.all(cka_se[np.isfinite(cka_se)] == 0)) and m == int(mats["all_finite"].sum())
     fits = final_norm_fits(A, B, X, Y, cos, rel)
     del X, Y
     findings, offset = verdict(A, B, cos, rel, cka, fits)
@@ -642,7 +868,18 @@ def align_samples(A: Sample, B: Sample, cka_tokens: int | None = None,
         cosine=_mat(cos), rel_l2=_mat(rel), cka=_mat(cka),
         path=[{"a": A.labels[i], "b": B.labels[j], "cosine": _f(cos[i, j])} for j, i in enumerate(path)],
         verdict=findings, offset=offset, per_boundary=per, warnings=warnings,
-        norm_fits=[{k: (round(v, 6) if isinstance(v, float) else v) for k, v in f.items()} for f in fits])
+        norm_fits=[{k: (round(v, 6) if isinstance(v, float) else v) for k, v in f.items()} for f in fits],
+        cka_se=_mat(cka_se), cka_exact=exact, cka_definition=cka_definition(exact, m, int(mats["all_finite"].sum())))
+
+
+def cka_definition(exact: bool, rows: int, tokens: int) -> str:
+    """The CKA figures' definition in words (the bench prints it; the page and CLI can show it)."""
+    text = ("linear CKA(X, Y) = <Kc_X, Kc_Y>_F / (||Kc_X||_F ||Kc_Y||_F), Kc = Xc Xc^T the token Gram of the states "
+            f"centred over tokens, on all {tokens} tokens finite at every boundary")
+    if exact:
+        return text + ": computed exactly"
+    return text + (f": estimated from {rows} Gram rows (each exact over all tokens; the largest-norm quarter always, "
+                   f"the rest a seeded random sample), |estimate - exact| <= {CKA_SE_BOUND:g} x its standard error")
 
 
 def _f(x) -> float | None:
@@ -654,9 +891,9 @@ def _mat(m: np.ndarray) -> list[list[float | None]]:
     return [[_f(v) for v in row] for row in m]
 
 
-def align_runs(run_a: str, run_b: str, root: Path | None = None, cka_tokens: int | None = None,
+def align_runs(run_a: str, run_b: str, root: Path | None = None, cka_budget: float | None | str = "auto",
                device: torch.device | str | None = None) -> Alignment:
-    return align_samples(load_sample(run_a, root), load_sample(run_b, root), cka_tokens, device)
+    return align_samples(load_sample(run_a, root), load_sample(run_b, root), cka_budget, device)
 
 
 def get_alignment(run_a: str, run_b: str, root: Path | None = None) -> Alignment:

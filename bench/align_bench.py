@@ -1,17 +1,22 @@
 """Alignment speed: 33 x 33 boundaries over 4096 tokens at hidden size 4096 (Llama-3.1-8B shaped).
 
 Random data with a residual-stream structure (S_{b+1} = S_b + update), stored as two real capture runs
-(bf16 samples, as an 8B capture keeps them), then `align_runs` timed end to end: load both samples,
-cosine and relative-L2 matrices over all 4096 tokens, CKA, path and verdict. Peak memory is the
-process's max RSS (CPU) and torch's peak allocation (GPU).
+(bf16 samples, as an 8B capture keeps them), then timed end to end: load both samples, cosine and
+relative-L2 matrices over all 4096 tokens, CKA, path and verdict. Peak memory is the process's max RSS
+(CPU) and torch's peak allocation (GPU). The output states the CKA definition: exact on all tokens on a GPU,
+the row estimator with its standard error within backend.align.CKA_BUDGET on CPU. `--check-estimator`
+also computes both on the same device and reports the estimator's largest error against the exact CKA
+on all tokens, in absolute terms and in standard errors (the stated bound is CKA_SE_BOUND).
 
-    python bench/align_bench.py [--device cpu|cuda] [--tokens 4096] [--hidden 4096] [--layers 32] [--out FILE]
+    python bench/align_bench.py [--device cpu|cuda] [--tokens 4096] [--hidden 4096] [--layers 32]
+                                [--check-estimator] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import sys
@@ -19,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -52,13 +58,14 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--check-estimator", action="store_true")
     ap.add_argument("--out")
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="align-bench-"))
     fake_run(root, "A", a.layers, a.tokens, a.hidden, 1, 0.0)
     fake_run(root, "B", a.layers, a.tokens, a.hidden, 2, 0.01)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    from backend.align import _on, align_samples
+    from backend.align import CKA_BUDGET, CKA_SE_BOUND, _on, align_samples
 
     dev = torch.device(a.device)
     if dev.type == "cuda":
@@ -83,7 +90,9 @@ def main() -> None:
         "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else None,
         "boundaries": f"{a.layers + 1}x{a.layers + 1}", "tokens": a.tokens, "hidden": a.hidden,
-        "cka_tokens": al.cka_tokens, "seconds_total_best": round(min(times), 3),
+        "cka_rows": al.cka_tokens, "cka_exact": al.cka_exact, "cka_definition": al.cka_definition,
+        "cka_se_max": max((v for row in al.cka_se for v in row if v is not None), default=None),
+        "load1_before": os.getloadavg()[0], "seconds_total_best": round(min(times), 3),
         "seconds_compute_best": round(min(compute), 3), "seconds_load_best": round(min(load), 3),
         "seconds_total_all": [round(t, 3) for t in times],
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
@@ -91,6 +100,17 @@ def main() -> None:
         "gpu_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if a.device.startswith("cuda") else None,
         "verdict": [f.kind for f in al.verdict],
     }
+    if a.check_estimator:
+        exact = align_samples(A, B, cka_budget=None, device=dev)
+        est = align_samples(A, B, cka_budget=CKA_BUDGET, device=dev)
+        ce, cx, se = (np.array(m, dtype=float) for m in (est.cka, exact.cka, est.cka_se))
+        err = np.abs(ce - cx)
+        res["estimator_check"] = {"rows": est.cka_tokens, "max_abs_error": float(np.nanmax(err)),
+                                  "max_se": float(np.nanmax(se)),
+                                  "max_error_in_se": float(np.nanmax(err / np.maximum(se, 1e-12))),
+                                  "within_bound": bool(np.all(err <= CKA_SE_BOUND * se + 1e-6)),
+                                  "same_verdict": [f.kind for f in est.verdict] == [f.kind for f in exact.verdict]}
+    res["load1_after"] = os.getloadavg()[0]
     print(json.dumps(res))
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))

@@ -133,3 +133,65 @@ def test_16bit_kernel_rounding_is_aligned_but_a_dtype_change_is_drift(dtypes, ki
     assert al.offset == 0
     if kind == "aligned":
         assert "16-bit rounding of different kernels" in al.verdict[0].text
+
+
+def _residual_stream(n, H, L, seed, scale=1.0, rotate=False):
+    """[n, L, H] states with a residual-stream structure and a mean offset, and one heavy token."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, H, generator=g) + 2.0
+    out = []
+    for _ in range(L):
+        out.append(x.clone())
+        x = x + 0.6 * torch.randn(n, H, generator=g)
+    Z = torch.stack(out, 1) * scale
+    Z[7] *= 15.0
+    if rotate:
+        Z = Z @ torch.linalg.qr(torch.randn(H, H, generator=g))[0]
+    return Z
+
+
+def _exact_cka(X, Y):
+    """Linear CKA on all tokens, the definition written out (float64, full centred Gram matrices)."""
+    out = np.zeros((X.shape[1], Y.shape[1]))
+    for i in range(X.shape[1]):
+        xc = X[:, i].double() - X[:, i].double().mean(0)
+        K = xc @ xc.T
+        for j in range(Y.shape[1]):
+            yc = Y[:, j].double() - Y[:, j].double().mean(0)
+            Lm = yc @ yc.T
+            out[i, j] = float((K * Lm).sum() / (K.norm() * Lm.norm()))
+    return out
+
+
+def test_cka_is_exact_on_all_tokens_within_the_budget():
+    from backend.align import cka_matrix
+
+    X, Y = _residual_stream(300, 24, 4, 0), _residual_stream(300, 24, 3, 1, rotate=True)
+    cka, se, rows = cka_matrix(X, Y, torch.ones(300, dtype=torch.bool), budget=None)
+    assert rows == 300 and np.all(se == 0)
+    assert np.abs(cka - _exact_cka(X, Y)).max() < 1e-5
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_cka_estimator_within_its_stated_bound_of_the_exact_computation(seed):
+    """The row estimator (the CPU default beyond CKA_BUDGET) against CKA on all tokens: every entry within
+    CKA_SE_BOUND standard errors, the standard errors small, and the estimate not trivially exact."""
+    from backend.align import CKA_SE_BOUND, cka_matrix, pair_matrices
+
+    n, H = 600, 32
+    X, Y = _residual_stream(n, H, 5, 10 + seed), _residual_stream(n, H, 4, 20 + seed, scale=3.0)
+    Y[:, 1:] = X[:, 1:4] + 0.8 * torch.randn(n, 3, H, generator=torch.Generator().manual_seed(seed))
+    mats = pair_matrices(X, Y, [])
+    cka, se, rows = cka_matrix(X, Y, mats["all_finite"], budget=96 * n * H * 9,
+                               norms=(mats["norms_a"], mats["norms_b"]), means=mats["means"])
+    exact = _exact_cka(X, Y)
+    err = np.abs(cka - exact)
+    assert rows == 96
+    assert np.all(err <= CKA_SE_BOUND * se + 1e-9), (err / se).max()
+    assert se.max() < 0.05 and err.max() > 0
+
+
+def test_alignment_states_its_cka_definition(demo_root):
+    al = align_runs("demo-fp32", "demo-bf16", demo_root)
+    assert al.cka_exact and "computed exactly" in al.cka_definition and "all" in al.cka_definition
+    assert np.nanmax(np.array(al.cka_se, dtype=float)) == 0
