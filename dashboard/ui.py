@@ -128,14 +128,24 @@ def _head(param: str, value: str, label: str, options: Sequence[str], format_fun
 
 
 def select(label: str, options: Sequence[str], param: str, default: str, *, where: Any = st,
-           sticky: bool = True, **kw: Any) -> str:
+           sticky: bool = True, none_instead: bool = False, **kw: Any) -> str | None:
     """A selectbox whose value lives in the URL (`?param=value`). An unknown URL value shows a notice naming it and
     what is shown instead (the default; for one of an unknown_runs pair, never the run the other one holds); two run
     pickers of a pair on the same run get a notice too (verdict_banner then shows no verdict). sticky=False leaves a
-    default value out of the URL (it appears once the user picks one)."""
+    default value out of the URL (it appears once the user picks one). none_instead=True: a URL value that cannot be
+    shown leaves the picker empty (None, the page shows nothing for it) instead of holding a substitute, so that
+    picking any run, the newest included, shows it."""
     key = f"qp_{param}"
     asked = qp_get(param)
     value = asked
+    if none_instead and asked is not None and asked not in options:
+        fmt = kw.get("format_func", str)
+        link_notice(f"{_head(param, asked, label, options, fmt)}; nothing is shown in its place: pick one above.")
+        _notes()["substituted"].append(param)
+        _notes()["instead"].append(param)
+        st.session_state[key] = None
+        return where.selectbox(label, list(options), key=key, on_change=_writer(param, key),
+                               placeholder=f"pick a {label.lower()}", **kw)
     if value not in options:
         value = default if default in options else options[0]
         partner = _partner(param, options)

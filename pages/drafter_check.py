@@ -6,7 +6,7 @@ import json
 
 import streamlit as st
 
-from dashboard import charts, check_charts, severity, ui
+from dashboard import charts, check_charts, load_charts, severity, ui
 
 HOW = ("`python -m backend check-drafter --drafter DRAFTER_DIR --target TARGET_DIR` stores a check here; "
        "`make demo` unpacks the toy pair (data/models/toy-pair) to try it on.")
@@ -26,11 +26,10 @@ names = {r.run_id: f"{r.run_id}  ({r.drafter or '?'} on {r.model or '?'})" for r
 
 c1, c2 = st.columns([3, 2])
 run = ui.select("Check", ui.capped(ids, [ui.qp_get("run") or "", ids[0]]), "run", ids[0], where=c1,
-                format_func=lambda r: names.get(r, r))
+                format_func=lambda r: names.get(r, r), none_instead=True)
 metric = ui.select("Rank chart by", list(check_charts.METRICS), "metric", "step1_accuracy", where=c2,
                    format_func=lambda m: check_charts.METRICS[m][0])
-if ui.instead("run"):        # the link's run is no drafter check: never the verdict of another one in its place
-    ui.no_verdict_for_substitute(["run"], "check shown")
+if run is None:              # the link's run is no drafter check: never the verdict of another one in its place
     st.stop()
 rep = ui.guarded(cat.drafter_check, run)
 
@@ -105,6 +104,8 @@ if words:
         st.info(words, icon=":material/info:")
     else:
         st.markdown(words)
+        if worth := load_charts.worth_for_check(rep):
+            st.markdown(worth)
         st.code(check_charts.fix_command(rep), language="bash", wrap_lines=True)
         st.download_button("config.json with the fix", data=json.dumps(rep["fix"]["config"], indent=2) + "\n",
                            file_name="config.json", mime="application/json", icon=":material/download:",

@@ -22,14 +22,13 @@ if drafter or target:
 elif ids:
     asked = ui.qp_get("check")
     check = ui.select("Drafter check", ui.capped(ids, [asked or "", ids[0]]), "check", ids[0],
-                      format_func=lambda r: names.get(r, r))
+                      format_func=lambda r: names.get(r, r), none_instead=True)
+    if check is None:              # the link's check cannot be shown: no matrix of another one in its place
+        st.stop()
     if asked is None:              # a bare /feeds: say which check it opens and why, never silently
         st.info(f"The link names no drafter check (`?check=`), so this shows the newest of the {len(ids)} stored, "
                 f"`{check}`; pick another above, or open `/feeds?drafter=DIR&target=DIR` for any pair.",
                 icon=":material/info:")
-    if ui.instead("check"):        # the link's check cannot be shown: no matrix of another one in its place
-        ui.no_verdict_for_substitute(["check"], "feeds matrix")
-        st.stop()
 else:
     st.info(f"No drafter checks yet and no ?drafter=&target= in the URL. {HOW}")
     st.stop()

@@ -128,6 +128,11 @@ def test_item3_substitutes_give_no_verdict_and_the_url_keeps_the_link(page, serv
     assert "is a bench run" in alerts(page) or "not a complete drafter check" in alerts(page)
     assert "run=demo-bench-matched" in page.url
     assert page.locator(CHART).count() == 0
+    page.locator('[data-testid="stSelectbox"]').filter(has_text="Check").first.click()   # the picker is empty:
+    page.get_by_role("option", name=AFTER_CHECK, exact=False).first.click()              # any pick shows it
+    page.wait_for_url(f"**run={AFTER_CHECK}**")
+    page.wait_for_function(f"document.querySelectorAll('{CHART}').length >= 2")
+    assert kinds(page)[0][1].startswith("Note: a small mismatch")
 
     open_view(page, server, "/compare?runs=demo-bench-matched,demo-bench-slot-shift&view=Bogus", charts=1)
     assert "`view=Bogus`".replace("`", "") in alerts(page).replace("`", ""), alerts(page)
