@@ -139,17 +139,25 @@ def cmd_worth(a: argparse.Namespace) -> int:
     import json
 
     from backend.config import paths
-    from backend.drafter_worth import curves, worth_by_concurrency
+    from backend.drafter_worth import curves, find_map, worth_by_concurrency
     from backend.errors import SpecLensError
 
-    p = paths().runs / a.map / "summary.json"
-    try:
-        cells = json.loads(p.read_text())["cells"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError):
-        raise SpecLensError(f"{p}: not a complete load run; pass the run id of a `sweep --synthetic-tau` run") from None
-    if not curves(cells):
-        raise SpecLensError(f"run '{a.map}' has no synthetic-acceptance configurations; run `python -m backend sweep "
-                            "... --synthetic-tau 1,2,3,4` on the target's shape to make a map")
+    if a.map:
+        p = paths().runs / a.map / "summary.json"
+        try:
+            cells = json.loads(p.read_text())["cells"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError):
+            raise SpecLensError(f"{p}: not a complete load run; pass the run id of a `sweep --synthetic-tau` run") \
+                from None
+        if not curves(cells):
+            raise SpecLensError(f"run '{a.map}' has no synthetic-acceptance configurations; run `python -m backend "
+                                "sweep ... --synthetic-tau 1,2,3,4` on the target's shape to make a map")
+    else:
+        found = find_map()
+        if found is None:
+            raise SpecLensError("no speedup map: pass --map RUN (a `sweep --synthetic-tau` run of your target's shape)")
+        cells = found.cells
+        print(f"reading {found.label}; pass --map RUN for a map of your own target's shape")
     ws = worth_by_concurrency(cells, a.tau_from, a.tau_to)
     if not ws:
         taus = sorted({round(t, 2) for pts in curves(cells).values() for t, _ in pts})
@@ -164,7 +172,8 @@ def cmd_worth(a: argparse.Namespace) -> int:
 def add_worth_parser(subparsers) -> argparse.ArgumentParser:
     w = subparsers.add_parser("worth", help="what a higher acceptance length is worth in tokens/s, read on a speedup "
                                             "map (a `sweep --synthetic-tau` run)")
-    w.add_argument("--map", required=True, help="run id of the map")
+    w.add_argument("--map", help="run id of the map (default: the map shipped with SpecLens, a Llama-3.1-8B shape "
+                                 "served by vLLM 0.24.0 on an H200)")
     w.add_argument("--tau-from", type=float, required=True, help="the drafter's measured tau today")
     w.add_argument("--tau-to", type=float, required=True, help="the tau after a fix or a better drafter")
     w.set_defaults(fn=cmd_worth)

@@ -17,6 +17,7 @@ concurrency the map did not measure, there is no answer (None), never an extrapo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -79,3 +80,52 @@ def worth_by_concurrency(cells: list[dict], tau_from: float, tau_to: float) -> l
         if w is not None:
             out.append(w)
     return out
+
+
+# ---------------------------------------------------------------------- maps: the data root's or the shipped ones
+
+SHIPPED_MAPS = Path(__file__).resolve().parent.parent / "datasets" / "maps"
+
+
+@dataclass(frozen=True)
+class SpeedMap:
+    run_id: str
+    cells: list
+    shape: str              # e.g. "llama, 32 layers x 4096"
+    engine: str             # e.g. "vLLM 0.24.0"
+    shipped: bool           # True: a map recorded by the project (datasets/maps), not one of this data root
+
+    @property
+    def label(self) -> str:
+        where = "recorded on an H200, shipped with SpecLens" if self.shipped else "this data root's run"
+        return f"map {self.run_id} ({self.shape}, {self.engine}; {where})"
+
+
+def _read_map(d: Path, shipped: bool) -> SpeedMap | None:
+    import json
+
+    try:
+        cells = json.loads((d / "summary.json").read_text())["cells"]
+        m = json.loads((d / "manifest.json").read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not curves(cells):
+        return None
+    model = m.get("model") or {}
+    shape = f"{model.get('model_type', '?')}, {model.get('n_layers', '?')} layers x {model.get('hidden_size', '?')}"
+    engine = {"vllm": "vLLM", "sglang": "SGLang"}.get(m.get("engine"), m.get("engine") or "?")
+    return SpeedMap(d.name, cells, shape, f"{engine} {m.get('engine_version') or ''}".strip(), shipped)
+
+
+def find_map(run_id: str | None = None, runs_dir: Path | None = None) -> SpeedMap | None:
+    """The speedup map to read a drafter's tau on: the data root's run `run_id` when one is named, else the newest map
+    shipped under datasets/maps (recorded on the H200). None when there is none."""
+    if run_id:
+        return _read_map(Path(runs_dir) / run_id, False) if runs_dir else None
+    if not SHIPPED_MAPS.is_dir():
+        return None
+    for d in sorted(SHIPPED_MAPS.iterdir(), reverse=True):
+        found = _read_map(d, True)
+        if found:
+            return found
+    return None

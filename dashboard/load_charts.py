@@ -772,3 +772,34 @@ def levels_table(levels: pd.DataFrame, multi: bool = False) -> pd.DataFrame:
         out["GPU util %"] = [num(v, ".0f") for v in d["gpu_util"]]
     out = out.reset_index(drop=True)
     return out if multi else out.drop(columns=["run"])
+
+
+def worth_line(tau_from: float | None, tau_to: float | None, speed_map=None) -> str | None:
+    """One sentence for the Drafter check and Compare pages where a fix (or a better drafter) is known: what raising
+    tau from `tau_from` to `tau_to` is worth in output tokens/s at each concurrency of a speedup map
+    (backend/drafter_worth.py; the shipped H200 map when none is given). None when the map cannot say."""
+    from backend.drafter_worth import find_map, worth_by_concurrency
+
+    if tau_from is None or tau_to is None or tau_to <= tau_from:
+        return None
+    m = speed_map or find_map()
+    if m is None:
+        return None
+    ws = worth_by_concurrency(m.cells, tau_from, tau_to)
+    if not ws:
+        return None
+    parts = [f"{w.gain:+.0%} at concurrency {w.concurrency}" for w in ws]
+    return (f"**What the fix is worth at serving load**: raising tau from {tau_from:.2f} to {tau_to:.2f} gives "
+            f"{_and(parts)} in output tokens/s (speedup {ws[0].speedup_from:.2f}x -> {ws[0].speedup_to:.2f}x at "
+            f"concurrency {ws[0].concurrency}), read on the {m.label}, K={ws[0].k}. A map of your own target's shape "
+            "(`python -m backend sweep ... --synthetic-tau 1,2,3,4`) gives your figures.")
+
+
+def worth_for_check(rep: dict) -> str | None:
+    """worth_line for a drafter check with a fix: from the tau predicted as the chosen release feeds the drafter to
+    the tau predicted for the boundaries it was trained on."""
+    fed = ((rep.get("engine_feeds") or {}).get("accuracy") or {}).get("tau")
+    best = (rep.get("best_candidate") or {}).get("tau")
+    if not (rep.get("fix") or {}).get("plan"):
+        return None
+    return worth_line(fed, best)

@@ -6,7 +6,7 @@ settings that differ. Numbers: backend/compare.py (from backend/metrics.py); dat
 import streamlit as st
 
 from backend import compare
-from dashboard import charts, severity, ui
+from dashboard import charts, load_charts, severity, ui
 
 st.title("Compare bench runs")
 cat = ui.catalog()
@@ -71,6 +71,8 @@ if not substitute:
             ui.level_banner(cost.level, severity.headline(cost, f"`{lo.worst}` against `{lo.best}`, {cost.words}"
                             + (f" over {lo.prompts} shared prompts" if lo.prompts else "") + "."))
             st.caption(severity.scale_text())
+            if worth := load_charts.worth_line(lo.worst_tau, lo.best_tau):
+                st.markdown(worth)
     ui.note_verdict(cmp.headline)        # above exported charts, in the report bundle
     with warnings.container():
         for run, line in cmp.diagnoses.items():     # each drafter diagnosis at the level of what it costs here

@@ -64,3 +64,46 @@ def test_the_fix_recovers_tau_to_the_matched_drafter_and_stays_lossless() -> Non
         assert manifest(run)["baseline_run"] == "prove-h200-vllm-original-baseline"    # one paired baseline
     taus = {t: manifest(r)["bench"]["tau"] for t, r in RUNS.items()}
     assert taus["original"] < 1.5 < 2.0 < taus["fixed"] == pytest.approx(taus["matched"], abs=0.1)
+
+
+@pytest.fixture(scope="module")
+def proof_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import shutil
+
+    from backend.store.catalog import Catalog
+
+    root = tmp_path_factory.mktemp("proof-data")
+    for d in D.iterdir():
+        if d.is_dir():
+            shutil.copytree(d, root / "runs" / d.name)
+    Catalog(root).write.refresh(full=True)
+    return root
+
+
+def test_the_pages_say_what_the_fix_is_worth_at_serving_load(proof_root: Path, monkeypatch) -> None:
+    """Issue 19 item 4 on the pages: the Drafter check (a fix is known) and Compare (original against fixed) read the
+    taus on the speedup map recorded on the H200 (datasets/maps) and say the gain per concurrency."""
+    from backend.drafter_worth import find_map, worth_by_concurrency
+    from tests.test_pages import open_page, texts
+
+    monkeypatch.setenv("SPECLENS_DATA", str(proof_root))
+    m = find_map()
+    assert m is not None and m.shipped and m.run_id == "h200-vllm-synthetic-8b"
+    check = json.loads((D / "prove-h200" / "check.json").read_text())
+    gains = worth_by_concurrency(m.cells, check["engine_feeds"]["accuracy"]["tau"], check["best_candidate"]["tau"])
+    at = open_page("pages/drafter_check.py", run="prove-h200")
+    line = next(ln for ln in texts(at.markdown).splitlines() if ln.startswith("**What the fix is worth"))
+    assert f"{gains[0].gain:+.0%} at concurrency 1" in line and f"{gains[-1].gain:+.0%} at concurrency 64" in line
+    assert "h200-vllm-synthetic-8b" in line and not at.exception
+    at = open_page("pages/compare.py", runs=f"{RUNS['fixed']},{RUNS['original']}")
+    line = next(ln for ln in texts(at.markdown).splitlines() if ln.startswith("**What the fix is worth"))
+    taus = {t: manifest(r)["bench"]["tau"] for t, r in RUNS.items()}
+    assert f"raising tau from {taus['original']:.2f} to {taus['fixed']:.2f}" in line and not at.exception
+
+
+def test_worth_without_a_map_of_ones_own(capsys) -> None:
+    from backend.__main__ import main
+
+    assert main(["worth", "--tau-from", "1.2", "--tau-to", "2.1"]) == 0
+    out = capsys.readouterr().out
+    assert "shipped with SpecLens" in out and "concurrency   64: raising tau from 1.20 to 2.10" in out
