@@ -13,11 +13,10 @@ target's model directory in a manifest, the fitted weight is checked against its
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -98,7 +97,7 @@ class Alignment:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "Alignment":
+    def from_json(cls, d: dict) -> Alignment:
         d = dict(d)
         m = d.pop("matrices")
         d["verdict"] = [Finding(**f) for f in d["verdict"]]

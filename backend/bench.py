@@ -44,8 +44,16 @@ from backend.errors import SpecLensError
 from backend.model_id import fingerprint
 from backend.prompts import Prompt, encode_all, load_prompts
 from backend.runs.lifecycle import Run, RunGuard
-from backend.store.rundir import (COMPLETE, RUNNING, RunDir, atomic_write_json, atomic_write_parquet,
-                                  list_run_dirs, new_run_id, read_journal)
+from backend.store.rundir import (
+    COMPLETE,
+    RUNNING,
+    RunDir,
+    atomic_write_json,
+    atomic_write_parquet,
+    list_run_dirs,
+    new_run_id,
+    read_journal,
+)
 
 JOURNAL = "journal.jsonl"
 SPEC_ONLY = ("drafter", "num_spec_tokens", "producer", "producer_version", "runner", "draft_sampling")
@@ -93,7 +101,7 @@ class BenchSettings:
                 d.pop(k)
         return d
 
-    def baseline(self) -> "BenchSettings":
+    def baseline(self) -> BenchSettings:
         return dataclasses.replace(self, drafter=None)
 
     def engine_settings(self):

@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from backend.config import REPO_ROOT, dashboard_link
+from backend.drafter.check_result import RESULT
 from backend.errors import SpecLensError
 from backend.model_id import fingerprint
-from backend.drafter.check_result import RESULT
 from backend.store.rundir import atomic_write_json, new_run_id
 
 AT_CHANCE = "Inconclusive: the drafter predicts no better than chance"

@@ -31,18 +31,18 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 from tqdm import tqdm
 
 from backend import coords
-from backend.runs.capture_run import CaptureResult, write_capture_files
-from backend.runs.lifecycle import Run, RunGuard
 from backend.errors import SpecLensError
 from backend.jsonfile import read_object
+from backend.runs.capture_run import CaptureResult, write_capture_files
+from backend.runs.lifecycle import Run, RunGuard
 from backend.stats import StreamingStats, TokenSample
 from backend.store.rundir import new_run_id
 

@@ -79,7 +79,7 @@ class LoadSettings(BaseModel):
             raise ValueError("needs one or more integers >= 1")
         return sorted(set(v))
 
-    def configs(self) -> list["Config"]:
+    def configs(self) -> list[Config]:
         taus = self.synthetic_tau or [None]
         return [Config(k, t) for k in self.num_spec_tokens for t in taus]
 

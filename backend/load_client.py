@@ -179,7 +179,7 @@ async def _level(engine: str, url: str, model: str | None, prompts: list[list[in
                 else:
                     await _sglang_request(session, url, r, prompts[r.prompt_index], max_tokens, temperature,
                                           t_level)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 r.error = f"no answer within {timeout:.0f} s"
             except aiohttp.ClientError as e:
                 r.error = f"{type(e).__name__}: {str(e)[:160]}"

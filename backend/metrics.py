@@ -17,9 +17,9 @@ the Spec-Bench speedup over a paired baseline with a confidence interval (`speed
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -67,7 +67,7 @@ class AcceptanceStats:
             return None
         return [c / self.drafts for c in self.per_pos]
 
-    def __add__(self, other: "AcceptanceStats") -> "AcceptanceStats":
+    def __add__(self, other: AcceptanceStats) -> AcceptanceStats:
         def add(a: list[int] | None, b: list[int] | None) -> list[int] | None:
             if a is None or b is None:
                 return None

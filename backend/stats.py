@@ -36,7 +36,7 @@ class StatsState:
     has_ref: torch.Tensor    # [B] bool
 
     @classmethod
-    def zeros(cls, n_boundaries: int, hidden: int, device: torch.device | str = "cpu") -> "StatsState":
+    def zeros(cls, n_boundaries: int, hidden: int, device: torch.device | str = "cpu") -> StatsState:
         B, H = n_boundaries, hidden
         f64, f32 = dict(dtype=torch.float64, device=device), dict(dtype=torch.float32, device=device)
         return cls(
@@ -58,7 +58,7 @@ class StatsState:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
     @classmethod
-    def from_tensors(cls, t: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> "StatsState":
+    def from_tensors(cls, t: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> StatsState:
         return cls(**{k: t[k].to(device) for k in cls.__dataclass_fields__})
 
 

@@ -9,8 +9,8 @@ S_0, S_3, S_6, F is drawn at 0, 3, 6, N + 1 and the boundaries it lacks stay gap
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import pandas as pd
 

@@ -34,9 +34,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 from urllib.parse import urlsplit
 
 from backend import metrics, server_metrics
@@ -426,7 +426,7 @@ class _Stop:
         self.event = threading.Event()
         self._old: dict[int, object] = {}
 
-    def __enter__(self) -> "_Stop":
+    def __enter__(self) -> _Stop:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old[sig] = signal.signal(sig, self._handle)

@@ -125,7 +125,7 @@ def alignment_heatmap(al: Alignment, metric: str = "cosine") -> go.Figure:
         colorbar=sc.colorbar(title), customdata=vals, text=text, hoverongaps=False,
         texttemplate="%{text}" if small else None, textfont=dict(size=11),
         hovertemplate=f"A %{{y}} x B %{{x}}<br>{title}: %{{customdata:.5g}}<extra></extra>"))
-    from backend.align import MATCH_COS   # a "best" match below this is noise (e.g. a rotated basis): not drawn
+    from backend.align import MATCH_COS  # a "best" match below this is noise (e.g. a rotated basis): not drawn
 
     row = max(14, min(46, 900 // max(1, len(al.a_labels))))      # pixels per A boundary
     path = [p for p in al.path if p["cosine"] is not None and p["cosine"] >= MATCH_COS]

@@ -16,10 +16,10 @@ import textwrap
 import threading
 import warnings
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -156,7 +156,7 @@ def readme(report: Report, files: Sequence[str], images: bool) -> str:
     return (f"SpecLens report\n\nView: {report.link or '(link unknown)'}\n"
             "(open it on the same dashboard to see this view again)\n\n"
             f"Verdict:\n{verdict}\n\nCharts: {kinds}\n" + "".join(f"  {f}\n" for f in files)
-            + f"\nMade {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.\n")
+            + f"\nMade {datetime.now(UTC):%Y-%m-%d %H:%M} UTC.\n")
 
 
 def bundle(report: Report) -> bytes:

@@ -53,7 +53,7 @@ def toy_pair(root: Path) -> Path:
 def env_info() -> dict:
     import platform
 
-    info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    info = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "host": platform.node(), "python": platform.python_version(), "cpus": os.cpu_count()}
     try:
         import torch

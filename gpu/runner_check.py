@@ -141,7 +141,7 @@ def main() -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     import vllm
-    res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    res = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
            "vllm": vllm.__version__, "command": " ".join(["python"] + sys.argv), "cases": {}}
     env0 = {**os.environ, "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0",
             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}

@@ -60,7 +60,7 @@ REAL_TARGETS = {
 
 
 def env_info() -> dict:
-    out: dict = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    out: dict = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                  "python": platform.python_version(), "command": " ".join(["python"] + sys.argv)}
     from importlib.metadata import PackageNotFoundError, version
     for pkg in ("sglang", "sglang-kernel", "torch", "transformers", "tokenizers", "flashinfer-python"):

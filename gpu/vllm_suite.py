@@ -58,7 +58,7 @@ MAX_OUT_FILES = 8
 
 
 def env_info() -> dict:
-    info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    info = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "python": platform.python_version(), "command": " ".join(["python"] + sys.argv)}
     for key, get in (("torch", lambda: __import__("torch").__version__),
                      ("gpu", lambda: __import__("torch").cuda.get_device_name(0)),
@@ -318,9 +318,9 @@ def toy(sec: Section, out: Path, root: Path, n_capture: int, n_bench: int, max_n
 def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: int) -> None:
     import torch
 
-    from backend.runs.capture_run import finish as _finish
     from backend.engines import vllm as V
     from backend.engines.base import rebuild_capture
+    from backend.runs.capture_run import finish as _finish
     from backend.store.rundir import RunDir
 
     mdir = root / "models" / "llama-3.1-8b-shape"

@@ -2,8 +2,8 @@
 
 import streamlit as st
 
-from dashboard import charts, ui
 from backend.align import MATCH_COS
+from dashboard import charts, ui
 
 st.title("Layer alignment")
 runs = ui.load_runs()

@@ -9,7 +9,8 @@ figures and words: dashboard/load_charts.py; data: catalog.load_cells and catalo
 import streamlit as st
 
 from backend import metrics
-from dashboard import load_charts as lc, ui
+from dashboard import load_charts as lc
+from dashboard import ui
 
 HOW = ("`python -m backend bench --engine vllm --target T --drafter D --prompts P --concurrency 1,8,32,64` (one K) "
        "or `python -m backend sweep --engine vllm ... --num-spec-tokens 1,2,4 --concurrency 1,8,32,64` records a load "

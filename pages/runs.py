@@ -10,8 +10,8 @@ SPECLENS_READONLY=0 (read-only by default; with [auth] secrets only after a logi
 import streamlit as st
 
 from backend import annotations, run_view
-from dashboard import auth, charts, ui
 from backend.demo import story as demo_story
+from dashboard import auth, charts, ui
 
 LIVE_EVERY_S = 5
 STATUSES = ["complete", "running", "interrupted", "failed", "quarantined"]

@@ -6,7 +6,7 @@ figures: dashboard/watch_charts.py; data: catalog.watch_windows."""
 import streamlit as st
 
 from backend import metrics
-from dashboard import watch_charts, ui
+from dashboard import ui, watch_charts
 
 HOW = ("`python -m backend watch --server-url http://HOST:8000 [--interval 10] [--duration 3600] [--min-tau T]` "
        "records a watch here (exit 1 on drift or below --min-tau, for cron and CI).")

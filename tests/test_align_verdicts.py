@@ -13,8 +13,15 @@ import torch
 from safetensors.torch import save_file
 
 from backend import coords
-from backend.align import (NORM_FIT_REL_L2, Alignment, align_runs, align_samples, load_sample, norm_fit,
-                           target_final_norm)
+from backend.align import (
+    NORM_FIT_REL_L2,
+    Alignment,
+    align_runs,
+    align_samples,
+    load_sample,
+    norm_fit,
+    target_final_norm,
+)
 from backend.capture import CaptureSettings, run_capture
 from backend.config import REPO_ROOT
 from backend.importers import import_capture

@@ -15,8 +15,8 @@ from safetensors.torch import load_file, save_file
 
 from backend.bench import BenchSettings, run_bench
 from backend.drafter import DrafterConfig, Eagle3Drafter, init_random
-from backend.engines import hf
 from backend.drafter.aux import drafter_aux_boundaries
+from backend.engines import hf
 from backend.engines.hf_spec import EagleProposer, Sampler, decode_plain, verify
 from backend.errors import SpecLensError
 from backend.prompts import encode, load_prompts

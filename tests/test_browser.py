@@ -5,13 +5,13 @@ downloads must produce real files. Screenshots go to $SPECLENS_SCREENSHOTS or a 
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

@@ -10,8 +10,8 @@ import io
 import re
 import struct
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

@@ -13,8 +13,8 @@ Screenshots go to $SPECLENS_SCREENSHOTS (test_browser's `shots`)."""
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 from urllib.parse import urlsplit
 
 import pytest

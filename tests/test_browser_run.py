@@ -6,8 +6,8 @@ Screenshots go to $SPECLENS_SCREENSHOTS or a pytest tmp dir."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout

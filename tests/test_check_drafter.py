@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from backend.check_drafter import CheckSettings, run_check
-from backend.store.catalog import Catalog
 from backend.demo import PAIR_TARBALL, toy_pair
 from backend.drafter import lint as L
 from backend.errors import SpecLensError
+from backend.store.catalog import Catalog
 
 pytestmark = pytest.mark.skipif(not PAIR_TARBALL.exists(), reason="needs the toy pair (models/toy-pair.tar.gz)")
 ALL = ["S_0", "S_1", "S_2", "S_3", "S_4", "S_5", "S_6", "S_7", "S_8", "F"]

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
+import test_browser
+from test_browser import CHART, CHROMIUM, TIMEOUT_MS, alerts, browser_page, open_view, streamlit_server
+from test_pages import figures, open_page, params, texts, values
 
 from backend import annotations, compare, metrics
 from backend.errors import SpecLensError
 from backend.store.catalog import Catalog, CatalogReader
-import test_browser
-from test_browser import CHART, CHROMIUM, TIMEOUT_MS, alerts, browser_page, open_view, streamlit_server
-from test_pages import figures, open_page, params, texts, values
 
 shots = test_browser.shots  # pytest fixture, requested by name below
 RUNS = "spec-random,spec-oracle"

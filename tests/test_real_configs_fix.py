@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_real_configs import CONFIGS, REPO, TRUTH as FIRST_FIVE, config_only_target, lint_only
+from tests.test_real_configs import CONFIGS, REPO, config_only_target, lint_only
+from tests.test_real_configs import TRUTH as FIRST_FIVE
 
 KEY = "eagle_aux_hidden_state_layer_ids"
 VERSIONS = {"vllm": "0.24.0", "sglang": "0.5.15"}

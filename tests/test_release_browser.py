@@ -4,8 +4,8 @@ exception, and the Feeds chart's CSV download holds the matrix. Screenshots go t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

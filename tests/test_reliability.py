@@ -293,11 +293,11 @@ def test_kill9_of_the_worker_then_restart_resumes(models: dict, tmp_path: Path, 
            "prompts": str(models["bench_prompts"]), "num_spec_tokens": 3, "repeats": 2, "max_new_tokens": 12,
            "limit": 4, "device": "cpu", "num_cpus": 1, "seed": 7,
            "runner": "v1"}    # V1 reads the drafter's nested ids; V2 (vLLM's pick for Llama) would not
+    import torch
+
     from backend.bench import run_bench
     from backend.capture import run_capture
     from backend.jobs import spec as specs
-
-    import torch
 
     t0 = time.monotonic()
     n = torch.get_num_threads()

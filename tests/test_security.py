@@ -22,11 +22,11 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from backend import annotations
-from dashboard import auth
 from backend.config import REPO_ROOT
 from backend.errors import SpecLensError
 from backend.store.catalog import Catalog
 from backend.store.rundir import RunDir
+from dashboard import auth
 
 APP = str(REPO_ROOT / "app.py")
 SECRET = "SENTINEL-5d1c-outside-the-data-root"
@@ -84,14 +84,14 @@ def traversals(world: dict) -> list[str]:
 class FileLog:
     """Every path this process opens or lists while active (a Python audit hook: sys.addaudithook)."""
 
-    installed: "FileLog | None" = None
+    installed: FileLog | None = None
 
     def __init__(self) -> None:
         self.paths: list[str] = []
         self.active = False
 
     @classmethod
-    def get(cls) -> "FileLog":
+    def get(cls) -> FileLog:
         if cls.installed is None:
             log = cls()
 
@@ -104,7 +104,7 @@ class FileLog:
             cls.installed = log
         return cls.installed
 
-    def __enter__(self) -> "FileLog":
+    def __enter__(self) -> FileLog:
         self.paths, self.active = [], True
         return self
 

@@ -10,12 +10,11 @@ import pytest
 import torch
 
 from backend.drafter import DrafterConfig, Eagle3Drafter, init_random, load_config
-from backend.toy import corpus as C
 from backend.drafter.unroll import ttt_forward
+from backend.toy import corpus as C
 from backend.toy import train_drafter as td
 from backend.toy.pair import build_toy_pair, tiny_config
 from backend.toy.train_target import train_target
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

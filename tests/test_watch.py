@@ -82,7 +82,7 @@ class MetricsServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self._stopped = False
 
-    def __enter__(self) -> "MetricsServer":
+    def __enter__(self) -> MetricsServer:
         self.thread.start()
         return self
 

@@ -20,7 +20,8 @@ from safetensors.torch import load_file
 from backend.__main__ import main as cli
 from backend.config import REPO_ROOT
 from backend.errors import SpecLensError
-from backend.jobs import queue, spec as specs
+from backend.jobs import queue
+from backend.jobs import spec as specs
 from backend.jobs.cli import submit_spec
 from backend.jobs.worker import _tag_runs, run_worker
 from backend.store.catalog import Catalog

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from backend import coords
 from backend.errors import SpecLensError
@@ -41,10 +42,10 @@ SURE_Z = 2.0            # below this paired z two candidates are not told apart 
 @dataclass
 class TargetSample:
     """The target on a prompt sample: its greedy answers, every boundary, its next-token distributions."""
-    tokens: list["torch.Tensor"]               # [T] int64: prompt + the target's greedy answer
+    tokens: list[torch.Tensor]               # [T] int64: prompt + the target's greedy answer
     prompt_lens: list[int]                     # P per sequence
-    states: list[dict[str, "torch.Tensor"]]    # label (S_0..S_N, F) -> [T, H_T]
-    logprobs: list["torch.Tensor"]             # [T - P, V]: log p_target(. | x_0..x_pos) at pos = P..T-1
+    states: list[dict[str, torch.Tensor]]    # label (S_0..S_N, F) -> [T, H_T]
+    logprobs: list[torch.Tensor]             # [T - P, V]: log p_target(. | x_0..x_pos) at pos = P..T-1
     n_layers: int
 
     @property
@@ -52,7 +53,7 @@ class TargetSample:
         return sum(len(t) - p for t, p in zip(self.tokens, self.prompt_lens))
 
 
-def sample_target(lm: "LoadedModel", prompts: list[list[int]], new_tokens: int, batch_size: int = 16) -> TargetSample:
+def sample_target(lm: LoadedModel, prompts: list[list[int]], new_tokens: int, batch_size: int = 16) -> TargetSample:
     """Greedy answers of up to `new_tokens` tokens, then one forward per sequence with every boundary hooked."""
     import torch
 
@@ -166,7 +167,7 @@ class Candidate:
     cross_entropy: float | None = None                      # soft CE vs the target, mean over steps (nats)
     z: float | None = None                                  # paired z of (CE - best's CE) over tokens; 0 for the best
     tokens: int = 0
-    ce_tokens: "torch.Tensor | None" = field(default=None, repr=False)    # [M] per-slot CE, for paired tests
+    ce_tokens: torch.Tensor | None = field(default=None, repr=False)    # [M] per-slot CE, for paired tests
 
     @property
     def step1(self) -> float | None:
@@ -180,7 +181,7 @@ class Candidate:
                 "tokens": self.tokens}
 
 
-def evaluate(d: "Eagle3Drafter", sample: TargetSample, labels: list[str], steps: int) -> Candidate:
+def evaluate(d: Eagle3Drafter, sample: TargetSample, labels: list[str], steps: int) -> Candidate:
     """The drafter fed `labels` (ascending), teacher-forced over the answer slots of every sequence.
 
     Slot t holds token x_{t+1} and the aux states of position t; draft step j (0-based) at slot t predicts x_{t+2+j}
@@ -264,7 +265,7 @@ def paired_z(worse: Candidate, better: Candidate) -> float:
         0.0 if float(diff.mean()) == 0 else math.copysign(float("inf"), float(diff.mean())))
 
 
-def find(d: "Eagle3Drafter", sample: TargetSample, sets: dict[tuple[str, ...], list[str]], steps: int,
+def find(d: Eagle3Drafter, sample: TargetSample, sets: dict[tuple[str, ...], list[str]], steps: int,
          search: bool = True, progress: bool = False) -> list[Candidate]:
     """Every set evaluated (and the neighbours of the best while one is clearly better), best first."""
     from tqdm import tqdm

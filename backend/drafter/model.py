@@ -301,7 +301,7 @@ class Eagle3Drafter(nn.Module):
     @classmethod
     def load(cls, path: str | Path, target_embed: torch.Tensor | None = None,
              target_lm_head: torch.Tensor | None = None, engine: str = "vllm",
-             norm_output_meaning: str = "next_step", dtype: torch.dtype = torch.float32) -> "Eagle3Drafter":
+             norm_output_meaning: str = "next_step", dtype: torch.dtype = torch.float32) -> Eagle3Drafter:
         """Read config.json + model.safetensors (any of the three formats) with `engine`'s semantics.
         target_embed [V, H] / target_lm_head [V, H]: the target's, used where the engine would use them."""
         from safetensors.torch import load_file

@@ -46,7 +46,7 @@ class DataComparison:
                 "holds": self.holds, "aux_holds": self.aux_holds, "alignment": self.alignment.to_json()}
 
 
-def compare(lm: "LoadedModel", path: str | Path, fmt: str | None, drafter_dir: str | Path, target_dir: str | Path,
+def compare(lm: LoadedModel, path: str | Path, fmt: str | None, drafter_dir: str | Path, target_dir: str | Path,
             producer_ids: list[int] | None = None, max_files: int = MAX_FILES,
             max_tokens: int = MAX_TOKENS) -> DataComparison:
     import torch

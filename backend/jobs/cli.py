@@ -9,7 +9,8 @@ from pathlib import Path
 
 def submit_spec(spec: dict, base: Path | str | None = None, root: Path | None = None) -> list[dict]:
     """Validate a spec mapping and enqueue its jobs (what `submit` and the New run page call)."""
-    from backend.jobs import queue, spec as specs
+    from backend.jobs import queue
+    from backend.jobs import spec as specs
 
     return queue.enqueue(specs.validate(spec, base), root)
 

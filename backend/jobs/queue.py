@@ -15,8 +15,9 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from backend.config import paths
 from backend.errors import SpecLensError

@@ -20,8 +20,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from backend.config import REPO_ROOT, data_root
 from backend.errors import SpecLensError

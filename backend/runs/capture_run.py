@@ -15,8 +15,8 @@ import torch
 from backend import coords
 from backend.errors import SpecLensError
 from backend.model_id import fingerprint
-from backend.stats import StatsState, StreamingStats, TokenSample, norm_bin_edges
 from backend.runs.lifecycle import Run
+from backend.stats import StatsState, StreamingStats, TokenSample, norm_bin_edges
 from backend.store.rundir import COMPLETE, atomic_save_safetensors, atomic_write_parquet
 
 CHECKPOINT = "checkpoint.safetensors"

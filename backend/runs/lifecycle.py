@@ -25,10 +25,11 @@ import os
 import shutil
 import socket
 import time
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -68,7 +69,7 @@ class Run:
 
     # ------------------------------------------------------------------ identity
     @classmethod
-    def create(cls, run_id: str, manifest: Manifest | dict, root: Path | None = None) -> "Run":
+    def create(cls, run_id: str, manifest: Manifest | dict, root: Path | None = None) -> Run:
         """A new run (status running), indexed at once; a malformed manifest is refused before anything is
         written; an existing run of that name raises SpecLensError (the caller may then resume it)."""
         if isinstance(manifest, dict):
@@ -87,7 +88,7 @@ class Run:
         return run
 
     @classmethod
-    def open(cls, run_id: str, root: Path | None = None) -> "Run":
+    def open(cls, run_id: str, root: Path | None = None) -> Run:
         return cls(RunDir.open(run_id, root), root)
 
     @staticmethod
@@ -168,7 +169,7 @@ class RunGuard:
         self.describe, self.wrap, self.note, self.keep_interrupt = describe, wrap, note, keep_interrupt
         self.interrupted = False
 
-    def __enter__(self) -> "RunGuard":
+    def __enter__(self) -> RunGuard:
         return self
 
     def __exit__(self, et, e, tb) -> bool:

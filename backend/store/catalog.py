@@ -264,6 +264,8 @@ def _write_empty_delta(catalog: Path, generation: str) -> None:
         con.execute("CHECKPOINT")
     finally:
         con.close()
+    st = os.stat(catalog)           # an empty delta carries its base's mtime: readers then need not open it
+    os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
     os.replace(tmp, delta)
 
 
@@ -403,6 +405,9 @@ def _refresh_runs(root: Path | None, run_ids: list[str]) -> Path:
             con.execute("CHECKPOINT")
         finally:
             con.close()
+        st, base_mtime = os.stat(tmp), os.stat(p.catalog).st_mtime_ns
+        if st.st_mtime_ns == base_mtime:      # the mark of an empty delta (readers skip it): never on this one
+            os.utime(tmp, ns=(st.st_atime_ns, base_mtime + 1))
         os.replace(tmp, delta)
         if touched > DELTA_MAX_RUNS:
             _write_base(root, _Plan([], [], []))
@@ -735,7 +740,8 @@ def _open(catalog: Path) -> duckdb.DuckDBPyConnection:
     """A read-only connection to the catalog as it is now: the base file and its delta (the runs changed since
     the base was written), both ATTACHed read-only to a private in-memory database: `duckdb.connect(path)` would
     hand out the process's cached instance of that path, which still shows the old catalog after a refresh
-    swapped in a new file while any connection to it was open. With a non-empty delta of this base, every table
+    swapped in a new file while any connection to it was open. An empty delta (its mtime its base's) is not
+    opened. With a non-empty delta of this base, every table
     is a view: the base's rows of the runs the delta does not touch, plus the delta's rows. A delta of an older
     base is already folded into this one (ignored); of a newer base, the base was replaced after it was opened:
     _StaleBase (an IOException, so reads retry on the new files)."""
@@ -744,7 +750,11 @@ def _open(catalog: Path) -> duckdb.DuckDBPyConnection:
         con.execute("ATTACH ? AS speclens (READ_ONLY)", [str(catalog)])
         delta = _delta_path(catalog)
         use = "speclens"
-        if delta.exists():
+        try:                             # an empty delta carries its base's mtime (_write_empty_delta): skip it
+            empty = os.stat(delta).st_mtime_ns == os.stat(catalog).st_mtime_ns
+        except OSError:
+            empty = not delta.exists()
+        if not empty:
             try:
                 con.execute("ATTACH ? AS d (READ_ONLY)", [str(delta)])
             except duckdb.IOException:

@@ -28,7 +28,7 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def valid_run_id(run_id: str) -> bool:
@@ -71,7 +71,7 @@ def read_journal(path: Path) -> list[dict]:
     return out
 
 
-def atomic_write_parquet(path: Path, df: "pd.DataFrame") -> None:
+def atomic_write_parquet(path: Path, df: pd.DataFrame) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     df.to_parquet(tmp, index=False)
     os.replace(tmp, path)
@@ -126,7 +126,7 @@ class RunDir:
 
     # ------------------------------------------------------------------ open / create
     @classmethod
-    def create(cls, run_id: str, manifest: dict, root: Path | None = None) -> "RunDir":
+    def create(cls, run_id: str, manifest: dict, root: Path | None = None) -> RunDir:
         p = paths(root).runs / run_id
         if (p / "manifest.json").exists():
             raise SpecLensError(f"run '{run_id}' already exists in {p.parent}; pick another --name")
@@ -143,7 +143,7 @@ class RunDir:
         return rd
 
     @classmethod
-    def open(cls, run_id: str, root: Path | None = None) -> "RunDir":
+    def open(cls, run_id: str, root: Path | None = None) -> RunDir:
         if not valid_run_id(run_id):
             raise SpecLensError(f"'{run_id}' is not a valid run id; list runs with `python -m backend runs`")
         p = paths(root).runs / run_id

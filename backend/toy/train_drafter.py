@@ -40,7 +40,8 @@ import torch.nn.functional as F
 
 from backend.coords import Boundary, resolve_ids
 from backend.drafter import DrafterConfig, Eagle3Drafter
-from backend.drafter.unroll import shift as _shift, ttt_forward
+from backend.drafter.unroll import shift as _shift
+from backend.drafter.unroll import ttt_forward
 from backend.engines.hf import generate_greedy as generate
 
 # the two conventions of the toy pair: (producer, version) rows of backend/conventions.yaml

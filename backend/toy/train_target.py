@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from backend.toy.corpus import SOURCES, Corpus, build_corpus, chat_text, split_rows, spec_bench_docs
+from backend.toy.corpus import SOURCES, Corpus, build_corpus, chat_text, spec_bench_docs, split_rows
 
 SAVE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 

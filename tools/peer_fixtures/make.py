@@ -90,10 +90,10 @@ def build_tiny_llama(out: Path, check: bool = True) -> Path:
 
 def cmd_target(a) -> None:
     import torch
+    from transformers import LlamaForCausalLM
 
     from backend.toy.target import init_random, llama_config
     from backend.toy.tokenizer import build_tokenizer
-    from transformers import LlamaForCausalLM
 
     work = Path(a.work) / "tiny-llama"
     shutil.rmtree(work, ignore_errors=True)
