@@ -29,7 +29,7 @@ FILE = "annotations.json"
 MAX_TAGS = 20
 MAX_TAG_LEN = 40
 MAX_NOTES = 4000
-_TAG = re.compile(r"^[A-Za-z0-9._-]{1,%d}$" % MAX_TAG_LEN)
+_TAG = re.compile(rf"^[A-Za-z0-9._-]{{1,{MAX_TAG_LEN}}}$")
 
 
 @dataclass

@@ -77,7 +77,7 @@ def main() -> None:
         print(f"[sweep] {n}: {' '.join(cmd[1:])}", flush=True)
     t0 = time.time()
     rows: dict[str, dict] = {}
-    for n, (proc, cmd) in procs.items():
+    for n, (proc, _cmd) in procs.items():
         rc = proc.wait()
         rec_path = a.work / n / "TRAINING.json"
         if rc != 0 or not rec_path.is_file():

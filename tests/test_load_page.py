@@ -355,7 +355,8 @@ def test_sglang_sweep_page(load: Path) -> None:
     tiles = {m.label: m for m in at.metric}
     assert list(tiles) == ["concurrency 1", "concurrency 8", "concurrency 32", "concurrency 64"]
     for c, best in s["best"].items():
-        assert tiles[f"concurrency {c}"].value == f"{best['config']} \u00b7 {_x(cells[(best['config'], int(c))]['speedup']['value'])}"
+        sp = cells[(best["config"], int(c))]["speedup"]["value"]
+        assert tiles[f"concurrency {c}"].value == f"{best['config']} \u00b7 {_x(sp)}"
         top = max((x for x in s["cells"] if x["concurrency"] == int(c)), key=lambda x: x["speedup"]["value"])
         assert best["config"] == top["config"]
     assert "agree within 2% at every level where both exist" in texts(at.caption)

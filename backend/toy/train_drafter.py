@@ -116,7 +116,7 @@ def capture(lm, sequences: list[list[int]], labels: list[str],
     out = []
     for ids in sequences:
         got: dict[int, torch.Tensor] = {}
-        with BoundaryHooks(lm, bounds, lambda k, t: got.__setitem__(k, t.detach().to(store_dtype).clone())):
+        with BoundaryHooks(lm, bounds, lambda k, t, got=got: got.__setitem__(k, t.detach().to(store_dtype).clone())):
             lm.base(input_ids=torch.tensor([ids], device=lm.device), use_cache=False)
         out.append({lbl: got[k] for k, lbl in enumerate(labels)})
     return out
