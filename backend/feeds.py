@@ -15,8 +15,9 @@ from pathlib import Path
 
 from backend import coords
 from backend.errors import SpecLensError
+from backend.options import SERVING_ENGINES, VLLM_RUNNERS
 
-ENGINES = ("vllm", "sglang")
+ENGINES = SERVING_ENGINES
 
 
 def engine_name(engine: str) -> str:
@@ -86,7 +87,7 @@ def matrix(drafter: str | Path, target: str | Path, root: Path | None = None, tr
             if engine == "vllm":
                 choice = vllm_runner.resolve("auto", tgt.architectures, rel, env=env or {},
                                              target_config=tgt.raw or None)
-            for rn in (("v1", "v2") if engine == "vllm" else (None,)):
+            for rn in (VLLM_RUNNERS if engine == "vllm" else (None,)):
                 conv = coords.convention_for(engine, rel, tgt.family, rn)
                 picked = choice is None or rn == choice.runner
                 why = choice.reason if choice and picked else (

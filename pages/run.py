@@ -143,9 +143,9 @@ if kind == "bench":
     texts = run_view.prompt_texts(m) if status == "complete" else {}
     if status == "complete":
         st.subheader("Charts")
-        timings = ui.guarded(cat.bench_prompt_timings, [rid])
-        base_timings = ui.guarded(cat.bench_prompt_timings, [base]) if base else None
-        speeds = run_view.prompt_speeds(timings, base_timings, texts)
+        both = ui.guarded(cat.bench_prompt_timings, [rid, base] if base else [rid])     # one query
+        speeds = run_view.prompt_speeds(both[both["run_id"] == rid], both[both["run_id"] == base] if base else None,
+                                        texts)
         left, right = st.columns(2)
         if k > 0:
             acc = ui.guarded(compare.load_acceptance, [rid])

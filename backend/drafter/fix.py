@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from backend.errors import SpecLensError
+from backend.options import SERVING_ENGINES
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 
@@ -151,7 +152,7 @@ def _all_readings(cfg, target) -> list:
     from backend import coords
 
     out = []
-    for engine in ("vllm", "sglang"):
+    for engine in SERVING_ENGINES:
         for rel in coords.releases(engine):
             try:
                 out.append(_reading(cfg, target, engine, rel, None))
