@@ -43,7 +43,7 @@ import shutil
 import time
 from pathlib import Path
 
-from backend.config import REPO_ROOT, paths
+from backend.config import REPO_ROOT, dashboard_link, paths
 from backend.runs.lifecycle import Run
 from backend.store.catalog import Catalog
 from backend.store.rundir import COMPLETE, RunDir, list_run_dirs
@@ -319,11 +319,12 @@ def run_demo(force: bool = False, progress: bool = True, root: Path | None = Non
     build_bench_demo(root, force, progress)         # one bench after another, in this process: none times another
     for r in Catalog(root).read.bench_runs(run_ids=list(BENCH_RUNS)).itertuples():
         print(f"  bench {r.run_id}: tau {r.tau:.2f}, {r.tokens_per_s:.1f} tok/s, {_speed(r)}, lossless {r.lossless}")
-    print(f"benchmark demo ready in {time.perf_counter() - t1:.1f} s; open http://localhost:8501/compare?runs="
-          f"{','.join(BENCH_RUNS)}")
+    print(f"benchmark demo ready in {time.perf_counter() - t1:.1f} s; open "
+          f"{dashboard_link('/compare?runs=' + ','.join(BENCH_RUNS))}")
     t2 = time.perf_counter()
     if build_check_demo(root, force, progress) or _complete(CHECK_RUN, root):
-        print(f"drafter check ready in {time.perf_counter() - t2:.1f} s; open http://localhost:8501/drafter?run={CHECK_RUN}")
+        print(f"drafter check ready in {time.perf_counter() - t2:.1f} s; open "
+              f"{dashboard_link(f'/drafter?run={CHECK_RUN}')}")
     t3 = time.perf_counter()
     build_slot_shift_demo(root, force, progress)
     for r in Catalog(root).read.bench_runs(run_ids=[*SLOT_RUNS, REGRESS_RUN]).itertuples():
@@ -334,7 +335,7 @@ def run_demo(force: bool = False, progress: bool = True, root: Path | None = Non
 
         print("  regress: " + regress(fixed_run, REGRESS_RUN, root=root)["line"])
     print(f"slot-shift demo ready in {time.perf_counter() - t3:.1f} s ({time.perf_counter() - t0:.0f} s in all); "
-          f"open http://localhost:8501/drafter?run={SLOT_CHECK_RUN}")
+          f"open {dashboard_link(f'/drafter?run={SLOT_CHECK_RUN}')}")
     for line in story(root) or []:
         print("  " + line)
 
