@@ -759,18 +759,18 @@ def _open(catalog: Path) -> duckdb.DuckDBPyConnection:
                 con.execute("ATTACH ? AS d (READ_ONLY)", [str(delta)])
             except duckdb.IOException:
                 con.execute("ATTACH ? AS d (READ_ONLY)", [str(delta)])    # swapped while opening: once more
-            base = _meta(con, "speclens").get("generation")
-            dbase = _meta(con, "d").get("base_generation")
+            base, dbase, touched = con.execute(
+                "SELECT (SELECT value FROM speclens.catalog_meta WHERE key = 'generation'), "
+                "(SELECT value FROM d.catalog_meta WHERE key = 'base_generation'), "
+                "(SELECT count(*) FROM d.touched)").fetchone()
             if base is not None and dbase is not None and dbase != base:
                 if int(dbase) > int(base):
                     raise _StaleBase(f"{catalog}: replaced while opening")
-            elif base is not None and con.execute("SELECT count(*) FROM d.touched").fetchone()[0]:
+            elif base is not None and touched:
                 use = "memory"
-                con.execute("USE memory")
-                con.execute("CREATE VIEW catalog_meta AS SELECT * FROM speclens.catalog_meta")
-                for t in _TABLES:
-                    con.execute(f"CREATE VIEW {t} AS SELECT * FROM speclens.{t} WHERE run_id NOT IN "
-                                f"(SELECT run_id FROM d.touched) UNION ALL SELECT * FROM d.{t}")
+                con.execute("USE memory; CREATE VIEW catalog_meta AS SELECT * FROM speclens.catalog_meta; " + "; ".join(
+                    f"CREATE VIEW {t} AS SELECT * FROM speclens.{t} WHERE run_id NOT IN (SELECT run_id FROM "
+                    f"d.touched) UNION ALL SELECT * FROM d.{t}" for t in _TABLES))
         if use == "speclens":
             con.execute("USE speclens")
     except Exception:
