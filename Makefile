@@ -25,7 +25,7 @@ browser:
 	  (sudo apt-get update -qq && sudo apt-get install -y -qq chromium chromium-driver >/dev/null); }
 
 demo: $(STAMP)
-	$(BIN)/python -m backend demo
+	SPECLENS_URL=$${SPECLENS_URL:-http://localhost:$(PORT)} $(BIN)/python -m backend demo   # its links: this port
 	$(BIN)/python -m dashboard.serve --server.headless true --server.port $(PORT) --browser.gatherUsageStats false --server.fileWatcherType none
 
 serve: $(STAMP)
