@@ -19,6 +19,7 @@ from packaging.version import Version
 from backend.errors import SpecLensError
 
 CONVENTIONS_FILE = Path(__file__).with_name("conventions.yaml")
+KINDS_MARK = "# ---- BEGIN kind rows"
 _LABEL = re.compile(r"^(?:S_(\d+)|F)$")
 
 
@@ -116,9 +117,12 @@ class Convention:
 @lru_cache(maxsize=1)
 def conventions() -> tuple[Convention, ...]:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)    # the C loader: 125 rows in ~40 ms, not ~300 ms
-    rows = yaml.load(CONVENTIONS_FILE.read_text(), Loader=loader)  # noqa: S506 - a safe loader
+    text = CONVENTIONS_FILE.read_text().split(KINDS_MARK)[0]     # the kind rows (last) are backend/drafter/kinds.py's
+    rows = yaml.load(text, Loader=loader)  # noqa: S506 - a safe loader
     out = []
     for r in rows:
+        if r.get("kind"):                  # the drafter-kind rows (DFlash, MTP, ...): backend/drafter/kinds.py
+            continue
         out.append(Convention(
             producer=r["producer"], versions=str(r["versions"]), families=tuple(r["families"]),
             rule=r["rule"], valid=tuple(str(v) for v in r["valid"]),

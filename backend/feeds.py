@@ -75,8 +75,10 @@ def matrix(drafter: str | Path, target: str | Path, root: Path | None = None, tr
     from backend import vllm_runner
     from backend.drafter import lint as L
     from backend.drafter.aux import drafter_aux_boundaries
+    from backend.drafter.kinds import kind_aux, runner_args
 
     cfg, tgt, _ = L.load(drafter, target, weights_required=False)
+    kind = getattr(cfg, "kind", "eagle3")
     if trained is None and look_up_check:
         trained = trained_on(drafter, target, root)
     want = trained["boundaries"] if trained else None
@@ -86,7 +88,7 @@ def matrix(drafter: str | Path, target: str | Path, root: Path | None = None, tr
             choice = None
             if engine == "vllm":
                 choice = vllm_runner.resolve("auto", tgt.architectures, rel, env=env or {},
-                                             target_config=tgt.raw or None)
+                                             target_config=tgt.raw or None, **runner_args(kind))
             for rn in (VLLM_RUNNERS if engine == "vllm" else (None,)):
                 conv = coords.convention_for(engine, rel, tgt.family, rn)
                 picked = choice is None or rn == choice.runner
@@ -97,9 +99,10 @@ def matrix(drafter: str | Path, target: str | Path, root: Path | None = None, tr
                 row = FeedRow(engine, rel, rn, picked, why, None, None, None, status="seen" if seen else "inferred",
                               decided_by=dict(conv.decided_by))
                 try:
-                    aux = drafter_aux_boundaries(cfg, tgt.n_layers, tgt.model_type, engine, rel, rn)
+                    aux = (kind_aux(cfg, tgt, engine, rel, rn) if kind != "eagle3" else
+                           drafter_aux_boundaries(cfg, tgt.n_layers, tgt.model_type, engine, rel, rn))
                     row.ids, row.ids_from, row.feeds = aux["ids"], aux["ids_from"], aux["boundaries"]
-                    if engine == "sglang" and cfg.source_format != "eagle":
+                    if engine == "sglang" and cfg.source_format not in ("eagle", "dflash", "dflash2", "mtp"):
                         row.error = (f"SGLang loads only the EAGLE/SpecForge format; this is {cfg.source_format} "
                                      f"(it would feed {', '.join(row.feeds)} once converted)")
                         row.feeds = None
@@ -112,7 +115,7 @@ def matrix(drafter: str | Path, target: str | Path, root: Path | None = None, tr
             "target_info": {"architectures": tgt.architectures, "model_type": tgt.model_type,
                             "n_layers": tgt.n_layers, "family": tgt.family},
             "drafter_ids": {"top_level": cfg.aux_layer_ids_top, "eagle_config": cfg.aux_layer_ids_nested,
-                            "format": cfg.source_format},
+                            "format": cfg.source_format, "kind": kind},
             "trained_on": trained, "rows": [r.to_json() for r in rows], "changes": changes(rows)}
 
 
@@ -143,6 +146,11 @@ def changes(rows: list[FeedRow]) -> list[dict]:
 def summary(m: dict) -> list[str]:
     """A few plain lines: what the newest release of each engine feeds, the first change, the training match."""
     lines = []
+    kind = (m.get("drafter_ids") or {}).get("kind", "eagle3")
+    if kind != "eagle3":
+        from backend.drafter.kinds import KIND_NAMES
+        lines.append(f"a {KIND_NAMES.get(kind, kind)} drafter: ids and releases read from the kind rows of "
+                     f"backend/conventions.yaml (backend/drafter/kinds.py)")
     rows = [FeedRow(**r) for r in m["rows"]]
     for engine in ENGINES:
         picked = [r for r in rows if r.engine == engine and r.picked]

@@ -159,6 +159,48 @@ def sources(engine: str, version: str, cache: Path, pip: str = sys.executable) -
     return dest
 
 
+# ------------------------------------------------------------------------------------------- kinds: full sources
+
+KINDS_MARK = "kinds: every .py file"
+
+
+def kind_sources(engine: str, version: str, cache: Path, pip: str = sys.executable) -> Path:
+    """Like `sources`, but every .py file of the package is kept (the drafter kinds' code lives in spec_decode,
+    config and transformers_utils files as well as the model files); the directory also serves `sources`."""
+    dest = cache / f"{engine}-{version}"
+    mark = dest / "KINDS_EXTRACTED"
+    if (dest / "WHEEL_SHA256").exists() and mark.exists() and mark.read_text().strip() == KINDS_MARK:
+        return dest
+    before = (dest / "WHEEL_SHA256").read_text().strip() if (dest / "WHEEL_SHA256").exists() else None
+    pkg = engine.replace("-", "_")
+    top = {"nvidia_modelopt": "modelopt"}.get(pkg, pkg)
+    with tempfile.TemporaryDirectory(prefix=f"wheel-{engine}-") as tmp:
+        cmd = [pip, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", f"{engine}=={version}", "-d", tmp,
+               "-q"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if r.returncode != 0 or not wheels:
+            raise SystemExit(f"pip download {engine}=={version} failed: {(r.stderr or r.stdout).strip()[-400:]}")
+        part = dest.with_name(dest.name + ".part")
+        shutil.rmtree(part, ignore_errors=True)
+        with zipfile.ZipFile(wheels[0]) as z:
+            for n in z.namelist():
+                if n.endswith(".py") and n.split("/", 1)[0] == top:
+                    z.extract(n, part)
+        h = hashlib.sha256(wheels[0].read_bytes()).hexdigest()
+        if before is not None and before != h:
+            raise SystemExit(f"{engine}=={version}: the wheel downloaded now (sha256 {h[:12]}) is not the one cached "
+                             f"before ({before[:12]}); read what changed")
+        (part / "WHEEL_SHA256").write_text(h + "\n")
+        (part / "WHEEL_NAME").write_text(wheels[0].name + "\n")
+        if engine in CACHE_MARK:
+            (part / "EXTRACTED").write_text(CACHE_MARK[engine] + "\n")
+        (part / "KINDS_EXTRACTED").write_text(KINDS_MARK + "\n")
+        shutil.rmtree(dest, ignore_errors=True)
+        part.rename(dest)
+    return dest
+
+
 # ------------------------------------------------------------------------------------------- source reading
 
 def _tree(path: Path) -> tuple[ast.Module, str] | None:
@@ -1334,7 +1376,7 @@ def markdown(facts: dict) -> str:
                    f"{RULE_WORDS[fam['deepseek_v2']['rule']]} | "
                    f"{RULE_WORDS[fam['glm4_moe_lite']['rule']]} | {RULE_WORDS[fam['gpt_oss']['rule']]} | "
                    f"{'yes' if f['return_aux_hidden_states_flag'] else 'no'} | `{f['decided_by']['ids']}` |")
-    return "\n".join(out) + "\n" + fields_markdown()
+    return "\n".join(out) + "\n" + fields_markdown() + kinds_markdown()
 
 
 def fields_markdown() -> str:
@@ -1371,6 +1413,485 @@ def fields_markdown() -> str:
     return "\n".join(out) + "\n"
 
 
+# ------------------------------------------------------------------------------------------- drafter kinds
+
+# Issue 23: the drafter kinds other than Llama EAGLE-3 that read target hidden states (--kinds). Per release of each
+# engine: whether the kind is served (its drafter architectures registered), where its ids are read (config key,
+# nesting, any +1, in precedence order), what an id then means and the default when none is written. Rows go to the
+# KINDS block of backend/conventions.yaml (`kind:` rows; backend/drafter/kinds.py reads them, backend/coords.py
+# skips them, so every EAGLE-3 reader keeps its rows).
+KINDS_BEGIN = "# ---- BEGIN kind rows derived from the wheels (tools/rederive_conventions.py --kinds --write)"
+KINDS_END = "# ---- END kind rows"
+# kind -> the drafter architectures (vLLM _SPECULATIVE_DECODING_MODELS keys, SGLang EntryClass names) that make a
+# config that kind. eagle3_1 (EAGLE-3 with fc_norm / norm_output) loads through the EAGLE-3 architectures.
+KIND_ARCHS = {
+    "dflash": ["DFlashDraftModel"],
+    "dflash2": ["DFlash2DraftModel"],
+    "p_eagle": ["PEagleDraftModel", "PeagleLlamaForCausalLM", "PeagleQwen3ForCausalLM"],
+    "eagle3_mla": ["Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM"],
+    "eagle3_1": ["LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"],
+    "mtp": ["DeepSeekMTPModel", "DeepseekV3ForCausalLMNextN"],
+}
+KINDS = tuple(KIND_ARCHS)
+VLLM_REGISTRY = "vllm/model_executor/models/registry.py"
+SGLANG_DFLASH_UTILS = "sglang/srt/speculative/dflash_utils.py"
+
+
+def _registry_dict(path: Path, name: str) -> tuple[dict[str, list[str]], ast.AST | None]:
+    """A vLLM registry dict literal ({arch: (module, class)}) and its node."""
+    t = _tree(path)
+    for n in t[0].body if t else []:
+        targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []
+        if any(getattr(x, "id", None) == name for x in targets) and isinstance(n.value, ast.Dict):
+            out = {}
+            for k, v in zip(n.value.keys, n.value.values):
+                if isinstance(k, ast.Constant) and isinstance(v, ast.Tuple):
+                    out[k.value] = [e.value for e in v.elts if isinstance(e, ast.Constant)]
+            return out, n
+    return {}, None
+
+
+def _key_of(call: ast.AST, containers: dict[str, str]) -> tuple[str, str] | None:
+    """(container, key) a read expression takes: getattr(hf_config, 'K', ...) -> ('top', K); X.get('K') -> (C, K)
+    where X = getattr(hf_config, 'C', ...); hf_config.K -> ('top', K); `A or []` -> A's."""
+    if isinstance(call, ast.BoolOp):
+        return _key_of(call.values[0], containers)
+    if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "getattr" \
+            and ast.unparse(call.args[0]) == "hf_config" and isinstance(call.args[1], ast.Constant):
+        return "top", call.args[1].value
+    if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "get" \
+            and isinstance(call.args[0], ast.Constant):
+        owner = ast.unparse(call.func.value)
+        if owner in containers:
+            return containers[owner], call.args[0].value
+    if isinstance(call, ast.Attribute) and ast.unparse(call.value) == "hf_config":
+        return "top", call.attr
+    if isinstance(call, ast.Name) and call.id in containers:
+        return containers[call.id], ""
+    return None
+
+
+def vllm_id_reads(node: ast.AST | None, who: str) -> list[list[dict]]:
+    """The ids a vLLM `*_aux_layers_from_config` function reads, as blocks in precedence order: a block runs only
+    when no ids were found before it, its reads in code order, a later one replacing an earlier one. Each read:
+    {in: top | dflash_config | eagle_config, key, add (+1 or 0 applied to each id), assign: always (the value, even
+    none) | container (when `in` is a dict: its value, even none) | value (only a non-empty value)}."""
+    if node is None:
+        raise Drift(f"{who}: not found; the table cites it")
+    fn = ast.parse(text(node)).body[0]
+    containers: dict[str, str] = {}
+    aliases: dict[str, tuple[str, str]] = {}
+    blocks: list[list[dict]] = []
+
+    def value_read(v: ast.AST, assign: str, when: str = "") -> dict:
+        add = 0
+        if isinstance(v, ast.ListComp):
+            elt, gen = v.elt, v.generators[0]
+            if ast.unparse(elt) != f"{ast.unparse(gen.target)} + 1":
+                raise Drift(f"{who}: `{ast.unparse(v)}` maps ids in a way this script cannot parse; read it")
+            add, v = 1, gen.iter
+        elif isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "list":
+            v = v.args[0]
+        if isinstance(v, ast.Name) and v.id in aliases:
+            where, key = aliases[v.id]
+        else:
+            got = _key_of(v, containers)
+            if got is None:
+                raise Drift(f"{who}: `layer_ids = {ast.unparse(v)}` reads ids in a way this script cannot parse")
+            where, key = got
+        r = {"in": where, "key": key, "add": add, "assign": assign}
+        if when:
+            r["when"] = when
+        return r
+
+    def walk(body: list[ast.stmt], block: list[dict], assign: str, when: str = "") -> None:
+        for st in body:
+            if isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name):
+                name, v = st.targets[0].id, st.value
+                if name == "hf_config":
+                    continue
+                if name == "layer_ids":
+                    block.append(value_read(v, assign, when))
+                    continue
+                got = _key_of(v, containers)
+                if got and got[0] == "top" and got[1] in ("dflash_config", "eagle_config"):
+                    containers[name] = got[1]
+                elif got:
+                    aliases[name] = got
+                continue
+            if isinstance(st, ast.If):
+                test = ast.unparse(st.test)
+                if test == "not layer_ids":
+                    nb: list[dict] = []
+                    blocks.append(nb)
+                    walk(st.body, nb, "always")
+                elif re.fullmatch(r"(\w+) and isinstance\(\1, dict\)", test):
+                    walk(st.body, block, "container")
+                elif re.fullmatch(r"\w+", test) and test in aliases:
+                    walk(st.body, block, "value")
+                elif test == "layer_ids and isinstance(layer_ids, (list, tuple))":
+                    continue
+                elif "spec_config" in test or "speculative_config" in test or test.startswith("not hasattr(hf_config"):
+                    continue
+                else:                              # a condition on the config (dspark's model_type): both branches
+                    walk(st.body, block, assign, when=test)
+                    walk(st.orelse, block, assign, when=f"not ({test})")
+                continue
+            if isinstance(st, ast.For) and isinstance(st.iter, ast.Tuple):
+                names = [e.value for e in st.iter.elts if isinstance(e, ast.Constant)]
+                inner = ast.unparse(st)
+                m = re.search(r"layer_ids = \w+\.get\('(\w+)'\)", inner)
+                if not m or not names:
+                    raise Drift(f"{who}: a loop over {names} this script cannot parse; read it")
+                block.extend({"in": c, "key": m.group(1), "add": 0, "assign": "value"} for c in names)
+                continue
+            if isinstance(st, (ast.Return, ast.Expr)):
+                continue
+            raise Drift(f"{who}: statement `{ast.unparse(st)[:80]}` is not understood here; read it")
+
+    top: list[dict] = []
+    blocks.append(top)
+    walk(fn.body, top, "always")
+    return [b for b in blocks if b]
+
+
+_SGLANG_INDEX: dict[Path, tuple[dict, dict]] = {}
+
+
+def _sglang_index(root: Path) -> tuple[dict, dict]:
+    """(files, class index) of a SGLang release's models, built once per release."""
+    if root not in _SGLANG_INDEX:
+        models = root / "sglang/srt/models"
+        files = {"sglang.srt.models." + ".".join(p.relative_to(models).with_suffix("").parts): p
+                 for p in sorted(models.rglob("*.py"))}
+        _SGLANG_INDEX.clear()
+        _SGLANG_INDEX[root] = (files, class_index(files))
+    return _SGLANG_INDEX[root]
+
+
+def _sglang_registered(root: Path) -> set[str]:
+    files, index = _sglang_index(root)
+    return {key.rsplit(".", 1)[-1] for mod, path in files.items() for key in entry_classes(index, path, mod)}
+
+
+def _family_arch_rule(root: Path, method: str, rule_of) -> dict[str, dict]:
+    """SGLang: every registered architecture whose class runs `method` -> {file, class, rule}."""
+    models = root / "sglang/srt/models"
+    files, index = _sglang_index(root)
+    out = {}
+    for mod, path in files.items():
+        for key in entry_classes(index, path, mod):
+            d = defining_class(index, key, method)
+            if d is None:
+                continue
+            node = index[d]["methods"][method]
+            rel = f"sglang/srt/models/{files[index[d]['module']].relative_to(models)}"
+            out.setdefault(key.rsplit(".", 1)[-1], {"file": rel, "class": index[d]["name"], "rule": rule_of(node),
+                                                    "hash": digest(node)})
+    return dict(sorted(out.items()))
+
+
+def _served(archs: list[str], registered: set[str]) -> list[str]:
+    return [a for a in archs if a in registered]
+
+
+def _norm_last(node: ast.AST | None) -> bool:
+    """The target model's forward returns its final norm's output (self.norm applied, directly or through a helper)."""
+    return node is not None and re.search(r"self\.norm\b", text(node)) is not None
+
+
+def derive_kinds_vllm(root: Path, version: str) -> dict:
+    f = {k: root / v for k, v in VLLM_FILES.items()}
+    reg, reg_node = _registry_dict(root / VLLM_REGISTRY, "_SPECULATIVE_DECODING_MODELS")
+    if not reg:
+        raise Drift(f"vLLM {version}: {VLLM_REGISTRY} has no _SPECULATIVE_DECODING_MODELS dict; read it")
+    v1 = find(f["v1"], "GPUModelRunner._get_eagle3_aux_layers_from_config")
+    v2 = find(f["v2"], "get_eagle3_aux_layers_from_config")
+    reads = {"v1": vllm_id_reads(v1, f"vLLM {version} V1 _get_eagle3_aux_layers_from_config"),
+             "v2": vllm_id_reads(v2, f"vLLM {version} V2 get_eagle3_aux_layers_from_config")}
+    ds_model = find(f["deepseek"], "DeepseekV2Model.forward")
+    code = {f"{VLLM_REGISTRY}:_SPECULATIVE_DECODING_MODELS": digest(reg_node),
+            f"{VLLM_FILES['v1']}:GPUModelRunner._get_eagle3_aux_layers_from_config": digest(v1),
+            f"{VLLM_FILES['v2']}:get_eagle3_aux_layers_from_config": digest(v2),
+            f"{VLLM_FILES['deepseek']}:DeepseekV2Model.forward": digest(ds_model)}
+    kinds = {}
+    for kind, archs in KIND_ARCHS.items():
+        served = _served(archs, set(reg))
+        kinds[kind] = {"served": bool(served), "architectures": served,
+                       "files": sorted({reg[a][0] for a in served})}
+    if not _norm_last(ds_model):
+        raise Drift(f"vLLM {version}: {VLLM_FILES['deepseek']} DeepseekV2Model.forward no longer ends in self.norm; "
+                    f"read what the MTP head is fed")
+    return {"engine": "vllm", "version": version, "wheel_sha256": (root / "WHEEL_SHA256").read_text().strip(),
+            "reads": reads, "kinds": kinds, "mtp_fed": "F", "code": code}
+
+
+def sglang_dflash_reading(root: Path, version: str) -> tuple[list[list[dict]], dict, dict]:
+    """SGLang's DFlash id reading (parse_dflash_draft_config) and default (build_target_layer_ids)."""
+    p = root / SGLANG_DFLASH_UTILS
+    parse = find(p, "parse_dflash_draft_config")
+    build = find(p, "build_target_layer_ids")
+    s = text(parse)
+    if not re.search(r"dflash_cfg\.get\('target_layer_ids', _cfg_get\(draft_hf_config, 'target_layer_ids', None\)\)",
+                     s):
+        raise Drift(f"SGLang {version}: {SGLANG_DFLASH_UTILS} parse_dflash_draft_config reads target_layer_ids in a "
+                    f"way this script cannot parse; read it")
+    b = text(build)
+    if not (re.search(r"return \[num_target_layers // 2\]", b) and "start = 1" in b
+            and "end = num_target_layers - 3" in b
+            and "round(start + i * span / (num_draft_layers - 1))" in b):
+        raise Drift(f"SGLang {version}: {SGLANG_DFLASH_UTILS} build_target_layer_ids changed; read it")
+    reads = [[{"in": "dflash_config", "key": "target_layer_ids", "add": 0, "assign": "present"}],
+             [{"in": "top", "key": "target_layer_ids", "add": 0, "assign": "always"}]]
+    default = {"spread": [1, "N-3"], "count": "draft num_hidden_layers", "one_layer": "N//2"}
+    code = {f"{SGLANG_DFLASH_UTILS}:parse_dflash_draft_config": digest(parse),
+            f"{SGLANG_DFLASH_UTILS}:build_target_layer_ids": digest(build)}
+    return reads, default, code
+
+
+def _dflash_rule(node: ast.AST) -> str:
+    """after: the target captures S_{t+1} for id t (`[val + 1 for val in ids]`); input: S_t (the ids go unchanged to
+    a model that captures the input of each listed layer); delegates: to a wrapped language model."""
+    s = text(node)
+    param = node.args.args[1].arg if len(node.args.args) > 1 else "layer_ids"
+    after = rf"(layers_to_capture = |\.set_dflash_layers_to_capture\()[\[{{]\s*(\w+) \+ 1 for \2 in {param}\s*[\]}}]"
+    if re.search(after, s):
+        return "after"
+    if re.search(rf"self\.model\.set_dflash_layers_to_capture\({param}\)", s) or \
+            re.search(rf"layers_to_capture = (list\()?{param}\)?\s*$", s, re.M):
+        return "input"
+    if re.search(rf"\.set_dflash_layers_to_capture\({param}\)", s):
+        return "delegates"
+    if re.search(rf"self\.set_dspark_layers_to_capture\({param}\)", s):
+        return "dspark_taps"     # Kimi-K3: its DSpark taps capture each layer's output, so S_{t+1} (not read further)
+    return "unparsed"
+
+
+def derive_kinds_sglang(root: Path, version: str) -> dict:
+    registered = _sglang_registered(root)
+    kinds = {}
+    for kind, archs in KIND_ARCHS.items():
+        served = _served(archs, registered)
+        kinds[kind] = {"served": bool(served), "architectures": served}
+    code: dict[str, str | None] = {}
+    out = {"engine": "sglang", "version": version, "wheel_sha256": (root / "WHEEL_SHA256").read_text().strip(),
+           "kinds": kinds, "code": code}
+    if kinds["dflash"]["served"] or kinds["dflash2"]["served"]:
+        reads, default, c = sglang_dflash_reading(root, version)
+        code.update(c)
+        capture = _family_arch_rule(root, "set_dflash_layers_to_capture", _dflash_rule)
+        bad = {a: d for a, d in capture.items() if d["rule"] == "unparsed"}
+        if bad:
+            raise Drift(f"SGLang {version}: set_dflash_layers_to_capture of {sorted(bad)} maps ids in a way this "
+                        f"script cannot parse; read it")
+        by_rule: dict[str, list[str]] = {}
+        for a, d in capture.items():
+            by_rule.setdefault(d["rule"], []).append(a)
+            code[f"{d['file']}:{d['class']}.set_dflash_layers_to_capture"] = d["hash"]
+        out["dflash"] = {"reads": reads, "default": default, "capture": by_rule}
+    ds_model = find(root / "sglang/srt/models/deepseek_v2.py", "DeepseekV2Model.forward")
+    if kinds["mtp"]["served"]:
+        if not _norm_last(ds_model):
+            raise Drift(f"SGLang {version}: deepseek_v2.py DeepseekV2Model.forward no longer applies self.norm; read "
+                        f"what the NextN head is fed")
+        code["sglang/srt/models/deepseek_v2.py:DeepseekV2Model.forward"] = digest(ds_model)
+        out["mtp_fed"] = "F"
+    return out
+
+
+KIND_DECIDED = {
+    "vllm": {"served": f"{VLLM_REGISTRY}: _SPECULATIVE_DECODING_MODELS",
+             "ids_v1": f"{VLLM_FILES['v1']}: GPUModelRunner._get_eagle3_aux_layers_from_config",
+             "ids_v2": f"{VLLM_FILES['v2']}: get_eagle3_aux_layers_from_config",
+             "meaning": "the EAGLE-3 rows' rule (vllm/model_executor/models/llama.py: LlamaModel.forward: id a = the "
+                        "input of layer a); no ids: the target's EAGLE-3 default",
+             "mtp_fed": f"{VLLM_FILES['deepseek']}: DeepseekV2Model.forward (returns self.norm's output)"},
+    "sglang": {"served": "sglang/srt/models/*.py: EntryClass",
+               "ids": f"{SGLANG_DFLASH_UTILS}: parse_dflash_draft_config",
+               "default": f"{SGLANG_DFLASH_UTILS}: build_target_layer_ids",
+               "meaning": "sglang/srt/models/*.py: <target class>.set_dflash_layers_to_capture",
+               "eagle_ids": "the EAGLE-3 rows (eagle_config ids, each family's set_eagle3_layers_to_capture)",
+               "mtp_fed": "sglang/srt/models/deepseek_v2.py: DeepseekV2Model.forward (returns self.norm's output)"},
+}
+
+
+def kind_rows(facts: dict[str, list[dict]]) -> list[dict]:
+    """One row per (engine, kind, run of consecutive releases whose facts agree)."""
+    rows: list[dict] = []
+    order = {"vllm": VLLM_RELEASES, "sglang": SGLANG_RELEASES}
+    for eng in ("vllm", "sglang"):
+        for kind in KINDS:
+            cur = None
+            for f in sorted(facts.get(eng, []), key=lambda f: order[eng].index(f["version"])):
+                k = f["kinds"][kind]
+                row = {"producer": eng, "kind": kind, "served": k["served"], "architectures": k["architectures"]}
+                if k["served"]:
+                    if kind == "mtp":
+                        row.update(ids_from="none", feeds=[f["mtp_fed"]])
+                    elif eng == "vllm":
+                        row.update(ids_from=f["reads"], rule="engine_eagle3")
+                    elif kind in ("dflash", "dflash2"):
+                        d = f["dflash"]
+                        row.update(ids_from={"any": d["reads"]}, rule="per_architecture", capture=d["capture"],
+                                   default=d["default"])
+                    else:
+                        row.update(ids_from="eagle3", rule="engine_eagle3")
+                code = f["code"]
+                sig = json.dumps(row, sort_keys=True)
+                i = order[eng].index(f["version"])
+                if cur is not None and cur["_sig"] == sig and order[eng].index(cur["releases"][-1]) == i - 1:
+                    cur["releases"].append(f["version"])
+                    cur["wheels"][f["version"]] = {"sha256": f["wheel_sha256"], "code": code}
+                    continue
+                cur = {**row, "_sig": sig, "releases": [f["version"]],
+                       "wheels": {f["version"]: {"sha256": f["wheel_sha256"], "code": code}}}
+                rows.append(cur)
+    for r in rows:
+        rel = order[r["producer"]]
+        last = rel.index(r["releases"][-1])
+        hi = rel[last + 1] if last + 1 < len(rel) else _next_patch(r["releases"][-1])
+        r["versions"] = f">={r['releases'][0]},<{hi}"
+        del r["_sig"]
+        r["decided_by"] = dict(KIND_DECIDED[r["producer"]])
+        r["status"] = "inferred"
+    keys = ("producer", "kind", "versions", "served", "architectures", "ids_from", "rule", "capture", "default",
+            "feeds", "decided_by", "releases", "wheels", "status")
+    return [{k: r[k] for k in keys if k in r} for r in rows]
+
+
+def kinds_table_parts(path: Path = TABLE) -> tuple[str, list[dict], str]:
+    s = path.read_text()
+    if KINDS_BEGIN not in s:
+        return s.rstrip("\n") + "\n\n", [], ""
+    head, rest = s.split(KINDS_BEGIN, 1)
+    body, tail = rest.split(KINDS_END, 1)
+    return head, yaml.safe_load(body) or [], tail
+
+
+def compare_kinds(derived: list[dict], table: list[dict]) -> list[str]:
+    out = []
+    t = {(r["producer"], r["kind"], r["versions"]): r for r in table}
+    for r in derived:
+        have = t.get((r["producer"], r["kind"], r["versions"]))
+        name = f"{r['producer']} {r['kind']} {r['versions']}"
+        if have is None:
+            out.append(f"{name}: no such kind row in the table (run --kinds --write)")
+            continue
+        for k, v in r.items():
+            if k in KEPT or k == "status":
+                continue
+            if have.get(k) != v:
+                out.append(f"{name}: {k} differs: wheel {json.dumps(v)[:200]}, table {json.dumps(have.get(k))[:200]}")
+    extra = {(r["producer"], r["kind"], r["versions"]) for r in table} - \
+        {(r["producer"], r["kind"], r["versions"]) for r in derived}
+    derived_engines = {r["producer"] for r in derived}
+    out += [f"{' '.join(k)}: in the table, not derived" for k in sorted(extra) if k[0] in derived_engines]
+    return out
+
+
+KIND_WORDS = {"dflash": "DFlash", "dflash2": "DFlash2", "p_eagle": "P-EAGLE", "eagle3_mla": "EAGLE-3 MLA",
+              "eagle3_1": "EAGLE-3.1", "mtp": "MTP / NextN (DeepSeek)"}
+
+
+def _reads_words(blocks: list[list[dict]]) -> str:
+    """The ordered reads of a kind row in words: 'eagle_aux_hidden_state_layer_ids, then dflash_config.target_layer_ids
+    +1'."""
+    parts = []
+    for block in blocks:
+        names = []
+        for r in block:
+            if r.get("when"):
+                continue
+            name = r["key"] if r["in"] == "top" else f"{r['in']}.{r['key']}"
+            names.append(name + (" +1" if r["add"] else ""))
+        if len(names) > 1 and block[0]["assign"] == "container":
+            names = [" (replaced by ".join(names) + ")" * (len(names) - 1)]
+        parts.extend(names)
+    return ", then ".join(parts) if parts else "-"
+
+
+def kinds_markdown(path: Path = TABLE) -> str:
+    """docs/RELEASES.md's drafter-kinds section, from the kind rows of the table."""
+    _, rows, _ = kinds_table_parts(path)
+    if not rows:
+        return ""
+    out = ["", "## Drafter kinds beyond Llama EAGLE-3 (issue 23)", "",
+           "From the kind rows of `backend/conventions.yaml` (`python tools/rederive_conventions.py --kinds --write`: "
+           "the vLLM speculative-decoding registry and both runners' id readers, SGLang's EntryClass, DFlash id "
+           "parser, default and each target's `set_dflash_layers_to_capture`, read in every wheel above; not run). "
+           "`backend/drafter/kinds.py` reads them for the lint, `feeds` and the Drafter check page. "
+           "DFlash trainers (z-lab, SpecForge) train on HF `hidden_states[t + 1]` for `target_layer_ids` t, i.e. "
+           "S_{t+1}; speculators' DFlash `aux_hidden_state_layer_ids` a are S_a. EAGLE-3.1 (`fc_norm` + "
+           "`norm_output`), P-EAGLE and MLA EAGLE-3 drafters are read as EAGLE-3 ids once a release serves them; an "
+           "MTP/NextN head reads no ids and is fed the target's returned hidden state, F.", "",
+           "| engine | releases | kind | served | where the ids are read (first found wins; +1: the engine adds one) "
+           "| an id means | default (no ids) |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        eng = "vLLM" if r["producer"] == "vllm" else "SGLang"
+        span = r["releases"][0] + (f"-{r['releases'][-1]}" if len(r["releases"]) > 1 else "")
+        if not r["served"]:
+            out.append(f"| {eng} | {span} | {KIND_WORDS[r['kind']]} | not served | - | - | - |")
+            continue
+        ids = r.get("ids_from")
+        if r["kind"] == "mtp":
+            where, means, dflt = "none", "-", f"fed {', '.join(r['feeds'])}"
+        elif ids == "eagle3":
+            where, means, dflt = "as EAGLE-3 (eagle_config)", "as EAGLE-3", "as EAGLE-3"
+        elif r["producer"] == "vllm":
+            where = "V1: " + _reads_words(ids["v1"]) + "; V2: " + _reads_words(ids["v2"])
+            means, dflt = "S_a for the id a after the +1 (the input of layer a)", "the target's EAGLE-3 default"
+        else:
+            where = _reads_words(ids["any"])
+            cap = r.get("capture") or {}
+            means = (f"S_(t+1) ({len(cap.get('after', [])) + len(cap.get('delegates', []))} target architectures)"
+                     + (f"; S_t for {', '.join(cap['input'])}" if cap.get("input") else ""))
+            dflt = "draft num_hidden_layers ids spread over [1, N-3] (one layer: N//2)"
+        out.append(f"| {eng} | {span} | {KIND_WORDS[r['kind']]} | {', '.join(r['architectures'])} | {where} | "
+                   f"{means} | {dflt} |")
+    return "\n".join(out) + "\n"
+
+
+def kinds_main(a, engines: list[str], cache: Path) -> int:
+    facts: dict[str, list[dict]] = {"vllm": [], "sglang": []}
+    if a.facts:
+        stored = json.loads(Path(a.facts).read_text())
+        facts = {e: (stored.get(e, []) if e in engines else []) for e in ("vllm", "sglang")}
+    else:
+        for eng in engines:
+            rels = VLLM_RELEASES if eng == "vllm" else SGLANG_RELEASES
+            for v in [r for r in rels if not a.releases or r in a.releases]:
+                root = kind_sources(eng, v, cache)
+                facts[eng].append(derive_kinds_vllm(root, v) if eng == "vllm" else derive_kinds_sglang(root, v))
+                print(f"{eng} {v}: kinds read", file=sys.stderr)
+    rows = kind_rows(facts)
+    if a.json:
+        Path(a.json).write_text(json.dumps(facts, indent=1) + "\n")
+    head, table, tail = kinds_table_parts()
+    if a.write:
+        keep = [r for r in table if r["producer"] not in engines]
+        old = {(r["producer"], r["kind"], r["versions"]): r for r in table}
+        for r in rows:
+            o = old.get((r["producer"], r["kind"], r["versions"]), {})
+            for k in KEPT:
+                if k in o:
+                    r[k] = o[k]
+        allrows = sorted(rows + keep, key=lambda r: ({"vllm": 0, "sglang": 1}[r["producer"]], KINDS.index(r["kind"]),
+                                                     _vkey(r["versions"])))
+        TABLE.write_text(head + KINDS_BEGIN + "\n" + dump_rows(allrows) + KINDS_END + (tail or "\n"))
+        print(f"wrote {len(rows)} kind rows to {TABLE.relative_to(REPO)}")
+        return 0
+    diffs = compare_kinds(rows, table)
+    if diffs:
+        print(f"FAIL: {len(diffs)} difference(s) between the wheels and the kind rows of {TABLE.relative_to(REPO)}:")
+        for d in diffs:
+            print("  " + d)
+        return 1
+    n = {e: len(facts[e]) for e in engines}
+    print(f"OK: {', '.join(f'{k} {v} release(s)' for k, v in n.items())} agree with the kind rows of "
+          f"{TABLE.relative_to(REPO)} ({len(rows)} rows)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--engine", choices=["vllm", "sglang", "all"], default="all")
@@ -1382,12 +1903,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--facts", help="read the derived facts from this file (a --json output, e.g. "
                    "docs/results/conventions_derived.json) instead of the wheels: offline, for --markdown and the "
                    "check")
+    p.add_argument("--kinds", action="store_true", help="the drafter kinds (DFlash, DFlash2, P-EAGLE, EAGLE-3 MLA, "
+                   "EAGLE-3.1, MTP): per release, served or not, where their ids are read and what they mean (the "
+                   "kind rows of backend/conventions.yaml): check, or --write them")
     p.add_argument("--fields", action="store_true", help="the drafter config fields each release honours or "
                    "ignores (backend/drafter_fields.yaml) instead of the id conventions: check, or --write it")
     a = p.parse_args(argv)
     cache = cache_dir(a.cache)
     cache.mkdir(parents=True, exist_ok=True)
     engines = ["vllm", "sglang"] if a.engine == "all" else [a.engine]
+    if a.kinds:
+        try:
+            return kinds_main(a, engines, cache)
+        except Drift as e:
+            print(f"FAIL: {e}")
+            return 1
     if a.fields:
         try:
             return fields_main(a, engines, cache)

@@ -94,6 +94,7 @@ class DrafterConfig:
     # filled in from the weights at load time (None = not known from the config alone)
     has_embed_tokens: bool | None = None
     has_lm_head: bool | None = None
+    kind: str = "eagle3"                  # backend/drafter/kinds.py: eagle3, eagle3_1, eagle3_mla, p_eagle, dflash...
 
     @property
     def aux_layer_ids_where(self) -> str:
@@ -152,14 +153,43 @@ def detect_format(raw: dict, name: str) -> str:
         return "eagle"
     if ARCH_VLLM in archs:
         return "vllm"
+    from backend.drafter.kinds import EAGLE_LIKE, kind_of
+    if kind_of(raw) in EAGLE_LIKE:                   # P-EAGLE, EAGLE-3 MLA: laid out (and their ids read) as EAGLE-3
+        return "eagle"
     raise SpecLensError(f"{name}: unknown drafter format (architectures {archs}); expected {ARCH_EAGLE}, "
                         f"{ARCH_VLLM} or a speculators config with speculators_config")
 
 
+def _kind_config(raw: dict, name: str, kind: str) -> DrafterConfig:
+    """A DFlash / DFlash2 / MTP drafter: its shape, and k = the target states its fc takes (drafter/kinds.py)."""
+    from backend.drafter.kinds import trained_count
+
+    layer = raw.get("transformer_layer_config") or raw
+    shape = _shape_fields({**layer, "head_dim": layer.get("head_dim") or raw.get("head_dim")}, name)
+    k = trained_count(raw, kind) or 1
+    dvs = raw.get("draft_vocab_size")
+    archs = raw.get("architectures") or [kind]
+    return DrafterConfig(
+        **shape, target_hidden_size=int(raw.get("target_hidden_size") or shape["hidden_size"]), num_aux=k,
+        num_aux_source="dflash ids" if kind != "mtp" else "default",
+        draft_vocab_size=int(dvs) if dvs is not None else shape["vocab_size"], draft_vocab_size_given=dvs is not None,
+        aux_layer_ids_top=raw.get("eagle_aux_hidden_state_layer_ids"), architecture=str(archs[0]),
+        source_format=kind, name=name, kind=kind)
+
+
 def config_from_dict(raw: dict, name: str = "config.json") -> DrafterConfig:
+    from backend.drafter.kinds import kind_of
+
+    kind = kind_of(raw)
+    cfg = _kind_config(raw, name, kind) if kind in ("dflash", "dflash2", "mtp") else _config_from_dict(raw, name, kind)
+    cfg._raw = raw                     # what backend/drafter/kinds.py reads (not a field: not in reports)
+    return cfg
+
+
+def _config_from_dict(raw: dict, name: str, kind: str) -> DrafterConfig:
     fmt = detect_format(raw, name)
     if fmt == "speculators":
-        if raw.get("speculators_model_type", "eagle3") != "eagle3":
+        if raw.get("speculators_model_type", "eagle3") not in ("eagle3", "peagle"):
             raise SpecLensError(f"{name}: speculators_model_type {raw.get('speculators_model_type')!r} is not "
                                 "an EAGLE-3 drafter; use an eagle3 speculator")
         llama = raw.get("transformer_layer_config") or {}
@@ -193,6 +223,8 @@ def config_from_dict(raw: dict, name: str = "config.json") -> DrafterConfig:
         extra = {}
         arch = ARCH_EAGLE if fmt == "eagle" else ARCH_VLLM
     dvs = raw.get("draft_vocab_size")
+    if kind != "eagle3":
+        extra["kind"] = kind
     return DrafterConfig(
         **shape,
         target_hidden_size=int(raw.get("target_hidden_size") or shape["hidden_size"]),

@@ -84,11 +84,18 @@ def plan_for(cfg, target, trained: list[str], engine: str, version: str | None =
     from a check's finder, or from what the user knows (`check-drafter --trained-on S_2,S_16,S_29`, e.g. the
     trainer's convention). FixRefused when nothing needs fixing or no ids can do it."""
     from backend.drafter import lint as L
+    from backend.drafter.kinds import DFLASH_LIKE, EAGLE_LIKE, KIND_NAMES
 
+    kind = getattr(cfg, "kind", "eagle3")
+    if kind not in EAGLE_LIKE + DFLASH_LIKE:
+        raise FixRefused(f"no fix written: a {KIND_NAMES.get(kind, kind)} drafter reads no layer ids (it is fed the "
+                         f"target's last hidden state), so no ids can change what it is fed")
     focus = _reading(cfg, target, engine, version, runner)
     if focus.boundaries == trained:
         raise FixRefused(f"nothing to fix: {focus.name} already feeds {', '.join(trained)}, what the drafter was "
                          "trained on")
+    if kind in DFLASH_LIKE:
+        return _plan_dflash(cfg, target, focus, trained, check_run, verdict)
     ids = L.ids_for(focus, trained, target)
     after = _reading_with_ids(cfg, target, focus, ids) if ids is not None else None
     if ids is None or after.boundaries != trained:
@@ -111,6 +118,37 @@ def plan_for(cfg, target, trained: list[str], engine: str, version: str | None =
                    config_file=str(Path(cfg.config_file).resolve()))
 
 
+DFLASH_WHERE = "dflash_config.target_layer_ids"
+
+
+def _plan_dflash(cfg, target, focus, trained: list[str], check_run: str | None, verdict: str) -> FixPlan:
+    """A DFlash drafter's fix: vLLM reads top-level eagle_aux_hidden_state_layer_ids first in every release (id a =
+    S_a); SGLang reads dflash_config.target_layer_ids (id t = S_{t+1} on most targets) (backend/drafter/kinds.py)."""
+    from backend.drafter.kinds import fix_ids
+
+    try:
+        key, ids = fix_ids(cfg.kind, focus.engine, focus.version, trained, target.architectures)
+    except SpecLensError as e:
+        raise FixRefused(str(e)) from None
+    where = "top-level" if key == IDS_KEY else DFLASH_WHERE
+    after = _reading_with_ids(cfg, target, focus, ids, where)
+    if after.boundaries != trained:
+        got = ", ".join(after.boundaries) if after.boundaries else f"nothing ({(after.error or '').split(';')[0]})"
+        raise FixRefused(f"no fix written: with {key} = {ids}, {focus.name} would feed {got}, not {', '.join(trained)}")
+    raw = _raw_of(cfg)
+    return FixPlan(drafter=str(Path(cfg.name).resolve()), target=str(Path(target.path).resolve()),
+                   engine=focus.engine, version=focus.version, runner=focus.runner, where=where, ids=ids,
+                   trained_on=trained, fed_before=focus.boundaries, check_run=check_run, verdict=verdict,
+                   before={"top-level": cfg.aux_layer_ids_top,
+                           DFLASH_WHERE: (raw.get("dflash_config") or {}).get("target_layer_ids")},
+                   config_file=str(Path(cfg.config_file).resolve()))
+
+
+def _raw_of(cfg) -> dict:
+    f = cfg.config_file or str(Path(cfg.name) / "config.json")
+    return json.loads(Path(f).read_text())
+
+
 def _reading(cfg, target, engine: str, version: str | None, runner: str | None):
     from backend.drafter import lint as L
     from backend.vllm_runner import resolve
@@ -122,14 +160,15 @@ def _reading(cfg, target, engine: str, version: str | None, runner: str | None):
     return L.picked(L.engine_readings(cfg, target, versions, choice), engine)
 
 
-def _reading_with_ids(cfg, target, reading, ids: list[int]):
+def _reading_with_ids(cfg, target, reading, ids: list[int], where: str | None = None):
     """`reading`'s release and runner on this drafter config with `ids` written where that release reads them: what
     write_fix's re-lint will find, known before a plan is offered."""
     from backend.drafter.config import config_from_dict
 
     f = cfg.config_file or str(Path(cfg.name) / "config.json")
     raw = json.loads(Path(f).read_text())
-    fixed = config_from_dict(_with_ids(raw, "eagle_config" if reading.engine == "sglang" else "top-level", ids), f)
+    where = where or ("eagle_config" if reading.engine == "sglang" else "top-level")
+    fixed = config_from_dict(_with_ids(raw, where, ids), f)
     fixed.name, fixed.config_file = cfg.name, cfg.config_file
     return _reading(fixed, target, reading.engine, reading.version, reading.runner)
 
@@ -168,7 +207,10 @@ def fixed_config(raw: dict, plan: FixPlan) -> dict:
 
 def _with_ids(raw: dict, where: str, ids: list[int]) -> dict:
     new = json.loads(json.dumps(raw))
-    if where == "eagle_config":
+    if where == DFLASH_WHERE:
+        nested = new.get("dflash_config") if isinstance(new.get("dflash_config"), dict) else {}
+        new["dflash_config"] = {**nested, "target_layer_ids": list(ids)}
+    elif where == "eagle_config":
         nested = new.get("eagle_config") if isinstance(new.get("eagle_config"), dict) else {}
         new["eagle_config"] = {**nested, IDS_KEY: list(ids)}
     else:
@@ -246,7 +288,8 @@ def _ranges(rows: list[dict], what) -> list[str]:
 
 def fix_text(plan: FixPlan, m: dict, how: dict[str, str]) -> str:
     """FIX.md: what changed, why, and for which engine releases it holds."""
-    key = f"eagle_config.{IDS_KEY}" if plan.where == "eagle_config" else f"{IDS_KEY} (top level)"
+    key = (f"eagle_config.{IDS_KEY}" if plan.where == "eagle_config" else DFLASH_WHERE
+           if plan.where == DFLASH_WHERE else f"{IDS_KEY} (top level)")
     was = plan.before.get(plan.where)
     rows = [r for r in m["rows"] if r["picked"]]
     holds = _ranges([r for r in rows if r["trained"] == "matches"], lambda r: "")

@@ -206,7 +206,10 @@ def engine_readings(cfg: DrafterConfig, target: TargetInfo, versions: dict[str, 
     from backend.vllm_runner import resolve
 
     versions = {**coords.DEFAULT_VERSIONS, **{k: v for k, v in (versions or {}).items() if v}}
-    choice = runner or resolve("auto", target.architectures, versions["vllm"], target_config=target.raw or None)
+    from backend.drafter.kinds import kind_aux, runner_args
+    kind = getattr(cfg, "kind", "eagle3")
+    choice = runner or resolve("auto", target.architectures, versions["vllm"], target_config=target.raw or None,
+                               **runner_args(kind))
     out = []
     for producer, rn in ENGINE_READINGS:
         version = versions[producer]
@@ -218,7 +221,8 @@ def engine_readings(cfg: DrafterConfig, target: TargetInfo, versions: dict[str, 
             row.why = (choice.reason if row.picked else
                        f"not picked: vLLM uses {choice.runner.upper()} ({choice.reason})")
         try:
-            aux = drafter_aux_boundaries(cfg, target.n_layers, target.model_type, producer, version, rn)
+            aux = (kind_aux(cfg, target, producer, version, rn) if kind != "eagle3" else
+                   drafter_aux_boundaries(cfg, target.n_layers, target.model_type, producer, version, rn))
             row.ids, row.ids_from, row.boundaries = aux["ids"], aux["ids_from"], aux["boundaries"]
             row.captures = row.boundaries
         except SpecLensError as e:
@@ -231,7 +235,8 @@ def engine_readings(cfg: DrafterConfig, target: TargetInfo, versions: dict[str, 
                 row.captures = coords.labels(sorted(set(bs), key=lambda b: b.sort_key()))
             except SpecLensError:
                 row.captures = None
-        if producer == "sglang" and cfg.source_format != "eagle" and row.error is None:
+        if producer == "sglang" and cfg.source_format not in ("eagle", "dflash", "dflash2", "mtp") \
+                and row.error is None:
             row.error = (f"SGLang loads only the EAGLE/SpecForge format (LlamaForCausalLMEagle3); this is "
                          f"{cfg.source_format}; it would feed {', '.join(row.boundaries or [])} once converted")
             row.boundaries = None                    # it feeds nothing: it cannot load the drafter
