@@ -1823,7 +1823,11 @@ def kinds_markdown(path: Path = TABLE) -> str:
            "DFlash trainers (z-lab, SpecForge) train on HF `hidden_states[t + 1]` for `target_layer_ids` t, i.e. "
            "S_{t+1}; speculators' DFlash `aux_hidden_state_layer_ids` a are S_a. EAGLE-3.1 (`fc_norm` + "
            "`norm_output`), P-EAGLE and MLA EAGLE-3 drafters are read as EAGLE-3 ids once a release serves them; an "
-           "MTP/NextN head reads no ids and is fed the target's returned hidden state, F.", "",
+           "MTP/NextN head reads no ids and is fed the target's returned hidden state, F. Not modelled: SGLang "
+           "0.5.19+ adds 1 for Muse Glimmer targets with Muse's own draft architectures "
+           "(`spec_aux_hidden_state.py: _map_muse_target_layer_ids`), so the Muse S_t entries hold only for other "
+           "DFlash drafters; vLLM's `dspark_target_layer_ids` reads (DSpark) are listed but DSpark is not a kind here.",
+           "",
            "| engine | releases | kind | served | where the ids are read (first found wins; +1: the engine adds one) "
            "| an id means | default (no ids) |", "|---|---|---|---|---|---|---|"]
     for r in rows:
