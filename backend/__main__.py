@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from backend.errors import SpecLensError
+from backend.options import DTYPES, ENGINE_NAMES, TORCH_DTYPES
 
 
 def _ids(s: str | None) -> list[int] | None:
@@ -34,7 +35,7 @@ def cmd_capture(a: argparse.Namespace) -> int:
         opts = EngineOptions(tensor_parallel_size=a.tensor_parallel_size,
                              gpu_memory_utilization=float(extra.pop("gpu_memory_utilization", 0.3)),
                              max_model_len=extra.pop("max_model_len", None),
-                             dtype={"fp32": "float32", "bf16": "bfloat16"}[a.dtype], extra=extra)
+                             dtype=TORCH_DTYPES[a.dtype], extra=extra)
     if a.extract_ids:
         if a.engine != "vllm":
             raise SpecLensError("--extract-ids needs --engine vllm (vLLM's own extract_hidden_states)")
@@ -136,13 +137,13 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     c = sub.add_parser("capture", help="capture every boundary S_0..S_N and F of a model on prompts")
-    c.add_argument("--engine", default="hf", choices=["hf", "vllm", "sglang"])
+    c.add_argument("--engine", default="hf", choices=ENGINE_NAMES)
     c.add_argument("--model", required=True, help="HF model directory")
     c.add_argument("--prompts", required=True, help="Spec-Bench style JSONL or a text file (one prompt a line)")
     c.add_argument("--limit", type=int, help="first N prompts only")
     c.add_argument("--name", help="run id; the same name resumes an interrupted capture")
     c.add_argument("--device", default="auto", help="auto, cpu or cuda[:i]")
-    c.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    c.add_argument("--dtype", default="fp32", choices=DTYPES)
     c.add_argument("--boundaries", help="comma-separated subset, e.g. S_2,S_4,S_5,S_8 (default: all and F)")
     c.add_argument("--sample-tokens", type=int, default=4096, help="raw tokens kept for alignment (default 4096)")
     c.add_argument("--max-prompt-tokens", type=int, default=2048)

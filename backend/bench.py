@@ -42,6 +42,7 @@ from tqdm import tqdm
 from backend import metrics
 from backend.errors import SpecLensError
 from backend.model_id import fingerprint
+from backend.options import DEFAULT_K, SERVING_ENGINES
 from backend.prompts import Prompt, encode_all, load_prompts
 from backend.runs.lifecycle import Run, RunGuard
 from backend.store.rundir import (
@@ -64,7 +65,7 @@ class BenchSettings:
     target: str
     prompts: str
     drafter: str | None = None
-    num_spec_tokens: int = 4                 # K, vLLM num_speculative_tokens (chain)
+    num_spec_tokens: int = DEFAULT_K         # K, vLLM num_speculative_tokens (chain)
     temperature: float = 0.0
     repeats: int = 3
     limit: int | None = None
@@ -361,7 +362,7 @@ def _load_spec(lm, s: BenchSettings, proposer=None) -> _Spec:
     from backend.drafter.aux import engine_feeds
     from backend.engines.hf_spec import EagleProposer
 
-    engine = s.producer if s.producer in ("vllm", "sglang") else "vllm"
+    engine = s.producer if s.producer in SERVING_ENGINES else "vllm"
     embed, head = lm.model.get_input_embeddings(), lm.model.get_output_embeddings()
     drafter = Eagle3Drafter.load(s.drafter, target_embed=embed.weight, target_lm_head=getattr(head, "weight", None),
                                  engine=engine, dtype=lm.dtype)

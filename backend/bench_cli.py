@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from backend.options import DEFAULT_K, DRAFT_SAMPLING, DTYPES, ENGINE_NAMES, RUNNERS, SERVING_ENGINES
+
 
 def cmd_bench(a: argparse.Namespace) -> int:
     from backend import coords
@@ -58,7 +60,7 @@ def cmd_load(a: argparse.Namespace) -> int:
     from backend.errors import SpecLensError
     from backend.load_bench import LoadSettings, run_load
 
-    if a.engine not in ("vllm", "sglang"):
+    if a.engine not in SERVING_ENGINES:
         raise SpecLensError(f"--concurrency runs through a serving engine's server; use --engine vllm or sglang "
                             f"(not {a.engine})")
     k = a.num_spec_tokens if isinstance(a.num_spec_tokens, str) else str(a.num_spec_tokens)
@@ -111,7 +113,7 @@ def _load_options(b: argparse.ArgumentParser) -> None:
 def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
     w = subparsers.add_parser("sweep", help="serving-load sweep: K x concurrency (x synthetic acceptance length) "
                                             "through vLLM or SGLang servers, each level against a paired baseline")
-    w.add_argument("--engine", required=True, choices=["vllm", "sglang"])
+    w.add_argument("--engine", required=True, choices=SERVING_ENGINES)
     w.add_argument("--target", required=True)
     w.add_argument("--drafter")
     w.add_argument("--prompts", required=True)
@@ -123,7 +125,7 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
     w.add_argument("--limit", type=int)
     w.add_argument("--max-new-tokens", type=int, default=128)
     w.add_argument("--name")
-    w.add_argument("--dtype", default="bf16", choices=["fp32", "bf16"])
+    w.add_argument("--dtype", default="bf16", choices=DTYPES)
     w.add_argument("--no-chat-template", action="store_true")
     w.add_argument("--server-url")
     w.add_argument("--engine-option", action="append", metavar="KEY=VALUE",
@@ -201,27 +203,28 @@ def engine_options(items: list[str] | None) -> dict:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     b = subparsers.add_parser("bench", help="speculative-decoding bench: tau, acceptance, tokens/s, speedup "
                                             "against a paired baseline, lossless check")
-    b.add_argument("--engine", default="hf", choices=["hf", "vllm", "sglang"])
+    b.add_argument("--engine", default="hf", choices=ENGINE_NAMES)
     b.add_argument("--target", required=True, help="target HF model directory")
     b.add_argument("--drafter", help="EAGLE-3 drafter directory (none: a plain-decoding baseline run)")
     b.add_argument("--prompts", required=True, help="Spec-Bench style JSONL or a text file (one prompt a line)")
-    b.add_argument("--num-spec-tokens", type=int, default=4, help="K draft tokens per step (default 4)")
+    b.add_argument("--num-spec-tokens", type=int, default=DEFAULT_K,
+                   help=f"K draft tokens per step (default {DEFAULT_K})")
     b.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     b.add_argument("--repeats", type=int, default=3, help="runs over the prompts (default 3)")
     b.add_argument("--limit", type=int, help="first N prompts only")
     b.add_argument("--max-new-tokens", type=int, default=64)
     b.add_argument("--name", help="run id; the same name resumes an interrupted bench")
     b.add_argument("--device", default="auto", help="auto, cpu or cuda[:i]")
-    b.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    b.add_argument("--dtype", default="fp32", choices=DTYPES)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--no-chat-template", action="store_true")
     b.add_argument("--producer", default="vllm", help="whose reading of the drafter's aux layer ids (default vllm)")
     b.add_argument("--producer-version", default=None,
                    help="that producer's release (default: the one SpecLens was checked against, e.g. vllm 0.24.0, "
                         "sglang 0.5.15)")
-    b.add_argument("--runner", choices=["auto", "v1", "v2"],
+    b.add_argument("--runner", choices=RUNNERS,
                    help="vLLM model runner whose id reading to apply (default auto: the one vLLM picks for the target)")
-    b.add_argument("--draft-sampling", default="sample", choices=["sample", "argmax"],
+    b.add_argument("--draft-sampling", default="sample", choices=DRAFT_SAMPLING,
                    help="at T > 0: draft from q (standard) or argmax (vLLM V1)")
     b.add_argument("--server-url", help="vllm/sglang: bench a running server (OpenAI API) instead of starting one")
     b.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm/sglang: GPUs per engine")

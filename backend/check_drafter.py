@@ -27,12 +27,13 @@ from backend.config import REPO_ROOT, dashboard_link
 from backend.drafter.check_result import RESULT
 from backend.errors import SpecLensError
 from backend.model_id import fingerprint
+from backend.options import CHECK_K, DTYPES, ENGINE_NAMES, RUNNERS, SERVING_ENGINES
 from backend.store.rundir import atomic_write_json, new_run_id
 
 AT_CHANCE = "Inconclusive: the drafter predicts no better than chance"
 VERSION = 1
 DEFAULT_PROMPTS = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
-ENGINES = ("vllm", "sglang")
+ENGINES = SERVING_ENGINES
 
 
 @dataclass
@@ -48,7 +49,7 @@ class CheckSettings:
     num_prompts: int = 16                    # spread evenly over the prompts file
     new_tokens: int = 64                     # the target's greedy answer per prompt
     max_prompt_tokens: int = 256
-    num_spec_tokens: int = 3                 # K draft steps scored (vLLM num_speculative_tokens)
+    num_spec_tokens: int = CHECK_K           # K draft steps scored (vLLM num_speculative_tokens)
     chat_template: bool = True
     search: bool = True                      # search around the best candidate
     device: str = "auto"
@@ -63,7 +64,7 @@ class CheckSettings:
     def validate(self) -> None:
         if self.engine not in ENGINES:
             raise SpecLensError(f"--engine {self.engine}: unknown; use vllm or sglang")
-        if self.runner not in ("auto", "v1", "v2"):
+        if self.runner not in RUNNERS:
             raise SpecLensError(f"--runner {self.runner}: unknown; use auto (decide as vLLM does), v2 or v1")
         for name, v, lo in (("--num-prompts", self.num_prompts, 1), ("--new-tokens", self.new_tokens, 2),
                             ("--num-spec-tokens", self.num_spec_tokens, 1),
@@ -494,7 +495,7 @@ def _write_and_prove(report: dict, a: argparse.Namespace) -> int:
     if not a.prove:
         return 0
     prompts = a.prompts or str(DEFAULT_PROMPTS)
-    if a.prove_engine in ("vllm", "sglang"):
+    if a.prove_engine in SERVING_ENGINES:
         from backend.prove_fix import engine_jobs
         if a.prove_engine != plan.engine:
             raise SpecLensError(f"--prove-engine {a.prove_engine}: the fix is for {plan.engine_name}; prove it on "
@@ -550,7 +551,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                                    "config.json, or the config file)")
     c.add_argument("--engine", default="vllm", choices=ENGINES, help="the engine the verdict is about (default vllm)")
     c.add_argument("--engine-version", help="default: vLLM 0.24.0, SGLang 0.5.15")
-    c.add_argument("--runner", default="auto", choices=["auto", "v2", "v1"],
+    c.add_argument("--runner", default="auto", choices=RUNNERS,
                    help="vLLM model runner (default auto: as vLLM picks it from the target's architectures, the engine "
                         "options and VLLM_USE_V2_MODEL_RUNNER)")
     c.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
@@ -564,7 +565,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     c.add_argument("--num-prompts", type=int, default=16, help="prompts, spread over the file (default 16)")
     c.add_argument("--new-tokens", type=int, default=64, help="the target's greedy answer per prompt (default 64)")
     c.add_argument("--max-prompt-tokens", type=int, default=256)
-    c.add_argument("--num-spec-tokens", type=int, default=3, help="draft steps scored, K (default 3)")
+    c.add_argument("--num-spec-tokens", type=int, default=CHECK_K, help=f"draft steps scored, K (default {CHECK_K})")
     c.add_argument("--no-chat-template", action="store_true")
     c.add_argument("--no-search", action="store_true", help="score only the listed candidates")
     c.add_argument("--training-data", help="training-data files of this drafter (a directory or one file)")
@@ -573,7 +574,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     c.add_argument("--producer-ids", help="layer ids the training-data producer used (default: from the config)")
     c.add_argument("--training-files", type=int, default=4, help="training files compared (default 4)")
     c.add_argument("--device", default="auto", help="auto, cpu or cuda[:i]")
-    c.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    c.add_argument("--dtype", default="fp32", choices=DTYPES)
     c.add_argument("--threads", type=int, help="torch CPU threads (default 1 on a CPU)")
     c.add_argument("--write-fix", metavar="OUT", help="write a drafter directory whose config makes the engine "
                    "release feed what the check found the drafter was trained on (refused when inconclusive)")
@@ -581,7 +582,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    "trained on, when known (e.g. the trainer's convention), so --write-fix can write the fix")
     c.add_argument("--prove", action="store_true", help="with --write-fix: bench the original and the fixed drafter "
                    "against one paired baseline and print what was recovered")
-    c.add_argument("--prove-engine", default="hf", choices=["hf", "vllm", "sglang"],
+    c.add_argument("--prove-engine", default="hf", choices=ENGINE_NAMES,
                    help="hf: the reference bench here, fed as the release feeds (default); vllm/sglang: queue the two "
                         "benches for the GPU worker")
     c.add_argument("--prove-limit", type=int, default=32, help="prompts of each proof bench (default 32)")

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from backend import metrics, server_metrics
 from backend.errors import SpecLensError
 from backend.load_client import run_level, scrape, served_model, server_version
+from backend.options import DEFAULT_K, SERVING_ENGINES
 from backend.runs.lifecycle import Run, RunGuard
 from backend.store.rundir import COMPLETE, atomic_write_json, atomic_write_parquet, new_run_id, read_journal
 
@@ -48,11 +49,11 @@ class LoadSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    engine: Literal["vllm", "sglang"]
+    engine: Literal[SERVING_ENGINES]  # type: ignore[valid-type]
     target: str
     prompts: str
     drafter: str | None = None
-    num_spec_tokens: list[int] = Field(default_factory=lambda: [4])
+    num_spec_tokens: list[int] = Field(default_factory=lambda: [DEFAULT_K])
     synthetic_tau: list[float] | None = None        # vLLM synthetic acceptance / SGLang simulated acceptance
     concurrency: list[int] = Field(default_factory=lambda: [1, 8, 32, 64])
     requests: int | None = None                     # per level and side; default max(16, 4 x concurrency)

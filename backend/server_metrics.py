@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from backend import metrics
+from backend.options import SERVING_ENGINES
 
-ENGINES = ("vllm", "sglang")
+ENGINES = SERVING_ENGINES
 
 _VLLM = {"drafts": "vllm:spec_decode_num_drafts", "draft_tokens": "vllm:spec_decode_num_draft_tokens",
          "accepted": "vllm:spec_decode_num_accepted_tokens", "generation_tokens": "vllm:generation_tokens",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from backend.options import SERVING_ENGINES
+
 
 def cmd_watch(a: argparse.Namespace) -> int:
     from backend.watch import WatchSettings, run_watch
@@ -37,7 +39,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     w.add_argument("--windows", type=int, help="stop after this many windows")
     w.add_argument("--min-tau", type=float, help="exit 1 when tau stays below this (see --confirm)")
     w.add_argument("--name", help="run id (default watch-<date>-<time>-<pid>)")
-    w.add_argument("--engine", choices=["vllm", "sglang"], help="default: told from the metric names")
+    w.add_argument("--engine", choices=SERVING_ENGINES, help="default: told from the metric names")
     w.add_argument("--baseline-windows", type=int, default=6,
                    help="windows with enough drafts that form the baseline (default 6)")
     w.add_argument("--min-drafts", type=int, default=100,

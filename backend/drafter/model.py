@@ -46,8 +46,9 @@ import torch.nn.functional as F
 
 from backend.drafter.config import NORM_OUTPUT_MEANINGS, DrafterConfig, config_to_dict, load_config
 from backend.errors import SpecLensError
+from backend.options import SERVING_ENGINES
 
-ENGINES = ("vllm", "sglang")
+ENGINES = SERVING_ENGINES
 WEIGHTS = "model.safetensors"
 
 

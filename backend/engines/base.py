@@ -24,13 +24,12 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from backend.errors import SpecLensError
+from backend.options import ENGINES, TORCH_DTYPES  # the one registry (name -> module, imported lazily)
 
 if TYPE_CHECKING:
     from backend.coords import Boundary
     from backend.stats import StreamingStats, TokenSample
 
-# the one registry: engine name -> adapter module (imported lazily: vLLM and SGLang live on the GPU node)
-ENGINES = {"hf": "backend.engines.hf", "vllm": "backend.engines.vllm", "sglang": "backend.engines.sglang"}
 
 
 @dataclass
@@ -78,7 +77,7 @@ class EngineSettings:
     options: dict = field(default_factory=dict)   # passed through (vllm.LLM keywords, SGLang flags, server_log)
 
     def engine_dtype(self) -> str:
-        return {"fp32": "float32", "bf16": "bfloat16"}.get(self.dtype, self.dtype)
+        return TORCH_DTYPES.get(self.dtype, self.dtype)
 
 
 class Engine(Protocol):

@@ -39,6 +39,7 @@ from backend.engines.base import CaptureSettings, EngineSettings, Generation
 from backend.engines.server_process import _LIVE, ServerProcess, log_tail, stop_all  # noqa: F401 (re-exported)
 from backend.errors import SpecLensError
 from backend.netutil import free_port, port_free  # noqa: F401 (re-exported: tests, callers)
+from backend.options import DEFAULT_K, TORCH_DTYPES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_ENV = "SPECLENS_SGLANG_START_TIMEOUT"     # seconds a server may take to become healthy (default 600)
@@ -80,7 +81,7 @@ def _http(url: str, body: dict | None = None, timeout: float = 30.0) -> dict:
 class ServerSpec:
     model: str
     drafter: str | None = None
-    num_spec_tokens: int = 4
+    num_spec_tokens: int = DEFAULT_K
     tp: int = 1
     dtype: str = "bfloat16"
     mem_fraction: float = 0.2
@@ -320,7 +321,7 @@ class SGLangCapture:
         s = self.settings
         self.hook_dir = Path(tempfile.mkdtemp(prefix="speclens-sglang-cap-"))
         self.spec = ServerSpec(model=s.model, capture=True,
-                               dtype={"fp32": "float32", "bf16": "bfloat16"}.get(s.dtype, s.dtype),
+                               dtype=TORCH_DTYPES.get(s.dtype, s.dtype),
                                hooks=hook_specs(str(self.hook_dir), labels, self.info.n_layers, s.sample_tokens,
                                                 s.sample_per_prompt))
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from backend import coords, metrics
 from backend.engines.base import CaptureSettings, EngineSettings, Generation
 from backend.errors import SpecLensError
+from backend.options import DEFAULT_K
 
 WORKER_EXT = "backend.engines.vllm_worker.SpecLensWorker"
 RECORDING: list | None = None      # set to a list to keep every request's counter snapshots (gpu/vllm_suite.py)
@@ -212,7 +213,7 @@ class OfflineEngine:
 
     engine_name = "vllm"
 
-    def __init__(self, target: str, opts: EngineOptions, drafter: str | None = None, num_spec_tokens: int = 4,
+    def __init__(self, target: str, opts: EngineOptions, drafter: str | None = None, num_spec_tokens: int = DEFAULT_K,
                  eos: list[int] | None = None):
         self.version = require()
         self.k = num_spec_tokens if drafter else 0

@@ -25,6 +25,7 @@ from typing import Any
 
 from backend.config import REPO_ROOT, data_root, model_roots
 from backend.errors import SpecLensError
+from backend.options import DRAFT_SAMPLING, DTYPES, ENGINE_NAMES, RUNNERS
 from backend.store.rundir import valid_run_id
 
 KINDS = ("capture", "bench", "sweep", "load")
@@ -41,8 +42,7 @@ BENCH = {"target": str, "prompts": str, "drafter": str, "num_spec_tokens": int, 
 SWEEP_LISTS = {"num_spec_tokens": "num_spec_tokens", "temperature": "temperature", "batch_size": "batch_size",
                "drafters": "drafter"}
 REQUIRED = {"capture": ("model", "prompts"), "bench": ("target", "prompts"), "sweep": ("target", "prompts")}
-CHOICES = {"engine": ("hf", "vllm", "sglang"), "dtype": ("fp32", "bf16"), "draft_sampling": ("sample", "argmax"),
-           "runner": ("auto", "v1", "v2")}
+CHOICES = {"engine": ENGINE_NAMES, "dtype": DTYPES, "draft_sampling": DRAFT_SAMPLING, "runner": RUNNERS}
 MODEL_FIELDS = ("model", "target", "drafter")
 MAX_SWEEP = 256
 

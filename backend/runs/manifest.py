@@ -38,7 +38,7 @@ class Manifest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    kind: Literal["capture", "bench", "check", "load", "watch"]
+    kind: Literal[KINDS]  # type: ignore[valid-type]
     engine: str
     engine_version: str | None = None
     model: ModelInfo
