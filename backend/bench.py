@@ -367,6 +367,8 @@ def _load_spec(lm, s: BenchSettings, proposer=None) -> _Spec:
     drafter = Eagle3Drafter.load(s.drafter, target_embed=embed.weight, target_lm_head=getattr(head, "weight", None),
                                  engine=engine, dtype=lm.dtype)
     drafter.check_target(lm.config, s.target)
+    if getattr(drafter, "kind", "eagle3") == "dflash":       # block drafting: backend/engines/hf_spec.DFlashProposer
+        return _dflash_spec(lm, s, drafter, engine, proposer)
     aux = engine_feeds(drafter.cfg, lm.n_layers, getattr(lm.config, "model_type", None),
                        getattr(lm.config, "architectures", None), s.producer, s.producer_version, s.runner,
                        {"tensor_parallel_size": s.tensor_parallel_size, **(s.engine_options or {})})
@@ -376,6 +378,20 @@ def _load_spec(lm, s: BenchSettings, proposer=None) -> _Spec:
             "semantics": engine, "draft_vocab_size": drafter.cfg.draft_vocab_size,
             "proposer": "eagle3" if proposer is None else type(proposer).__name__}
     return _Spec(proposer or EagleProposer(drafter, s.draft_sampling), aux, info)
+
+
+def _dflash_spec(lm, s: BenchSettings, drafter, engine: str, proposer=None) -> _Spec:
+    """A DFlash drafter fed what `s.producer` `s.producer_version` feeds it (backend/drafter/kinds.py)."""
+    from backend.drafter.dflash import feeds
+    from backend.engines.hf_spec import DFlashProposer
+
+    aux = feeds(s.drafter, lm.config, lm.n_layers, s.producer, s.producer_version, s.runner,
+                {"tensor_parallel_size": s.tensor_parallel_size, **(s.engine_options or {})})
+    drafter.to(lm.device)
+    info = {"path": str(Path(s.drafter).resolve()), "fingerprint": fingerprint(s.drafter), "format": "dflash",
+            "semantics": engine, "draft_vocab_size": drafter.cfg.vocab_size, "block_size": drafter.cfg.block_size,
+            "proposer": "dflash" if proposer is None else type(proposer).__name__}
+    return _Spec(proposer or DFlashProposer(drafter), aux, info)
 
 
 # ---------------------------------------------------------------------- run directories

@@ -177,7 +177,7 @@ def _empirical(s: CheckSettings, cfg, target, weights, readings, focus, findings
     t = time.perf_counter()
     lm = hf.load(s.target, s.device, s.dtype)
     semantics = s.engine
-    if semantics == "sglang" and cfg.source_format != "eagle":
+    if semantics == "sglang" and cfg.source_format not in ("eagle", "dflash", "dflash2"):
         semantics = "vllm"
         findings.append(L.Finding("warning", f"SGLang cannot load the {cfg.source_format} format; the finder runs "
                                              f"the drafter with vLLM's semantics instead.", "finder"))
@@ -192,8 +192,7 @@ def _empirical(s: CheckSettings, cfg, target, weights, readings, focus, findings
     sample = fd.sample_target(lm, prompts, s.new_tokens)
     timing["sample"] = time.perf_counter() - t
 
-    written = [(w, ids) for w, ids in (("top-level", cfg.aux_layer_ids_top), ("eagle_config", cfg.aux_layer_ids_nested))
-               if ids]
+    written = fd.written_ids(cfg)                  # EAGLE-3 ids, and a DFlash drafter's dflash_config ids
     candidates: list[fd.Candidate] = []
     t = time.perf_counter()
     d2t_broken = weights.d2t is not None and any(not 0 <= i + o < target.vocab_size for i, o in enumerate(weights.d2t))

@@ -185,10 +185,14 @@ def evaluate(d: Eagle3Drafter, sample: TargetSample, labels: list[str], steps: i
     """The drafter fed `labels` (ascending), teacher-forced over the answer slots of every sequence.
 
     Slot t holds token x_{t+1} and the aux states of position t; draft step j (0-based) at slot t predicts x_{t+2+j}
-    and is scored against the target's distribution at position t+1+j. Slots t = P-1 .. T-1-K: every step exists."""
+    and is scored against the target's distribution at position t+1+j. Slots t = P-1 .. T-1-K: every step exists.
+    A DFlash drafter (backend/drafter/dflash.py) is scored block by block instead (`evaluate_block`)."""
     import torch
 
     from backend.drafter.unroll import ttt_forward
+
+    if getattr(d, "kind", "eagle3") == "dflash":
+        return evaluate_block(d, sample, labels, steps)
 
     dtype = d.fc.weight.dtype
     hits, ces = [], []
@@ -218,6 +222,50 @@ def evaluate(d: Eagle3Drafter, sample: TargetSample, labels: list[str], steps: i
     accept = H.cumprod(0).mean(1).tolist()
     return Candidate(list(labels), [], accuracy=acc, acceptance=accept, tau=1 + sum(accept),
                      cross_entropy=float(C.mean()), tokens=int(H.shape[1]), ce_tokens=C.mean(0))
+
+
+def evaluate_block(d, sample: TargetSample, labels: list[str], steps: int, chunk: int = 128) -> Candidate:
+    """A DFlash drafter fed `labels`: one block per anchor s = P .. T-K of every answer, as its block draft step makes
+    it (context slots 0..s-1 from the target's states, the block [x_s, M..M]); draft position j (1-based) predicts
+    x_{s+j} and is scored against the target's distribution at position s+j-1. Anchor s is the slot t = s-1 of
+    `evaluate`, so the two score the same next tokens and share `chance`; K = min(steps, block size - 1)."""
+    import torch
+
+    K = min(steps, d.cfg.block_size - 1)
+    hits, ces = [], []
+    with torch.inference_mode():
+        for tok, P, st, lp in zip(sample.tokens, sample.prompt_lens, sample.states, sample.logprobs):
+            T = len(tok)
+            if T - K < P:
+                continue
+            aux = torch.cat([st[lbl] for lbl in labels], -1)                                # [T, k*H_T]
+            for a in torch.arange(P, T - K + 1, device=tok.device).split(chunk):             # anchors [A]
+                lq = d.block_logits(aux, tok, a)[:, :K].float().log_softmax(-1).clamp_min(-1e4)  # [A, K, V]
+                tp = lp[a[:, None] + torch.arange(K, device=tok.device)[None, :] - P]           # [A, K, V]
+                hits.append((lq.argmax(-1) == tp.argmax(-1)).T)                              # [K, A]
+                ces.append((-(tp.exp() * lq).sum(-1)).T)
+    if not hits:
+        return Candidate(list(labels), [], tokens=0)
+    H = torch.cat(hits, 1).float().cpu()                                                 # [K, M]
+    C = torch.cat(ces, 1).float().cpu()
+    accept = H.cumprod(0).mean(1).tolist()
+    return Candidate(list(labels), [], accuracy=H.mean(1).tolist(), acceptance=accept, tau=1 + sum(accept),
+                     cross_entropy=float(C.mean()), tokens=int(H.shape[1]), ce_tokens=C.mean(0))
+
+
+def written_ids(cfg) -> list[tuple[str, list[int]]]:
+    """(where, ids) of the ids written in a drafter config: EAGLE-3's top-level and eagle_config ids, and a DFlash
+    drafter's dflash_config.target_layer_ids (candidates read both ways: id t -> S_t and S_t+1)."""
+    out = [(w, ids) for w, ids in (("top-level", cfg.aux_layer_ids_top), ("eagle_config", cfg.aux_layer_ids_nested))
+           if ids]
+    if getattr(cfg, "kind", "eagle3") in ("dflash", "dflash2"):
+        from backend.drafter.kinds import raw_config
+
+        raw = raw_config(cfg)
+        ids = (raw.get("dflash_config") or {}).get("target_layer_ids") or raw.get("target_layer_ids")
+        if ids:
+            out.append(("dflash_config.target_layer_ids", [int(t) for t in ids]))
+    return out
 
 
 @dataclass
@@ -312,6 +360,13 @@ def convention_of(labels: list[str], written: list[tuple[str, list[int]]], n: in
         if len(ids) != len(labels):
             continue
         what = f"the {where} ids {ids}" if where != "default" else f"the default ids {ids}"
+        if where.startswith("dflash_config"):             # docs/CONVENTIONS.md#dflash
+            if [coords.S(a + 1).label for a in sorted(ids)] == labels:
+                return (f"the DFlash trainers' reading of {what} (id t -> HF hidden_states[t+1] = S_t+1, the output "
+                        f"of layer t: z-lab, SpecForge)")
+            if [coords.S(a).label for a in sorted(ids)] == labels:
+                return (f"{what} read as HF hidden_states[t] = S_t (the input of layer t: one layer early, the "
+                        f"'layer offset' mistake)")
         if [coords.S(a).label for a in sorted(ids)] == labels:
             return f"'before layer' reading of {what} (id a -> S_a: vLLM, EAGLE, speculators >= 0.5)"
         if [coords.S(a + 1).label for a in sorted(ids)] == labels:

@@ -304,9 +304,15 @@ class Eagle3Drafter(nn.Module):
              target_lm_head: torch.Tensor | None = None, engine: str = "vllm",
              norm_output_meaning: str = "next_step", dtype: torch.dtype = torch.float32) -> Eagle3Drafter:
         """Read config.json + model.safetensors (any of the three formats) with `engine`'s semantics.
-        target_embed [V, H] / target_lm_head [V, H]: the target's, used where the engine would use them."""
+        target_embed [V, H] / target_lm_head [V, H]: the target's, used where the engine would use them.
+        The kind switch: a DFlash config loads a `backend.drafter.dflash.DFlashDrafter` (block drafting; it takes the
+        target's embedding and lm_head, and drafts alike in both engines)."""
         from safetensors.torch import load_file
 
+        from backend.drafter.dflash import DFlashDrafter, is_dflash
+
+        if is_dflash(path):
+            return DFlashDrafter.load(path, target_embed, target_lm_head, dtype)
         cfg = load_config(path)
         cfg.norm_output_meaning = norm_output_meaning
         file = Path(cfg.name) / WEIGHTS

@@ -1,4 +1,5 @@
-"""HF decoding loops for the bench: plain decoding and EAGLE-3 chain drafting (docs/CONVENTIONS.md#draft-step).
+"""HF decoding loops for the bench: plain decoding, EAGLE-3 chain drafting (docs/CONVENTIONS.md#draft-step) and
+DFlash block drafting (docs/CONVENTIONS.md#dflash: `DFlashProposer`, the same verify and rollback).
 
 Shapes: P prompt tokens, K draft tokens per step, V target vocab, H_T target width, k aux boundaries.
 
@@ -208,6 +209,27 @@ class EagleProposer:
             if i < k - 1:
                 out = self.d.step(tok, out.hidden, self.last_pos + 1 + i)
         return tokens, (torch.stack(qs) if qs else None)
+
+
+class DFlashProposer:
+    """A DFlash drafter (backend/drafter/dflash.py) as a block proposer: one drafter pass over [x_s, M..M] proposes
+    K tokens at once (greedy, its block's argmax; q one-hot, so rejection sampling stays exact at T > 0). The
+    context is the target's states at the fed boundaries of every verified position, appended after each verify
+    (the verify forward's states of x_s and the accepted drafts), so the next block sees them all."""
+
+    def __init__(self, drafter):
+        self.d, self.last, self.pos = drafter, None, -1
+
+    def start(self, aux, next_ids, positions) -> None:
+        self.d.reset()
+        self.advance(aux, next_ids, positions)
+
+    def advance(self, aux, next_ids, positions) -> None:
+        self.d.append_context(aux, torch.tensor(positions, device=aux.device))   # positions with target states
+        self.last, self.pos = next_ids[-1], positions[-1] + 1                      # x_s, not yet in the target KV
+
+    def propose(self, k, sampler):
+        return self.d.propose(self.last, self.pos, k), None
 
 
 # ---------------------------------------------------------------------- verification
