@@ -39,7 +39,9 @@ elif status in ("failed", "interrupted", "quarantined"):
                                else "no reason recorded")
     st.warning(f"This watch is {status}: {why}. The {len(df)} window(s) it recorded are shown; it is not complete.",
                icon=":material/warning:")
-if verdict:
+if ui.instead("run"):        # the link's run is not shown: never this run's verdict in its place
+    ui.no_verdict_for_substitute(["run"], "drift verdict")
+elif verdict:
     show, icon = BANNER[watch_charts.severity(verdict)]
     show(verdict["line"], icon=icon)
     ui.note_verdict(verdict["line"])

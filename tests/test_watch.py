@@ -603,6 +603,9 @@ def test_watch_page(watch_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
     at = open_watch(run="no-such-run")
     assert "No run `no-such-run`" in "\n".join(e.value for e in at.warning)
+    assert not at.error and not at.success, "a run shown in place of the link's gets no drift verdict"
+    assert "No drift verdict for what the link did not ask for" in "\n".join(e.value for e in at.info)
+    assert at.query_params["run"] == "no-such-run", "the URL keeps what was asked"
     at = open_watch(run="x' OR 1=1; DROP TABLE runs; --" + "y" * 500)     # shown as text, cut; never SQL
     notice = "\n".join(e.value for e in at.warning)
     assert "OR 1=1" in notice and "\u2026" in notice and len(at.get("plotly_chart")) == 3
