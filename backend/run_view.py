@@ -323,14 +323,25 @@ def prompt_texts(manifest: dict) -> dict[str, str]:
     if not isinstance(path, str) or not path:
         return {}
     try:
-        f = Path(path).resolve()
-        allowed = [*model_roots(), REPO_ROOT / "datasets"]
-        if (not any(f.is_relative_to(r.resolve()) for r in allowed) or not f.is_file()
-                or f.stat().st_size > PROMPT_FILE_MAX_BYTES):
+        allowed = [r.resolve() for r in (*model_roots(), REPO_ROOT / "datasets")]
+        f = _prompts_file(Path(path), allowed)
+        if f is None or f.stat().st_size > PROMPT_FILE_MAX_BYTES:
             return {}
         return {p.id: p.text for p in load_prompts(f)}
     except Exception:  # noqa: BLE001 - a bad prompts file costs the texts, never the page
         return {}
+
+
+def _prompts_file(recorded: Path, allowed: list[Path]) -> Path | None:
+    """The prompts file a bench read: its recorded path when that is a file under an allowed root, else (a data root
+    moved or copied since) the same trailing path under the data root (`models/toy-pair/heldout.jsonl`)."""
+    tries = [recorded] + [paths().root / Path(*recorded.parts[-k:]) for k in range(min(6, len(recorded.parts) - 1), 0,
+                                                                                     -1)]
+    for t in tries:
+        f = t.resolve()
+        if any(f.is_relative_to(r) for r in allowed) and f.is_file():
+            return f
+    return None
 
 
 def short_text(text: str | None, n: int = PROMPT_TEXT_MAX) -> str:
