@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # torch is imported where tensors are made, so a cached align
 # boundaries) Gram rows (136 at that size), with its standard error (cka_matrix)
 CKA_BUDGET = 1.5e11
 CKA_MIN_ROWS = 64
+_CKA_BLOCK_BYTES = {True: 1 << 28, False: 1 << 30}   # Gram rows held at once (fp32), on CPU / on a GPU
 CKA_SE_BOUND = 4.0         # stated bound: |estimate - CKA on all tokens| <= CKA_SE_BOUND x its standard error
 MATCH_COS = 0.9            # below this best cosine a boundary "matches nothing"
 ALIGNED_COS = 0.999        # same-label pairs at least this close are numerically the same state
@@ -347,7 +348,7 @@ def _cka_rows(rows: torch.Tensor, X: torch.Tensor, Y: torch.Tensor, ok: torch.Te
                     zr_buf[b] = mus[k]
                 g = torch.mm(zr_buf[:b + extra], z.T, out=g_buf[:b + extra])
                 if extra:
-                    kbar[k] = g[b].float()                         # k_b = x_b . mean
+                    kbar[k] = g[b].to(f32, copy=True)                  # k_b = x_b . mean (g_buf is reused)
                 G.copy_(g[:b])
             kb = kbar[k]
             G -= kb.index_select(0, rb)[:, None]
@@ -408,8 +409,7 @@ def cka_matrix(X: torch.Tensor, Y: torch.Tensor, all_finite: torch.Tensor, budge
         pick = torch.randperm(len(rest_idx), generator=g)[:m - len(take)].to(device)
         sample = rest_idx[pick].sort().values
         rows = torch.cat([take, sample])
-    budget_bytes = 1 << (30 if device.type == "cuda" else 28)
-    block = max(1, budget_bytes // (4 * (p + q) * n))
+    block = max(1, _CKA_BLOCK_BYTES[device.type == "cpu"] // (4 * (p + q) * n))
     if means is None:
         means = tuple(torch.stack([z.index_select(0, ok).float().mean(0) for z in Z.unbind(1)]) for Z in (X, Y))
     r, sa, sb = _cka_rows(rows, X, Y, ok, n == X.shape[0], list(means[0]) + list(means[1]), block)

@@ -163,13 +163,18 @@ def _exact_cka(X, Y):
     return out
 
 
-def test_cka_is_exact_on_all_tokens_within_the_budget():
-    from backend.align import cka_matrix
+@pytest.mark.parametrize("block_bytes", [1 << 28, 4 * 7 * 300 * 64])     # one block of Gram rows; several
+def test_cka_is_exact_on_all_tokens_within_the_budget(monkeypatch, block_bytes):
+    import backend.align as align
 
+    monkeypatch.setitem(align._CKA_BLOCK_BYTES, True, block_bytes)
     X, Y = _residual_stream(300, 24, 4, 0), _residual_stream(300, 24, 3, 1, rotate=True)
-    cka, se, rows = cka_matrix(X, Y, torch.ones(300, dtype=torch.bool), budget=None)
-    assert rows == 300 and np.all(se == 0)
-    assert np.abs(cka - _exact_cka(X, Y)).max() < 1e-5
+    X[5, 2, 3] = float("nan")                                  # a token left out of CKA everywhere
+    ok = torch.ones(300, dtype=torch.bool)
+    ok[5] = False
+    cka, se, rows = align.cka_matrix(X, Y, ok, budget=None)
+    assert rows == 299 and np.all(se == 0)
+    assert np.abs(cka - _exact_cka(X[ok], Y[ok])).max() < 1e-5
 
 
 @pytest.mark.parametrize("seed", range(6))
