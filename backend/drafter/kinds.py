@@ -137,7 +137,8 @@ def read_ids(blocks: list[list[dict]], raw: dict) -> tuple[list[int] | None, str
             if how == "always" or (how in ("container", "present") and present) or (how == "value" and v):
                 vals = list(v) if isinstance(v, (list, tuple)) else None
                 ids = [int(x) + int(r["add"]) for x in vals] if vals else None
-                src = (r["key"] if r["in"] == "top" else f"{r['in']}.{r['key']}") + (" (+1)" if r["add"] else "")
+                src = (r["key"] if r["in"] == "top" else f"{r['in']}.{r['key']}") + (
+                    " (+1)" if r["add"] else " (as written, no +1)" if r["key"] == "target_layer_ids" else "")
                 add = int(r["add"])
     return (ids, src, add) if ids else (None, None, 0)
 
@@ -205,7 +206,7 @@ def kind_feeds(raw: dict, kind: str, n_layers: int, model_type: str | None, arch
         ids, src, _ = read_ids(blocks, view)
         bs = coords.resolve_ids("vllm", ids, n_layers, version=version, family=fam, runner=runner)
         labels = coords.labels(sorted(set(bs), key=lambda b: b.sort_key()))
-        where = src or "vLLM's EAGLE-3 default (no ids read)"
+        where = src or "the target's EAGLE-3 default"
     else:
         if kind not in DFLASH_LIKE:
             raise SpecLensError(f"{kind}: read through the EAGLE-3 path")
@@ -226,11 +227,13 @@ def kind_feeds(raw: dict, kind: str, n_layers: int, model_type: str | None, arch
                                 f"(no set_dflash_layers_to_capture; {row['decided_by']['meaning']})")
         shift = 1 if rule == "after" else 0
         labels = coords.labels(sorted({coords.S(t + shift) for t in ids}, key=lambda b: b.sort_key()))
-        where = src
+        where = (src or "").replace(" (as written, no +1)", "") + (
+            "; the target captures S_(t+1)" if shift else "; the target captures S_t (no +1)")
     k = fc_in if fc_in is not None else trained_count(raw, kind)
     if k is not None and len(labels) != k:
-        raise SpecLensError(f"{_eng(engine)} {version} reads {ids} ({where}) and feeds {', '.join(labels)}, but the "
-                            f"drafter's fc takes {k} target states; write {k} ids where it reads them")
+        read = f"reads {ids} ({where})" if ids else f"finds no ids where it looks, so uses {where}"
+        raise SpecLensError(f"{_eng(engine)} {version} {read} and feeds {', '.join(labels)}, but the drafter's fc "
+                            f"takes {k} target states; write {k} ids where it reads them")
     return {"ids": ids, "ids_from": where, "boundaries": labels}
 
 
@@ -301,3 +304,19 @@ def kind_aux(cfg, target, engine: str, version: str, runner: str | None) -> dict
         return drafter_aux_boundaries(cfg, target.n_layers, target.model_type, engine, version, runner)
     return kind_feeds(raw, cfg.kind, target.n_layers, target.model_type, target.architectures, engine, version, runner,
                       fc_in=cfg.num_aux if cfg.kind in DFLASH_LIKE else None)
+
+
+def reads_words(engine: str, version: str, kind: str, runner: str | None) -> str | None:
+    """Where this release reads a kind's ids, in words (the lint table's "reads" column); None: the EAGLE-3 words."""
+    row = kind_row(engine, version, kind)
+    if row is None or not row["served"]:
+        return "not served" if row is not None else None
+    ids_from = row.get("ids_from")
+    if kind == "mtp":
+        return "no ids (fed the target's last hidden state)"
+    if not isinstance(ids_from, dict):
+        return None
+    blocks = ids_from.get(runner or "v1") if engine == "vllm" else ids_from.get("any")
+    names = [(r["key"] if r["in"] == "top" else f"{r['in']}.{r['key']}") + (" +1" if r["add"] else "")
+             for b in blocks or [] for r in b if not r.get("when") and "dspark" not in r["key"]]
+    return ", then ".join(names) or None

@@ -216,6 +216,9 @@ def engine_readings(cfg: DrafterConfig, target: TargetInfo, versions: dict[str, 
         conv = coords.convention_for(producer, version, target.family, rn)   # unknown version: one-line error
         rule = (conv.ids_from.get(rn) if rn else None) or conv.ids_from.get("any") or "top_then_nested"
         row = Reading(producer, version, rn, _WHERE.get(rule, rule), None, None, None)
+        if kind != "eagle3":
+            from backend.drafter.kinds import reads_words
+            row.reads = reads_words(producer, version, kind, rn) or row.reads
         if rn:
             row.picked = rn == choice.runner
             row.why = (choice.reason if row.picked else
