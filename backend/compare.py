@@ -4,6 +4,11 @@ tokens over total time as `vllm bench serve` and SGLang's scripts), TTFT and TPO
 under both, each with its 95% interval, per-category figures, the settings that differ, speedup tiles and a short
 headline.
 
+This module returns data and verdict objects only: numbers, run ids, verdict kinds (verdict: "faster" | "slower" |
+"unclear" | "none"; a SpeedNoise where a run gets no verdict), the TauLoss, each Mismatch with its Relation, the
+CategoryNoise and the Notes the page warns with; dashboard/compare_words.py builds the tiles, the headline, the
+warning lines and the links from them.
+
 Inputs are catalog aggregates only (GROUP BY in DuckDB: steps per accepted length, per-category sums) and
 per-prompt timings (tokens, seconds, tokens/s, TTFT, TPOT: what a bootstrap interval resamples); never the
 per-step rows. Every number comes from
@@ -33,8 +38,7 @@ import pandas as pd
 from backend import coords, metrics
 from backend.store.catalog import Catalog
 
-BASELINES = {"paired": "each run's paired baseline", "pinned": "the pinned baseline of the run's target"}
-VIEWS = ("Acceptance", "Speed", "Per category", "Settings that differ")   # the Compare page's tabs (?view=)
+BASELINES = ("paired", "pinned")   # each run's paired baseline; the pinned baseline of the run's target
 CATEGORY_BOOT = 500          # bootstrap resamples per category (the whole-run interval uses metrics' default)
 # manifest keys that describe the outcome or the bookkeeping of a run, not what ran: left out of the diff
 NOT_CONFIG = {"run_id", "created", "updated", "finished", "pid", "status", "error", "progress", "headline", "bench",
@@ -51,11 +55,84 @@ class Comparison:
     positions: pd.DataFrame                        # run_id, position (1..K), accepted_at_pos, drafts, rate
     categories: pd.DataFrame                       # run_id, category, prompts, tau, tokens_per_s, baseline_run, ...
     config: pd.DataFrame                           # setting, then one column per run: only the differing settings
-    headline: str
-    warnings: list[str] = field(default_factory=list)
-    tiles: list[Tile] = field(default_factory=list)   # one per run: speedup in words, before the headline
+    notes: list[Note | Mismatch] = field(default_factory=list)   # what the page warns of, in order
     loss: TauLoss | None = None                        # the weakest drafter run's tau against the strongest's
-    diagnoses: dict[str, str] = field(default_factory=dict)   # run -> drafter_diagnosis line (also in warnings)
+    category_noise: CategoryNoise | None = None        # categories that disagree (category_noise)
+    verdicts: dict[str, str] = field(default_factory=dict)   # run -> VERDICTS kind of its speedup
+
+    @property
+    def mismatches(self) -> list[Mismatch]:
+        """The drafter runs fed other boundaries than their check found (drafter_mismatches), among the notes."""
+        return [n for n in self.notes if isinstance(n, Mismatch)]
+
+
+NOTE_KINDS = ("no_pinned", "baseline_missing", "targets", "datasets", "not_lossless", "plain")
+
+
+@dataclass
+class Note:
+    """Something the comparison warns of (a NOTE_KINDS kind): no pinned baseline for `runs`' target; `baseline` of
+    runs[0] not a complete bench run; `count` different targets (model `names`); different prompt sets (`names`);
+    runs[0] not lossless (`count` prompts differ); `runs` plain decoding."""
+
+    kind: str
+    runs: list[str] = field(default_factory=list)
+    baseline: str | None = None
+    count: int = 0
+    names: list[str] = field(default_factory=list)
+
+
+VERDICTS = ("faster", "slower", "unclear", "noisy", "none")   # "none": no speedup (no baseline, plain decoding)
+
+
+def verdict(mean, lo, hi) -> str:
+    """A speedup's kind: "none" without one, "unclear" when its 95% CI covers 1, else "slower" or "faster"."""
+    if not _ok(mean):
+        return "none"
+    if _ok(lo) and _ok(hi) and _num(lo) <= 1.0 <= _num(hi):
+        return "unclear"
+    return "slower" if _num(mean) < 1.0 else "faster"
+
+
+@dataclass
+class Moment:
+    """A speedup against a baseline timed when the machine ran at another speed: kind "throughput" (plain decoding
+    then, `then` tokens/s, against plain decoding during `run`, `during`; ratio during/then with its 95% CI) or
+    "prefill" (mean TTFT in seconds of `run`, `during`, against its baseline's, `then`; ratio: how fast)."""
+
+    kind: str
+    run: str
+    base: str
+    during: float
+    then: float
+    ratio: float
+    ci_low: float | None = None
+    ci_high: float | None = None
+
+
+@dataclass
+class SpeedNoise:
+    """Why a run's speedup is no faster/slower verdict: the bench's stored finding (`stored`: the reason the bench
+    recorded in the manifest) and/or a Moment."""
+
+    stored: str | None = None
+    moment: Moment | None = None
+
+
+@dataclass
+class CategoryNoise:
+    """Categories that disagree. kind "alike": in `category`, runs (a, b) accept alike (`taus`) yet ran at
+    `tokens_per_s`; kind "split": runs[0] is faster on `category` (`speedup`) and slower on `slower_category`
+    (`slower_speedup`), intervals excluding 1."""
+
+    kind: str
+    category: str
+    runs: tuple[str, ...]
+    taus: tuple[float, ...] = ()
+    tokens_per_s: tuple[float, ...] = ()
+    speedup: float | None = None
+    slower_category: str | None = None
+    slower_speedup: float | None = None
 
 
 @dataclass
@@ -72,19 +149,6 @@ class TauLoss:
     prompts: int = 0
 
 
-@dataclass
-class Tile:
-    """One run's speedup as a tile: `value` ("0.82x"), `delta` ("-18% · slower than without a drafter"), `tone`
-    ("slower", "faster", "unclear" when the 95% CI covers 1, "none" without a speedup), and the lines under it
-    (interval, the other throughput definition, what the figure rests on)."""
-
-    run_id: str
-    value: str
-    delta: str | None
-    tone: str
-    lines: list[str]
-
-
 FIGURE_COLUMNS = ["run_id", "drafter", "model", "dataset", "num_spec_tokens", "temperature", "repeats", "drafts", "tau",
                   "acceptance_rate", "tokens_per_s", "tokens_per_s_std", "baseline_run", "baseline_source",
                   "baseline_tokens_per_s", "baseline_tokens_per_s_std", "speedup", "speedup_ci_low",
@@ -99,6 +163,7 @@ FIGURE_COLUMNS = ["run_id", "drafter", "model", "dataset", "num_spec_tokens", "t
                   "baseline_ttft", "baseline_ttft_ci_low", "baseline_ttft_ci_high",
                   "baseline_tpot", "baseline_tpot_ci_low", "baseline_tpot_ci_high",
                   # "interleaved" (pairs timed back to back in the run) or "separate"; why the speed is no verdict
+                  # (a SpeedNoise or None)
                   "baseline_timing", "speed_noise"]
 SPEED_FIGURES = ("tokens_per_s", "throughput_total", "ttft", "tpot")    # per run: metrics.Estimate each
 
@@ -158,8 +223,8 @@ def compare(run_ids: list[str], baseline: str = "paired", root: Path | None = No
 def _compare(ac: Acceptance, baseline: str, root: Path | None) -> Comparison:
     runs, ids, acc = ac.runs, ac.run_ids, ac.stats
     cat = Catalog(root).read
-    warnings: list[str] = []
-    bases = _baselines(ids, runs, baseline, root, warnings)
+    notes: list[Note | Mismatch] = []
+    bases = _baselines(ids, runs, baseline, root, notes)
     need = list(dict.fromkeys(ids + [b for b in bases.values() if b]))
     speeds = cat.bench_prompt_timings(need)
     by_run = {r: g for r, g in speeds.groupby("run_id")}
@@ -206,17 +271,24 @@ def _compare(ac: Acceptance, baseline: str, root: Path | None) -> Comparison:
             "speedup": sp[0], "speedup_ci_low": sp[1], "speedup_ci_high": sp[2], "ci_method": sp[3],
             "lossless": row["lossless"], "mismatched_prompts": row["mismatched_prompts"]})
     figures = pd.DataFrame(rows, columns=FIGURE_COLUMNS)
-    diag = drafter_diagnosis(manifests, cat.check_manifests())
-    warnings += diag
-    warnings += _warnings(figures, runs)
+    notes += drafter_mismatches(manifests, cat.check_manifests())
+    notes += _notes(figures, runs)
     cats = _categories(ids, bases, by_run, base_frames, root)
     gap = lambda a, b: tau_gap(a, b, by_run)  # noqa: E731
     return Comparison(
         run_ids=ids, baseline=baseline, figures=figures, histogram=ac.histogram,
         positions=ac.positions, categories=cats, config=config_diff(manifests, ids),
-        headline=headline(figures, gap, cats), warnings=warnings,
-        tiles=tiles(figures), loss=tau_loss(figures, gap),
-        diagnoses={line.split("`")[1]: line for line in diag})
+        notes=notes, loss=tau_loss(figures, gap), category_noise=category_noise(cats),
+        verdicts=verdicts(figures))
+
+
+def verdicts(fig: pd.DataFrame) -> dict[str, str]:
+    """run -> the kind of its speedup (VERDICTS): "noisy" when its speed figures are not comparable."""
+    out = {}
+    for r in fig.to_dict("records"):
+        v = verdict(r.get("speedup"), r.get("speedup_ci_low"), r.get("speedup_ci_high"))
+        out[r["run_id"]] = "noisy" if v != "none" and r.get("speed_noise") is not None else v
+    return out
 
 
 def tau_loss(fig: pd.DataFrame, gap=None) -> TauLoss | None:
@@ -255,8 +327,8 @@ def _interleaved(run: str, base: str | None, mode: str, runs: pd.DataFrame, own:
 
 def speed_noise(run: str, base: str, timing: str | None, manifest: dict, frame: pd.DataFrame | None,
                 own: pd.DataFrame | None, base_frame: pd.DataFrame | None, sp: tuple,
-                base_plain: bool = True) -> str | None:
-    """Why this run's speedup is no faster/slower verdict, in one line, or None. The run's stored finding (the bench's
+                base_plain: bool = True) -> SpeedNoise | None:
+    """Why this run's speedup is no faster/slower verdict (a SpeedNoise), or None. The run's stored finding (the bench's
     `speed_noise`: plain decoding drifted during the run beyond the interval, load, another SpecLens process); and,
     for a speedup against a baseline timed at another moment (a pinned baseline, a run benched before interleaving,
     an engine bench), whether the machine ran at another speed then (metrics.moment_ratio / moments_differ): plain
@@ -265,7 +337,8 @@ def speed_noise(run: str, base: str, timing: str | None, manifest: dict, frame: 
     same work on both sides)."""
     b = manifest.get("bench") if isinstance(manifest.get("bench"), dict) else {}
     stored = b.get("speed_noise") if isinstance(b.get("speed_noise"), dict) else {}
-    parts = [stored["reason"].rstrip(".")] if isinstance(stored.get("reason"), str) else []
+    reason = stored["reason"] if isinstance(stored.get("reason"), str) and stored["reason"] else None
+    moment = None
     if timing == SEPARATE and frame is not None and base_frame is not None and not base_frame.empty:
         ci = (sp[0], sp[1], sp[2]) if _ok(sp[0]) and _ok(sp[1]) and _ok(sp[2]) else None
         then = base_frame if base_plain else own_baseline(base_frame)
@@ -273,18 +346,14 @@ def speed_noise(run: str, base: str, timing: str | None, manifest: dict, frame: 
             x, y = _per_prompt(own, then, "tokens_per_s")
             ratio = metrics.moment_ratio(x, y)
             if metrics.moments_differ(ratio, metrics.MOMENT_FLOOR, ci):
-                parts.append(f"baseline `{base}` was timed at another moment: plain decoding ran at "
-                             f"{_num(np.mean(y)):.0f} tokens/s then and {_num(np.mean(x)):.0f} during `{run}` "
-                             f"(x{ratio.value:.2f}, 95% CI {ratio.ci_low:.2f} to {ratio.ci_high:.2f})")
+                moment = Moment("throughput", run, base, _num(np.mean(x)), _num(np.mean(y)), ratio.value,
+                                ratio.ci_low, ratio.ci_high)
         elif not (isinstance(stored.get("moment_ttft_ratio"), dict)):       # the bench checked it already
             x, y = _per_prompt(frame, base_frame, "ttft")
             ratio = metrics.moment_ratio(1 / np.asarray(x, float), 1 / np.asarray(y, float))
             if metrics.moments_differ(ratio, metrics.PREFILL_FLOOR):
-                parts.append(f"`{run}` and its baseline `{base}` were timed at different moments: the target's "
-                             f"prefill (TTFT, the same work on both sides) took {1000 * _num(np.mean(x)):.0f} ms "
-                             f"against {1000 * _num(np.mean(y)):.0f} ms (x{ratio.value:.2f} as fast)")
-    text = "; ".join(parts)
-    return text[:1].upper() + text[1:] + "." if text else None
+                moment = Moment("prefill", run, base, _num(np.mean(x)), _num(np.mean(y)), ratio.value)
+    return SpeedNoise(reason, moment) if reason or moment else None
 
 
 def _per_prompt(a: pd.DataFrame, b: pd.DataFrame, col: str) -> tuple[list[float], list[float]]:
@@ -346,25 +415,33 @@ def _same(a: dict, b: dict) -> bool:
     return bool(a.get("path")) and a.get("path") == b.get("path")
 
 
-def _relation(fed: list[str], trained: list[str]) -> str:
-    """'off by one (trained one boundary later)' and the like, for two boundary lists of the same length."""
+@dataclass
+class Relation:
+    """How the boundaries an engine fed relate to those the drafter was trained on (same length lists): kind
+    "offset" (every slot off by `offset` boundaries: trained - fed, > 0 trained later), "slot_shift" (its first slot
+    was trained on the embeddings S_0 and each slot got the state trained in the next one: speculators <= 0.4
+    layout), "slots" (other boundaries: `slots` = (slot number from 1, fed, trained) where they differ) or
+    "different" (lists of other lengths)."""
+
+    kind: str
+    offset: int = 0
+    slots: list[tuple[int, str, str]] = field(default_factory=list)
+
+
+def relation(fed: list[str], trained: list[str]) -> Relation:
+    """The Relation of two boundary lists."""
     try:
-        d = {coords.label_index(t) - coords.label_index(f) for f, t in zip(fed, trained)}
+        d = {coords.label_index(t) - coords.label_index(f) for f, t in zip(fed, trained, strict=False)}
     except Exception:
         d = set()
     if len(fed) == len(trained) and len(d) == 1:
-        k = d.pop()
-        if abs(k) == 1:
-            return f"off by one: it was trained one boundary {'later' if k > 0 else 'earlier'}"
-        return f"off by {abs(int(k))}: it was trained {abs(int(k))} boundaries {'later' if k > 0 else 'earlier'}"
+        return Relation("offset", offset=int(d.pop()))
     if len(fed) == len(trained) > 1 and trained[0] == "S_0" and list(fed[:-1]) == list(trained[1:]):
-        return ("every slot shifted: its first slot was trained on the embeddings (S_0) and each slot got the state "
-                "trained in the next one, the embedding slot gone; speculators <= 0.4 files [embeddings, layer "
-                "outputs] whose last state became the teacher do this")
+        return Relation("slot_shift")
     if len(fed) == len(trained):
-        slots = [f"slot {i + 1} got {f} for {t}" for i, (f, t) in enumerate(zip(fed, trained)) if f != t]
-        return "a different set: " + ", ".join(slots)
-    return "a different set"
+        return Relation("slots", slots=[(i + 1, f, t) for i, (f, t) in enumerate(zip(fed, trained, strict=True))
+                                        if f != t])
+    return Relation("different")
 
 
 @dataclass
@@ -376,13 +453,30 @@ class Mismatch:
     drafter: str                 # the drafter directory's name
     fed: list[str]
     trained: list[str]
-    relation: str                # _relation(fed, trained), in words
+    relation: Relation
 
+    # --- compat (begin): backend/run_view.py still calls Mismatch.line(); this copy of
+    # dashboard/compare_words.py's mismatch_line moves there once the run page words its findings in dashboard/
+    # (tests/test_compare.py holds both to the same text). Nothing else may call it.
     def line(self) -> str:
+        r = self.relation
+        if r.kind == "offset":
+            k = r.offset
+            how = (f"off by one: it was trained one boundary {'later' if k > 0 else 'earlier'}" if abs(k) == 1 else
+                   f"off by {abs(k)}: it was trained {abs(k)} boundaries {'later' if k > 0 else 'earlier'}")
+        elif r.kind == "slot_shift":
+            how = ("every slot shifted: its first slot was trained on the embeddings (S_0) and each slot got the "
+                   "state trained in the next one, the embedding slot gone; speculators <= 0.4 files [embeddings, "
+                   "layer outputs] whose last state became the teacher do this")
+        elif r.kind == "slots":
+            how = "a different set: " + ", ".join(f"slot {i} got {f} for {t}" for i, f, t in r.slots)
+        else:
+            how = "a different set"
         return (f"`{self.run}`: the engine fed {', '.join(self.fed)}, but drafter check `{self.check}` finds "
-                f"{self.drafter} was trained on {', '.join(self.trained)} ({self.relation}); its acceptance here is "
+                f"{self.drafter} was trained on {', '.join(self.trained)} ({how}); its acceptance here is "
                 f"below what it can reach. The [drafter check](/drafter?run={self.check}) gives the config line that "
                 "makes the engine feed what it was trained on.")
+    # --- compat (end)
 
 
 def drafter_mismatches(manifests: dict[str, dict], checks: dict[str, dict]) -> list[Mismatch]:
@@ -398,14 +492,9 @@ def drafter_mismatches(manifests: dict[str, dict], checks: dict[str, dict]) -> l
             if best and _same(c.get("drafter") or {}, drafter) and _same(c.get("model") or {}, m.get("model") or {}):
                 if list(best) != list(fed):
                     out.append(Mismatch(run, chk, Path(drafter.get("path", "")).name or "the drafter", list(fed),
-                                        list(best), _relation(fed, list(best))))
+                                        list(best), relation(fed, list(best))))
                 break
     return out
-
-
-def drafter_diagnosis(manifests: dict[str, dict], checks: dict[str, dict]) -> list[str]:
-    """drafter_mismatches in plain words, one line per run (Compare's warnings, the run page)."""
-    return [x.line() for x in drafter_mismatches(manifests, checks)]
 
 
 def _k(row) -> int:
@@ -421,7 +510,7 @@ def _num(x, default: float = math.nan) -> float:
     return default if math.isnan(v) else v
 
 
-def _baselines(ids: list[str], runs: pd.DataFrame, baseline: str, root, warnings: list[str]) -> dict[str, str | None]:
+def _baselines(ids: list[str], runs: pd.DataFrame, baseline: str, root, notes: list) -> dict[str, str | None]:
     """run -> the run its speedup is measured against (None: no baseline)."""
     cat = Catalog(root).read
     out = {r: (runs.loc[r, "baseline_run"] if isinstance(runs.loc[r, "baseline_run"], str) else None) for r in ids}
@@ -436,19 +525,13 @@ def _baselines(ids: list[str], runs: pd.DataFrame, baseline: str, root, warnings
             else:
                 missing.append(r)
         if missing:
-            warnings.append(f"No pinned baseline for the target of {_names(missing)}: their paired baseline is used "
-                            "(pin one on the Runs page).")
+            notes.append(Note("no_pinned", runs=missing))
     complete = set(cat.bench_runs(status="complete", run_ids=[b for b in out.values() if b])["run_id"])
     for r, b in out.items():
         if b and b not in complete:
-            warnings.append(f"Baseline `{b}` of `{r}` is not a complete bench run in the catalog: "
-                            f"no speedup for `{r}`.")
+            notes.append(Note("baseline_missing", runs=[r], baseline=b))
             out[r] = None
     return out
-
-
-def _names(ids) -> str:
-    return ", ".join(f"`{r}`" for r in ids)
 
 
 def _mean_std_over_repeats(speeds: pd.DataFrame | None) -> tuple[float, float]:
@@ -569,155 +652,27 @@ def _categories(ids: list[str], bases: dict, by_run: dict, base_frames: dict, ro
     return pd.DataFrame(rows, columns=CATEGORY_COLUMNS)
 
 
-def _warnings(fig: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
+def _notes(fig: pd.DataFrame, runs: pd.DataFrame) -> list[Note]:
     out = []
     targets = runs.loc[fig["run_id"], "model_key"].dropna().unique()     # weights, not paths (model_id.py)
     if len(targets) > 1:
-        names = ", ".join(sorted(set(fig["model"].dropna())))
-        out.append(f"These runs use {len(targets)} different targets ({names}): compare their speedups, not their "
-                   "tokens/s.")
+        out.append(Note("targets", count=len(targets), names=sorted(set(fig["model"].dropna()))))
     if fig["dataset"].dropna().nunique() > 1:
-        out.append(f"These runs use different prompt sets ({', '.join(sorted(fig['dataset'].dropna().unique()))}).")
+        out.append(Note("datasets", names=sorted(fig["dataset"].dropna().unique())))
     for r in fig.itertuples():
         if r.lossless is not None and not pd.isna(r.lossless) and not bool(r.lossless):
-            out.append(f"`{r.run_id}` is not lossless: {int(_num(r.mismatched_prompts, 0))} prompts decode to other "
-                       "tokens than its baseline (greedy outputs must match).")
+            out.append(Note("not_lossless", runs=[r.run_id], count=int(_num(r.mismatched_prompts, 0))))
     plain = fig[fig["num_spec_tokens"] == 0]["run_id"].tolist()
     if plain:
-        out.append(f"{_names(plain)}: plain decoding (no drafter), left out of the acceptance charts.")
+        out.append(Note("plain", runs=plain))
     return out
 
 
-# ---------------------------------------------------------------------- words and settings
-
-
-def _x(v) -> str:
-    return f"{v:.2f}x"
-
-
-def _pp(a: float, b: float) -> str:
-    """The difference of two speedups in percentage points ("+11 pp"), never as a speedup ("0.11x")."""
-    return f"{100 * (a - b):+.0f} pp".replace("-", "\u2212")
+# ---------------------------------------------------------------------- settings and findings
 
 
 def _ok(v) -> bool:
     return not math.isnan(_num(v))
-
-
-def _ci(lo, hi, digits: int = 2) -> str:
-    return f" [{_num(lo):.{digits}f}, {_num(hi):.{digits}f}]" if _ok(lo) and _ok(hi) else ""
-
-
-def speed_words(mean, lo, hi, plain_baseline: bool | None = True, baseline_run: str | None = None
-                ) -> tuple[str, str]:
-    """(tone, words) of a speedup: "slower than without a drafter" below 1, "faster ..." above 1, "no clear
-    difference ..." when its 95% CI covers 1; against a baseline that itself drafts, "than its baseline `b`"."""
-    than = "without a drafter" if plain_baseline or not baseline_run else f"its baseline `{baseline_run}`"
-    if not _ok(mean):
-        return "none", "no speedup: no baseline to measure it against"
-    if _ok(lo) and _ok(hi) and _num(lo) <= 1.0 <= _num(hi):
-        return "unclear", "no clear difference" + ("" if than.startswith("without") else f" from {than}")
-    if _num(mean) < 1.0:
-        return "slower", f"slower than {than}"
-    return "faster", f"faster than {than}"
-
-
-NOISY_DELTA = "no verdict: timing noise"     # a tile's delta when its speed figures are not comparable
-
-
-def _noise(r: dict) -> str | None:
-    """The figures row's `speed_noise` (why its speedup is no verdict), None when there is none."""
-    v = r.get("speed_noise")
-    return v if isinstance(v, str) and v else None
-
-
-def _first_reason(reason: str) -> str:
-    """The first of a noise finding's reasons, lower-cased, without its closing stop ("... and more" when there are
-    more): the headline's short form; the tile carries the whole line."""
-    first, *rest = reason.rstrip(".").split("; ")
-    return first[:1].lower() + first[1:] + (" and more" if rest else "")
-
-
-def _basis(r: dict) -> str:
-    reps, n = _num(r.get("repeats"), 0), _num(r.get("prompts"), 0)
-    reps = int(reps) if reps else 1
-    return f"{reps} repeat{'s' if reps != 1 else ''} x {int(n)} prompts"
-
-
-def tiles(fig: pd.DataFrame) -> list[Tile]:
-    """One tile per run: its speedup by mean per-prompt tokens/s with the 95% CI and in words, the speedup by total
-    tokens over total time, and the repeats x prompts it rests on."""
-    out = []
-    for r in fig.to_dict("records"):
-        if not _ok(r.get("speedup")):
-            plain = _k(r) == 0 if "num_spec_tokens" in r else False
-            tps = r.get("tokens_per_s")
-            out.append(Tile(r["run_id"], "plain decoding" if plain else "no speedup", None, "none",
-                            [f"{_num(tps):.1f} tokens/s (mean per-prompt)" if _ok(tps) else "no baseline", _basis(r)]))
-            continue
-        tone, words = speed_words(r["speedup"], r.get("speedup_ci_low"), r.get("speedup_ci_high"),
-                                  r.get("baseline_plain"), r.get("baseline_run"))
-        noise = _noise(r)
-        lines = [f"95% CI{_ci(r.get('speedup_ci_low'), r.get('speedup_ci_high'))} · mean per-prompt tokens/s"]
-        if _ok(r.get("speedup_total")):
-            lines.append(f"{_x(r['speedup_total'])}{_ci(r.get('speedup_total_ci_low'), r.get('speedup_total_ci_high'))}"
-                         " by total tokens / total time")
-        lines.append(f"{_basis(r)}, against `{r.get('baseline_run')}`"
-                     + (" (timed back to back, interleaved per prompt)" if r.get("baseline_timing") == INTERLEAVED
-                        else " (timed at another moment)" if r.get("baseline_timing") == SEPARATE else ""))
-        if _ok(r.get("tau")) and _k(r) > 0:
-            lines.insert(0, f"tau {r['tau']:.2f}" + (f" · {r['acceptance_rate']:.0%} of drafts accepted"
-                                                     if _ok(r.get("acceptance_rate")) else ""))
-        if noise:
-            lines.insert(0, f"No faster/slower verdict: {noise}")
-            out.append(Tile(r["run_id"], _x(r["speedup"]), NOISY_DELTA, "noisy", lines))
-            continue
-        out.append(Tile(r["run_id"], _x(r["speedup"]), f"{100 * (r['speedup'] - 1):+.0f}% · {words}", tone, lines))
-    return out
-
-
-@dataclass
-class Definition:
-    key: str               # metrics.THROUGHPUT key
-    name: str
-    definition: str
-    lines: list[str]       # one per run: its figure, its baseline's, the speedup, each with its 95% CI
-
-
-def speed_definitions(fig: pd.DataFrame) -> list[Definition]:
-    """Both throughput definitions (metrics.THROUGHPUT), named and defined, with every run's figure under each."""
-    out = []
-    for key, col, sp in (("per_prompt", "tokens_per_s", "speedup"), ("total", "throughput_total", "speedup_total")):
-        name, definition = metrics.THROUGHPUT[key]
-        lines = []
-        for r in fig.to_dict("records"):
-            ci = _ci(r.get(col + "_ci_low"), r.get(col + "_ci_high"), 1)
-            line = f"`{r['run_id']}`: **{_num(r.get(col)):.1f}** tokens/s{ci}"
-            if r.get("baseline_run") and _ok(r.get(f"baseline_{col}")):
-                line += (f" against {_num(r.get(f'baseline_{col}')):.1f}"
-                         f"{_ci(r.get(f'baseline_{col}_ci_low'), r.get(f'baseline_{col}_ci_high'), 1)}"
-                         f" for `{r['baseline_run']}`")
-                if _ok(r.get(sp)):
-                    line += f": **{_x(r[sp])}**{_ci(r.get(sp + '_ci_low'), r.get(sp + '_ci_high'))}"
-            lines.append(line)
-        out.append(Definition(key, name, definition, lines))
-    return out
-
-
-def latency_lines(fig: pd.DataFrame) -> list[str]:
-    """Per run: mean TTFT and TPOT over prompts in ms with their 95% intervals, and its baseline's."""
-    def ms(r: dict, k: str) -> str:
-        if not _ok(r.get(k)):
-            return "not recorded"
-        lo, hi = _num(r.get(f"{k}_ci_low")) * 1000, _num(r.get(f"{k}_ci_high")) * 1000
-        return f"{_num(r[k]) * 1000:.2f} ms{_ci(lo, hi)}"
-    out = []
-    for r in fig.to_dict("records"):
-        line = f"`{r['run_id']}`: TTFT {ms(r, 'ttft')}, TPOT {ms(r, 'tpot')}"
-        if r.get("baseline_run") and (_ok(r.get("baseline_ttft")) or _ok(r.get("baseline_tpot"))):
-            line += f" (baseline `{r['baseline_run']}`: TTFT {ms(r, 'baseline_ttft')}, TPOT {ms(r, 'baseline_tpot')})"
-        out.append(line)
-    return out
 
 
 def tau_gap(best: str, worst: str, by_run: dict[str, pd.DataFrame]) -> tuple[float, float, int] | None:
@@ -742,10 +697,11 @@ NOISY_RATIO = 1.25       # ... and whose tokens/s differ by this factor or more 
 MIN_CATEGORY_PROMPTS = metrics.MIN_INTERVAL_PROMPTS   # a category's interval is read and shown from 5 prompts
 
 
-def category_noise(cats: pd.DataFrame | None) -> str | None:
-    """A sentence when the categories disagree: two runs accept alike in a category (tau within SAME_TAU) yet their
-    tokens/s there differ by NOISY_RATIO or more (the largest such gap), or one run's category speedups lie on both
-    sides of 1 with intervals that exclude it (categories of MIN_CATEGORY_PROMPTS prompts or more)."""
+def category_noise(cats: pd.DataFrame | None) -> CategoryNoise | None:
+    """When the categories disagree: two runs accept alike in a category (tau within SAME_TAU) yet their tokens/s
+    there differ by NOISY_RATIO or more (the largest such gap: kind "alike"), or one run's category speedups lie on
+    both sides of 1 with intervals that exclude it (categories of MIN_CATEGORY_PROMPTS prompts or more: kind
+    "split"); None when they agree."""
     if cats is None or cats.empty:
         return None
     best = None
@@ -759,97 +715,16 @@ def category_noise(cats: pd.DataFrame | None) -> str | None:
                         best = (hi / lo, cat, a, b)
     if best:
         _, cat, a, b = best
-        return (f"Per category, speed is noisy: in {cat}, `{a['run_id']}` and `{b['run_id']}` accept alike (tau "
-                f"{a['tau']:.2f} and {b['tau']:.2f}) yet ran at {a['tokens_per_s']:.0f} and {b['tokens_per_s']:.0f} "
-                "tokens/s; read per-category speeds with their intervals.")
+        return CategoryNoise("alike", str(cat), (a["run_id"], b["run_id"]), (float(a["tau"]), float(b["tau"])),
+                             (float(a["tokens_per_s"]), float(b["tokens_per_s"])))
     for run, g in cats[cats["prompts"] >= MIN_CATEGORY_PROMPTS].groupby("run_id", sort=False):
         up = g[g["speedup_ci_low"].astype(float) > 1.0]
         down = g[g["speedup_ci_high"].astype(float) < 1.0]
         if len(up) and len(down):
             u, d = up.loc[up["speedup"].idxmax()], down.loc[down["speedup"].idxmin()]
-            return (f"The categories disagree: `{run}` is faster on {u['category']} ({_x(u['speedup'])}) and slower "
-                    f"on {d['category']} ({_x(d['speedup'])}).")
+            return CategoryNoise("split", str(u["category"]), (run,), speedup=float(u["speedup"]),
+                                 slower_category=str(d["category"]), slower_speedup=float(d["speedup"]))
     return None
-
-
-def headline(fig: pd.DataFrame, gap=None, cats: pd.DataFrame | None = None) -> str:
-    """A few short sentences (the tiles above it carry each run's figures): whether the drafters are faster or
-    slower than decoding without one, under both throughput definitions; what the weakest drafter run loses in tau
-    against the strongest, e.g. "`b` loses 1.26 in tau against `a` (95% CI 1.10 to 1.41 over 80 shared prompts; 48%
-    of its tau); its speedup: \u221280 pp (1.10x against 1.90x)"; the repeats and prompts the figures rest on; and
-    per-category noise when categories disagree (category_noise).
-    gap(best_id, worst_id) -> (ci_low, ci_high, shared prompts) or None: the paired interval of the loss."""
-    recs = fig.to_dict("records")
-    parts = []
-    sped = [r for r in recs if _ok(r.get("speedup")) and _k(r) > 0]
-    noisy = [r for r in sped if _noise(r)]
-    sped = [r for r in sped if not _noise(r)]
-    if noisy:
-        parts.append(f"**No speed verdict for {_names(r['run_id'] for r in noisy)}**: "
-                     + "; ".join(f"`{r['run_id']}` {_x(r['speedup'])}, {_first_reason(_noise(r))}" for r in noisy)
-                     + " (its tile says all).")
-    if sped:
-        tones = [speed_words(r["speedup"], r.get("speedup_ci_low"), r.get("speedup_ci_high"), r.get("baseline_plain"),
-                             r.get("baseline_run"))[0] for r in sped]
-        plain = all(r.get("baseline_plain") is not False for r in sped)
-        than = "decoding without one" if plain else "its baseline"
-        one, same = len(sped) == 1, len(set(tones)) == 1
-        short = {"slower": "slower", "faster": "faster", "unclear": "no clear difference"}
-        figs = ", ".join(f"`{r['run_id']}` {_x(r['speedup'])}" + ("" if same else f" ({short[t]})")
-                         for r, t in zip(sped, tones))
-        tot = [r for r in sped if _ok(r.get("speedup_total"))]
-        if tot:
-            figs += (" by mean per-prompt tokens/s; "
-                     + ", ".join(f"{_x(r['speedup_total'])}" for r in tot) + " by total tokens / total time")
-        other = " other" if noisy else ""
-        subject = f"The{other} drafter" if one else f"Every{other} drafter"
-        if same and tones[0] in ("slower", "faster"):
-            lead = f"**{subject} here is {tones[0]} than {than}**"
-        elif all(t in ("slower", "unclear") for t in tones):
-            lead = f"**No{other} drafter here is clearly faster than {than}**"
-        else:
-            lead = f"Speedup over {than}"
-        parts.append(f"{lead}: {figs}.")
-    elif recs and not noisy:
-        parts.append("No speedup: " + ", ".join(f"`{r['run_id']}`" for r in recs) + " have no baseline.")
-    spec = fig[(fig["num_spec_tokens"] > 0) & (fig["drafts"] > 0)]
-    if len(spec) >= 2:
-        best, worst = spec.loc[spec["tau"].idxmax()], spec.loc[spec["tau"].idxmin()]
-        loss = best["tau"] - worst["tau"]
-        if loss < 0.005:
-            parts.append("Every drafter accepts alike (tau within 0.01).")
-        else:
-            text = f"`{worst['run_id']}` loses {loss:.2f} in tau against `{best['run_id']}` ("
-            ci = gap(best["run_id"], worst["run_id"]) if gap else None
-            if ci:
-                lo, hi, n = ci
-                text += (f"95% CI {lo:.2f} to {hi:.2f} over {n} shared prompts"
-                         + (", so not clearly lower; " if lo <= 0 else "; "))
-            text += f"{100 * loss / best['tau']:.0f}% of its tau)"
-            if _noise(best.to_dict()) or _noise(worst.to_dict()):
-                text += "; their speedups are not compared (timing noise, above)"
-            elif _ok(best.get("speedup")) and _ok(worst.get("speedup")):
-                ds = _pp(worst["speedup"], best["speedup"])
-                text += (f"; its speedup: {ds} ({_x(worst['speedup'])} against {_x(best['speedup'])})"
-                         if worst["speedup"] <= best["speedup"] else
-                         f", yet its speedup is higher: {ds} ({_x(worst['speedup'])} against {_x(best['speedup'])})")
-            parts.append(text + ".")
-    if recs:
-        bases = {_basis(r) for r in recs}
-        reps = {int(_num(r.get("repeats"), 1) or 1) for r in recs}
-        rest = (f"Each figure rests on {bases.pop()}" if len(bases) == 1 else
-                "The figures rest on " + ", ".join(f"`{r['run_id']}` {_basis(r)}" for r in recs))
-        rest += "; 95% intervals resample prompts"
-        if reps == {1}:
-            timed = [r.get("baseline_timing") for r in recs if r.get("baseline_run")]
-            rest += (" (one repeat: the machine's timing noise shows only in the noise check)"
-                     if timed and all(t == INTERLEAVED for t in timed)
-                     else " (one repeat: run-to-run timing noise is not measured)")
-        parts.append(rest + ".")
-    noise = category_noise(cats)
-    if noise:
-        parts.append(noise)
-    return " ".join(parts)
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, str]:

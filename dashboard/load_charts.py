@@ -18,8 +18,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from backend.compare import speed_words
 from dashboard.charts import _template
+from dashboard.compare_words import speed_words
 
 # plotly_white with the defaults of the trace types used here only (charts._template: the full template costs ~20 ms
 # a figure)

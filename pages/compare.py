@@ -1,12 +1,14 @@
 """Compare bench runs (?runs=a,b,c&baseline=paired|pinned&view=Acceptance|Speed|...): speedup tiles and a short
 headline, then accepted-length histograms, per-position acceptance, throughput under both definitions (mean
 per-prompt tokens/s; total tokens / total time), speedups, TTFT and TPOT with 95% CIs, per-category figures and the
-settings that differ. Numbers: backend/compare.py (from backend/metrics.py); data: catalog aggregates."""
+settings that differ. Numbers and verdicts: backend/compare.py (from backend/metrics.py); their words, tiles and
+links: dashboard/compare_words.py; data: catalog aggregates."""
 
 import streamlit as st
 
 from backend import compare
 from dashboard import charts, load_charts, severity, ui
+from dashboard import compare_words as words
 
 st.title("Compare bench runs")
 cat = ui.catalog()
@@ -23,16 +25,16 @@ chosen = ui.multiselect("Bench runs", ui.capped(ids, ui.qp_list("runs") + defaul
                              "on the Runs page (filter, tick their rows, then Compare)" if len(ids) > ui.MAX_OPTIONS
                         else None)
 against = ui.select("Speedup against", list(compare.BASELINES), "baseline", "paired", where=c2,
-                    format_func=compare.BASELINES.get)
+                    format_func=words.BASELINE_LABELS.get)
 if len(chosen) < 2:
     st.info("Pick at least two bench runs to compare.")
     st.stop()
 
 substitute = ui.instead("runs")      # runs the link did not ask for: charts only, no tiles, headline or banner
 tile_row, headline, warnings = st.empty(), st.empty(), st.empty()     # filled once the speed figures are in
-ui.tab_choice("view", compare.VIEWS)
+ui.tab_choice("view", words.VIEWS)
 # lazy tabs: only the open one runs and is sent (?view=Speed reproduces a view); the first paint stays light
-acc_tab, speed_tab, cat_tab, cfg_tab = st.tabs(list(compare.VIEWS), key="view", on_change="rerun",
+acc_tab, speed_tab, cat_tab, cfg_tab = st.tabs(list(words.VIEWS), key="view", on_change="rerun",
                                                bind="query-params")
 acc = ui.guarded(compare.load_acceptance, chosen)     # the first charts need only the histograms: draw them first
 stem = "_".join(acc.run_ids)
@@ -47,7 +49,7 @@ if acc_tab.open:
                                     f"acceptance_per_position_{stem}")
 
 with st.spinner(f"Speedups of {len(acc.run_ids)} runs ..."):
-    cmp = ui.guarded(compare.compare, chosen, against, acceptance=acc)
+    cmp = ui.guarded(words.compare, chosen, against, acceptance=acc)
 # green/red only for a verdict; "noisy" (the speed figures are not comparable: timing noise, load, another moment)
 # is grey without an arrow, like "no clear difference"
 TONE = {"slower": "normal", "faster": "normal", "unclear": "off", "none": "off", "noisy": "off"}
@@ -89,7 +91,7 @@ if speed_tab.open:
     with speed_tab:
         st.caption("Two throughput figures, both with 95% bootstrap intervals over prompts; they differ when prompts "
                    "of different lengths run at different speeds:")
-        for col, d in zip(st.columns(2), compare.speed_definitions(cmp.figures)):
+        for col, d in zip(st.columns(2), words.speed_definitions(cmp.figures)):
             with col.container(border=True, key=f"definition_{d.key}"):
                 st.markdown(f"**{d.name.capitalize()}**: {d.definition}.")
                 st.markdown("\n".join(f"- {line}" for line in d.lines))
@@ -98,7 +100,7 @@ if speed_tab.open:
         with left:
             ui.chart_with_downloads(charts.throughput_bars(cmp.figures), speed, f"throughput_{stem}")
         with right:
-            ui.chart_with_downloads(charts.speedup_chart(cmp.figures, compare.BASELINES[against]), speed,
+            ui.chart_with_downloads(charts.speedup_chart(cmp.figures, words.BASELINE_LABELS[against]), speed,
                                     f"speedup_{against}_{stem}")
         left, right = st.columns(2)
         with left:
@@ -106,7 +108,7 @@ if speed_tab.open:
         with right.container(border=True, key="latency"):
             st.markdown("**TTFT** (time to first token: the prompt's prefill) and **TPOT** (time per output token "
                         "after the first), means over prompts with 95% intervals:")
-            st.markdown("\n".join(f"- {line}" for line in compare.latency_lines(cmp.figures)))
+            st.markdown("\n".join(f"- {line}" for line in words.latency_lines(cmp.figures)))
         two = {"format": "%.2f"}
         st.dataframe(charts.summary_table(cmp.figures), hide_index=True, key="summary", column_config={
             "tau": st.column_config.NumberColumn(**two),

@@ -21,8 +21,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from backend import compare, metrics
+from backend import metrics
 from backend.store.catalog import Catalog
+from dashboard import compare_words
 from tests import test_browser
 from tests.test_browser import CHART, CHROMIUM, TIMEOUT_MS, open_view, streamlit_server
 
@@ -210,7 +211,7 @@ def test_a_noisy_run_gets_no_verdict(page, server: str, shots: Path, data: Path)
     assert "No faster/slower verdict" in card and "other processes kept 1.5 of" in card.lower(), card
     headline = page.locator('[data-testid="stMarkdownContainer"]').filter(has_text="No speed verdict").first
     words = headline.inner_text()
-    assert f"No speed verdict for {NOISY}" in words and compare._first_reason(reason) in words, words
+    assert f"No speed verdict for {NOISY}" in words and compare_words._first_reason(reason) in words, words
     assert "not compared (timing noise" in words, "the tau sentence leaves the speedups out"
     page.screenshot(path=str(shots / "compare-speed-noise.png"), full_page=True)
     open_view(page, server, f"/run?id={NOISY}", charts=0)

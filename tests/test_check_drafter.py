@@ -320,8 +320,8 @@ def test_page_in_a_browser(checks, root, tmp_path) -> None:
 def test_compare_names_the_mismatch_from_the_check(pair, root, checks) -> None:
     """Real benches of both toy drafters next to the stored checks: Compare says in plain words that the
     after-layer drafter was fed S_2, S_4, S_5 but trained on S_3, S_5, S_6, and says nothing of the matched one."""
-    from backend import compare
     from backend.bench import BenchSettings, run_bench
+    from dashboard import compare_words as compare
 
     ids = []
     for d in ("drafter-matched", "drafter-after-layer"):

@@ -18,6 +18,7 @@ from test_pages import figures, open_page, params, texts, values
 from backend import annotations, compare, metrics
 from backend.errors import SpecLensError
 from backend.store.catalog import Catalog, CatalogReader
+from dashboard import compare_words
 
 shots = test_browser.shots  # pytest fixture, requested by name below
 RUNS = "spec-random,spec-oracle"
@@ -144,7 +145,7 @@ def test_old_catalog_schema_is_rebuilt(own: Path) -> None:
 def test_comparison_numbers_come_from_aggregates(bench: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(CatalogReader, "bench_steps", lambda *a, **k: pytest.fail("per-step rows loaded"))
     monkeypatch.setattr(CatalogReader, "bench_prompts", lambda *a, **k: pytest.fail("all prompt columns loaded"))
-    c = compare.compare(["spec-random", "spec-oracle"], root=bench)
+    c = compare_words.compare(["spec-random", "spec-oracle"], root=bench)
     f = c.figures.set_index("run_id")
     br = Catalog(bench).read.bench_runs().set_index("run_id")
     for r in ("spec-random", "spec-oracle"):
@@ -169,7 +170,7 @@ def test_speed_figures_match_numpy_on_the_raw_rows(bench: Path) -> None:
     baseline run both link, spec-oracle reused that run and timed its own pairs."""
     import pandas as pd
 
-    c = compare.compare(["spec-random", "spec-oracle"], root=bench)
+    c = compare_words.compare(["spec-random", "spec-oracle"], root=bench)
     f = c.figures.set_index("run_id")
     raw = {r: pd.read_parquet(bench / "runs" / r / "prompts.parquet")
            for r in ("spec-random", "spec-oracle", "spec-random-baseline")}
@@ -201,7 +202,7 @@ def test_speed_figures_match_numpy_on_the_raw_rows(bench: Path) -> None:
     assert f.loc["spec-random", "speedup"] < 1
     tile = tiles["spec-random"]
     if isinstance(f.loc["spec-random", "speed_noise"], str):       # this machine was busy: no verdict, and why
-        assert tile.tone == "noisy" and tile.delta == compare.NOISY_DELTA
+        assert tile.tone == "noisy" and tile.delta == compare_words.NOISY_DELTA
         assert "No faster/slower verdict" in tile.lines[0]
     elif hi < 1:
         assert tile.tone == "slower" and "slower than without a drafter" in tile.delta
@@ -210,7 +211,7 @@ def test_speed_figures_match_numpy_on_the_raw_rows(bench: Path) -> None:
     assert tiles["spec-random"].lines[-1].startswith("2 repeats x 4 prompts")
     first = 1 if isinstance(f.loc["spec-oracle", "speed_noise"], str) else 0      # after the no-verdict line
     assert tiles["spec-oracle"].lines[first] == f"tau {f.loc['spec-oracle', 'tau']:.2f} · 42% of drafts accepted"
-    lines = {d.key: d for d in compare.speed_definitions(c.figures)}
+    lines = {d.key: d for d in compare_words.speed_definitions(c.figures)}
     assert f"**{f.loc['spec-random', 'throughput_total']:.1f}** tokens/s" in lines["total"].lines[0]
     cats = c.categories.set_index(["run_id", "category"])
     w = raw["spec-oracle"][raw["spec-oracle"]["category"] == "writing"]
@@ -222,11 +223,11 @@ def test_speed_figures_match_numpy_on_the_raw_rows(bench: Path) -> None:
 
 
 def test_speedup_against_the_pinned_baseline(own: Path) -> None:
-    c = compare.compare(["spec-random", "spec-oracle"], "pinned", root=own)
+    c = compare_words.compare(["spec-random", "spec-oracle"], "pinned", root=own)
     assert "No pinned baseline" in " ".join(c.warnings)
     annotations.save("spec-random", pinned=True, root=own)
     Catalog(own).write.refresh()
-    c = compare.compare(["spec-random", "spec-oracle"], "pinned", root=own)
+    c = compare_words.compare(["spec-random", "spec-oracle"], "pinned", root=own)
     f = c.figures.set_index("run_id")
     assert f.loc["spec-random", "speedup"] == pytest.approx(1.0)
     assert f.loc["spec-oracle", "baseline_run"] == "spec-random"
@@ -259,7 +260,7 @@ def test_no_verdict_against_a_baseline_timed_at_another_moment(own: Path) -> Non
     _quiet(own, "spec-random", lambda f: f.drop(columns=drop).assign(ttft=f["ttft"] * 3))
     _quiet(own, "spec-oracle")
     Catalog(own).write.refresh()
-    c = compare.compare(["spec-random", "spec-oracle"], root=own)
+    c = compare_words.compare(["spec-random", "spec-oracle"], root=own)
     f = c.figures.set_index("run_id")
     assert f.loc["spec-random", "baseline_timing"] == "separate" and f.loc["spec-oracle", "baseline_timing"] == \
         "interleaved"
@@ -277,10 +278,10 @@ def test_no_verdict_against_a_baseline_timed_at_another_moment(own: Path) -> Non
         tokens_per_s=during.loc[list(zip(f["repeat"], f["prompt_id"])), "base_tokens_per_s"].to_numpy() / 2))
     annotations.save("spec-random-baseline", pinned=True, root=own)
     Catalog(own).write.refresh()
-    c = compare.compare(["spec-oracle"], "pinned", root=own)
+    c = compare_words.compare(["spec-oracle"], "pinned", root=own)
     why = c.figures.set_index("run_id").loc["spec-oracle", "speed_noise"]
     assert "Baseline `spec-random-baseline` was timed at another moment" in why and "(x2.00, 95% CI 2.00" in why, why
-    assert c.tiles[0].tone == "noisy" and c.tiles[0].delta == compare.NOISY_DELTA
+    assert c.tiles[0].tone == "noisy" and c.tiles[0].delta == compare_words.NOISY_DELTA
 
 
 def test_config_diff_and_headline_words() -> None:
@@ -295,29 +296,29 @@ def test_config_diff_and_headline_words() -> None:
                         {"run_id": "drafter-after-layer", "tau": 1.35, "num_spec_tokens": 4, "drafts": 10,
                          "speedup": 1.1, "speedup_ci_low": 1.0, "speedup_ci_high": 1.2}])
     fig = fig.assign(repeats=1, prompts=80, baseline_plain=True)
-    assert compare.headline(fig) == (
+    assert compare_words.headline(fig) == (
         "Speedup over decoding without one: `drafter-matched` 1.90x (faster), `drafter-after-layer` 1.10x (no clear "
         "difference). `drafter-after-layer` loses 1.26 in tau against `drafter-matched` (48% of its tau); its speedup: "
         "\u221280 pp (1.10x against 1.90x). Each figure rests on 1 repeat x 80 prompts; 95% intervals resample prompts "
         "(one repeat: run-to-run timing noise is not measured).")
-    with_ci = compare.headline(fig, lambda best, worst: (1.1, 1.4, 80)
+    with_ci = compare_words.headline(fig, lambda best, worst: (1.1, 1.4, 80)
                                if (best, worst) == ("drafter-matched", "drafter-after-layer") else None)
     assert "loses 1.26 in tau against `drafter-matched` (95% CI 1.10 to 1.40 over 80 shared prompts; 48% of its tau)" \
         in with_ci
-    assert "not clearly lower" in compare.headline(fig, lambda b, w: (-0.1, 0.3, 8))
+    assert "not clearly lower" in compare_words.headline(fig, lambda b, w: (-0.1, 0.3, 8))
     # the issue's demo figures: both drafters slower; the weaker-tau one faster by 11 percentage points, not "0.11x"
     slow = fig.assign(speedup=[0.82, 0.93], speedup_ci_low=[0.78, 0.88], speedup_ci_high=[0.86, 0.97],
                       speedup_total=[0.54, 0.74], speedup_total_ci_low=[0.5, 0.7], speedup_total_ci_high=[0.58, 0.78])
-    h = compare.headline(slow)
+    h = compare_words.headline(slow)
     assert h.startswith("**Every drafter here is slower than decoding without one**: `drafter-matched` 0.82x, "
                         "`drafter-after-layer` 0.93x by mean per-prompt tokens/s; 0.54x, 0.74x by total tokens / "
                         "total time.")
     assert "yet its speedup is higher: +11 pp (0.93x against 0.82x)" in h and "0.11x" not in h
-    assert compare.speed_words(0.82, 0.78, 0.86) == ("slower", "slower than without a drafter")
-    assert compare.speed_words(1.3, 1.1, 1.5)[0] == "faster"
-    assert compare.speed_words(0.97, 0.9, 1.04) == ("unclear", "no clear difference")
-    assert compare.speed_words(0.8, 0.7, 0.9, False, "other")[1] == "slower than its baseline `other`"
-    assert compare.speed_words(None, None, None)[0] == "none"
+    assert compare_words.speed_words(0.82, 0.78, 0.86) == ("slower", "slower than without a drafter")
+    assert compare_words.speed_words(1.3, 1.1, 1.5)[0] == "faster"
+    assert compare_words.speed_words(0.97, 0.9, 1.04) == ("unclear", "no clear difference")
+    assert compare_words.speed_words(0.8, 0.7, 0.9, False, "other")[1] == "slower than its baseline `other`"
+    assert compare_words.speed_words(None, None, None)[0] == "none"
 
 
 def test_category_noise_in_words() -> None:
@@ -332,16 +333,16 @@ def test_category_noise_in_words() -> None:
 
     noisy = cats([("a", "coding", 2.10, 92.0, 0.6, 0.5, 0.7), ("b", "coding", 2.12, 190.0, 1.2, 1.1, 1.3),
                   ("a", "math", 2.5, 150.0, 0.9, 0.8, 1.0), ("b", "math", 1.5, 140.0, 0.9, 0.8, 1.0)])
-    assert compare.category_noise(noisy) == (
+    assert compare_words.category_noise(noisy) == (
         "Per category, speed is noisy: in coding, `a` and `b` accept alike (tau 2.10 and 2.12) yet ran at 92 and 190 "
         "tokens/s; read per-category speeds with their intervals.")
     calm = noisy.assign(tokens_per_s=[92.0, 100.0, 150.0, 140.0])
-    assert compare.category_noise(calm) is None
+    assert compare_words.category_noise(calm) is None
     split = cats([("a", "coding", 2.0, 90.0, 0.6, 0.5, 0.7), ("a", "writing", 2.6, 150.0, 1.4, 1.2, 1.6)])
-    assert compare.category_noise(split) == ("The categories disagree: `a` is faster on writing (1.40x) and slower on "
-                                             "coding (0.60x).")
-    assert compare.category_noise(split.assign(prompts=1)) is None, "one prompt a category: no interval to read"
-    assert "speed is noisy" in compare.headline(
+    assert compare_words.category_noise(split) == (
+        "The categories disagree: `a` is faster on writing (1.40x) and slower on coding (0.60x).")
+    assert compare_words.category_noise(split.assign(prompts=1)) is None, "one prompt a category: no interval to read"
+    assert "speed is noisy" in compare_words.headline(
         pd.DataFrame([{"run_id": "a", "tau": 2.1, "num_spec_tokens": 3, "drafts": 5, "speedup": None}]), None, noisy)
 
 
@@ -464,8 +465,8 @@ def test_compare_page(bench: Path) -> None:
     assert "**Mean per-prompt tokens/s**" in md and "**Total tokens / total time**" in md and "TPOT" in md
     tiles = {m.label: m for m in at.metric}
     assert list(tiles) == ["spec-random", "spec-oracle"] and tiles["spec-random"].value.endswith("x")
-    tone = {t.run_id: t for t in compare.compare(RUNS.split(","), root=bench).tiles}["spec-random"].delta
-    assert tiles["spec-random"].proto.delta == tone and (tone.startswith("-") or tone == compare.NOISY_DELTA)
+    tone = {t.run_id: t for t in compare_words.compare(RUNS.split(","), root=bench).tiles}["spec-random"].delta
+    assert tiles["spec-random"].proto.delta == tone and (tone.startswith("-") or tone == compare_words.NOISY_DELTA)
 
     at = open_page("pages/compare.py", runs=RUNS, view="Per category")
     (cats,) = (d.value for d in at.dataframe)
@@ -622,9 +623,9 @@ def test_different_targets_warning_follows_the_weights_not_the_path(own: Path) -
         Catalog(own).write.refresh()
 
     edit("spec-oracle", path="/mnt/gpu-node/models/same-target")
-    assert not [w for w in compare.compare(ids, "paired", root=own).warnings if "different targets" in w]
+    assert not [w for w in compare_words.compare(ids, "paired", root=own).warnings if "different targets" in w]
     edit("spec-oracle", fingerprint="sha256-sampled:other-weights")
-    assert [w for w in compare.compare(ids, "paired", root=own).warnings if "2 different targets" in w]
+    assert [w for w in compare_words.compare(ids, "paired", root=own).warnings if "2 different targets" in w]
 
 
 def test_drafter_diagnosis_in_plain_words() -> None:
@@ -645,12 +646,12 @@ def test_drafter_diagnosis_in_plain_words() -> None:
         "chk-old": {"model": tgt, "drafter": after, "check": {"best": ["S_2", "S_4", "S_5"]}},
         "chk-m": {"model": tgt, "drafter": matched, "check": {"best": ["S_2", "S_4", "S_5"]}},
     }
-    lines = compare.drafter_diagnosis(benches, checks)
+    lines = compare_words.drafter_diagnosis(benches, checks)
     assert len(lines) == 2 and all("`chk-new`" in x for x in lines)
     assert lines[0].startswith("`b-after`: the engine fed S_2, S_4, S_5, but drafter check `chk-new` finds "
                                "drafter-after-layer was trained on S_3, S_5, S_6 (off by one: it was trained one "
                                "boundary later)")
     assert lines[1].startswith("`b-other-node`")           # same weights elsewhere: same fingerprint
     other_target = {"b-after": {**benches["b-after"], "model": {"path": "/x", "fingerprint": "sha256-sampled:u"}}}
-    assert compare.drafter_diagnosis(other_target, checks) == []
-    assert compare.drafter_diagnosis(benches, {}) == []
+    assert compare_words.drafter_diagnosis(other_target, checks) == []
+    assert compare_words.drafter_diagnosis(benches, {}) == []

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from backend import coords
-from backend.compare import _relation
 from backend.demo import PAIR_TARBALL, SLOT_TARBALL
 from backend.drafter.finder import candidate_sets, convention_of
 from backend.toy import slot_shift as ss
+from dashboard.compare_words import relation_words as _relation
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 need_models = pytest.mark.skipif(not (PAIR_TARBALL.exists() and SLOT_TARBALL.exists()),
@@ -115,7 +115,7 @@ def test_demo_shows_the_drop_and_tells_the_story(tmp_path, monkeypatch):
     # Compare explains the shifted run from the stored check; the Runs page (the first screen) shows the three lines
     from streamlit.testing.v1 import AppTest
 
-    from backend.compare import compare
+    from dashboard.compare_words import compare
 
     why = " ".join(compare(["demo-bench-matched", "demo-bench-slot-shift"], root=tmp_path).warnings)
     assert "every slot shifted" in why and "S_0, S_3, S_5" in why and "demo-check-slot-shift" in why, why
