@@ -99,6 +99,14 @@ def test_what_the_table_says_per_release() -> None:
     assert "Qwen3_5ForCausalLM" in K.kind_row("sglang", "0.5.18", "dflash")["capture"]["input"]
 
 
+def test_trainer_rows_say_what_dflash_ids_were_trained_on() -> None:
+    rows = {r["producer"]: r for r in K.kind_rows() if r["producer"] in ("speculators", "specforge", "modelopt")}
+    assert rows["specforge"]["rule"] == rows["modelopt"]["rule"] == "after" and rows["speculators"]["rule"] == "input"
+    assert "extract_context_feature" in rows["specforge"]["decided_by"]["meaning"]
+    assert K.trained_boundaries({"dflash_config": {"target_layer_ids": [1, 9]}}, "dflash") == S(2, 10)
+    assert K.trained_boundaries({"speculators_config": {}, "aux_hidden_state_layer_ids": [2, 10]}, "dflash") == S(2, 10)
+
+
 # ---------------------------------------------------------------------------------------- the parser, on small trees
 
 V1_AS_IS = '''

@@ -1852,6 +1852,16 @@ def kinds_markdown(path: Path = TABLE) -> str:
             dflt = "draft num_hidden_layers ids spread over [1, N-3] (one layer: N//2)"
         out.append(f"| {eng} | {span} | {KIND_WORDS[r['kind']]} | {', '.join(r['architectures'])} | {where} | "
                    f"{means} | {dflt} |")
+    tail = kinds_table_parts(path)[2]
+    trainers = [r for r in (yaml.safe_load(tail) or []) if isinstance(r, dict) and r.get("kind")]
+    if trainers:
+        out += ["", "DFlash trainers (the rows after the kind rows; read by hand in each wheel, not run):", "",
+                "| trainer | releases | writes | the drafter was trained on | default | decided by |",
+                "|---|---|---|---|---|---|"]
+        for r in trainers:
+            out.append(f"| {r['producer']} | {r['versions']} | {r['writes']} | {r['trained_on']} | "
+                       f"{', '.join(r['default']) if isinstance(r['default'], list) else r['default']} | "
+                       f"{'; '.join(r['decided_by'].values())} |")
     return "\n".join(out) + "\n"
 
 
