@@ -32,7 +32,9 @@ ui.unknown_runs(["id"], ids, choices, what="run")
 head, pick = st.columns([3, 1], vertical_alignment="bottom")
 rid = ui.select("Open another run", ui.capped(ids, [ui.qp_get("id") or "", ids[0]]), "id", ids[0], where=pick,
                 help=f"lists the {ui.MAX_OPTIONS} newest runs and the one in the URL" if len(ids) > ui.MAX_OPTIONS
-                else None)
+                else None, none_instead=True)
+if rid is None:                       # the link's run cannot be shown: never another run's verdicts in its place
+    st.stop()
 run = ui.guarded(cat.get_run, rid)
 if run is None:                       # gone between the two queries (a rescan removed it)
     st.info(f"Run `{ui.cut(rid)}` left the catalog; pick another.")
