@@ -337,3 +337,42 @@ def test_engines_are_one_registry_and_implement_the_interface() -> None:
         assert params[1:3] == ["drafter", "eos"], modname
     loops = [f for f in (REPO / "backend").rglob("*.py") if "for i in range(start, " in f.read_text()]
     assert [str(f.relative_to(REPO)) for f in loops] == ["backend/engines/capture_loop.py"]
+
+
+def _markdown_strings(source: str) -> list[tuple[int, str]]:
+    """(line, text) of each string literal in `source` that builds markdown: bold ("**") or a page link ("](/"),
+    outside a `# --- compat (begin)` ... `# --- compat (end)` block."""
+    lines = source.splitlines()
+    begin = [i + 1 for i, x in enumerate(lines) if "# --- compat (begin)" in x]
+    end = [i + 1 for i, x in enumerate(lines) if "# --- compat (end)" in x]
+    spans = list(zip(begin, end, strict=True))
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ""
+        if ("**" in text or "](/" in text) and not any(b <= node.lineno <= e for b, e in spans):
+            out.append((node.lineno, text))
+    return out
+
+
+def test_compare_backend_returns_data_not_words() -> None:
+    """Issue 21 item 4 for Compare: backend/compare.py builds no markdown (no "**", no "](/" link) and imports
+    nothing from dashboard/; dashboard/compare_words.py words its objects. The one compat block (Mismatch.line, kept
+    for backend/run_view.py until the run page words its findings in dashboard/) says what mismatch_line says."""
+    from backend import compare
+    from dashboard import compare_words
+
+    f = REPO / "backend" / "compare.py"
+    assert not _markdown_strings(f.read_text()), _markdown_strings(f.read_text())
+    assert not [m for m in _imports(f) if m.split(".")[0] == "dashboard"]
+    blocks = re.findall(r"# --- compat \(begin\)(.*?)# --- compat \(end\)", f.read_text(), re.S)
+    assert len(blocks) == 1 and re.findall(r"\bdef (\w+)", blocks[0]) == ["line"], "one compat method, no more"
+    for fed, trained in ((["S_2", "S_4", "S_5"], ["S_3", "S_5", "S_6"]), (["S_3", "S_5", "S_6"], ["S_0", "S_3", "S_5"]),
+                         (["S_1", "S_5"], ["S_1", "S_7"]), (["S_1"], ["S_1", "S_2"]), (["S_5"], ["S_2"])):
+        m = compare.Mismatch("b", "chk", "d", fed, trained, compare.relation(fed, trained))
+        assert m.line() == compare_words.mismatch_line(m)
+
+
+def test_the_markdown_check_can_fail() -> None:
+    snippet = ('A = "**bold**"\nB = f"see [check](/drafter?run={x})"\n'
+               '# --- compat (begin)\nC = "**ok**"\n# --- compat (end)\n')
+    assert [n for n, _ in _markdown_strings(snippet)] == [1, 2]
