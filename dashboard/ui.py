@@ -200,7 +200,11 @@ def multiselect(label: str, options: Sequence[str], param: str, default: Sequenc
         asked = qp_list(param)
         wanted = list(dict.fromkeys(asked))
         value = [v for v in wanted if v in options]
-        lines = [f"{_head(param, v, label, options, fmt, one_of=True)}; left out." for v in wanted if v not in options]
+        missing = [v for v in wanted if v not in options]
+        lines = [f"{_head(param, v, label, options, fmt, one_of=True)}; left out." for v in missing[:MAX_NOTICE_LINES]]
+        if len(missing) > MAX_NOTICE_LINES:          # a long link: the first few named, the rest counted
+            lines.append(f"... and {len(missing) - MAX_NOTICE_LINES} more value(s) of `{param}` that cannot be shown "
+                         "either; left out.")
         twice = [v for v in wanted if asked.count(v) > 1] if len(wanted) < len(asked) else []
         if twice:
             lines.append(f"`{param}={cut(qp_get(param))}` names {', '.join(f'`{cut(v)}`' for v in twice[:5])} more "
@@ -272,6 +276,9 @@ def tab_choice(param: str, tabs: Sequence[str], label: str = "View") -> None:
     if asked is not None and asked not in tabs:
         link_notice(f"`{param}={cut(asked)}` (from the URL) is {_choices(label, tabs)}; showing `{tabs[0]}` instead.")
         _notes()["substituted"].append(param)
+
+
+MAX_NOTICE_LINES = 5        # values of one link parameter named one by one in a notice; the rest are counted
 
 
 def unknown_runs(params: Sequence[str], known: Sequence[str], runs: pd.DataFrame, what: str = "capture") -> None:

@@ -193,6 +193,16 @@ def test_stats_unknown_run_in_url(dash: Path) -> None:
     assert [t["name"] for t in figures(at)[0]["data"]] == ["a1"]
 
 
+def test_a_long_list_of_unknown_runs_is_named_five_at_a_time(dash: Path) -> None:
+    """A pasted 10 KB `runs=` of ids the catalog lacks: the first five are named, the rest counted, in one notice."""
+    ghosts = [f"ghost{i:03d}" + "x" * 40 for i in range(220)]
+    at = open_page("pages/stats.py", runs=",".join(["a1", *ghosts]))
+    notice = texts(at.warning)
+    assert notice.count("(from the URL, `runs`)") == 5 and "ghost004" in notice and "ghost005" not in notice
+    assert "and 215 more value(s) of `runs` that cannot be shown either" in notice
+    assert [t["name"] for t in figures(at)[0]["data"]] == ["a1"]
+
+
 # ---------------------------------------------------------------------------- run page and link notices (issue 14)
 
 @pytest.fixture
