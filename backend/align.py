@@ -228,84 +228,82 @@ def pair_matrices(X: torch.Tensor, Y: torch.Tensor, same: list[tuple[int, int]],
     count[i, j]   tokens finite in both (tokens holding NaN/inf are left out of that pair)
 
     Per chunk of tokens one batched GEMM gives every pair's per-token dot product D[t, i, j] = x_it . y_jt
-    ([c, p, H] x [c, H, q], fp32 accumulation); cosine and dot sums come from D and the token norms, so no
-    normalised copy is made. Chunks are small (about 4M values) and their buffers allocated once, so the work
-    stays in cache and memory beyond X and Y is a few tens of MB. Also returns the per-token norms (norms_a [p, n],
-    norms_b [q, n], float32) for the CKA row selection and each boundary's mean over the tokens finite everywhere
-    (means: ([p, H], [q, H]) float32) for its centring."""
+    ([c, p, H] x [c, H, q], fp32 accumulation) into one [n, p, q] array and the token norms go into [n, p] and
+    [n, q]; cosine, dot and norm sums are then a few whole-array operations. No normalised copy is made, and the
+    operations per chunk are few (on a busy machine each one waits for its threads). Also returns the per-token
+    norms (norms_a [p, n], norms_b [q, n], float32) for the CKA row selection and each boundary's mean over the
+    tokens finite everywhere (means: ([p, H], [q, H]) float32) for its centring."""
     import torch
 
     device = X.device
     n, p, q, H = X.shape[0], X.shape[1], Y.shape[1], X.shape[-1]
-    c = chunk or max(1, (1 << (22 if device.type == "cpu" else 28)) // ((p + q) * H))
+    c = chunk or max(1, (1 << (24 if device.type == "cpu" else 28)) // ((p + q) * H))
     f32 = torch.float32
-    acc = {k: torch.zeros(p, q, dtype=torch.float64, device=device) for k in ("cos", "dot", "xx", "yy", "cnt")}
-    nfa = torch.zeros(p, dtype=torch.int64, device=device)
-    nfb = torch.zeros(q, dtype=torch.int64, device=device)
-    all_fin = torch.ones(n, dtype=torch.bool, device=device)        # tokens finite at every boundary of both
-    norms_a = torch.zeros(p, n, dtype=f32, device=device)
-    norms_b = torch.zeros(q, n, dtype=f32, device=device)
+    D = torch.empty(n, p, q, dtype=f32, device=device)
+    nx = torch.empty(n, p, dtype=f32, device=device)
+    ny = torch.empty(n, q, dtype=f32, device=device)
+    fin_a = torch.ones(n, p, dtype=torch.bool, device=device)
+    fin_b = torch.ones(n, q, dtype=torch.bool, device=device)
     sum_a = torch.zeros(p, H, dtype=f32, device=device)             # over the tokens finite everywhere
     sum_b = torch.zeros(q, H, dtype=f32, device=device)
     diff2 = torch.zeros(len(same), dtype=torch.float64, device=device)
     si = torch.tensor([i for i, _ in same], dtype=torch.long, device=device)
     sj = torch.tensor([j for _, j in same], dtype=torch.long, device=device)
-    # buffers reused by every chunk (a fresh allocation per chunk costs page faults on every pass)
+    # buffers reused by every chunk: fp32 copies of a 16-bit chunk (reductions on them need no hidden casts) and
+    # the same-named differences (a fresh allocation per chunk costs page faults on every pass)
     xbuf = None if X.dtype == f32 else torch.empty(c, p, H, dtype=f32, device=device)
     ybuf = None if Y.dtype == f32 else torch.empty(c, q, H, dtype=f32, device=device)
-    dbuf = torch.empty(c, len(same), H, dtype=f32, device=device)
-    ebuf = torch.empty(c, len(same), H, dtype=f32, device=device)
+    dbuf = torch.empty(c, len(same), H, dtype=f32, device=device) if same else None
+    ebuf = torch.empty(c, len(same), H, dtype=f32, device=device) if same else None
     tmp_a, tmp_b = torch.empty(p, H, dtype=f32, device=device), torch.empty(q, H, dtype=f32, device=device)
     for s in range(0, n, c):
-        x, y = X[s:s + c], Y[s:s + c]                                # [k, p, H], [k, q, H] views
-        k = x.shape[0]
-        xf = x if xbuf is None else xbuf[:k].copy_(x)
-        yf = y if ybuf is None else ybuf[:k].copy_(y)
-        nx = torch.linalg.vector_norm(xf, dim=-1).T                  # [p, k]
-        ny = torch.linalg.vector_norm(yf, dim=-1).T                  # [q, k]
-        fx, fy = torch.isfinite(nx), torch.isfinite(ny)    # a token holding NaN/inf has a non-finite norm
-        nfa += (~fx).sum(1)
-        nfb += (~fy).sum(1)
-        okc = fx.all(0) & fy.all(0)
-        all_fin[s:s + k] = okc
+        x16, y16 = X[s:s + c], Y[s:s + c]                            # [k, p, H], [k, q, H] views
+        k = x16.shape[0]
+        x = x16 if xbuf is None else xbuf[:k].copy_(x16)
+        y = y16 if ybuf is None else ybuf[:k].copy_(y16)
+        torch.linalg.vector_norm(x, dim=-1, out=nx[s:s + k])
+        torch.linalg.vector_norm(y, dim=-1, out=ny[s:s + k])
+        fx, fy = torch.isfinite(nx[s:s + k]), torch.isfinite(ny[s:s + k])   # NaN/inf in a token: its norm
         clean = bool(fx.all()) and bool(fy.all())
-        if not clean:                                      # zero what is not finite (fp32 copies, then products)
-            xf = xf.clone() if xbuf is None else xf
-            yf = yf.clone() if ybuf is None else yf
-            xf.masked_fill_(~fx.T[..., None], 0.0)
-            yf.masked_fill_(~fy.T[..., None], 0.0)
-            nx, ny = torch.where(fx, nx, 0.0), torch.where(fy, ny, 0.0)
-            x, y = xf, yf
-        norms_a[:, s:s + k], norms_b[:, s:s + k] = nx, ny
-        if bool(okc.all()):
-            sum_a += torch.sum(xf, 0, out=tmp_a)
-            sum_b += torch.sum(yf, 0, out=tmp_b)
-        else:
-            sum_a += (xf * okc[:, None, None]).sum(0)
-            sum_b += (yf * okc[:, None, None]).sum(0)
-        wx, wy = fx.float(), fy.float()
-        D = _bmm32(x, y.transpose(1, 2))                             # [k, p, q]
-        acc["dot"] += D.sum(0).double()
-        acc["cos"] += (D / (nx.T[:, :, None] * ny.T[:, None, :]).clamp_min(1e-30)).sum(0).double()
-        acc["xx"] += ((nx * nx) @ wy.T).double()
-        acc["yy"] += (wx @ (ny * ny).T).double()
-        acc["cnt"] += (wx @ wy.T).double()
-        if same:                                  # exact distance for same-named pairs (no cancellation)
-            d = torch.index_select(xf, 1, si, out=dbuf[:k])
-            d -= torch.index_select(yf, 1, sj, out=ebuf[:k])
-            if not clean:
-                d *= (fx[si] & fy[sj]).T[..., None]
+        if clean:
+            sum_a += torch.sum(x, 0, out=tmp_a)
+            sum_b += torch.sum(y, 0, out=tmp_b)
+            D[s:s + k] = _bmm32(x16, y16.transpose(1, 2))            # bf16 products where both are bf16
+            if same:                              # exact distance for same-named pairs (no cancellation)
+                d = torch.index_select(x, 1, si, out=dbuf[:k])
+                d -= torch.index_select(y, 1, sj, out=ebuf[:k])
+                diff2 += (torch.linalg.vector_norm(d, dim=(0, 2)) ** 2).double()
+            continue
+        fin_a[s:s + k], fin_b[s:s + k] = fx, fy           # zero what is not finite (fp32 copies), then go on
+        x = torch.where(fx[..., None], x.float(), 0.0)
+        y = torch.where(fy[..., None], y.float(), 0.0)
+        nx[s:s + k].masked_fill_(~fx, 0.0)
+        ny[s:s + k].masked_fill_(~fy, 0.0)
+        okc = (fx.all(1) & fy.all(1)).to(f32)[:, None, None]
+        sum_a += (x * okc).sum(0)
+        sum_b += (y * okc).sum(0)
+        D[s:s + k] = torch.bmm(x, y.transpose(1, 2))
+        if same:
+            d = (x[:, si] - y[:, sj]) * (fx[:, si] & fy[:, sj])[..., None]
             diff2 += (torch.linalg.vector_norm(d, dim=(0, 2)) ** 2).double()
-    cnt = acc["cnt"]
+    wx, wy = fin_a.double(), fin_b.double()
+    nx2, ny2 = nx.double() ** 2, ny.double() ** 2
+    cnt = wx.T @ wy
+    dot = D.sum(0, dtype=torch.float64)
+    xx, yy = nx2.T @ wy, wx.T @ ny2
+    D /= (nx[:, :, None] * ny[:, None, :]).clamp_min(1e-30)
+    cos_sum = D.sum(0, dtype=torch.float64)
+    del D
     nan = torch.full_like(cnt, float("nan"))
-    cos = torch.where(cnt > 0, acc["cos"] / cnt.clamp_min(1), nan)
-    d2 = (acc["xx"] + acc["yy"] - 2 * acc["dot"]).clamp_min(0)
+    cos = torch.where(cnt > 0, cos_sum / cnt.clamp_min(1), nan)
+    d2 = (xx + yy - 2 * dot).clamp_min(0)
     for k, (i, j) in enumerate(same):
         d2[i, j] = diff2[k]
-    rel = torch.where(cnt > 0, d2.sqrt() / acc["yy"].sqrt().clamp_min(1e-30), nan)
+    rel = torch.where(cnt > 0, d2.sqrt() / yy.sqrt().clamp_min(1e-30), nan)
+    all_fin = fin_a.all(1) & fin_b.all(1)
     return {"cosine": cos.cpu().numpy(), "rel_l2": rel.cpu().numpy(), "count": cnt.cpu().numpy(),
-            "nonfinite_a": nfa.cpu().numpy(), "nonfinite_b": nfb.cpu().numpy(), "all_finite": all_fin,
-            "norms_a": norms_a, "norms_b": norms_b,
+            "nonfinite_a": (~fin_a).sum(0).cpu().numpy(), "nonfinite_b": (~fin_b).sum(0).cpu().numpy(),
+            "all_finite": all_fin, "norms_a": nx.T, "norms_b": ny.T,
             "means": (sum_a / all_fin.sum().clamp_min(1), sum_b / all_fin.sum().clamp_min(1))}
 
 
