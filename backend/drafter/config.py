@@ -154,7 +154,7 @@ def detect_format(raw: dict, name: str) -> str:
     if ARCH_VLLM in archs:
         return "vllm"
     from backend.drafter.kinds import EAGLE_LIKE, kind_of
-    if kind_of(raw) in EAGLE_LIKE:                   # P-EAGLE, EAGLE-3 MLA: laid out (and their ids read) as EAGLE-3
+    if kind_of(raw) in EAGLE_LIKE[1:]:               # P-EAGLE, EAGLE-3 MLA: laid out (and their ids read) as EAGLE-3
         return "eagle"
     raise SpecLensError(f"{name}: unknown drafter format (architectures {archs}); expected {ARCH_EAGLE}, "
                         f"{ARCH_VLLM} or a speculators config with speculators_config")
