@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from backend.errors import SpecLensError
-from backend.options import DTYPES, ENGINE_NAMES, TORCH_DTYPES
+from backend.options import TORCH_DTYPES, add_options, from_args, parse_engine_options
+from backend.settings import CaptureSettings
 
 
 def _ids(s: str | None) -> list[int] | None:
@@ -21,17 +22,13 @@ def _ids(s: str | None) -> list[int] | None:
 
 
 def cmd_capture(a: argparse.Namespace) -> int:
-    from backend.capture import CaptureSettings, run_capture
+    from backend.capture import run_capture
 
-    s = CaptureSettings(model=a.model, prompts=a.prompts, engine=a.engine, limit=a.limit, device=a.device,
-                        dtype=a.dtype, boundaries=a.boundaries.split(",") if a.boundaries else None,
-                        sample_tokens=a.sample_tokens, max_prompt_tokens=a.max_prompt_tokens,
-                        chat_template=not a.no_chat_template)
+    s = from_args(CaptureSettings, a)
     opts = None
     if a.engine == "vllm":
-        from backend.bench_cli import engine_options
         from backend.engines.vllm import EngineOptions
-        extra = engine_options(a.engine_option)
+        extra = parse_engine_options(a.engine_option)
         opts = EngineOptions(tensor_parallel_size=a.tensor_parallel_size,
                              gpu_memory_utilization=float(extra.pop("gpu_memory_utilization", 0.3)),
                              max_model_len=extra.pop("max_model_len", None),
@@ -137,17 +134,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     c = sub.add_parser("capture", help="capture every boundary S_0..S_N and F of a model on prompts")
-    c.add_argument("--engine", default="hf", choices=ENGINE_NAMES)
-    c.add_argument("--model", required=True, help="HF model directory")
-    c.add_argument("--prompts", required=True, help="Spec-Bench style JSONL or a text file (one prompt a line)")
-    c.add_argument("--limit", type=int, help="first N prompts only")
+    add_options(c, CaptureSettings)           # every field of the settings: --model, --prompts, --boundaries, ...
     c.add_argument("--name", help="run id; the same name resumes an interrupted capture")
-    c.add_argument("--device", default="auto", help="auto, cpu or cuda[:i]")
-    c.add_argument("--dtype", default="fp32", choices=DTYPES)
-    c.add_argument("--boundaries", help="comma-separated subset, e.g. S_2,S_4,S_5,S_8 (default: all and F)")
-    c.add_argument("--sample-tokens", type=int, default=4096, help="raw tokens kept for alignment (default 4096)")
-    c.add_argument("--max-prompt-tokens", type=int, default=2048)
-    c.add_argument("--no-chat-template", action="store_true")
     c.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm: GPUs for the engine")
     c.add_argument("--extract-ids", help="vllm: capture exactly these layer ids through vLLM's own "
                                          "extract_hidden_states (what it feeds a drafter, e.g. 2,16,29,32)")

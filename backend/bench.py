@@ -26,14 +26,13 @@ first.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -42,9 +41,10 @@ from tqdm import tqdm
 from backend import metrics
 from backend.errors import SpecLensError
 from backend.model_id import fingerprint
-from backend.options import DEFAULT_K, SERVING_ENGINES
+from backend.options import SERVING_ENGINES
 from backend.prompts import Prompt, encode_all, load_prompts
 from backend.runs.lifecycle import Run, RunGuard
+from backend.settings import SPEC_ONLY, BenchSettings  # noqa: F401 (SPEC_ONLY: re-exported)
 from backend.store.rundir import (
     COMPLETE,
     RUNNING,
@@ -57,61 +57,6 @@ from backend.store.rundir import (
 )
 
 JOURNAL = "journal.jsonl"
-SPEC_ONLY = ("drafter", "num_spec_tokens", "producer", "producer_version", "runner", "draft_sampling")
-
-
-@dataclass
-class BenchSettings:
-    target: str
-    prompts: str
-    drafter: str | None = None
-    num_spec_tokens: int = DEFAULT_K         # K, vLLM num_speculative_tokens (chain)
-    temperature: float = 0.0
-    repeats: int = 3
-    limit: int | None = None
-    max_new_tokens: int = 64
-    device: str = "auto"
-    dtype: str = "fp32"
-    seed: int = 0
-    chat_template: bool = True
-    max_prompt_tokens: int | None = 2048
-    producer: str = "vllm"                   # whose reading of the drafter's aux ids to apply
-    producer_version: str | None = "0.24.0"
-    runner: str | None = None                # vLLM "v1"/"v2"/"auto": whose id reading (None = auto: as vLLM picks)
-    draft_sampling: str = "sample"           # T > 0: "sample" (Leviathan) or "argmax" (vLLM V1)
-    warmup: int = 1                          # untimed generations before the first unit
-    engine: str = "hf"                       # hf (reference, any device) | vllm | sglang (GPU node)
-    server_url: str | None = None            # vllm/sglang: a running server instead of an in-process engine
-    tensor_parallel_size: int = 1
-    engine_options: dict | None = None       # passed through to the engine (vllm.LLM kwargs, sglang flags)
-
-    _ENGINE_DEFAULTS = {"engine": "hf", "server_url": None, "tensor_parallel_size": 1, "engine_options": None}
-
-    def identity(self) -> dict:
-        """What a resumed (or reused baseline) run must share; paths absolute, spec-only fields dropped
-        for a baseline."""
-        d = asdict(self)
-        for k, v in self._ENGINE_DEFAULTS.items():   # HF runs keep the identity they had before engines existed
-            if d.get(k) == v:
-                d.pop(k)
-        for k in ("target", "prompts", "drafter"):
-            if d[k] is not None:
-                d[k] = str(Path(d[k]).resolve())
-        if self.drafter is None:
-            for k in SPEC_ONLY:
-                d.pop(k)
-        return d
-
-    def baseline(self) -> BenchSettings:
-        return dataclasses.replace(self, drafter=None)
-
-    def engine_settings(self):
-        """The typed settings a serving engine is built from (backend/engines/base.py EngineSettings)."""
-        from backend.engines.base import EngineSettings
-
-        return EngineSettings(target=self.target, num_spec_tokens=self.num_spec_tokens, dtype=self.dtype,
-                              tensor_parallel_size=self.tensor_parallel_size, server_url=self.server_url,
-                              options=dict(self.engine_options or {}))
 
 
 @dataclass

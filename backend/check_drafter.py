@@ -23,60 +23,17 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from backend.config import REPO_ROOT, dashboard_link
+from backend.config import dashboard_link
 from backend.drafter.check_result import RESULT
 from backend.errors import SpecLensError
 from backend.model_id import fingerprint
-from backend.options import CHECK_K, DTYPES, ENGINE_NAMES, RUNNERS, SERVING_ENGINES
+from backend.options import ENGINE_NAMES, SERVING_ENGINES, add_options, from_args
+from backend.settings import DEFAULT_PROMPTS, CheckSettings  # noqa: F401 (re-exported: demo, tests)
 from backend.store.rundir import atomic_write_json, new_run_id
 
 AT_CHANCE = "Inconclusive: the drafter predicts no better than chance"
 VERSION = 1
-DEFAULT_PROMPTS = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
 ENGINES = SERVING_ENGINES
-
-
-@dataclass
-class CheckSettings:
-    drafter: str
-    target: str
-    engine: str = "vllm"                     # the engine the verdict is about
-    engine_version: str | None = None        # default: vLLM 0.24.0 / SGLang 0.5.15 (coords.DEFAULT_VERSIONS)
-    runner: str = "auto"                     # vLLM model runner: auto decides as vLLM does (backend/vllm_runner.py)
-    engine_options: dict = field(default_factory=dict)   # vLLM engine options the runner choice depends on
-    lint_only: bool = False                  # config files only: no model is loaded
-    prompts: str | None = None               # default: the Spec-Bench questions shipped in datasets/
-    num_prompts: int = 16                    # spread evenly over the prompts file
-    new_tokens: int = 64                     # the target's greedy answer per prompt
-    max_prompt_tokens: int = 256
-    num_spec_tokens: int = CHECK_K           # K draft steps scored (vLLM num_speculative_tokens)
-    chat_template: bool = True
-    search: bool = True                      # search around the best candidate
-    device: str = "auto"
-    dtype: str = "fp32"
-    threads: int | None = None               # torch CPU threads (default 1 on a CPU: fastest for small models)
-    training_data: str | None = None
-    training_format: str | None = None
-    producer_ids: list[int] | None = None
-    training_files: int = 4
-    trained_on: list[str] | None = None      # with lint_only: the boundaries the drafter was trained on, if known
-
-    def validate(self) -> None:
-        if self.engine not in ENGINES:
-            raise SpecLensError(f"--engine {self.engine}: unknown; use vllm or sglang")
-        if self.runner not in RUNNERS:
-            raise SpecLensError(f"--runner {self.runner}: unknown; use auto (decide as vLLM does), v2 or v1")
-        for name, v, lo in (("--num-prompts", self.num_prompts, 1), ("--new-tokens", self.new_tokens, 2),
-                            ("--num-spec-tokens", self.num_spec_tokens, 1),
-                            ("--training-files", self.training_files, 1)):
-            if v < lo:
-                raise SpecLensError(f"{name} {v}: must be >= {lo}")
-        if self.new_tokens <= self.num_spec_tokens:
-            raise SpecLensError(f"--new-tokens {self.new_tokens} must exceed --num-spec-tokens {self.num_spec_tokens} "
-                                "(each scored slot needs K answer tokens after it)")
-        if self.training_format and not self.training_data:
-            raise SpecLensError("--training-format needs --training-data (the files); the format alone names nothing "
-                                "to compare")
 
 
 @dataclass
@@ -429,40 +386,8 @@ def _transformers_version() -> str | None:
 
 # ---------------------------------------------------------------------------- command line
 
-def _ids(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SpecLensError(f"--producer-ids '{text}': expected comma-separated integers like 2,16,29") from None
-
-
-def _labels(text: str | None) -> list[str] | None:
-    """--trained-on S_0,S_3,S_5 -> boundary labels in stream order (a one-line error for anything else)."""
-    from backend import coords
-
-    if not text:
-        return None
-    out = [x.strip() for x in text.split(",") if x.strip()]
-    try:
-        return sorted(out, key=coords.label_index)
-    except (SpecLensError, ValueError, KeyError):
-        raise SpecLensError(f"--trained-on '{text}': expected boundaries like S_2,S_16,S_29 (S_b = input of layer "
-                            "b)") from None
-
-
 def cmd_check(a: argparse.Namespace) -> int:
-    from backend.bench_cli import engine_options
-
-    s = CheckSettings(drafter=a.drafter, target=a.target, engine=a.engine, engine_version=a.engine_version,
-                      runner=a.runner, engine_options=engine_options(a.engine_option), lint_only=a.lint_only,
-                      prompts=a.prompts, num_prompts=a.num_prompts, new_tokens=a.new_tokens,
-                      max_prompt_tokens=a.max_prompt_tokens, num_spec_tokens=a.num_spec_tokens,
-                      chat_template=not a.no_chat_template, search=not a.no_search, device=a.device, dtype=a.dtype,
-                      threads=a.threads, training_data=a.training_data, training_format=a.training_format,
-                      producer_ids=_ids(a.producer_ids), training_files=a.training_files,
-                      trained_on=_labels(a.trained_on))
+    s = from_args(CheckSettings, a)
     if a.trained_on and not a.lint_only:
         raise SpecLensError("--trained-on goes with --lint-only: a full check finds what the drafter was trained on")
     if a.prove and not a.write_fix:
@@ -544,41 +469,9 @@ def print_report(rep: dict, out=None) -> None:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     c = subparsers.add_parser("check-drafter", help="will an engine feed this EAGLE-3 drafter the hidden states it "
                                                     "was trained on? (lint, empirical finder, training data)")
-    c.add_argument("--drafter", required=True, help="EAGLE-3 drafter directory (config.json + model.safetensors), or "
-                                                    "its config file with --lint-only")
-    c.add_argument("--target", required=True, help="target HF model directory (with --lint-only: a directory holding "
-                                                   "config.json, or the config file)")
-    c.add_argument("--engine", default="vllm", choices=ENGINES, help="the engine the verdict is about (default vllm)")
-    c.add_argument("--engine-version", help="default: vLLM 0.24.0, SGLang 0.5.15")
-    c.add_argument("--runner", default="auto", choices=RUNNERS,
-                   help="vLLM model runner (default auto: as vLLM picks it from the target's architectures, the engine "
-                        "options and VLLM_USE_V2_MODEL_RUNNER)")
-    c.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="a vLLM engine option the runner choice depends on (pipeline_parallel_size=2, enable_dbo=true, "
-                        "compilation_config='{\"mode\": 1}', ...); repeatable")
-    c.add_argument("--lint-only", action="store_true",
-                   help="config files only (drafter and target config.json, the weights' header when present): what "
-                        "each engine feeds, no model loaded")
-    c.add_argument("--prompts",
-                   help=f"Spec-Bench style JSONL or text (default {DEFAULT_PROMPTS.relative_to(REPO_ROOT)})")
-    c.add_argument("--num-prompts", type=int, default=16, help="prompts, spread over the file (default 16)")
-    c.add_argument("--new-tokens", type=int, default=64, help="the target's greedy answer per prompt (default 64)")
-    c.add_argument("--max-prompt-tokens", type=int, default=256)
-    c.add_argument("--num-spec-tokens", type=int, default=CHECK_K, help=f"draft steps scored, K (default {CHECK_K})")
-    c.add_argument("--no-chat-template", action="store_true")
-    c.add_argument("--no-search", action="store_true", help="score only the listed candidates")
-    c.add_argument("--training-data", help="training-data files of this drafter (a directory or one file)")
-    c.add_argument("--training-format", choices=["speculators", "vllm-extract", "speculators-legacy", "specforge"],
-                   help="default: detected from the files' contents (as import-capture does)")
-    c.add_argument("--producer-ids", help="layer ids the training-data producer used (default: from the config)")
-    c.add_argument("--training-files", type=int, default=4, help="training files compared (default 4)")
-    c.add_argument("--device", default="auto", help="auto, cpu or cuda[:i]")
-    c.add_argument("--dtype", default="fp32", choices=DTYPES)
-    c.add_argument("--threads", type=int, help="torch CPU threads (default 1 on a CPU)")
+    add_options(c, CheckSettings)             # every field of the settings: --drafter, --target, --runner, ...
     c.add_argument("--write-fix", metavar="OUT", help="write a drafter directory whose config makes the engine "
                    "release feed what the check found the drafter was trained on (refused when inconclusive)")
-    c.add_argument("--trained-on", metavar="S_a,S_b,S_c", help="with --lint-only: the boundaries the drafter was "
-                   "trained on, when known (e.g. the trainer's convention), so --write-fix can write the fix")
     c.add_argument("--prove", action="store_true", help="with --write-fix: bench the original and the fixed drafter "
                    "against one paired baseline and print what was recovered")
     c.add_argument("--prove-engine", default="hf", choices=ENGINE_NAMES,

@@ -13,6 +13,11 @@ list of engine names or runner values, and no second K default, appears under ba
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import MISSING, field, fields
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
 from backend.vllm_runner import RUNNERS
 
 # the one registry: engine name -> adapter module (vLLM and SGLang live on the GPU node, so imported only when used)
@@ -29,4 +34,150 @@ DRAFT_SAMPLING = ("sample", "argmax")                      # T > 0: draft from q
 VLLM_RUNNERS = tuple(sorted(r for r in RUNNERS if r != "auto"))   # what `auto` resolves to: v1, v2
 
 __all__ = ["CHECK_K", "DEFAULT_K", "DRAFT_SAMPLING", "DTYPES", "ENGINES", "ENGINE_NAMES", "IN_PROCESS_ENGINE",
-           "RUNNERS", "SERVING_ENGINES", "TORCH_DTYPES", "VLLM_RUNNERS"]
+           "RUNNERS", "SERVING_ENGINES", "TORCH_DTYPES", "VLLM_RUNNERS", "add_options", "field_choices", "field_types",
+           "from_args", "option", "parse_engine_options", "required_fields", "settings_fields"]
+
+
+# ---------------------------------------------------------------------------- options derived from settings fields
+
+def option(default: Any = MISSING, *, help: str | None = None, choices: tuple | None = None, cli: bool = True,
+           job: bool = True, flag: str | None = None, parse: Callable[[Any], Any] | None = None,
+           default_factory: Any = MISSING, cli_default: Any = MISSING, **argparse_kw: Any) -> Any:
+    """A settings field (a dataclass field) with what its command-line option says: `help`, `choices` (else from a
+    Literal annotation), `flag` (default --field-name; a bool field that defaults to True becomes --no-field-name),
+    `parse` (the option's text -> the field's value, for list and dict fields), `cli_default` (the option's default
+    where it differs from the field's), any other argparse keyword (`action`, `metavar`). `cli=False`: no option;
+    `job=False`: not a job-spec field (backend/jobs/spec.py)."""
+    md = {"help": help, "choices": choices, "cli": cli, "job": job, "flag": flag, "parse": parse,
+          "argparse": argparse_kw}
+    if cli_default is not MISSING:
+        argparse_kw["default"] = cli_default
+    kw: dict[str, Any] = {"metadata": {"option": md}}
+    if default is not MISSING:
+        kw["default"] = default
+    if default_factory is not MISSING:
+        kw["default_factory"] = default_factory
+    return field(**kw)
+
+
+def parse_engine_options(items: list[str] | None) -> dict:
+    """--engine-option KEY=VALUE (VALUE parsed as JSON when it is JSON: numbers, true/false, lists)."""
+    import json
+
+    from backend.errors import SpecLensError
+
+    out = {}
+    for it in items or []:
+        if "=" not in it:
+            raise SpecLensError(f"--engine-option {it}: expected KEY=VALUE, e.g. gpu_memory_utilization=0.5")
+        k, v = it.split("=", 1)
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v
+    return out
+
+
+def _base_type(t: Any) -> tuple[Any, tuple | None]:
+    """(python type, Literal choices or None) of an annotation, Optional removed: int | None -> int, list[str] ->
+    list, Literal['a', 'b'] -> (str, ('a', 'b'))."""
+    args = [a for a in get_args(t) if a is not type(None)]
+    if get_origin(t) in (Union, UnionType) and len(args) == 1:
+        return _base_type(args[0])
+    if get_origin(t) is Literal:
+        return type(args[0]), tuple(args)
+    return (get_origin(t) or t), None
+
+
+def settings_fields(cls: type, *, cli: bool | None = None, job: bool | None = None) -> dict[str, Any]:
+    """name -> the field of a settings dataclass, in declaration order (only those on the CLI / in job specs)."""
+    out = {}
+    for f in fields(cls):
+        md = f.metadata.get("option", {})
+        if cli is not None and md.get("cli", True) != cli:
+            continue
+        if job is not None and md.get("job", True) != job:
+            continue
+        out[f.name] = f
+    return out
+
+
+def field_types(cls: type, *, job: bool | None = True) -> dict[str, type]:
+    """name -> python type (Optional removed; list, dict for generics) of a settings dataclass's fields: what a job
+    spec of that kind may hold (backend/jobs/spec.py checks the values against it)."""
+    hints = get_type_hints(cls)
+    return {n: _base_type(hints[n])[0] for n in settings_fields(cls, job=job)}
+
+
+def required_fields(cls: type) -> tuple[str, ...]:
+    """The fields of a settings dataclass without a default (a required option, a required job-spec field)."""
+    return tuple(n for n, f in settings_fields(cls).items() if f.default is MISSING and f.default_factory is MISSING)
+
+
+def field_choices(cls: type) -> dict[str, tuple]:
+    """name -> allowed values of the fields that have them (a Literal annotation or option(choices=...))."""
+    hints, out = get_type_hints(cls), {}
+    for n, f in settings_fields(cls).items():
+        ch = f.metadata.get("option", {}).get("choices") or _base_type(hints[n])[1]
+        if ch:
+            out[n] = tuple(ch)
+    return out
+
+
+def _flag(name: str, f: Any, typ: type) -> tuple[str, str]:
+    """(--flag, argparse dest) of a field."""
+    md = f.metadata.get("option", {})
+    if md.get("flag"):
+        flag = md["flag"]
+    elif typ is bool and f.default is True:
+        flag = "--no-" + name.replace("_", "-")
+    else:
+        flag = "--" + name.replace("_", "-")
+    return flag, flag[2:].replace("-", "_")
+
+
+def add_options(parser: Any, cls: type, skip: tuple[str, ...] = ()) -> None:
+    """Add one option per CLI field of the settings dataclass `cls` to an argparse parser: --field-name, its type,
+    default, choices and help from the field (see `option`); a field without a default is a required option."""
+    hints = get_type_hints(cls)
+    for name, f in settings_fields(cls, cli=True).items():
+        if name in skip:
+            continue
+        md = f.metadata.get("option", {})
+        typ, lit = _base_type(hints[name])
+        flag, dest = _flag(name, f, typ)
+        kw: dict[str, Any] = {}
+        if md.get("help"):
+            kw["help"] = md["help"]
+        if typ is bool:
+            kw["action"] = "store_true"
+        else:
+            if f.default is MISSING and f.default_factory is MISSING:
+                kw["required"] = True
+            elif f.default is not MISSING and f.default is not None and md.get("parse") is None:
+                kw["default"] = f.default
+            if typ in (int, float):
+                kw["type"] = typ
+            ch = md.get("choices") or lit
+            if ch:
+                kw["choices"] = ch
+        kw.update(md.get("argparse") or {})
+        parser.add_argument(flag, dest=dest, **kw)
+
+
+def from_args(cls: type, a: Any, **given: Any) -> Any:
+    """The settings object of parsed options (`add_options`); `given` fields are taken as they are."""
+    hints, kw = get_type_hints(cls), {}
+    for name, f in settings_fields(cls, cli=True).items():
+        if name in given:
+            continue
+        typ = _base_type(hints[name])[0]
+        flag, dest = _flag(name, f, typ)
+        if not hasattr(a, dest):
+            continue
+        v = getattr(a, dest)
+        if typ is bool and flag.startswith("--no-"):
+            v = not v
+        parse = f.metadata.get("option", {}).get("parse")
+        kw[name] = parse(v) if parse is not None else v
+    return cls(**kw, **given)

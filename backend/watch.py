@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 from backend import metrics, server_metrics
 from backend.errors import SpecLensError
 from backend.runs.lifecycle import Run, RunGuard
+from backend.settings import WatchSettings  # the watch's settings (its options derive from them)
 from backend.store.rundir import atomic_write_bytes, new_run_id
 
 JOURNAL = "journal.jsonl"
@@ -90,41 +91,6 @@ COLUMNS = {
     "below_min_tau": ("bool", "one of `confirm` windows below --min-tau in a row"),
     "note": ("string", "restart, partial counts, ..."),
 }
-
-
-@dataclass
-class WatchSettings:
-    server_url: str
-    interval: float = 10.0                # seconds between scrapes
-    duration: float | None = None         # stop after this many seconds (None: windows, or until Ctrl-C)
-    windows: int | None = None            # stop after this many windows
-    min_tau: float | None = None
-    engine: str | None = None             # None: told from the metric names
-    baseline_windows: int = 6
-    min_drafts: int = 100                 # fewer: "too few drafts", not evidence
-    level: float = 0.99                   # one-sided level of the band
-    confirm: int = 2                      # windows below in a row that make a verdict
-    max_missed: int = 3                   # failed scrapes in a row that end the watch
-    timeout: float = 5.0                  # seconds per scrape
-
-    def check(self) -> None:
-        if self.interval <= 0:
-            raise SpecLensError(f"--interval {self.interval}: must be more than 0 seconds")
-        if self.duration is not None and self.duration <= 0:
-            raise SpecLensError(f"--duration {self.duration}: must be more than 0 seconds")
-        if self.windows is not None and self.windows < 1:
-            raise SpecLensError(f"--windows {self.windows}: must be at least 1")
-        if self.baseline_windows < 2:
-            raise SpecLensError(f"--baseline-windows {self.baseline_windows}: needs at least 2 (the band's spread)")
-        if not 0.5 < self.level < 1:
-            raise SpecLensError(f"--level {self.level}: a one-sided level between 0.5 and 1, e.g. 0.99")
-        if self.confirm < 1 or self.max_missed < 1 or self.min_drafts < 1:
-            raise SpecLensError("--confirm, --max-missed and --min-drafts must be at least 1")
-        if self.engine is not None and self.engine not in server_metrics.ENGINES:
-            raise SpecLensError(f"--engine {self.engine}: expected one of {', '.join(server_metrics.ENGINES)}")
-
-    def to_json(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
 @dataclass

@@ -252,7 +252,7 @@ _LAYER_OF = [        # (module prefix, layer): the longest matching prefix wins
     ("backend.model_id", "base"), ("backend.metrics", "base"), ("backend.stats", "base"), ("backend.coords", "base"),
     ("backend.prompts", "base"), ("backend.vllm_runner", "base"), ("backend.server_metrics", "base"),
     ("backend.load_client", "base"), ("backend.drafter_worth", "base"), ("backend.runs.manifest", "base"),
-    ("backend.options", "base"),
+    ("backend.options", "base"), ("backend.settings", "base"),
     ("backend.store", "store"),
     ("backend.align", "analysis"), ("backend.annotations", "analysis"), ("backend.compare", "analysis"),
     ("backend.stats_compare", "analysis"), ("backend.drafter", "analysis"), ("backend.feeds", "analysis"),
@@ -273,7 +273,6 @@ KNOWN_UPWARD = {
     ("backend.drafter.finder", "backend.engines.hf"): "HF model primitives below engines/ and drafter/",
     ("backend.drafter.training_data", "backend.engines.hf"): "HF model primitives below engines/ and drafter/",
     ("backend.drafter.training_data", "backend.importers"): "training-data readers below the importers",
-    ("backend.check_drafter", "backend.bench_cli"): "the CLI's option parsing out of check_drafter",
 }
 
 

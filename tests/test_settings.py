@@ -108,3 +108,73 @@ def test_the_registry_is_the_one_list() -> None:
     assert options.ENGINE_NAMES == tuple(options.ENGINES)
     assert set(options.SERVING_ENGINES) == set(options.ENGINES) - {options.IN_PROCESS_ENGINE}
     assert set(options.VLLM_RUNNERS) | {"auto"} == set(options.RUNNERS)
+
+
+def _options(cmd: str) -> dict:
+    """dest -> argparse action of a `python -m backend` command."""
+    import argparse
+
+    from backend.__main__ import parser
+
+    sub = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {a.dest: a for a in sub.choices[cmd]._actions}
+
+
+def test_cli_options_and_job_fields_derive_from_the_settings() -> None:
+    """Every CLI field of a settings class is an option of its command with the field's default, type and choices;
+    a job spec of that kind knows exactly the settings' job fields (plus what only a job gives)."""
+    from dataclasses import MISSING
+
+    from backend.jobs import spec
+    from backend.settings import BenchSettings, CaptureSettings, CheckSettings, WatchSettings
+
+    for cmd, cls in (("capture", CaptureSettings), ("bench", BenchSettings), ("check-drafter", CheckSettings),
+                     ("watch", WatchSettings)):
+        acts = _options(cmd)
+        for name, f in options.settings_fields(cls, cli=True).items():
+            flag = "--no-" + name.replace("_", "-") if f.default is True else None
+            md = f.metadata.get("option", {})
+            dest = (md.get("flag") or flag or "--" + name.replace("_", "-"))[2:].replace("-", "_")
+            assert dest in acts, f"{cmd}: no option for {cls.__name__}.{name}"
+            a = acts[dest]
+            want = md.get("argparse", {}).get("default", f.default if md.get("parse") is None else None)
+            if f.default is not True and f.default is not False:
+                assert a.default == (None if want is MISSING else want), (cmd, name)
+            assert a.required == (f.default is MISSING and f.default_factory is MISSING), (cmd, name)
+        assert set(options.settings_fields(cls, cli=False)) & set(acts) == set(), cmd
+    assert set(spec.CAPTURE) - set(options.settings_fields(CaptureSettings)) == {"tensor_parallel_size",
+                                                                                 "engine_options"}
+    assert set(spec.BENCH) == set(options.settings_fields(BenchSettings, job=True)) | {"batch_size"}
+    assert "warmup" not in spec.BENCH
+    assert spec.CHOICES["engine"] == options.ENGINE_NAMES and spec.CHOICES["runner"] == options.RUNNERS
+    assert spec.REQUIRED["bench"] == ("target", "prompts") and spec.REQUIRED["capture"] == ("model", "prompts")
+
+
+def test_from_args_builds_the_settings_the_options_describe() -> None:
+    from backend.__main__ import parser
+    from backend.settings import BenchSettings, CaptureSettings
+
+    a = parser().parse_args(["bench", "--target", "t", "--prompts", "p", "--num-spec-tokens", "3", "--runner", "v1",
+                             "--no-chat-template", "--engine-option", "x=1", "--engine-option", "y=[1, 2]"])
+    s = options.from_args(BenchSettings, a, producer_version="0.24.0")
+    assert s == BenchSettings(target="t", prompts="p", num_spec_tokens=3, runner="v1", chat_template=False,
+                              engine_options={"x": 1, "y": [1, 2]})
+    a = parser().parse_args(["capture", "--model", "m", "--prompts", "p", "--boundaries", "S_2,F", "--limit", "5"])
+    assert options.from_args(CaptureSettings, a) == CaptureSettings(model="m", prompts="p", boundaries=["S_2", "F"],
+                                                                     limit=5)
+    assert options.from_args(BenchSettings, parser().parse_args(["bench", "--target", "t", "--prompts", "p"]),
+                             producer_version=None).engine_options is None
+
+
+def test_check_and_watch_settings_from_their_options() -> None:
+    from backend.__main__ import parser
+    from backend.settings import CheckSettings, WatchSettings
+
+    a = parser().parse_args(["check-drafter", "--drafter", "d", "--target", "t", "--lint-only", "--no-search",
+                             "--producer-ids", "2,16,29", "--trained-on", "S_5,S_0",
+                             "--engine-option", "enable_dbo=true"])
+    assert options.from_args(CheckSettings, a) == CheckSettings(
+        drafter="d", target="t", lint_only=True, search=False, producer_ids=[2, 16, 29], trained_on=["S_0", "S_5"],
+        engine_options={"enable_dbo": True})
+    a = parser().parse_args(["watch", "--server-url", "http://x:1", "--interval", "2", "--engine", "sglang"])
+    assert options.from_args(WatchSettings, a) == WatchSettings("http://x:1", interval=2.0, engine="sglang")

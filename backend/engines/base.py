@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from backend.errors import SpecLensError
-from backend.options import ENGINES, TORCH_DTYPES  # the one registry (name -> module, imported lazily)
+from backend.options import ENGINES  # the one registry (name -> module, imported lazily)
+from backend.settings import CaptureSettings, EngineSettings  # noqa: F401 (the typed settings, re-exported)
 
 if TYPE_CHECKING:
     from backend.coords import Boundary
@@ -40,44 +41,6 @@ class Generation:
     ttft: float | None
     accepted: list[int]                  # per verify step, 0..K (only their counts are reported by the engines)
     raw: dict | None = None              # the engine's own figures for the request (counter snapshots, meta_info)
-
-
-@dataclass
-class CaptureSettings:
-    """What a capture is asked for (`python -m backend capture`, a capture job); the same for every engine."""
-    model: str
-    prompts: str
-    engine: str = "hf"
-    limit: int | None = None
-    device: str = "auto"
-    dtype: str = "fp32"
-    boundaries: list[str] | None = None        # None = every boundary S_0..S_N and F
-    sample_tokens: int = 4096
-    sample_per_prompt: int = 512
-    max_prompt_tokens: int | None = 2048
-    chat_template: bool = True
-    checkpoint_every: int = 16
-
-    def identity(self) -> dict:
-        """The settings a resumed run must share with the run it resumes."""
-        d = asdict(self)
-        d.pop("checkpoint_every")
-        d.pop("device")
-        return d
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """What a bench's engine is built from (backend.bench.BenchSettings.engine_settings() makes one)."""
-    target: str
-    num_spec_tokens: int
-    dtype: str = "fp32"                        # fp32 | bf16 (or an engine's own dtype name)
-    tensor_parallel_size: int = 1
-    server_url: str | None = None              # a running server instead of one started here
-    options: dict = field(default_factory=dict)   # passed through (vllm.LLM keywords, SGLang flags, server_log)
-
-    def engine_dtype(self) -> str:
-        return TORCH_DTYPES.get(self.dtype, self.dtype)
 
 
 class Engine(Protocol):

@@ -25,24 +25,21 @@ from typing import Any
 
 from backend.config import REPO_ROOT, data_root, model_roots
 from backend.errors import SpecLensError
-from backend.options import DRAFT_SAMPLING, DTYPES, ENGINE_NAMES, RUNNERS
+from backend.options import field_choices, field_types, required_fields
+from backend.settings import BenchSettings, CaptureSettings
 from backend.store.rundir import valid_run_id
 
 KINDS = ("capture", "bench", "sweep", "load")
 COMMON = {"kind", "name", "num_gpus", "num_cpus", "max_attempts"}
-CAPTURE = {"model": str, "prompts": str, "engine": str, "limit": int, "device": str, "dtype": str,
-           "boundaries": list, "sample_tokens": int, "sample_per_prompt": int, "max_prompt_tokens": int,
-           "chat_template": bool,
-           "checkpoint_every": int, "tensor_parallel_size": int, "engine_options": dict}
-BENCH = {"target": str, "prompts": str, "drafter": str, "num_spec_tokens": int, "temperature": float,
-         "repeats": int, "limit": int, "max_new_tokens": int, "device": str, "dtype": str, "seed": int,
-         "chat_template": bool, "max_prompt_tokens": int, "producer": str, "producer_version": str, "runner": str,
-         "draft_sampling": str, "batch_size": int, "engine": str, "server_url": str, "tensor_parallel_size": int,
-         "engine_options": dict}
+# a job's settings are the settings classes' fields (backend/settings.py), plus what only a job gives: a capture's
+# engine parallelism and options (handed to the engine), a sweep's batch size
+CAPTURE = {**field_types(CaptureSettings), "tensor_parallel_size": int, "engine_options": dict}
+BENCH = {**field_types(BenchSettings), "batch_size": int}
 SWEEP_LISTS = {"num_spec_tokens": "num_spec_tokens", "temperature": "temperature", "batch_size": "batch_size",
                "drafters": "drafter"}
-REQUIRED = {"capture": ("model", "prompts"), "bench": ("target", "prompts"), "sweep": ("target", "prompts")}
-CHOICES = {"engine": ENGINE_NAMES, "dtype": DTYPES, "draft_sampling": DRAFT_SAMPLING, "runner": RUNNERS}
+REQUIRED = {"capture": required_fields(CaptureSettings), "bench": required_fields(BenchSettings),
+            "sweep": required_fields(BenchSettings)}
+CHOICES = {**field_choices(CaptureSettings), **field_choices(BenchSettings)}
 MODEL_FIELDS = ("model", "target", "drafter")
 MAX_SWEEP = 256
 
@@ -268,11 +265,9 @@ def settings_object(job: dict):
         from backend.load_bench import LoadSettings
         return LoadSettings.model_validate(s)
     if job["kind"] == "capture":
-        from backend.capture import CaptureSettings
         s.pop("tensor_parallel_size", None)
         s.pop("engine_options", None)
         return CaptureSettings(**s)
-    from backend.bench import BenchSettings
     return BenchSettings(**s)
 
 
