@@ -34,21 +34,24 @@ DRAFT_SAMPLING = ("sample", "argmax")                      # T > 0: draft from q
 VLLM_RUNNERS = tuple(sorted(r for r in RUNNERS if r != "auto"))   # what `auto` resolves to: v1, v2
 
 __all__ = ["CHECK_K", "DEFAULT_K", "DRAFT_SAMPLING", "DTYPES", "ENGINES", "ENGINE_NAMES", "IN_PROCESS_ENGINE",
-           "RUNNERS", "SERVING_ENGINES", "TORCH_DTYPES", "VLLM_RUNNERS", "add_options", "field_choices", "field_types",
-           "from_args", "option", "parse_engine_options", "required_fields", "settings_fields"]
+           "RUNNERS", "SERVING_ENGINES", "TORCH_DTYPES", "VLLM_RUNNERS", "add_options", "field_choices",
+           "field_minimums", "field_types", "from_args", "option", "parse_engine_options", "required_fields",
+           "settings_fields"]
 
 
 # ---------------------------------------------------------------------------- options derived from settings fields
 
 def option(default: Any = MISSING, *, help: str | None = None, choices: tuple | None = None, cli: bool = True,
            job: bool = True, flag: str | None = None, parse: Callable[[Any], Any] | None = None,
-           default_factory: Any = MISSING, cli_default: Any = MISSING, **argparse_kw: Any) -> Any:
+           default_factory: Any = MISSING, cli_default: Any = MISSING, minimum: float | None = None,
+           **argparse_kw: Any) -> Any:
     """A settings field (a dataclass field) with what its command-line option says: `help`, `choices` (else from a
     Literal annotation), `flag` (default --field-name; a bool field that defaults to True becomes --no-field-name),
     `parse` (the option's text -> the field's value, for list and dict fields), `cli_default` (the option's default
-    where it differs from the field's), any other argparse keyword (`action`, `metavar`). `cli=False`: no option;
+    where it differs from the field's), `minimum` (the least value a job spec may give), any other argparse keyword
+    (`action`, `metavar`). `cli=False`: no option;
     `job=False`: not a job-spec field (backend/jobs/spec.py)."""
-    md = {"help": help, "choices": choices, "cli": cli, "job": job, "flag": flag, "parse": parse,
+    md = {"help": help, "choices": choices, "cli": cli, "job": job, "flag": flag, "parse": parse, "minimum": minimum,
           "argparse": argparse_kw}
     if cli_default is not MISSING:
         argparse_kw["default"] = cli_default
@@ -112,6 +115,12 @@ def field_types(cls: type, *, job: bool | None = True) -> dict[str, type]:
 def required_fields(cls: type) -> tuple[str, ...]:
     """The fields of a settings dataclass without a default (a required option, a required job-spec field)."""
     return tuple(n for n, f in settings_fields(cls).items() if f.default is MISSING and f.default_factory is MISSING)
+
+
+def field_minimums(cls: type) -> dict[str, float]:
+    """name -> the least value of the fields that have one (option(minimum=...))."""
+    return {n: f.metadata["option"]["minimum"] for n, f in settings_fields(cls).items()
+            if f.metadata.get("option", {}).get("minimum") is not None}
 
 
 def field_choices(cls: type) -> dict[str, tuple]:

@@ -45,16 +45,16 @@ class CaptureSettings:
     model: str = option(help="HF model directory")
     prompts: str = option(help="Spec-Bench style JSONL or a text file (one prompt a line)")
     engine: str = option("hf", choices=ENGINE_NAMES)
-    limit: int | None = option(None, help="first N prompts only")
+    limit: int | None = option(None, minimum=1, help="first N prompts only")
     device: str = option("auto", help="auto, cpu or cuda[:i]")
     dtype: str = option("fp32", choices=DTYPES)
     boundaries: list[str] | None = option(     # None = every boundary S_0..S_N and F
         None, parse=_boundaries, help="comma-separated subset, e.g. S_2,S_4,S_5,S_8 (default: all and F)")
-    sample_tokens: int = option(4096, help="raw tokens kept for alignment (default 4096)")
+    sample_tokens: int = option(4096, minimum=0, help="raw tokens kept for alignment (default 4096)")
     sample_per_prompt: int = option(512, cli=False)
-    max_prompt_tokens: int | None = 2048
+    max_prompt_tokens: int | None = option(2048, minimum=1)
     chat_template: bool = True
-    checkpoint_every: int = option(16, cli=False)
+    checkpoint_every: int = option(16, minimum=1, cli=False)
 
     def identity(self) -> dict:
         """The settings a resumed run must share with the run it resumes."""
@@ -85,16 +85,17 @@ class BenchSettings:
     target: str = option(help="target HF model directory")
     prompts: str = option(help="Spec-Bench style JSONL or a text file (one prompt a line)")
     drafter: str | None = option(None, help="EAGLE-3 drafter directory (none: a plain-decoding baseline run)")
-    num_spec_tokens: int = option(DEFAULT_K, help=f"K draft tokens per step (default {DEFAULT_K})")   # K, vLLM
+    num_spec_tokens: int = option(DEFAULT_K, minimum=1,         # K, vLLM num_speculative_tokens (chain)
+                                  help=f"K draft tokens per step (default {DEFAULT_K})")
     temperature: float = option(0.0, help="0 = greedy (default)")
-    repeats: int = option(3, help="runs over the prompts (default 3)")
-    limit: int | None = option(None, help="first N prompts only")
-    max_new_tokens: int = 64
+    repeats: int = option(3, minimum=1, help="runs over the prompts (default 3)")
+    limit: int | None = option(None, minimum=1, help="first N prompts only")
+    max_new_tokens: int = option(64, minimum=1)
     device: str = option("auto", help="auto, cpu or cuda[:i]")
     dtype: str = option("fp32", choices=DTYPES)
     seed: int = 0
     chat_template: bool = True
-    max_prompt_tokens: int | None = option(2048, cli=False)
+    max_prompt_tokens: int | None = option(2048, minimum=1, cli=False)
     producer: str = option("vllm", help="whose reading of the drafter's aux layer ids (default vllm)")
     producer_version: str | None = option(
         "0.24.0", cli_default=None, help="that producer's release (default: the one SpecLens was checked against, e.g. "

@@ -25,7 +25,7 @@ from typing import Any
 
 from backend.config import REPO_ROOT, data_root, model_roots
 from backend.errors import SpecLensError
-from backend.options import field_choices, field_types, required_fields
+from backend.options import field_choices, field_minimums, field_types, required_fields
 from backend.settings import BenchSettings, CaptureSettings
 from backend.store.rundir import valid_run_id
 
@@ -40,6 +40,7 @@ SWEEP_LISTS = {"num_spec_tokens": "num_spec_tokens", "temperature": "temperature
 REQUIRED = {"capture": required_fields(CaptureSettings), "bench": required_fields(BenchSettings),
             "sweep": required_fields(BenchSettings)}
 CHOICES = {**field_choices(CaptureSettings), **field_choices(BenchSettings)}
+MINIMUM = {**field_minimums(CaptureSettings), **field_minimums(BenchSettings), "batch_size": 1}
 MODEL_FIELDS = ("model", "target", "drafter")
 MAX_SWEEP = 256
 
@@ -102,10 +103,9 @@ def _check_values(d: dict, where: str) -> None:
     for k, opts in CHOICES.items():
         if d.get(k) is not None and d[k] not in opts:
             raise SpecLensError(f"{where}{k}: {d[k]!r} is not one of {', '.join(opts)}")
-    for k in ("limit", "repeats", "max_new_tokens", "num_spec_tokens", "sample_tokens", "checkpoint_every",
-              "batch_size", "max_prompt_tokens"):
-        if d.get(k) is not None and d[k] < (0 if k == "sample_tokens" else 1):
-            raise SpecLensError(f"{where}{k}: {d[k]} must be >= {0 if k == 'sample_tokens' else 1}")
+    for k, lo in MINIMUM.items():
+        if d.get(k) is not None and d[k] < lo:
+            raise SpecLensError(f"{where}{k}: {d[k]} must be >= {lo}")
     if d.get("temperature") is not None and not 0 <= d["temperature"] <= 100:
         raise SpecLensError(f"{where}temperature: {d['temperature']} must be >= 0 (0 = greedy)")
     if d.get("batch_size", 1) != 1:
