@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--block-size", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--lr", type=float, default=3e-3)
     a = ap.parse_args(argv)
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
@@ -138,13 +139,13 @@ def main(argv: list[str] | None = None) -> None:
         d.fc.weight.copy_(torch.cat([torch.eye(c.hidden_size)] * c.num_aux, 1) / c.num_aux
                           + 0.02 * torch.randn_like(d.fc.weight))
     labels = trained_labels(a.convention)
-    rec = train(d, data, labels, a.minutes)
+    rec = train(d, data, labels, a.minutes, lr=a.lr)
     out = d.save(a.out)
     (Path(a.out) / "TRAINING.json").write_text(json.dumps({
         "what": "DFlash drafter for the SpecLens toy target, trained briefly on CPU (tools/dflash_toy.py)",
         "command": "python tools/dflash_toy.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "convention": a.convention, "target_layer_ids": IDS, "trained_on": labels, "block_size": a.block_size,
-        "mask_token_id": mask, "device": a.device, "sequences": len(data), "gen_tokens": a.gen_tokens,
+        "mask_token_id": mask, "device": a.device, "sequences": len(data), "gen_tokens": a.gen_tokens, "lr": a.lr,
         "threads": a.threads,
         "torch": torch.__version__, **rec}, indent=2) + "\n")
     print(f"[dflash] trained on {', '.join(labels)}: {rec} -> {out}", flush=True)

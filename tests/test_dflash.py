@@ -1,0 +1,167 @@
+"""DFlash drafters (issue 23 items 3-4): the block draft step, the finder on DFlash's forward, check-drafter's
+verdict and fix, and the HF bench's block drafting (lossless, acceptance by position).
+
+The bar's drafter goes under tests/data/dflash_toy/ (tools/dflash_toy.py --convention before, its TRAINING.json):
+its config writes dflash_config.target_layer_ids [1, 3, 5], which the DFlash trainers read as S_2, S_4, S_6, but it
+is trained on S_1, S_3, S_5 (hidden_states[t], one layer early). Not shipped yet: 192 and 522 CPU steps on this
+shared machine left it at chance (docs/PERFORMANCE.md), so that test skips until a trained one is committed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from backend.drafter.dflash import DFlashConfig, DFlashDrafter, init_random
+from backend.toy.shipped import heldout_prompts, toy_pair
+
+DFLASH_TOY = Path(__file__).parent / "data" / "dflash_toy"
+TRAINED_ON = ["S_1", "S_3", "S_5"]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> Path:
+    return toy_pair(tmp_path_factory.mktemp("toy"))
+
+
+def _config(**kw) -> DFlashConfig:
+    base = dict(hidden_size=32, intermediate_size=48, num_heads=4, num_kv_heads=2, head_dim=8, num_layers=2,
+                num_target_layers=4, target_hidden_size=24, target_layer_ids=[0, 2], block_size=4, mask_token_id=0,
+                vocab_size=50, rms_norm_eps=1e-6)
+    return DFlashConfig(**{**base, **kw})
+
+
+def test_block_logits_is_the_block_draft_step():
+    """Scoring many blocks at once (finder, training) gives what the bench's one-request path drafts."""
+    torch.manual_seed(0)
+    c = _config()
+    d = init_random(DFlashDrafter(c, torch.randn(50, 32), torch.randn(50, 32)), seed=1).eval()
+    T = 12
+    aux, tokens = torch.randn(T, 2 * 24), torch.randint(1, 50, (T,))
+    anchors = torch.tensor([1, 5, 8])
+    with torch.no_grad():
+        many = d.block_logits(aux, tokens, anchors)                                   # [3, bs-1, V]
+    for i, s in enumerate(anchors.tolist()):
+        d.reset()
+        d.append_context(aux[:s], torch.arange(s))
+        one = d.propose_logits(int(tokens[s]), s)
+        assert torch.allclose(one, many[i], atol=1e-4), s
+    # the context matters: other states give other drafts
+    d.reset()
+    d.append_context(aux[:5] + 1.0, torch.arange(5))
+    assert not torch.allclose(d.propose_logits(int(tokens[5]), 5), many[1], atol=1e-3)
+
+
+def test_save_load_round_trip_and_bad_inputs(tmp_path):
+    c = _config()
+    emb, head = torch.randn(50, 32), torch.randn(50, 32)
+    d = init_random(DFlashDrafter(c, emb, head))
+    d.save(tmp_path / "d", dtype=torch.float32)
+    raw = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert raw["dflash_config"]["target_layer_ids"] == [0, 2] and raw["architectures"] == ["DFlashDraftModel"]
+    back = DFlashDrafter.load(tmp_path / "d", emb, head)
+    assert all(torch.equal(a, b) for a, b in zip(d.state_dict().values(), back.state_dict().values()))
+    from backend.drafter.model import Eagle3Drafter  # the kind switch: EAGLE-3's loader hands DFlash over
+    assert isinstance(Eagle3Drafter.load(tmp_path / "d", emb, head), DFlashDrafter)
+    with pytest.raises(Exception, match="use a drafter for this target"):
+        DFlashDrafter.load(tmp_path / "d", torch.randn(60, 32), head)
+    del raw["dflash_config"]["mask_token_id"]
+    (tmp_path / "d" / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(Exception, match="mask_token_id"):
+        DFlashDrafter.load(tmp_path / "d", emb, head)
+    with pytest.raises(Exception, match="drafts at most 3"):
+        d.propose(1, 0, 5)
+
+
+def test_random_dflash_bench_is_lossless_and_check_says_chance(pair, data_root, tmp_path):
+    """The HF bench drafts DFlash blocks fed as vLLM 0.24 feeds them (S_{t+1}), stays lossless against greedy and
+    stores acceptance by position; check-drafter runs the finder on DFlash's forward and, for random weights, says
+    it cannot tell (no mismatch is claimed) and writes no fix."""
+    from backend.bench import BenchSettings, run_bench
+    from backend.check_drafter import CheckSettings, run_check
+    from backend.engines.hf import load
+
+    lm = load(pair / "target", device="cpu", dtype="fp32", tokenizer=False)
+    tc = lm.config
+    c = DFlashConfig(hidden_size=tc.hidden_size, intermediate_size=64, num_heads=4, num_kv_heads=2, head_dim=64,
+                     num_layers=1, num_target_layers=tc.num_hidden_layers, target_hidden_size=tc.hidden_size,
+                     target_layer_ids=[1, 3, 5], block_size=4, mask_token_id=0, vocab_size=tc.vocab_size)
+    d = init_random(DFlashDrafter(c, lm.model.get_input_embeddings().weight,
+                                  lm.model.get_output_embeddings().weight), seed=3)
+    d.save(tmp_path / "rand", dtype=torch.float32)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        b = run_bench(BenchSettings(target=str(pair / "target"), prompts=str(heldout_prompts(pair)),
+                                    drafter=str(tmp_path / "rand"), num_spec_tokens=3, repeats=1, limit=2,
+                                    max_new_tokens=24, device="cpu", warmup=0), name="dflash-rand", root=data_root,
+                      progress=False)
+        r = run_check(CheckSettings(drafter=str(tmp_path / "rand"), target=str(pair / "target"), num_prompts=3,
+                                    new_tokens=16, search=False), root=data_root, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert b.lossless is True and b.mismatched_prompts == 0
+    m = json.loads((b.path / "manifest.json").read_text())
+    assert m["aux"]["boundaries"] == ["S_2", "S_4", "S_6"] and m["drafter"]["proposer"] == "dflash"
+    summary = json.loads((b.path / "summary.json").read_text())
+    assert len(summary["per_position"]["rates"]) == 3
+    rep = r.report
+    assert rep["engine_feeds"]["boundaries"] == ["S_2", "S_4", "S_6"]
+    assert {tuple(c["boundaries"]) for c in rep["candidates"]} >= {("S_1", "S_3", "S_5"), ("S_2", "S_4", "S_6")}
+    assert rep["verdict"].startswith("Inconclusive") and "plan" not in rep["fix"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (DFLASH_TOY / "model.safetensors").is_file(),
+                    reason="no trained DFlash toy drafter yet: python tools/dflash_toy.py --out tests/data/dflash_toy "
+                           "--device cuda (a CPU run here stayed at chance)")
+def test_dflash_trained_at_one_convention_fed_another(pair, data_root, tmp_path):
+    """The bar of issue 23: a DFlash drafter trained on the toy target at one layer convention and fed another is
+    named as such by check-drafter, with the fix, and its bench shows the drop (lossless, acceptance by position)."""
+    from backend.bench import BenchSettings, run_bench
+    from backend.check_drafter import CheckSettings, run_check
+    from backend.drafter.fix import FixPlan, write_fix
+
+    drafter = tmp_path / "dflash"
+    shutil.copytree(DFLASH_TOY, drafter)
+    target = pair / "target"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        r = run_check(CheckSettings(drafter=str(drafter), target=str(target), engine="vllm", num_prompts=8,
+                                    new_tokens=40, num_spec_tokens=3, search=False), root=data_root, progress=False)
+        rep = r.report
+        assert rep["engine_feeds"]["boundaries"] == ["S_2", "S_4", "S_6"]           # vLLM 0.24: t -> S_{t+1}
+        assert rep["best_candidate"]["boundaries"] == TRAINED_ON, rep["candidates"][:3]
+        assert rep["verdict"].startswith("Mismatch"), rep["verdict"]
+        assert "S_1, S_3, S_5" in rep["verdict"] and "hidden_states[t]" in rep["verdict"]
+        fed = next(c for c in rep["candidates"] if c["boundaries"] == ["S_2", "S_4", "S_6"])
+        assert fed["z_vs_best"] >= 3 and fed["tau"] < rep["best_candidate"]["tau"]
+        plan = rep["fix"]["plan"]
+        assert plan["ids"] == [1, 3, 5] and plan["trained_on"] == TRAINED_ON
+        fixed = write_fix(FixPlan(**plan), tmp_path / "fixed")
+
+        prompts = heldout_prompts(pair)
+        common = dict(target=str(target), prompts=str(prompts), num_spec_tokens=3, repeats=1, limit=6,
+                      max_new_tokens=40, device="cpu", warmup=0)
+        as_is = run_bench(BenchSettings(drafter=str(drafter), **common), name="dflash-as-is", root=data_root,
+                          progress=False)
+        fix = run_bench(BenchSettings(drafter=str(fixed), **common), name="dflash-fixed", root=data_root,
+                        progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    for b in (as_is, fix):
+        assert b.lossless is True and b.mismatched_prompts == 0
+    assert fix.tau > as_is.tau + 0.1, (as_is.tau, fix.tau)
+    m_as_is = json.loads((as_is.path / "manifest.json").read_text())
+    m_fix = json.loads((fix.path / "manifest.json").read_text())
+    assert m_as_is["aux"]["boundaries"] == ["S_2", "S_4", "S_6"] and m_fix["aux"]["boundaries"] == TRAINED_ON
+    assert m_fix["drafter"]["proposer"] == "dflash"
+    per_pos = json.loads((fix.path / "summary.json").read_text())["per_position"]["rates"]
+    assert len(per_pos) == 3 and per_pos[0] >= per_pos[1] >= per_pos[2] > 0            # acceptance by position
+    drop = json.loads((as_is.path / "summary.json").read_text())["per_position"]["rates"]
+    assert drop[0] < per_pos[0]
