@@ -67,7 +67,7 @@ def cmd_align(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(al.to_json(), indent=None if a.compact else 1))
         return 0
-    print(f"A = {al.a}, B = {al.b}: {al.tokens} shared tokens (CKA on {al.cka_tokens})")
+    print(f"A = {al.a}, B = {al.b}: {al.tokens} shared tokens ({al.cka_words})")
     for f in al.verdict:
         print(f"[{f.kind}] {f.text}")
     for w in al.warnings:

@@ -92,6 +92,15 @@ class Alignment:
     cka_exact: bool = True                                     # CKA on all tokens (else the row estimator)
     cka_definition: str = ""
 
+    @property
+    def cka_words(self) -> str:
+        """How the CKA figures were computed, short: exact on all tokens, or estimated with its bound."""
+        if self.cka_exact:
+            return "CKA exact on all shared tokens"
+        se = max((v for row in self.cka_se for v in row if v is not None), default=0.0)
+        return (f"CKA estimated from {self.cka_tokens} Gram rows over all tokens, within {CKA_SE_BOUND:g} standard "
+                f"errors of the exact value (largest standard error {se:.4f})")
+
     def to_json(self) -> dict:
         d = asdict(self)
         d["matrices"] = {"cosine": d.pop("cosine"), "rel_l2": d.pop("rel_l2"), "cka": d.pop("cka")}

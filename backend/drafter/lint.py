@@ -197,7 +197,7 @@ def _raw(cfg: DrafterConfig) -> dict:
 # ---------------------------------------------------------------------------- engine readings
 
 def engine_readings(cfg: DrafterConfig, target: TargetInfo, versions: dict[str, str] | None = None,
-                    runner: "RunnerChoice | None" = None) -> list[Reading]:
+                    runner: RunnerChoice | None = None) -> list[Reading]:
     """What vLLM (V2 and V1 runners) and SGLang will feed this drafter on this target.
 
     Both vLLM runners are listed; `picked` marks the one vLLM itself uses for this target (`runner`, default: as
@@ -419,7 +419,8 @@ def drafter_fields() -> tuple[dict, ...]:
     """backend/drafter_fields.yaml: which release honours which field (tools/rederive_conventions.py --fields)."""
     import yaml
 
-    return tuple(yaml.safe_load(FIELDS_FILE.read_text()) or ()) if FIELDS_FILE.exists() else ()
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # the C loader: the pure-Python one took seconds
+    return tuple(yaml.load(FIELDS_FILE.read_text(), Loader=loader) or ()) if FIELDS_FILE.exists() else ()  # noqa: S506
 
 
 def field_status(engine: str, version: str, field: str) -> dict | None:
@@ -533,7 +534,7 @@ def _flag_findings(cfg: DrafterConfig, f: str, focus: Reading | None = None) -> 
     return out
 
 
-def embedding_findings(own: "object | None", target_embed: "object", engine: str) -> list[Finding]:
+def embedding_findings(own: object | None, target_embed: object, engine: str) -> list[Finding]:
     """The drafter's own embed_tokens [V, H] against the target's: SGLang substitutes the target's."""
     if own is None or tuple(own.shape) != tuple(target_embed.shape):
         return []
