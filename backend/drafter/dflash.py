@@ -38,7 +38,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from backend.drafter.model import MLP, RMSNorm, apply_rope
+from backend.drafter.layers import MLP, RMSNorm, apply_rope
 from backend.errors import SpecLensError
 
 WEIGHTS = "model.safetensors"
@@ -235,9 +235,15 @@ class DFlashDrafter(nn.Module):
         return self.propose_logits(last_token, position)[:k].argmax(-1).tolist()
 
     def check_target(self, target_config, target_name: str | None = None) -> None:
-        from backend.drafter.model import Eagle3Drafter
-
-        Eagle3Drafter.check_target(self, target_config, target_name)
+        """A one-line SpecLensError when the target's width or vocab is not the drafter's."""
+        get = ((lambda k: target_config.get(k)) if isinstance(target_config, dict)
+               else (lambda k: getattr(target_config, k, None)))
+        name = target_name or get("_name_or_path") or "the target"
+        for what, mine, theirs in (("hidden size", self.cfg.target_hidden_size, get("hidden_size")),
+                                   ("vocab size", self.cfg.vocab_size, get("vocab_size"))):
+            if theirs is not None and int(theirs) != mine:
+                raise SpecLensError(f"DFlash drafter {self.cfg.name} was built for {what} {mine}, target {name} has "
+                                    f"{theirs}; use a drafter for this target")
 
     # ---- many blocks of one sequence at once (finder, training) ---------------------------
     def block_logits(self, aux: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
@@ -340,8 +346,9 @@ def feeds(drafter: str | Path, lm_config, n_layers: int, producer: str = "vllm",
     from types import SimpleNamespace
 
     from backend import coords, vllm_runner
+    from backend.drafter.aux import kind_aux
     from backend.drafter.config import load_config
-    from backend.drafter.kinds import kind_aux, runner_args
+    from backend.drafter.kinds import runner_args
 
     cfg = load_config(drafter)
     archs = list(getattr(lm_config, "architectures", None) or [])

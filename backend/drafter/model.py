@@ -45,22 +45,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from backend.drafter.config import NORM_OUTPUT_MEANINGS, DrafterConfig, config_to_dict, load_config
+from backend.drafter.layers import MLP, RMSNorm, apply_rope
 from backend.errors import SpecLensError
 from backend.options import SERVING_ENGINES
 
 ENGINES = SERVING_ENGINES
 WEIGHTS = "model.safetensors"
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
 
 
 def rope_inv_freq(cfg: DrafterConfig) -> torch.Tensor:
@@ -80,14 +70,6 @@ def rope_inv_freq(cfg: DrafterConfig) -> torch.Tensor:
         mid = (1 - smooth) * inv / factor + smooth * inv
         return torch.where(wavelen < orig / high, inv, torch.where(wavelen > orig / low, inv / factor, mid)).float()
     raise SpecLensError(f"drafter {cfg.name}: rope type {kind!r} is not supported; use default, linear or llama3 RoPE")
-
-
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, hd] rotated by `positions` [T] (neox / rotate-half layout, as Llama in vLLM and HF)."""
-    freqs = positions.float()[:, None] * inv_freq[None, :]      # [T, hd/2]
-    cos, sin = freqs.cos()[:, None, :], freqs.sin()[:, None, :]  # [T, 1, hd/2]
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
 class KVCache:
@@ -139,17 +121,6 @@ class Attention(nn.Module):
                    v.repeat_interleave(rep, 1).transpose(0, 1))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)   # [nh, T, hd]
         return self.o_proj(out.transpose(0, 1).reshape(T, self.nh * self.hd))
-
-
-class MLP(nn.Module):
-    def __init__(self, H: int, inter: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(H, inter, bias=False)
-        self.up_proj = nn.Linear(H, inter, bias=False)
-        self.down_proj = nn.Linear(inter, H, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
