@@ -74,8 +74,8 @@ def matrix(drafter: str | Path, target: str | Path, root: Path | None = None, tr
     see (default: none set, i.e. VLLM_USE_V2_MODEL_RUNNER unset)."""
     from backend import vllm_runner
     from backend.drafter import lint as L
-    from backend.drafter.aux import drafter_aux_boundaries
-    from backend.drafter.kinds import kind_aux, runner_args
+    from backend.drafter.aux import drafter_aux_boundaries, kind_aux
+    from backend.drafter.kinds import runner_args
 
     cfg, tgt, _ = L.load(drafter, target, weights_required=False)
     kind = getattr(cfg, "kind", "eagle3")

@@ -809,7 +809,7 @@ def sglang_rows(facts: list[dict]) -> list[dict]:
             code.update(d.get("code", {}))
             decided = {"ids": f["decided_by"]["ids"], "rule": d["decided_by"]}
             if src == "llama":
-                for k, q in qwen.items():
+                for q in qwen.values():
                     code.update(q["code"])
                 same = [SGLANG_MODEL_FILES[k] for k in ("qwen3", "qwen3_moe", "qwen2") if k in qwen]
                 decided["rule"] += f" ({', '.join(same)}: the same)" if same else ""

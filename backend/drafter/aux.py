@@ -73,3 +73,18 @@ def engine_feeds(dcfg: DrafterConfig, n_layers: int, model_type: str | None, arc
     aux = drafter_aux_boundaries(dcfg, n_layers, model_type, producer, version, choice.runner)
     aux["runner_reason"] = choice.reason
     return aux
+
+
+def kind_aux(cfg, target, engine: str, version: str, runner: str | None) -> dict:
+    """The lint's and feeds' reading for a drafter of a kind other than eagle3 (backend/drafter/kinds.py): EAGLE-like
+    kinds take the EAGLE-3 reading once the release serves them; DFlash and MTP their own (kind_feeds)."""
+    from backend.drafter.kinds import DFLASH_LIKE, EAGLE_LIKE, kind_feeds, raw_config, served
+
+    raw = raw_config(cfg)
+    if cfg.kind in EAGLE_LIKE:
+        why = served(engine, version, cfg.kind, raw)
+        if why:
+            raise SpecLensError(why)
+        return drafter_aux_boundaries(cfg, target.n_layers, target.model_type, engine, version, runner)
+    return kind_feeds(raw, cfg.kind, target.n_layers, target.model_type, target.architectures, engine, version, runner,
+                      fc_in=cfg.num_aux if cfg.kind in DFLASH_LIKE else None)

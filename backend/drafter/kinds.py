@@ -291,21 +291,6 @@ def raw_config(cfg) -> dict:
         return {}
 
 
-def kind_aux(cfg, target, engine: str, version: str, runner: str | None) -> dict:
-    """The lint's and feeds' reading for a drafter of a kind other than eagle3: EAGLE-like kinds take the EAGLE-3
-    reading once the release serves them; DFlash and MTP their own (kind_feeds)."""
-    from backend.drafter.aux import drafter_aux_boundaries
-
-    raw = raw_config(cfg)
-    if cfg.kind in EAGLE_LIKE:
-        why = served(engine, version, cfg.kind, raw)
-        if why:
-            raise SpecLensError(why)
-        return drafter_aux_boundaries(cfg, target.n_layers, target.model_type, engine, version, runner)
-    return kind_feeds(raw, cfg.kind, target.n_layers, target.model_type, target.architectures, engine, version, runner,
-                      fc_in=cfg.num_aux if cfg.kind in DFLASH_LIKE else None)
-
-
 def reads_words(engine: str, version: str, kind: str, runner: str | None) -> str | None:
     """Where this release reads a kind's ids, in words (the lint table's "reads" column); None: the EAGLE-3 words."""
     row = kind_row(engine, version, kind)

@@ -206,7 +206,8 @@ def engine_readings(cfg: DrafterConfig, target: TargetInfo, versions: dict[str, 
     from backend.vllm_runner import resolve
 
     versions = {**coords.DEFAULT_VERSIONS, **{k: v for k, v in (versions or {}).items() if v}}
-    from backend.drafter.kinds import kind_aux, runner_args
+    from backend.drafter.aux import kind_aux
+    from backend.drafter.kinds import runner_args
     kind = getattr(cfg, "kind", "eagle3")
     choice = runner or resolve("auto", target.architectures, versions["vllm"], target_config=target.raw or None,
                                **runner_args(kind))
