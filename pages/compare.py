@@ -6,7 +6,7 @@ links: dashboard/compare_words.py; data: catalog aggregates."""
 
 import streamlit as st
 
-from backend import compare
+from backend import compare, metrics
 from dashboard import charts, load_charts, severity, ui
 from dashboard import compare_words as words
 
@@ -121,7 +121,8 @@ if cat_tab.open:
     with cat_tab:
         st.caption("Spec-Bench categories: tau (mean acceptance length), mean per-prompt tokens/s, and the speedup "
                    "over the same baseline on that category's prompts, each with its 95% bootstrap interval over "
-                   "the category's prompts (few prompts: wide intervals).")
+                   f"the category's prompts; a category with fewer than {metrics.MIN_INTERVAL_PROMPTS} prompts "
+                   "shows its value without an interval (a bootstrap over so few prompts would look falsely tight).")
         ui.chart_with_downloads(charts.category_chart(cmp.categories, cmp.run_ids),
                                 charts.category_frame(cmp.categories), f"per_category_{stem}")
         categories = charts.category_table(cmp.categories, cmp.run_ids)
