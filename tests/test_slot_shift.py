@@ -101,7 +101,7 @@ def test_demo_shows_the_drop_and_tells_the_story(tmp_path, monkeypatch):
     assert (tau["demo-bench-slot-shift"] < tau["demo-bench-slot-shift-patched"]
             <= tau["demo-bench-slot-shift-fixed"] + 0.05)
     spec = [r for r in runs.index if r in tau and r.startswith("demo-bench-") and not r.endswith("-baseline")]
-    assert len(spec) == 4 and all(bool(runs.loc[r, "lossless"]) for r in spec)
+    assert len(spec) == 5 and all(bool(runs.loc[r, "lossless"]) for r in spec)    # 4 + the regression pair's run
     sp = Catalog(tmp_path).read.bench_prompt_speeds(spec)
     per = {r: g.groupby("prompt_id")[["accepted", "drafts"]].sum() for r, g in sp.groupby("run_id")}
     for better in ("demo-bench-matched", "demo-bench-slot-shift-fixed"):
