@@ -354,3 +354,24 @@ def test_write_fix_refuses_where_no_ids_can(tmp_path: Path, data_root) -> None:
             "sglang", "--engine-version", "0.5.15", data_root=data_root)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode != 0 and len(lines) == 1 and "does not serve P-EAGLE" in lines[0], r.stderr
+
+
+def test_a_dflash_config_gets_no_lm_head_or_draft_vocab_warning(tmp_path: Path, data_root) -> None:
+    """DFlash always uses the target's LM head: no "no draft_vocab_size" finding for it (an EAGLE-3 config without
+    draft_vocab_size still gets one)."""
+    name = next(n for n, (_, kind, _) in sorted(TRUTH.items()) if kind == "dflash")
+    spec = TRUTH[name][0]
+    r = cli("check-drafter", "--drafter", str(KINDS_DIR / name), "--target", str(target_dir(tmp_path, spec)),
+            "--lint-only", "--json", data_root=data_root)
+    assert r.returncode == 0, r.stderr[-1500:]
+    texts = " ".join(f["text"] if isinstance(f, dict) and "text" in f else str(f)
+                     for f in json.loads(r.stdout.splitlines()[0])["findings"])
+    assert "no draft_vocab_size" not in texts and "no lm_head.weight" not in texts
+    eagle = json.loads((KINDS_DIR / name).read_text())
+    eagle = {k: v for k, v in eagle.items() if k not in ("dflash_config", "draft_vocab_size", "block_size")}
+    eagle["architectures"] = ["LlamaForCausalLMEagle3"]
+    (tmp_path / "e3").mkdir()
+    (tmp_path / "e3" / "config.json").write_text(json.dumps(eagle))
+    r = cli("check-drafter", "--drafter", str(tmp_path / "e3"), "--target", str(target_dir(tmp_path, spec)),
+            "--lint-only", "--json", data_root=data_root)
+    assert "no draft_vocab_size" in r.stdout, r.stderr[-800:]

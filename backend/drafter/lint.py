@@ -385,7 +385,7 @@ def lint(cfg: DrafterConfig, target: TargetInfo, weights: WeightInfo | None, rea
     # embeddings and LM head the engines substitute
     if not weights.has_embed:
         out.append(Finding("info", "The checkpoint has no embed_tokens: both engines use the target's embeddings."))
-    if not weights.has_lm_head and not cfg.tie_word_embeddings:
+    if not weights.has_lm_head and not cfg.tie_word_embeddings and not _target_head_kind(cfg):
         out.append(Finding("warning", f"{weights.file}: no lm_head.weight: vLLM would start from an uninitialised "
                                       f"LM head; SGLang uses the target's only without draft_vocab_size."))
     return sort_findings(out)
@@ -529,7 +529,7 @@ def _flag_findings(cfg: DrafterConfig, f: str, focus: Reading | None = None) -> 
     if cfg.norm_output:
         out.append(Finding("info", f"{f}: norm_output is true: vLLM and SGLang feed the normed state to the next "
                                    f"draft step; SpecForge reads the flag as 'norm before lm_head'."))
-    if not cfg.draft_vocab_size_given:
+    if not cfg.draft_vocab_size_given and not _target_head_kind(cfg):
         out.append(Finding("warning", f"{f}: no draft_vocab_size: SGLang then takes the target's LM head, vLLM uses "
                                       f"the drafter's own lm_head over the full vocab."))
     return out
@@ -561,3 +561,11 @@ def load(drafter: str | Path, target: str | Path,
     t = target_info(target)
     check_inputs(cfg, t)
     return cfg, t, weight_info(cfg.name, required=weights_required)
+
+
+def _target_head_kind(cfg) -> bool:
+    """A drafter kind that always uses the target's LM head (DFlash: backend/drafter/dflash.py), for which a missing
+    lm_head.weight or draft_vocab_size is no finding."""
+    from backend.drafter.kinds import DFLASH_LIKE
+
+    return getattr(cfg, "kind", "eagle3") in DFLASH_LIKE
