@@ -361,7 +361,10 @@ def test_a_dflash_config_gets_no_lm_head_or_draft_vocab_warning(tmp_path: Path, 
     draft_vocab_size still gets one)."""
     name = next(n for n, (_, kind, _) in sorted(TRUTH.items()) if kind == "dflash")
     spec = TRUTH[name][0]
-    r = cli("check-drafter", "--drafter", str(KINDS_DIR / name), "--target", str(target_dir(tmp_path, spec)),
+    dflash = {k: v for k, v in json.loads((KINDS_DIR / name).read_text()).items() if k != "draft_vocab_size"}
+    (tmp_path / "df").mkdir()
+    (tmp_path / "df" / "config.json").write_text(json.dumps(dflash))
+    r = cli("check-drafter", "--drafter", str(tmp_path / "df"), "--target", str(target_dir(tmp_path, spec)),
             "--lint-only", "--json", data_root=data_root)
     assert r.returncode == 0, r.stderr[-1500:]
     texts = " ".join(f["text"] if isinstance(f, dict) and "text" in f else str(f)
