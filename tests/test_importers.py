@@ -326,7 +326,7 @@ def peers(tmp_path_factory):
     """The tiny target rebuilt from its seed (weights hash checked), and an HF capture of every fixture's tokens."""
     import importlib.util
 
-    import backend.capture as capture
+    import backend.engines.capture_loop as capture_loop
 
     spec = importlib.util.spec_from_file_location("peer_make", REPO_ROOT / "tools" / "peer_fixtures" / "make.py")
     make = importlib.util.module_from_spec(spec)
@@ -339,7 +339,7 @@ def peers(tmp_path_factory):
     prompts.write_text("".join(f"sequence {i}\n" for i in range(len(seqs))))
     root = base / "data"
     with pytest.MonkeyPatch.context() as mp:                       # the HF engine fed the fixtures' token ids
-        mp.setattr(capture, "encode_all", lambda *a, **k: seqs)
+        mp.setattr(capture_loop, "encode_all", lambda *a, **k: seqs)   # the one capture loop encodes
         run_capture(CaptureSettings(model=str(target), prompts=str(prompts), device="cpu"), name="hf", root=root,
                     progress=False)
     return {"target": target, "root": root, "base": base}
