@@ -36,12 +36,7 @@ NOISY_DELTA = "no verdict: timing noise"     # a tile's delta when its speed fig
 
 # ---------------------------------------------------------------------- formatting
 
-def _num(x, default: float = math.nan) -> float:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return default
-    return default if math.isnan(v) else v
+_num = data._num         # the backend's number coercion (None/NaN/text -> default), not a second copy
 
 
 def _ok(v) -> bool:
