@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from backend import coords
-from backend.config import paths
 from backend.errors import SpecLensError
-from backend.store.rundir import COMPLETE, RunDir, atomic_write_json
+from backend.store.rundir import COMPLETE, RunDir
 
 if TYPE_CHECKING:  # torch is imported where tensors are made, so a cached alignment loads without it
     import torch
@@ -903,19 +902,21 @@ def align_runs(run_a: str, run_b: str, root: Path | None = None, cka_budget: flo
 
 
 def get_alignment(run_a: str, run_b: str, root: Path | None = None) -> Alignment:
-    """Cached alignment (data/alignments/), recomputed when either run changed."""
+    """The alignment of A and B: the one stored beside the catalog (data/alignments/) while neither run changed,
+    else computed here and stored through the catalog's write side."""
+    from backend.store.catalog import Catalog  # duckdb only where an alignment is looked up
+
     ma, mb = RunDir.open(run_a, root).manifest(), RunDir.open(run_b, root).manifest()
     key = f"{VERSION}|{ma.get('updated')}|{mb.get('updated')}"
-    cache = paths(root).alignments / f"{run_a}__{run_b}.json"
-    if cache.exists():
+    cat = Catalog(root)
+    d = cat.read.stored_alignment(run_a, run_b)
+    if d is not None:
         try:
-            d = json.loads(cache.read_text())
             if d.get("_key") == key:
                 d.pop("_key")
                 return Alignment.from_json(d)
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (KeyError, TypeError):
             pass
     al = align_runs(run_a, run_b, root)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(cache, {**al.to_json(), "_key": key})
+    cat.write.store_alignment(run_a, run_b, {**al.to_json(), "_key": key})
     return al

@@ -24,11 +24,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from backend.config import dashboard_link
-from backend.drafter.check_result import RESULT
 from backend.errors import SpecLensError
 from backend.model_id import fingerprint
 from backend.options import ENGINE_NAMES, SERVING_ENGINES, add_options, from_args
 from backend.settings import DEFAULT_PROMPTS, CheckSettings  # noqa: F401 (re-exported: demo, tests)
+from backend.store.check_result import RESULT
 from backend.store.rundir import atomic_write_json, new_run_id
 
 AT_CHANCE = "Inconclusive: the drafter predicts no better than chance"

@@ -236,8 +236,8 @@ def build_slot_shift_demo(root: Path | None = None, force: bool = False, progres
         report = r.report
     fixed = slot / SLOT_RUNS["demo-bench-slot-shift-fixed"]
     if benches and not (fixed / "config.json").exists():
-        from backend.drafter.check_result import load_check
         from backend.drafter.fix import plan_fix, write_fix
+        from backend.store.check_result import load_check
 
         if report is None:
             report = (load_check(SLOT_CHECK_RUN, root) if _complete(SLOT_CHECK_RUN, root) else

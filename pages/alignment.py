@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from backend.align import MATCH_COS
+from backend.align import MATCH_COS, get_alignment
 from dashboard import charts, ui
 
 st.title("Layer alignment")
@@ -19,7 +19,7 @@ metric = ui.select("Metric", list(charts.METRICS), "metric", "cosine", where=c3,
                    format_func=lambda m: charts.METRICS[m][0])
 
 with st.spinner(f"Aligning {a} with {b} ..."):
-    al = ui.guarded(ui.catalog().alignment, a, b)
+    al = ui.guarded(get_alignment, a, b)
 
 ui.verdict_banner(al.verdict)
 ui.warning_list(al.warnings)

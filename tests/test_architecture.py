@@ -267,9 +267,6 @@ _LAYER_OF = [        # (module prefix, layer): the longest matching prefix wins
 # upward imports that exist today, each with what removes it; the test fails on any other, and on one of these once
 # it is gone (so the list only shrinks)
 KNOWN_UPWARD = {
-    ("backend.store.catalog", "backend.align"): "issue 21 item 3: the catalog's read side only reads",
-    ("backend.store.catalog", "backend.annotations"): "issue 21 item 3",
-    ("backend.store.catalog", "backend.drafter.check_result"): "issue 21 item 3",
     ("backend.drafter.finder", "backend.engines.hf"): "HF model primitives below engines/ and drafter/",
     ("backend.drafter.training_data", "backend.engines.hf"): "HF model primitives below engines/ and drafter/",
     ("backend.drafter.training_data", "backend.importers"): "training-data readers below the importers",

@@ -74,7 +74,7 @@ def kinds(page) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------------------- item 1: severity in proportion
 
 def test_item1_severity_follows_the_cost(page, server: str, truth_root: Path, shots: Path) -> None:
-    from backend.drafter.check_result import load_check
+    from backend.store.check_result import load_check
 
     small = load_check(AFTER_CHECK, truth_root)
     big = load_check(SLOT_CHECK_RUN, truth_root)

@@ -54,3 +54,25 @@ def test_filters_use_parameters_not_sql(data_root):
     Catalog(data_root).write.refresh()
     assert Catalog(data_root).read.list_runs(kind="capture' OR '1'='1").empty
     assert len(Catalog(data_root).read.list_runs(kind="capture")) == 1
+
+
+def test_stored_alignment_reads_what_the_write_side_stored(data_root):
+    """The read side only reads the alignment kept beside the catalog (None when there is none or it is not JSON);
+    the write side stores it; run ids that would leave alignments/ are refused on both sides."""
+    import pytest
+
+    from backend.errors import SpecLensError
+
+    cat = Catalog(data_root)
+    assert cat.read.stored_alignment("a1", "b1") is None
+    assert not (data_root / "alignments").exists()            # reading wrote nothing
+    f = cat.write.store_alignment("a1", "b1", {"tokens": 7, "_key": "k"})
+    assert f == data_root / "alignments" / "a1__b1.json"
+    assert cat.read.stored_alignment("a1", "b1") == {"tokens": 7, "_key": "k"}
+    f.write_text("{not json")
+    assert cat.read.stored_alignment("a1", "b1") is None
+    for bad in ("../x", "a/b", ""):
+        with pytest.raises(SpecLensError, match="not a run id"):
+            cat.read.stored_alignment(bad, "b1")
+        with pytest.raises(SpecLensError, match="not a run id"):
+            cat.write.store_alignment("a1", bad, {})

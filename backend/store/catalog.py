@@ -37,11 +37,10 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from backend import annotations
-from backend.config import paths
+from backend.config import Paths, paths
 from backend.errors import SpecLensError
-from backend.store import validate
-from backend.store.rundir import RUNNING, RunDir
+from backend.store import annotations_file, check_result, validate
+from backend.store.rundir import RUNNING, RunDir, atomic_write_json, valid_run_id
 
 if TYPE_CHECKING:  # pandas is imported where frames are made: a run's state change and a config check need none
     import pandas as pd
@@ -114,7 +113,7 @@ def _manifest_row(rd: RunDir, sig: str, m: dict) -> dict:
     prog = m.get("progress") or {}
     nonfinite = head.get("nonfinite") or {}
     drafter = m.get("drafter") or {}
-    ann = annotations.read_path(rd.path)
+    ann = annotations_file.read_path(rd.path)
     tags = ann.tags if ann else [str(t) for t in (m.get("tags") or []) if t]
     return {
         "run_id": rd.run_id, "kind": _text(m.get("kind")), "engine": _text(m.get("engine")),
@@ -176,7 +175,7 @@ def _scan(root: Path | None) -> list[_Entry]:
         names = sorted(e.name for e in os.scandir(runs))
     except (FileNotFoundError, NotADirectoryError):
         return []
-    out, stat, ann = [], os.stat, "/" + annotations.FILE
+    out, stat, ann = [], os.stat, "/" + annotations_file.FILE
     for name in names:
         d = runs + "/" + name
         try:
@@ -333,7 +332,7 @@ def _entry(root: Path | None, run_id: str) -> _Entry | None:
     except OSError:
         return None
     try:
-        st = os.stat(d + "/" + annotations.FILE)
+        st = os.stat(d + "/" + annotations_file.FILE)
         a = f"{st.st_mtime_ns}:{st.st_size}"
     except OSError:
         a = "-"
@@ -808,6 +807,14 @@ def _with_retry(fn):
             time.sleep(0.02 * (attempt + 1))
 
 
+def _alignment_file(p: Paths, run_a: str, run_b: str) -> Path:
+    """Where the alignment of A and B is kept; the ids are checked first, so the name stays inside alignments/."""
+    for r in (run_a, run_b):
+        if not valid_run_id(str(r)):
+            raise SpecLensError(f"'{str(r)[:80]}' is not a run id (letters, digits, '.', '_' or '-')")
+    return p.alignments / f"{run_a}__{run_b}.json"
+
+
 def _ids(run_ids) -> list[str]:
     return [str(r) for r in run_ids]
 
@@ -816,9 +823,10 @@ def _ids(run_ids) -> list[str]:
 
 
 class CatalogReader:
-    """The read side: named queries (pages and CLIs call these; values always travel as bound parameters, never
-    as SQL text), and the derived results that live beside the catalog (the alignment cache, stored drafter
-    checks), so that pages read through the catalog only."""
+    """The read side, which only reads: named queries (pages and CLIs call these; values always travel as bound
+    parameters, never as SQL text), and the derived results that live beside the catalog as their owners stored
+    them (alignments from backend/align.py, drafter checks from backend/check_drafter.py), so that pages read
+    through the catalog only."""
 
     def __init__(self, root: Path | None = None):
         self.paths = paths(root)
@@ -867,18 +875,21 @@ class CatalogReader:
 
     # ------------------------------------------------------------------ derived results beside the catalog
 
-    def alignment(self, run_a: str, run_b: str):
-        """Which boundary of capture A matches which of B (backend/align.py), from the alignment cache
-        (data/alignments/), recomputed when either run changed."""
-        from backend.align import get_alignment
-
-        return get_alignment(run_a, run_b, self.root)
+    def stored_alignment(self, run_a: str, run_b: str):
+        """The alignment of captures A and B as backend/align.py stored it beside the catalog (data/alignments/,
+        `CatalogWriter.store_alignment`), whatever its key: None when none is stored or the file is not JSON.
+        Computing one, and telling whether a stored one is still current, is backend/align.py's (get_alignment)."""
+        f = _alignment_file(self.paths, run_a, run_b)
+        if not f.exists():
+            return None
+        try:
+            return json.loads(f.read_text())
+        except json.JSONDecodeError:
+            return None
 
     def drafter_check(self, run_id: str) -> dict:
-        """The stored result of a complete drafter check run (backend/drafter/check_result.py)."""
-        from backend.drafter.check_result import load_check
-
-        return load_check(run_id, self.root)
+        """The stored result of a complete drafter check run (backend/store/check_result.py)."""
+        return check_result.load_check(run_id, self.root)
 
     def check_runs(self) -> pd.DataFrame:
         """Complete drafter check runs, newest first."""
@@ -1099,6 +1110,14 @@ class CatalogWriter:
         """Bring the catalog up to date with the run directories and swap it into place atomically: only the runs
         that changed are re-read (nothing is written when none did); full=True rebuilds it from scratch."""
         return _refresh(self.root, full)
+
+    def store_alignment(self, run_a: str, run_b: str, payload: dict) -> Path:
+        """Keep an alignment backend/align.py computed (its JSON form and key) beside the catalog, written
+        atomically; `CatalogReader.stored_alignment` reads it back."""
+        f = _alignment_file(paths(self.root), run_a, run_b)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(f, payload)
+        return f
 
     def refresh_runs(self, run_ids: list[str]) -> Path:
         """Re-index these runs only (a run's state change): its cost does not grow with the catalog (no scan of the

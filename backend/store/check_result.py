@@ -1,6 +1,7 @@
 """A stored drafter check (run kind "check": manifest.json + check.json, docs/SCHEMA.md), read back without torch.
 
-backend/check_drafter.py writes it; the catalog's read side (`Catalog().read.drafter_check`) hands it to pages."""
+backend/check_drafter.py computes and writes it; reading it back is a file read of the run directory, so it lives in
+the store, and the catalog's read side (`Catalog().read.drafter_check`) hands it to pages."""
 
 from __future__ import annotations
 
