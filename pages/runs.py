@@ -96,9 +96,9 @@ bench_ids = shown.loc[shown["kind"] == "bench", "run_id"].tolist()
 found = ui.guarded(run_view.findings, ui.guarded(cat.run_manifests, bench_ids), ui.guarded(cat.check_manifests)) \
     if bench_ids else {}
 table.insert(table.columns.get_loc("speedup") + 1, "finding",      # errors here; the HF note in "fed as"
-             table["run_id"].map({r: run_view.finding_text(f, "error") for r, f in found.items()}).fillna(""))
+             [run_view.finding_text(found[r], "error") if r in found else "" for r in table["run_id"]])
 table.insert(table.columns.get_loc("finding") + 1, "fed as",
-             table["run_id"].map({r: run_view.finding_text(f, "note") for r, f in found.items()}).fillna(""))
+             [run_view.finding_text(found[r], "note") if r in found else "" for r in table["run_id"]])
 picked = st.dataframe(
     table, hide_index=True, key="runs_table", placeholder="-", on_select="rerun", selection_mode="multi-row",
     selection_default={"selection": {"rows": ui.ticked(table["run_id"])}},

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from backend.demo import PAIR_TARBALL
+from backend.store.data_root import DataRoot
 from tests import test_browser
 from tests.conftest import PROMPTS
 from tests.test_browser import CHART, CHROMIUM, alerts, open_view, streamlit_server
@@ -31,25 +32,24 @@ def build_chart_data(root: Path, dash_root: Path) -> Path:
     """dash_root's runs and catalog copied to `root`, then: `rot1` (a capture of a rotated copy of dash_root's toy
     target), `sparse16` (bf16, only SPARSE), and, when the toy pair ships, the drafter check `chk-after`."""
     from backend.capture import CaptureSettings, run_capture
-    from backend.store.catalog import Catalog
     from backend.toy.rotate import write_rotated
 
     shutil.copytree(dash_root / "runs", root / "runs")
     model = dash_root / "models" / "toy"
     rotated = write_rotated(model, root / "models" / "toy-rotated")
     run_capture(CaptureSettings(model=str(rotated), prompts=str(PROMPTS), limit=12, device="cpu"), name="rot1",
-                root=root, progress=False)
+                data=DataRoot(root), progress=False)
     run_capture(CaptureSettings(model=str(model), prompts=str(PROMPTS), limit=12, device="cpu", dtype="bf16",
-                                boundaries=SPARSE), name="sparse16", root=root, progress=False)
+                                boundaries=SPARSE), name="sparse16", data=DataRoot(root), progress=False)
     if PAIR_TARBALL.exists():
         from backend.check_drafter import CheckSettings, run_check
         from backend.demo import heldout_prompts, toy_pair
 
-        pair = toy_pair(root)
+        pair = toy_pair(DataRoot(root))
         run_check(CheckSettings(drafter=str(pair / "drafter-after-layer"), target=str(pair / "target"), device="cpu",
                                 num_prompts=4, new_tokens=24, prompts=str(heldout_prompts(pair))), name=CHECK,
-                  root=root, progress=False)
-    Catalog(root).write.refresh()
+                  data=DataRoot(root), progress=False)
+    DataRoot(root).catalog.write.refresh()
     return root
 
 
@@ -154,6 +154,9 @@ def _expected_order(rep: dict, metric: str, lower: bool) -> list[str]:
 
 
 def _bars(page) -> tuple[list[str], list]:
+    # the bars are the page's first chart; on a loaded machine a later chart can draw before it
+    page.wait_for_function("""() => { const c = document.querySelector('[data-testid="stPlotlyChart"]');
+                                      return c && c.querySelector('.js-plotly-plot .main-svg'); }""")
     fig = figures(page)[0]
     bars = fig["data"][0]
     return bars["y"], fig["layout"]["xaxis"]["range"]
