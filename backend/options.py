@@ -34,7 +34,8 @@ DRAFT_SAMPLING = ("sample", "argmax")                      # T > 0: draft from q
 VLLM_RUNNERS = tuple(sorted(r for r in RUNNERS if r != "auto"))   # what `auto` resolves to: v1, v2
 
 __all__ = ["CHECK_K", "DEFAULT_K", "DRAFT_SAMPLING", "DTYPES", "ENGINES", "ENGINE_NAMES", "IN_PROCESS_ENGINE",
-           "RUNNERS", "SERVING_ENGINES", "TORCH_DTYPES", "VLLM_RUNNERS", "add_options", "field_choices",
+           "RUNNERS", "SERVING_ENGINES", "TORCH_DTYPES", "VLLM_RUNNERS", "add_options", "build", "check_fields",
+           "field_choices",
            "field_minimums", "field_types", "from_args", "option", "parse_engine_options", "required_fields",
            "settings_fields"]
 
@@ -174,6 +175,48 @@ def add_options(parser: Any, cls: type, skip: tuple[str, ...] = ()) -> None:
         parser.add_argument(flag, dest=dest, **kw)
 
 
+def check_fields(obj: Any) -> None:
+    """The checks a settings model runs on itself after pydantic's type validation (its `__post_init__`): every
+    field's `choices` and `minimum` (see `option`). A ValueError here is a pydantic validation error of the model."""
+    for name, ch in field_choices(type(obj)).items():
+        v = getattr(obj, name)
+        if v is not None and v not in ch:
+            raise ValueError(f"{name}: {v!r} is not one of {', '.join(map(str, ch))}")
+    for name, lo in field_minimums(type(obj)).items():
+        v = getattr(obj, name)
+        if v is not None and v < lo:
+            raise ValueError(f"{name}: {v} must be >= {lo:g}")
+
+
+def build(cls: type, values: dict, where: str = "") -> Any:
+    """A settings model from a mapping of its fields (a job spec's settings, parsed options), its pydantic
+    validation error turned into one line (`where` prefixes it, e.g. "sweep job 3: "). Unknown fields are the
+    caller's to refuse (a job spec names the known ones in its message)."""
+    from pydantic import ValidationError
+
+    from backend.errors import SpecLensError
+
+    try:
+        return cls(**values)
+    except ValidationError as e:
+        raise SpecLensError(where + _one_line(e)) from None
+
+
+def _one_line(e: Any) -> str:
+    """The first error of a pydantic ValidationError as `field: message` (a model-level check's message is already
+    written that way)."""
+    err = e.errors()[0]
+    msg = str(err.get("msg", "")).removeprefix("Value error, ")
+    loc = ".".join(str(x) for x in err.get("loc", ()))
+    if not loc:
+        return msg[:300]
+    kind, got = str(err.get("type", "")), err.get("input")
+    if kind.endswith("_type"):           # a wrong type: name the one wanted, as the job spec's errors always have
+        want = {"string": "str", "dataclass": "mapping"}.get(kind.removesuffix("_type"), kind.removesuffix("_type"))
+        return f"{loc}: expected {want}, got {type(got).__name__} {got!r}"[:200]
+    return f"{loc}: {msg}"[:300]
+
+
 def from_args(cls: type, a: Any, **given: Any) -> Any:
     """The settings object of parsed options (`add_options`); `given` fields are taken as they are."""
     hints, kw = get_type_hints(cls), {}
@@ -189,4 +232,4 @@ def from_args(cls: type, a: Any, **given: Any) -> Any:
             v = not v
         parse = f.metadata.get("option", {}).get("parse")
         kw[name] = parse(v) if parse is not None else v
-    return cls(**kw, **given)
+    return build(cls, {**kw, **given})

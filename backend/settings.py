@@ -1,6 +1,7 @@
-"""The settings of each kind of run, defined once: the fields from which the command line's options
-(backend/options.py `add_options`), job-spec validation (backend/jobs/spec.py) and the manifest's settings (each
-class's `identity`) derive. A field's help, choices and CLI spelling are written beside it (`option`).
+"""The settings of each kind of run, defined once as pydantic models (strict pydantic dataclasses): the fields from
+which the command line's options (backend/options.py `add_options`), job-spec validation (backend/jobs/spec.py builds
+the model from the spec) and the manifest's settings (each class's `identity`) derive. A field's help, choices,
+minimum and CLI spelling are written beside it (`option`); the model checks its own values on construction.
 
 - `CaptureSettings`: `python -m backend capture`, capture jobs; the same for every engine.
 - `BenchSettings`: `python -m backend bench`, bench and sweep jobs; `EngineSettings` is what an engine is built from.
@@ -13,8 +14,12 @@ Base layer: nothing here imports an engine, torch or pandas, so building the com
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import asdict, dataclass, field
+import os
+from dataclasses import asdict, field
 from pathlib import Path
+
+from pydantic import ConfigDict, field_validator
+from pydantic.dataclasses import dataclass
 
 from backend.config import REPO_ROOT
 from backend.errors import SpecLensError
@@ -27,6 +32,7 @@ from backend.options import (
     RUNNERS,
     SERVING_ENGINES,
     TORCH_DTYPES,
+    check_fields,
     option,
     parse_engine_options,
 )
@@ -39,8 +45,39 @@ def _boundaries(text: str | None) -> list[str] | None:
     return text.split(",") if text else None
 
 
-@dataclass
-class CaptureSettings:
+# Every settings class is a pydantic dataclass: strict types (a job spec's "4" is not K = 4, a bool is not a
+# number), then `Checked.__post_init__`: each field's choices and minimum (backend/options.py check_fields) and the
+# class's own field checks. backend/options.py `build` turns a failure into one line; argparse options
+# (`add_options`), job specs (backend/jobs/spec.py) and manifests (`identity`) all go through these models.
+STRICT = ConfigDict(strict=True)
+
+
+def _path_text(v):
+    """A path field given as a Path (callers in Python do) is its text; anything else goes to the strict check."""
+    return os.fspath(v) if isinstance(v, os.PathLike) else v
+
+
+def _device(v: str) -> str:
+    if not (v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit())):
+        raise ValueError(f"{v!r} is not auto, cpu, cuda or cuda:N")
+    return v
+
+
+def _server_url(v: str | None) -> str | None:
+    if v is not None and not (v.startswith(("http://", "https://")) and len(v) < 512):
+        raise ValueError("expected an http(s):// URL of a running vLLM or SGLang server")
+    return v
+
+
+class Checked:
+    """Run after pydantic's type validation: choices and minimums of every field (`option(choices=, minimum=)`)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(config=STRICT)
+class CaptureSettings(Checked):
     """What a capture is asked for (`python -m backend capture`, a capture job); the same for every engine."""
     model: str = option(help="HF model directory")
     prompts: str = option(help="Spec-Bench style JSONL or a text file (one prompt a line)")
@@ -56,6 +93,9 @@ class CaptureSettings:
     chat_template: bool = True
     checkpoint_every: int = option(16, minimum=1, cli=False)
 
+    _paths = field_validator("model", "prompts", mode="before")(_path_text)
+    _device = field_validator("device")(_device)
+
     def identity(self) -> dict:
         """The settings a resumed run must share with the run it resumes."""
         d = asdict(self)
@@ -64,7 +104,7 @@ class CaptureSettings:
         return d
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=STRICT)
 class EngineSettings:
     """What a bench's engine is built from (`BenchSettings.engine_settings()` makes one)."""
     target: str
@@ -78,8 +118,8 @@ class EngineSettings:
         return TORCH_DTYPES.get(self.dtype, self.dtype)
 
 
-@dataclass
-class BenchSettings:
+@dataclass(config=STRICT)
+class BenchSettings(Checked):
     """What a bench runs: `python -m backend bench` options (backend/options.py add_options), job-spec fields
     (backend/jobs/spec.py) and the manifest's settings (`identity`) all derive from these fields."""
     target: str = option(help="target HF model directory")
@@ -116,6 +156,24 @@ class BenchSettings:
 
     _ENGINE_DEFAULTS = {"engine": "hf", "server_url": None, "tensor_parallel_size": 1, "engine_options": None}
 
+    _paths = field_validator("target", "prompts", "drafter", mode="before")(_path_text)
+    _device = field_validator("device")(_device)
+    _server_url = field_validator("server_url")(_server_url)
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, v: float) -> float:
+        if not 0 <= v <= 100:
+            raise ValueError(f"{v} must be >= 0 (0 = greedy)")
+        return v
+
+    @field_validator("tensor_parallel_size")
+    @classmethod
+    def _tp(cls, v: int) -> int:
+        if not 1 <= v <= 64:
+            raise ValueError(f"{v} must be 1..64")
+        return v
+
     def identity(self) -> dict:
         """What a resumed (or reused baseline) run must share; paths absolute, spec-only fields dropped
         for a baseline."""
@@ -141,8 +199,8 @@ class BenchSettings:
                               options=dict(self.engine_options or {}))
 
 
-@dataclass
-class WatchSettings:
+@dataclass(config=STRICT)
+class WatchSettings(Checked):
     """What `python -m backend watch` records of a live server (backend/watch.py)."""
     server_url: str = option(help="the server, e.g. http://HOST:8000 (its GET /metrics is read)")
     interval: float = option(10.0, help="seconds per window (default 10)")    # seconds between scrapes
@@ -156,6 +214,8 @@ class WatchSettings:
     confirm: int = option(2, help="windows in a row below the band (or --min-tau) that make the verdict (default 2)")
     max_missed: int = option(3, help="failed scrapes in a row that end the watch (default 3)")
     timeout: float = option(5.0, help="seconds per scrape (default 5)")
+
+    _server_url = field_validator("server_url")(_server_url)
 
     def check(self) -> None:
         if self.interval <= 0:
@@ -200,8 +260,8 @@ def _labels(text: str | None) -> list[str] | None:
                             "b)") from None
 
 
-@dataclass
-class CheckSettings:
+@dataclass(config=STRICT)
+class CheckSettings(Checked):
     """What `python -m backend check-drafter` checks (backend/check_drafter.py)."""
     drafter: str = option(help="EAGLE-3 drafter directory (config.json + model.safetensors), or its config file "
                                "with --lint-only")
@@ -242,6 +302,9 @@ class CheckSettings:
     trained_on: list[str] | None = option(          # with lint_only: the boundaries the drafter was trained on
         None, parse=_labels, metavar="S_a,S_b,S_c", help="with --lint-only: the boundaries the drafter was trained "
         "on, when known (e.g. the trainer's convention), so --write-fix can write the fix")
+
+    _paths = field_validator("drafter", "target", "prompts", "training_data", mode="before")(_path_text)
+    _device = field_validator("device")(_device)
 
     def validate(self) -> None:
         if self.engine not in SERVING_ENGINES:

@@ -1,5 +1,7 @@
-"""Job specs: a YAML or JSON mapping with `kind: capture | bench | sweep`, checked field by field with one-line
-errors, paths confined to the configured roots (backend.config.model_roots), a sweep expanded into bench jobs.
+"""Job specs: a YAML or JSON mapping with `kind: capture | bench | sweep | load`, validated by the settings model of
+its kind (pydantic: backend/settings.py, and the job-only extras below; backend.load_bench.LoadSettings for load),
+the first failure as a one-line error; paths confined to the configured roots (backend.config.model_roots); a sweep
+expanded into bench jobs.
 
     kind: capture                      kind: bench                       kind: sweep (bench fields, and lists)
     model: models/toy                  target: models/toy                target: models/toy
@@ -17,30 +19,62 @@ stored absolute. The settings map one to one onto CaptureSettings / BenchSetting
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
 from pathlib import Path
 from typing import Any
 
+from pydantic import field_validator
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
 from backend.config import REPO_ROOT, data_root, model_roots
 from backend.errors import SpecLensError
-from backend.options import field_choices, field_minimums, field_types, required_fields
-from backend.settings import BenchSettings, CaptureSettings
+from backend.options import build, field_choices, field_types, required_fields
+from backend.settings import STRICT, BenchSettings, CaptureSettings
 from backend.store.rundir import valid_run_id
+
+
+@pydantic_dataclass(config=STRICT)
+class CaptureJobExtras:
+    """What a capture job gives beyond CaptureSettings: the engine's parallelism and options, handed to the engine."""
+    tensor_parallel_size: int = 1
+    engine_options: dict | None = None
+
+    @field_validator("tensor_parallel_size")
+    @classmethod
+    def _tp(cls, v: int) -> int:
+        if not 1 <= v <= 64:
+            raise ValueError(f"{v} must be 1..64")
+        return v
+
+
+@pydantic_dataclass(config=STRICT)
+class SweepJobExtras:
+    """What a bench or sweep job gives beyond BenchSettings: the batch size (the HF bench decodes one at a time)."""
+    batch_size: int = 1
+
+    @field_validator("batch_size")
+    @classmethod
+    def _one(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError(f"{v}: the hf bench decodes one sequence at a time; use 1 (batched benches run on vLLM "
+                             "or SGLang)")
+        return v
+
 
 KINDS = ("capture", "bench", "sweep", "load")
 COMMON = {"kind", "name", "num_gpus", "num_cpus", "max_attempts"}
 # a job's settings are the settings classes' fields (backend/settings.py), plus what only a job gives: a capture's
 # engine parallelism and options (handed to the engine), a sweep's batch size
-CAPTURE = {**field_types(CaptureSettings), "tensor_parallel_size": int, "engine_options": dict}
-BENCH = {**field_types(BenchSettings), "batch_size": int}
+CAPTURE = {**field_types(CaptureSettings), **field_types(CaptureJobExtras)}
+BENCH = {**field_types(BenchSettings), **field_types(SweepJobExtras)}
 SWEEP_LISTS = {"num_spec_tokens": "num_spec_tokens", "temperature": "temperature", "batch_size": "batch_size",
                "drafters": "drafter"}
 REQUIRED = {"capture": required_fields(CaptureSettings), "bench": required_fields(BenchSettings),
             "sweep": required_fields(BenchSettings)}
 CHOICES = {**field_choices(CaptureSettings), **field_choices(BenchSettings)}
-MINIMUM = {**field_minimums(CaptureSettings), **field_minimums(BenchSettings), "batch_size": 1}
 MODEL_FIELDS = ("model", "target", "drafter")
 MAX_SWEEP = 256
 
@@ -91,37 +125,14 @@ def confine(value: str, field: str, roots: list[Path], base: Path) -> str:
                         "set SPECLENS_MODEL_ROOTS to allow another directory")
 
 
-def _typed(field: str, value: Any, want: type) -> Any:
-    if want is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if want is int and isinstance(value, bool) or not isinstance(value, want):
-        raise SpecLensError(f"{field}: expected {want.__name__}, got {type(value).__name__} {value!r}"[:200])
-    return value
-
-
-def _check_values(d: dict, where: str) -> None:
-    for k, opts in CHOICES.items():
-        if d.get(k) is not None and d[k] not in opts:
-            raise SpecLensError(f"{where}{k}: {d[k]!r} is not one of {', '.join(opts)}")
-    for k, lo in MINIMUM.items():
-        if d.get(k) is not None and d[k] < lo:
-            raise SpecLensError(f"{where}{k}: {d[k]} must be >= {lo}")
-    if d.get("temperature") is not None and not 0 <= d["temperature"] <= 100:
-        raise SpecLensError(f"{where}temperature: {d['temperature']} must be >= 0 (0 = greedy)")
-    if d.get("batch_size", 1) != 1:
-        raise SpecLensError(f"{where}batch_size: {d['batch_size']}: the hf bench decodes one sequence at a time; "
-                            "use 1 (batched benches run on vLLM or SGLang)")
-    url = d.get("server_url")
-    if url is not None and not (url.startswith(("http://", "https://")) and len(url) < 512):
-        raise SpecLensError(f"{where}server_url: expected an http(s):// URL of a running vLLM or SGLang server")
-    if d.get("tensor_parallel_size") is not None and not 1 <= d["tensor_parallel_size"] <= 64:
-        raise SpecLensError(f"{where}tensor_parallel_size: {d['tensor_parallel_size']} must be 1..64")
-    dev = d.get("device", "auto")
-    if not isinstance(dev, str) or not (dev in ("auto", "cpu", "cuda")
-                                        or (dev.startswith("cuda:") and dev[5:].isdigit())):
-        raise SpecLensError(f"{where}device: {dev!r} is not auto, cpu, cuda or cuda:N")
-    if "boundaries" in d and not all(isinstance(b, str) for b in d["boundaries"]):
-        raise SpecLensError(f"{where}boundaries: expected a list of names like [S_2, S_4, F]")
+def _check(kind: str, d: dict, where: str = "") -> None:
+    """Validate a job's settings with the settings model of its kind (types, choices, minimums, the model's field
+    checks; backend/settings.py) and its job-only fields with the extras model: a one-line error on the first
+    failure."""
+    cls, extras = (CaptureSettings, CaptureJobExtras) if kind == "capture" else (BenchSettings, SweepJobExtras)
+    names = {f.name for f in dataclasses.fields(extras)}
+    build(cls, {k: v for k, v in d.items() if k not in names}, where)
+    build(extras, {k: v for k, v in d.items() if k in names}, where)
 
 
 def _resources(spec: dict, settings: dict) -> dict:
@@ -167,10 +178,10 @@ def validate(spec: Any, base: Path | str | None = None) -> list[dict]:
     if name is not None and (not isinstance(name, str) or not valid_run_id(name) or len(name) > 96):
         raise SpecLensError(f"name: {name!r} is not a valid run name; use letters, digits, '.', '_' or '-' "
                             "(at most 96)"[:200])
-    settings: dict = {}
-    for k, v in spec.items():
-        if k in fields and v is not None and not (kind == "sweep" and k in SWEEP_LISTS):
-            settings[k] = _typed(k, v, fields[k])
+    settings = {k: v for k, v in spec.items()
+                if k in fields and v is not None and not (kind == "sweep" and k in SWEEP_LISTS)}
+    _check(kind, settings)                         # types and values, before any path is resolved
+    settings = {k: float(v) if fields[k] is float else v for k, v in settings.items()}   # stored as the model holds
     roots, iroots = model_roots(), input_roots()
     for k in MODEL_FIELDS:
         if k in settings:
@@ -178,7 +189,6 @@ def validate(spec: Any, base: Path | str | None = None) -> list[dict]:
     settings["prompts"] = confine(settings["prompts"], "prompts", iroots, base)
     res = _resources(spec, settings)
     if kind != "sweep":
-        _check_values(settings, "")
         return [{"kind": kind, "name": name, "settings": settings, "sweep": None, **res}]
 
     axes: dict[str, list] = {}
@@ -188,8 +198,13 @@ def validate(spec: Any, base: Path | str | None = None) -> list[dict]:
         vals = spec[key] if isinstance(spec[key], list) else [spec[key]]
         if not vals:
             raise SpecLensError(f"{key}: an empty list sweeps nothing")
-        want = BENCH[field]
-        vals = [_typed(key, v, want) for v in vals]
+        for v in vals:                             # each value's type, named by the list it came from
+            try:
+                _check("sweep", {**settings, field: v})
+            except SpecLensError as e:
+                if str(e).startswith(f"{field}: expected "):
+                    raise SpecLensError(key + str(e)[len(field):]) from None
+        vals = [float(v) if BENCH[field] is float else v for v in vals]
         if field == "drafter":
             vals = [confine(v, "drafters", roots, base) for v in vals]
         axes[field] = vals
@@ -201,7 +216,7 @@ def validate(spec: Any, base: Path | str | None = None) -> list[dict]:
     jobs = []
     for i, combo in enumerate(combos):
         s = {**settings, **dict(zip(axes, combo))}
-        _check_values(s, f"sweep job {i}: ")
+        _check("sweep", s, f"sweep job {i}: ")
         tag = "".join(f"-{_short(f, v, axes[f])}" for f, v in zip(axes, combo) if len(axes[f]) > 1)
         jobs.append({"kind": "bench", "name": f"{i:02d}{tag}", "settings": s, "sweep": name or "", **res})
     return jobs
