@@ -133,6 +133,13 @@ def sources(engine: str, version: str, cache: Path, pip: str = sys.executable) -
     mark = dest / "EXTRACTED"
     if (dest / "WHEEL_SHA256").exists() and mark.exists() and mark.read_text().strip() == CACHE_MARK[engine]:
         return dest
+    return _extract(engine, version, dest, lambda n: _wanted(engine, n), {"EXTRACTED": CACHE_MARK[engine]}, pip)
+
+
+def _extract(engine: str, version: str, dest: Path, wanted, marks: dict[str, str], pip: str) -> Path:
+    """Download the release's wheel, extract the files `wanted` keeps into `dest` (through a .part folder renamed
+    into place) with its sha256, name and the `marks` files; refuse a wheel whose sha256 differs from the one cached
+    before."""
     before = (dest / "WHEEL_SHA256").read_text().strip() if (dest / "WHEEL_SHA256").exists() else None
     with tempfile.TemporaryDirectory(prefix=f"wheel-{engine}-") as tmp:
         cmd = [pip, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", f"{engine}=={version}", "-d", tmp,
@@ -145,15 +152,16 @@ def sources(engine: str, version: str, cache: Path, pip: str = sys.executable) -
         shutil.rmtree(part, ignore_errors=True)
         with zipfile.ZipFile(wheels[0]) as z:
             for n in z.namelist():
-                if _wanted(engine, n):
+                if wanted(n):
                     z.extract(n, part)
         h = hashlib.sha256(wheels[0].read_bytes()).hexdigest()
-        (part / "WHEEL_SHA256").write_text(h + "\n")
-        (part / "WHEEL_NAME").write_text(wheels[0].name + "\n")
-        (part / "EXTRACTED").write_text(CACHE_MARK[engine] + "\n")
         if before is not None and before != h:
             raise SystemExit(f"{engine}=={version}: the wheel downloaded now (sha256 {h[:12]}) is not the one cached "
                              f"before ({before[:12]}); read what changed")
+        (part / "WHEEL_SHA256").write_text(h + "\n")
+        (part / "WHEEL_NAME").write_text(wheels[0].name + "\n")
+        for name, text in marks.items():
+            (part / name).write_text(text + "\n")
         shutil.rmtree(dest, ignore_errors=True)
         part.rename(dest)
     return dest
@@ -171,34 +179,10 @@ def kind_sources(engine: str, version: str, cache: Path, pip: str = sys.executab
     mark = dest / "KINDS_EXTRACTED"
     if (dest / "WHEEL_SHA256").exists() and mark.exists() and mark.read_text().strip() == KINDS_MARK:
         return dest
-    before = (dest / "WHEEL_SHA256").read_text().strip() if (dest / "WHEEL_SHA256").exists() else None
     pkg = engine.replace("-", "_")
     top = {"nvidia_modelopt": "modelopt"}.get(pkg, pkg)
-    with tempfile.TemporaryDirectory(prefix=f"wheel-{engine}-") as tmp:
-        cmd = [pip, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", f"{engine}=={version}", "-d", tmp,
-               "-q"]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if r.returncode != 0 or not wheels:
-            raise SystemExit(f"pip download {engine}=={version} failed: {(r.stderr or r.stdout).strip()[-400:]}")
-        part = dest.with_name(dest.name + ".part")
-        shutil.rmtree(part, ignore_errors=True)
-        with zipfile.ZipFile(wheels[0]) as z:
-            for n in z.namelist():
-                if n.endswith(".py") and n.split("/", 1)[0] == top:
-                    z.extract(n, part)
-        h = hashlib.sha256(wheels[0].read_bytes()).hexdigest()
-        if before is not None and before != h:
-            raise SystemExit(f"{engine}=={version}: the wheel downloaded now (sha256 {h[:12]}) is not the one cached "
-                             f"before ({before[:12]}); read what changed")
-        (part / "WHEEL_SHA256").write_text(h + "\n")
-        (part / "WHEEL_NAME").write_text(wheels[0].name + "\n")
-        if engine in CACHE_MARK:
-            (part / "EXTRACTED").write_text(CACHE_MARK[engine] + "\n")
-        (part / "KINDS_EXTRACTED").write_text(KINDS_MARK + "\n")
-        shutil.rmtree(dest, ignore_errors=True)
-        part.rename(dest)
-    return dest
+    marks = {**({"EXTRACTED": CACHE_MARK[engine]} if engine in CACHE_MARK else {}), "KINDS_EXTRACTED": KINDS_MARK}
+    return _extract(engine, version, dest, lambda n: n.endswith(".py") and n.split("/", 1)[0] == top, marks, pip)
 
 
 # ------------------------------------------------------------------------------------------- source reading
@@ -1894,15 +1878,19 @@ def kinds_main(a, engines: list[str], cache: Path) -> int:
         TABLE.write_text(head + KINDS_BEGIN + "\n" + dump_rows(allrows) + KINDS_END + (tail or "\n"))
         print(f"wrote {len(rows)} kind rows to {TABLE.relative_to(REPO)}")
         return 0
-    diffs = compare_kinds(rows, table)
+    return _verdict(compare_kinds(rows, table), facts, engines, f"the kind rows of {TABLE.relative_to(REPO)}",
+                    len(rows))
+
+
+def _verdict(diffs: list[str], facts: dict, engines: list[str], what: str, n_rows: int) -> int:
+    """Print the check's outcome against `what` (FAIL with each difference, or OK with the releases read): exit 1/0."""
     if diffs:
-        print(f"FAIL: {len(diffs)} difference(s) between the wheels and the kind rows of {TABLE.relative_to(REPO)}:")
+        print(f"FAIL: {len(diffs)} difference(s) between the wheels and {what}:")
         for d in diffs:
             print("  " + d)
         return 1
     n = {e: len(facts[e]) for e in engines}
-    print(f"OK: {', '.join(f'{k} {v} release(s)' for k, v in n.items())} agree with the kind rows of "
-          f"{TABLE.relative_to(REPO)} ({len(rows)} rows)")
+    print(f"OK: {', '.join(f'{k} {v} release(s)' for k, v in n.items())} agree with {what} ({n_rows} rows)")
     return 0
 
 
@@ -1979,16 +1967,7 @@ def main(argv: list[str] | None = None) -> int:
         TABLE.write_text(head + BEGIN + "\n" + dump_rows(allrows) + END + tail)
         print(f"wrote {len(rows)} derived rows to {TABLE.relative_to(REPO)}")
         return 0
-    diffs = compare(rows, table)
-    if diffs:
-        print(f"FAIL: {len(diffs)} difference(s) between the wheels and {TABLE.relative_to(REPO)}:")
-        for d in diffs:
-            print("  " + d)
-        return 1
-    n = {e: len(facts[e]) for e in engines}
-    print(f"OK: {', '.join(f'{k} {v} release(s)' for k, v in n.items())} agree with {TABLE.relative_to(REPO)} "
-          f"({len(rows)} rows)")
-    return 0
+    return _verdict(compare(rows, table), facts, engines, str(TABLE.relative_to(REPO)), len(rows))
 
 
 def _vkey(spec: str) -> tuple:
