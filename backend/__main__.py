@@ -82,10 +82,11 @@ def cmd_align(a: argparse.Namespace) -> int:
 
 def cmd_runs(a: argparse.Namespace) -> int:
     from backend import run_view
-    from backend.store.catalog import Catalog
+    from backend.store.data_root import DataRoot
 
-    Catalog().write.refresh()
-    cat = Catalog().read
+    catalog = DataRoot().catalog                  # the data root of $SPECLENS_DATA
+    catalog.write.refresh()
+    cat = catalog.read
     df = cat.runs_overview()       # every run with the headline figures of bench runs (tau, speedup + CI, lossless)
     if a.kind:
         df = df[df["kind"] == a.kind]
@@ -104,10 +105,11 @@ def cmd_runs(a: argparse.Namespace) -> int:
 
 
 def cmd_db(a: argparse.Namespace) -> int:
-    from backend.store.catalog import Catalog
+    from backend.store.data_root import DataRoot
 
-    p = Catalog().write.refresh(full=True)
-    n = len(Catalog().read.list_runs())
+    catalog = DataRoot().catalog                  # the data root of $SPECLENS_DATA
+    p = catalog.write.refresh(full=True)
+    n = len(catalog.read.list_runs())
     print(f"catalog rebuilt: {p} ({n} runs)")
     return 0
 

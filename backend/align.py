@@ -22,7 +22,8 @@ import numpy as np
 
 from backend import coords
 from backend.errors import SpecLensError
-from backend.store.rundir import COMPLETE, RunDir
+from backend.store.data_root import DataRoot
+from backend.store.rundir import COMPLETE
 
 if TYPE_CHECKING:  # torch is imported where tensors are made, so a cached alignment loads without it
     import torch
@@ -118,10 +119,10 @@ class Alignment:
 
 # ---------------------------------------------------------------------------- loading
 
-def load_sample(run_id: str, root: Path | None = None) -> Sample:
+def load_sample(run_id: str, data: DataRoot | None = None) -> Sample:
     from safetensors import SafetensorError, safe_open
 
-    rd = RunDir.open(run_id, root)
+    rd = DataRoot.of(data).run_dir(run_id)
     m = rd.manifest()
     if rd.effective_status(m) != COMPLETE:
         raise SpecLensError(f"run '{run_id}' is {rd.effective_status(m)}, not complete; resume or re-run it "
@@ -896,19 +897,19 @@ def _mat(m: np.ndarray) -> list[list[float | None]]:
     return [[_f(v) for v in row] for row in m]
 
 
-def align_runs(run_a: str, run_b: str, root: Path | None = None, cka_budget: float | None | str = "auto",
+def align_runs(run_a: str, run_b: str, data: DataRoot | None = None, cka_budget: float | None | str = "auto",
                device: torch.device | str | None = None) -> Alignment:
-    return align_samples(load_sample(run_a, root), load_sample(run_b, root), cka_budget, device)
+    data = DataRoot.of(data)
+    return align_samples(load_sample(run_a, data), load_sample(run_b, data), cka_budget, device)
 
 
-def get_alignment(run_a: str, run_b: str, root: Path | None = None) -> Alignment:
+def get_alignment(run_a: str, run_b: str, data: DataRoot | None = None) -> Alignment:
     """The alignment of A and B: the one stored beside the catalog (data/alignments/) while neither run changed,
     else computed here and stored through the catalog's write side."""
-    from backend.store.catalog import Catalog  # duckdb only where an alignment is looked up
-
-    ma, mb = RunDir.open(run_a, root).manifest(), RunDir.open(run_b, root).manifest()
+    data = DataRoot.of(data)
+    ma, mb = data.run_dir(run_a).manifest(), data.run_dir(run_b).manifest()
     key = f"{VERSION}|{ma.get('updated')}|{mb.get('updated')}"
-    cat = Catalog(root)
+    cat = data.catalog
     d = cat.read.stored_alignment(run_a, run_b)
     if d is not None:
         try:
@@ -917,6 +918,6 @@ def get_alignment(run_a: str, run_b: str, root: Path | None = None) -> Alignment
                 return Alignment.from_json(d)
         except (KeyError, TypeError):
             pass
-    al = align_runs(run_a, run_b, root)
+    al = align_runs(run_a, run_b, data)
     cat.write.store_alignment(run_a, run_b, {**al.to_json(), "_key": key})
     return al

@@ -2,7 +2,7 @@
 
 They live in `runs/<run_id>/annotations.json`, the one mutable file of a run directory (the manifest and
 result tables stay as the run wrote them), written atomically like every other file there and read by
-the catalog's refresh (`Catalog(root).write.refresh`) into the `runs` table (`tags`, `notes`, `pinned`). Input is
+the catalog's refresh (`data.catalog.write.refresh`) into the `runs` table (`tags`, `notes`, `pinned`). Input is
 validated here with the stored form's checks (backend/store/annotations_file.py); values reach DuckDB only as bound
 parameters or DataFrame cells, never as SQL text.
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict
-from pathlib import Path
 
 from backend.config import read_only, writes_refused
 from backend.errors import SpecLensError
@@ -32,7 +31,8 @@ from backend.store.annotations_file import (  # noqa: F401 - the stored form, re
     parse_tags,
     read_path,
 )
-from backend.store.rundir import RunDir, atomic_write_json, list_run_dirs, now
+from backend.store.data_root import DataRoot
+from backend.store.rundir import RunDir, atomic_write_json, now
 
 
 def editable() -> bool:
@@ -44,9 +44,9 @@ def editable() -> bool:
 # ---------------------------------------------------------------------- read / write
 
 
-def read(run_id: str, root: Path | None = None) -> Annotations:
+def read(run_id: str, data: DataRoot | None = None) -> Annotations:
     """The run's annotations; the manifest's own tags and notes when nothing was annotated yet."""
-    rd = RunDir.open(run_id, root)
+    rd = DataRoot.of(data).run_dir(run_id)
     ann = read_path(rd.path)
     if ann is not None:
         return ann
@@ -59,13 +59,14 @@ def read(run_id: str, root: Path | None = None) -> Annotations:
 
 
 def save(run_id: str, *, tags: str | Iterable[str] | None = None, notes: str | None = None,
-         pinned: bool | None = None, root: Path | None = None) -> Annotations:
+         pinned: bool | None = None, data: DataRoot | None = None) -> Annotations:
     """Validate and write the given fields (others keep their value). Pinning a bench run unpins every other
     run pinned for the same target model. Refreshing the catalog is the caller's job."""
     if writes_refused():
         raise SpecLensError("the dashboard is read-only (SPECLENS_READONLY is set); annotations cannot be changed")
-    rd = RunDir.open(run_id, root)                     # validates the id: no path outside the runs folder
-    ann = read(run_id, root)
+    data = DataRoot.of(data)
+    rd = data.run_dir(run_id)                          # validates the id: no path outside the runs folder
+    ann = read(run_id, data)
     if tags is not None:
         ann.tags = parse_tags(tags)
     if notes is not None:
@@ -77,12 +78,12 @@ def save(run_id: str, *, tags: str | Iterable[str] | None = None, notes: str | N
         if pinned and m.get("status") != "complete":
             raise SpecLensError(f"run '{run_id}' is {m.get('status')}; only a complete bench run can be pinned")
         if pinned:
-            for other in pinned_for_target(_target(m), root):
+            for other in pinned_for_target(_target(m), data):
                 if other != run_id:
-                    _write(RunDir.open(other, root), {**asdict(read(other, root)), "pinned": False})
+                    _write(data.run_dir(other), {**asdict(read(other, data)), "pinned": False})
         ann.pinned = bool(pinned)
     _write(rd, asdict(ann))
-    return read(run_id, root)
+    return read(run_id, data)
 
 
 def _write(rd: RunDir, d: dict) -> None:
@@ -94,10 +95,10 @@ def _target(m: dict) -> str | None:
     return (m.get("model") or {}).get("path")
 
 
-def pinned_for_target(target: str | None, root: Path | None = None) -> list[str]:
+def pinned_for_target(target: str | None, data: DataRoot | None = None) -> list[str]:
     """Run ids pinned as the baseline of this target model path (normally one at most)."""
     out = []
-    for rd in list_run_dirs(root):
+    for rd in DataRoot.of(data).run_dirs():
         ann = read_path(rd.path) if rd.file(FILE).exists() else None
         if ann is None or not ann.pinned:
             continue

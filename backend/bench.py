@@ -45,13 +45,13 @@ from backend.options import SERVING_ENGINES
 from backend.prompts import Prompt, encode_all, load_prompts
 from backend.runs.lifecycle import Run, RunGuard
 from backend.settings import SPEC_ONLY, BenchSettings  # noqa: F401 (SPEC_ONLY: re-exported)
+from backend.store.data_root import DataRoot
 from backend.store.rundir import (
     COMPLETE,
     RUNNING,
     RunDir,
     atomic_write_json,
     atomic_write_parquet,
-    list_run_dirs,
     new_run_id,
     read_journal,
 )
@@ -73,7 +73,7 @@ class BenchResult:
     mismatched_prompts: int | None = None
 
 
-def run_bench(settings: BenchSettings, name: str | None = None, root: Path | None = None, progress: bool = True,
+def run_bench(settings: BenchSettings, name: str | None = None, data: DataRoot | None = None, progress: bool = True,
               stop_after: int | None = None, proposer=None) -> BenchResult:
     """Run (or resume) a bench. With a drafter, every unit decodes plain and speculative back to back (the pairs the
     speedup comes from); the paired baseline run is reused or written from the plain half (`_pair_baseline`).
@@ -82,23 +82,24 @@ def run_bench(settings: BenchSettings, name: str | None = None, root: Path | Non
     from backend.engines import hf
 
     s = settings
+    data = DataRoot.of(data)
     _validate(s)
     if s.engine != "hf":
-        return _run_engine_bench(s, name, root, progress, stop_after)
+        return _run_engine_bench(s, name, data, progress, stop_after)
     prompts = load_prompts(s.prompts, s.limit)
     lm = hf.load(s.target, s.device, s.dtype)
     seqs = _encode_all(lm, prompts, s)
     spec = _load_spec(lm, s, proposer) if s.drafter else None
     run_id = new_run_id("bench", name)
     if spec is None:
-        rd, done = _open_or_resume(run_id, s, lm, None, None, root, len(prompts))
-        return _run(rd, lm, s, prompts, seqs, None, None, done, root, progress, stop_after)
-    base, writer = _pair_baseline(run_id, s, lm, len(prompts), name, root)
-    rd, done = _open_or_resume(run_id, s, lm, spec, base, root, len(prompts), pairing=INTERLEAVED)
-    return _run(rd, lm, s, prompts, seqs, spec, base, done, root, progress, stop_after, writer=writer)
+        rd, done = _open_or_resume(run_id, s, lm, None, None, data, len(prompts))
+        return _run(rd, lm, s, prompts, seqs, None, None, done, data, progress, stop_after)
+    base, writer = _pair_baseline(run_id, s, lm, len(prompts), name, data)
+    rd, done = _open_or_resume(run_id, s, lm, spec, base, data, len(prompts), pairing=INTERLEAVED)
+    return _run(rd, lm, s, prompts, seqs, spec, base, done, data, progress, stop_after, writer=writer)
 
 
-def _pair_baseline(run_id: str, s: BenchSettings, lm, n_prompts: int, name: str | None, root
+def _pair_baseline(run_id: str, s: BenchSettings, lm, n_prompts: int, name: str | None, data: DataRoot
                    ) -> tuple[BenchResult, Run | None]:
     """The baseline run a drafter run links (`baseline_run`) and, when this bench writes it from the plain half of its
     pairs, its Run (else None). A resumed drafter run keeps the baseline its manifest names; a new one links a
@@ -108,18 +109,18 @@ def _pair_baseline(run_id: str, s: BenchSettings, lm, n_prompts: int, name: str 
     there: a kill between the two creations), else a new id. One process decides at a time (a file lock per
     settings under the data root)."""
     bs = s.baseline()
-    with _baseline_lock(bs, root):
-        if _exists(run_id, root):
-            rd = RunDir.open(run_id, root)
+    with _baseline_lock(bs, data):
+        if _exists(run_id, data):
+            rd = data.run_dir(run_id)
             m = rd.manifest()
             _check_resumable(rd, m, s)
             b = m.get("baseline_run")
-            if isinstance(b, str) and _exists(b, root):
-                got = _link_or_claim(b, lm, bs, n_prompts, root)
+            if isinstance(b, str) and _exists(b, data):
+                got = _link_or_claim(b, lm, bs, n_prompts, data)
                 if got is not None:
                     return got
         ident, host, running = bs.identity(), socket.gethostname(), None
-        for rd in list_run_dirs(root):
+        for rd in data.run_dirs():
             try:
                 m = rd.manifest()
             except SpecLensError:
@@ -131,14 +132,14 @@ def _pair_baseline(run_id: str, s: BenchSettings, lm, n_prompts: int, name: str 
                     running = rd
         if running is not None:
             return BenchResult(running.run_id, running.path, RUNNING, None), None
-        return _new_baseline(lm, bs, n_prompts, name, root)
+        return _new_baseline(lm, bs, n_prompts, name, data)
 
 
-def _link_or_claim(run_id: str, lm, bs: BenchSettings, n_prompts: int, root
+def _link_or_claim(run_id: str, lm, bs: BenchSettings, n_prompts: int, data: DataRoot
                    ) -> tuple[BenchResult, Run | None] | None:
     """A named baseline run: complete -> linked; being written by a live process -> linked, waited for; unfinished
     and left (its writer died) with the same settings -> claimed, to be written by this bench; else None."""
-    brd = RunDir.open(run_id, root)
+    brd = data.run_dir(run_id)
     bm = brd.manifest()
     if bm.get("status") == COMPLETE:
         return _result_of(brd, bm), None
@@ -146,35 +147,33 @@ def _link_or_claim(run_id: str, lm, bs: BenchSettings, n_prompts: int, root
         return None
     if brd.effective_status(bm) == RUNNING:
         return BenchResult(run_id, brd.path, RUNNING, None), None
-    writer = Run.open(run_id, root)
+    writer = Run.open(run_id, data)
     writer.claim(progress={"done": 0, "total": n_prompts * bs.repeats})
     return BenchResult(run_id, writer.path, RUNNING, None), writer
 
 
-def _new_baseline(lm, bs: BenchSettings, n_prompts: int, name: str | None, root) -> tuple[BenchResult, Run]:
+def _new_baseline(lm, bs: BenchSettings, n_prompts: int, name: str | None, data: DataRoot) -> tuple[BenchResult, Run]:
     base_id = f"{name}-baseline" if name else new_run_id("bench-baseline", None)
-    if _exists(base_id, root):
+    if _exists(base_id, data):
         try:
-            got = _link_or_claim(base_id, lm, bs, n_prompts, root)
+            got = _link_or_claim(base_id, lm, bs, n_prompts, data)
         except SpecLensError:
             got = None
         if got is not None and got[1] is not None:
             return got
         base_id = new_run_id("bench-baseline", None)
-    writer = Run.create(base_id, _manifest(bs, lm, None, None, n_prompts), root)
+    writer = Run.create(base_id, _manifest(bs, lm, None, None, n_prompts), data)
     return BenchResult(base_id, writer.path, RUNNING, None), writer
 
 
-def _baseline_lock(bs: BenchSettings, root):
+def _baseline_lock(bs: BenchSettings, data: DataRoot):
     """An exclusive file lock per baseline settings on this host (released when the file closes, also if the process
     dies): two benches of the same settings never both decide to write the baseline."""
     import contextlib
     import fcntl
 
-    from backend.config import paths
-
     key = hashlib.blake2b(json.dumps(bs.identity(), sort_keys=True).encode(), digest_size=8).hexdigest()
-    lock = paths(root).root / "locks" / f"baseline-{socket.gethostname()}-{key}.lock"
+    lock = data.path / "locks" / f"baseline-{socket.gethostname()}-{key}.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
 
     @contextlib.contextmanager
@@ -185,7 +184,7 @@ def _baseline_lock(bs: BenchSettings, root):
     return held()
 
 
-def _await_baseline(rd: Run, base: BenchResult, lm, s: BenchSettings, n_prompts: int, root, started: float
+def _await_baseline(rd: Run, base: BenchResult, lm, s: BenchSettings, n_prompts: int, data: DataRoot, started: float
                     ) -> tuple[BenchResult, Run | None]:
     """Before a drafter run completes: the baseline run it links, being written by another bench of the same settings,
     complete (waited for, at most max(60 s, twice this run's own time)); when its writer died or took too long, this
@@ -193,7 +192,7 @@ def _await_baseline(rd: Run, base: BenchResult, lm, s: BenchSettings, n_prompts:
     limit = time.monotonic() + max(60.0, 2 * (time.monotonic() - started))
     while time.monotonic() < limit:
         try:
-            brd = RunDir.open(base.run_id, root)
+            brd = data.run_dir(base.run_id)
             bm = brd.manifest()
         except SpecLensError:
             break
@@ -203,13 +202,13 @@ def _await_baseline(rd: Run, base: BenchResult, lm, s: BenchSettings, n_prompts:
             break
         time.sleep(0.5)
     bs = s.baseline()
-    with _baseline_lock(bs, root):
-        base, writer = _new_baseline(lm, bs, n_prompts, rd.run_id, root)
+    with _baseline_lock(bs, data):
+        base, writer = _new_baseline(lm, bs, n_prompts, rd.run_id, data)
     rd.record(baseline_run=base.run_id)
     return base, writer
 
 
-def _run_engine_bench(s: BenchSettings, name: str | None, root: Path | None, progress: bool,
+def _run_engine_bench(s: BenchSettings, name: str | None, data: DataRoot, progress: bool,
                       stop_after: int | None) -> BenchResult:
     """The same bench through a serving engine (vLLM or SGLang): the same run directories, journal, paired baseline
     and metrics; only the generation of one unit differs (backend/engines/serving.py binds it). The target is
@@ -240,7 +239,7 @@ def _run_engine_bench(s: BenchSettings, name: str | None, root: Path | None, pro
                     return getattr(holder["lm"], k)
                 raise AttributeError(k)
         try:
-            base = _ensure_baseline(_Lazy(**vars(info)), s.baseline(), prompts, seqs, name, root, progress)
+            base = _ensure_baseline(_Lazy(**vars(info)), s.baseline(), prompts, seqs, name, data, progress)
         finally:
             if "eng" in holder:
                 holder["eng"].close()
@@ -266,8 +265,8 @@ def _run_engine_bench(s: BenchSettings, name: str | None, root: Path | None, pro
                                            "semantics": s.engine, "draft_vocab_size": pred["draft_vocab_size"],
                                            "proposer": f"{s.engine} eagle3"})
         run_id = new_run_id("bench", name)
-        rd, done = _open_or_resume(run_id, s, lm, spec, base, root, len(prompts), pairing=SEPARATE)
-        return _run(rd, lm, s, prompts, seqs, spec, base, done, root, progress, stop_after)
+        rd, done = _open_or_resume(run_id, s, lm, spec, base, data, len(prompts), pairing=SEPARATE)
+        return _run(rd, lm, s, prompts, seqs, spec, base, done, data, progress, stop_after)
     finally:
         eng.close()
 
@@ -370,13 +369,13 @@ def _check_resumable(rd: RunDir, m: dict, s: BenchSettings) -> None:
                             "resume it with the same options or pick another --name")
 
 
-def _open_or_resume(run_id: str, s: BenchSettings, lm, spec, base, root, n_prompts: int,
+def _open_or_resume(run_id: str, s: BenchSettings, lm, spec, base, data: DataRoot, n_prompts: int,
                     pairing: str | None = None) -> tuple[Run, list[dict]]:
     manifest = _manifest(s, lm, spec, base, n_prompts, pairing)
     try:
-        return Run.create(run_id, manifest, root), []
+        return Run.create(run_id, manifest, data), []
     except SpecLensError:
-        rd = Run.open(run_id, root)
+        rd = Run.open(run_id, data)
     _check_resumable(rd.rd, rd.manifest(), s)
     done = _read_journal(rd)
     rd.claim(baseline_run=manifest["baseline_run"], pairing=manifest["pairing"],
@@ -389,17 +388,17 @@ def _read_journal(rd: RunDir) -> list[dict]:
     return read_journal(rd.file(JOURNAL))
 
 
-def _ensure_baseline(lm, bs: BenchSettings, prompts, seqs, name, root, progress) -> BenchResult:
+def _ensure_baseline(lm, bs: BenchSettings, prompts, seqs, name, data: DataRoot, progress) -> BenchResult:
     """Engine benches: reuse a complete baseline with identical settings from this host, resume an unfinished one, or
     run one (before the drafter engine starts). One process at a time per settings (`_baseline_lock`): jobs of a sweep
     that start together share one baseline instead of each running its own."""
-    with _baseline_lock(bs, root):
-        return _find_or_run_baseline(lm, bs, prompts, seqs, name, root, progress)
+    with _baseline_lock(bs, data):
+        return _find_or_run_baseline(lm, bs, prompts, seqs, name, data, progress)
 
 
-def _find_or_run_baseline(lm, bs: BenchSettings, prompts, seqs, name, root, progress) -> BenchResult:
+def _find_or_run_baseline(lm, bs: BenchSettings, prompts, seqs, name, data: DataRoot, progress) -> BenchResult:
     ident, host, unfinished = bs.identity(), socket.gethostname(), None
-    for rd in list_run_dirs(root):
+    for rd in data.run_dirs():
         try:
             m = rd.manifest()
         except SpecLensError:
@@ -414,16 +413,14 @@ def _find_or_run_baseline(lm, bs: BenchSettings, prompts, seqs, name, root, prog
         run_id = unfinished.run_id
     else:
         run_id = f"{name}-baseline" if name else new_run_id("bench-baseline", None)
-        if _exists(run_id, root):
+        if _exists(run_id, data):
             run_id = new_run_id("bench-baseline", None)
-    rd, done = _open_or_resume(run_id, bs, lm, None, None, root, len(prompts))
-    return _run(rd, lm, bs, prompts, seqs, None, None, done, root, progress, None)
+    rd, done = _open_or_resume(run_id, bs, lm, None, None, data, len(prompts))
+    return _run(rd, lm, bs, prompts, seqs, None, None, done, data, progress, None)
 
 
-def _exists(run_id: str, root) -> bool:
-    from backend.config import paths
-
-    return (paths(root).runs / run_id / "manifest.json").exists()
+def _exists(run_id: str, data: DataRoot) -> bool:
+    return (data.runs / run_id / "manifest.json").exists()
 
 
 def _result_of(rd: RunDir, m: dict) -> BenchResult:
@@ -585,7 +582,7 @@ class LoadProbe:
                 "speclens_procs": "; ".join(names) or None}
 
 
-def _run(rd: Run, lm, s: BenchSettings, prompts, seqs, spec, base, done: list[dict], root, progress,
+def _run(rd: Run, lm, s: BenchSettings, prompts, seqs, spec, base, done: list[dict], data: DataRoot, progress,
          stop_after, writer: Run | None = None) -> BenchResult:
     """The units of a run, each journaled as it finishes. Interleaved (a drafter run on the HF engine, `base` given
     and timed here): plain decoding and the drafter back to back per unit, the first of the two alternating; the
@@ -660,11 +657,11 @@ def _run(rd: Run, lm, s: BenchSettings, prompts, seqs, spec, base, done: list[di
         _fail_writer(writer, rd)
         return BenchResult(rd.run_id, rd.path, "failed", base.run_id if base else None)
     if interleave and writer is None and base.status != COMPLETE:      # another bench writes it: wait, or write
-        base, writer = _await_baseline(rd, base, lm, s, len(prompts), root, t_start)
+        base, writer = _await_baseline(rd, base, lm, s, len(prompts), data, t_start)
     if writer is not None:                # the baseline first: a kill between the two leaves a resumable drafter run
-        base = _finish(writer, s.baseline(), None, None, [{"row": u["base"], "accepted": []} for u in done], root,
+        base = _finish(writer, s.baseline(), None, None, [{"row": u["base"], "accepted": []} for u in done], data,
                        cpus=probe.cpus)
-    return _finish(rd, s, spec, base, done, root, cpus=probe.cpus, interleaved=interleave)
+    return _finish(rd, s, spec, base, done, data, cpus=probe.cpus, interleaved=interleave)
 
 
 def _plain(lm, s: BenchSettings, aux, prompt: list[int], seed: int):
@@ -689,7 +686,7 @@ def _fail_writer(writer: Run | None, rd: Run) -> None:
 # ---------------------------------------------------------------------- results
 
 
-def _finish(rd: Run, s: BenchSettings, spec, base: BenchResult | None, done: list[dict], root, cpus: int = 1,
+def _finish(rd: Run, s: BenchSettings, spec, base: BenchResult | None, done: list[dict], data: DataRoot, cpus: int = 1,
             interleaved: bool = False) -> BenchResult:
     done = sorted(done, key=lambda u: (u["row"]["repeat"], u["row"]["prompt_index"]))
     prompts_df = pd.DataFrame([u["row"] for u in done])

@@ -135,12 +135,12 @@ def cmd_worth(a: argparse.Namespace) -> int:
     """What raising tau from A to B is worth, read on a speedup map (a load run with --synthetic-tau)."""
     import json
 
-    from backend.config import paths
     from backend.drafter_worth import curves, find_map, worth_by_concurrency
     from backend.errors import SpecLensError
+    from backend.store.data_root import DataRoot
 
     if a.map:
-        p = paths().runs / a.map / "summary.json"
+        p = DataRoot().runs / a.map / "summary.json"
         try:
             cells = json.loads(p.read_text())["cells"]
         except (OSError, json.JSONDecodeError, KeyError, TypeError):

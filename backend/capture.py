@@ -7,14 +7,13 @@ from the last checkpoint and gives the same result as an uninterrupted run. The 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from backend.engines.base import CaptureSettings, adapter
 from backend.engines.hf import Capturer  # noqa: F401 (the hot path's home; bench/capture_overhead.py imports it here)
 from backend.runs.capture_run import CaptureResult
+from backend.store.data_root import DataRoot
 
 
-def run_capture(settings: CaptureSettings, name: str | None = None, root: Path | None = None,
+def run_capture(settings: CaptureSettings, name: str | None = None, data: DataRoot | None = None,
                 progress: bool = True, stop_after: int | None = None, engine_options=None) -> CaptureResult:
     """Capture (or resume) a run. `stop_after` stops after that many prompts (tests of resume);
     `engine_options`: the engine's own options (backend.engines.vllm.EngineOptions for --engine vllm)."""
@@ -23,7 +22,7 @@ def run_capture(settings: CaptureSettings, name: str | None = None, root: Path |
     eng = adapter(settings.engine)
     eng.require()
     session = eng.capture_session(settings, engine_options)
-    return capture_loop.run(session, settings, name, root, progress, stop_after)
+    return capture_loop.run(session, settings, name, data, progress, stop_after)
 
 
 __all__ = ["CaptureSettings", "CaptureResult", "run_capture"]

@@ -29,6 +29,7 @@ from backend.model_id import fingerprint
 from backend.options import ENGINE_NAMES, SERVING_ENGINES, add_options, from_args
 from backend.settings import DEFAULT_PROMPTS, CheckSettings  # noqa: F401 (re-exported: demo, tests)
 from backend.store.check_result import RESULT
+from backend.store.data_root import DataRoot
 from backend.store.rundir import atomic_write_json, new_run_id
 
 AT_CHANCE = "Inconclusive: the drafter predicts no better than chance"
@@ -45,7 +46,7 @@ class CheckResult:
 
 # ---------------------------------------------------------------------------- the check
 
-def run_check(s: CheckSettings, name: str | None = None, root: Path | None = None, progress: bool = True,
+def run_check(s: CheckSettings, name: str | None = None, data: DataRoot | None = None, progress: bool = True,
               save: bool = True) -> CheckResult:
     s.validate()
     t0 = time.perf_counter()
@@ -71,7 +72,7 @@ def run_check(s: CheckSettings, name: str | None = None, root: Path | None = Non
     run_id = new_run_id("check", name)
     report["run_id"] = run_id
     report["fix"] = _fix_of(report, s.trained_on if s.lint_only else None)
-    path = _save(run_id, s, report, root) if save else Path()
+    path = _save(run_id, s, report, data) if save else Path()
     return CheckResult(run_id, path, report)
 
 
@@ -345,7 +346,7 @@ def _ranking_notes(cands) -> list:
 
 # ---------------------------------------------------------------------------- storage
 
-def _save(run_id: str, s: CheckSettings, report: dict, root: Path | None) -> Path:
+def _save(run_id: str, s: CheckSettings, report: dict, data: DataRoot | None) -> Path:
     from backend.runs.lifecycle import Run
 
     t = report["target_info"]
@@ -370,7 +371,7 @@ def _save(run_id: str, s: CheckSettings, report: dict, root: Path | None) -> Pat
         "headline": {"tokens": sample.get("answer_tokens", 0), "prompts": sample.get("prompts", 0),
                      "seconds": report["timing"]["total"]},
     }
-    rd = Run.create(run_id, manifest, root)
+    rd = Run.create(run_id, manifest, data)
     atomic_write_json(rd.file(RESULT), report)
     rd.complete()
     return rd.path

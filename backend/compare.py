@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from backend import coords, metrics
-from backend.store.catalog import Catalog
+from backend.store.data_root import DataRoot
 
 BASELINES = ("paired", "pinned")   # each run's paired baseline; the pinned baseline of the run's target
 CATEGORY_BOOT = 500          # bootstrap resamples per category (the whole-run interval uses metrics' default)
@@ -199,9 +199,9 @@ class Acceptance:
     positions: pd.DataFrame
 
 
-def load_acceptance(run_ids: list[str], root: Path | None = None) -> Acceptance:
+def load_acceptance(run_ids: list[str], data: DataRoot | None = None) -> Acceptance:
     """Accepted-length histograms (GROUP BY in DuckDB) and, from them, tau and per-position rates (metrics)."""
-    cat = Catalog(root).read
+    cat = DataRoot.of(data).catalog.read
     with cat.snapshot():
         runs = cat.bench_runs(run_ids=run_ids).set_index("run_id")
         ids = [r for r in dict.fromkeys(run_ids) if r in runs.index]
@@ -210,21 +210,22 @@ def load_acceptance(run_ids: list[str], root: Path | None = None) -> Acceptance:
     return Acceptance(ids, runs, acc, _histogram_frame(acc), _positions_frame(acc))
 
 
-def compare(run_ids: list[str], baseline: str = "paired", root: Path | None = None,
+def compare(run_ids: list[str], baseline: str = "paired", data: DataRoot | None = None,
             acceptance: Acceptance | None = None) -> Comparison:
     """Everything the Compare page shows for these bench runs (complete ones; unknown ids are dropped).
     `acceptance`: load_acceptance(run_ids) when the caller has it already (the page draws it first)."""
     if baseline not in BASELINES:
         raise ValueError(f"baseline must be one of {list(BASELINES)}, not {baseline!r}")
-    with Catalog(root).read.snapshot():
-        return _compare(acceptance or load_acceptance(run_ids, root), baseline, root)
+    data = DataRoot.of(data)
+    with data.catalog.read.snapshot():
+        return _compare(acceptance or load_acceptance(run_ids, data), baseline, data)
 
 
-def _compare(ac: Acceptance, baseline: str, root: Path | None) -> Comparison:
+def _compare(ac: Acceptance, baseline: str, data: DataRoot) -> Comparison:
     runs, ids, acc = ac.runs, ac.run_ids, ac.stats
-    cat = Catalog(root).read
+    cat = data.catalog.read
     notes: list[Note | Mismatch] = []
-    bases = _baselines(ids, runs, baseline, root, notes)
+    bases = _baselines(ids, runs, baseline, data, notes)
     need = list(dict.fromkeys(ids + [b for b in bases.values() if b]))
     speeds = cat.bench_prompt_timings(need)
     by_run = {r: g for r, g in speeds.groupby("run_id")}
@@ -273,7 +274,7 @@ def _compare(ac: Acceptance, baseline: str, root: Path | None) -> Comparison:
     figures = pd.DataFrame(rows, columns=FIGURE_COLUMNS)
     notes += drafter_mismatches(manifests, cat.check_manifests())
     notes += _notes(figures, runs)
-    cats = _categories(ids, bases, by_run, base_frames, root)
+    cats = _categories(ids, bases, by_run, base_frames, data)
     gap = lambda a, b: tau_gap(a, b, by_run)  # noqa: E731
     return Comparison(
         run_ids=ids, baseline=baseline, figures=figures, histogram=ac.histogram,
@@ -510,9 +511,10 @@ def _num(x, default: float = math.nan) -> float:
     return default if math.isnan(v) else v
 
 
-def _baselines(ids: list[str], runs: pd.DataFrame, baseline: str, root, notes: list) -> dict[str, str | None]:
+def _baselines(ids: list[str], runs: pd.DataFrame, baseline: str, data: DataRoot,
+               notes: list) -> dict[str, str | None]:
     """run -> the run its speedup is measured against (None: no baseline)."""
-    cat = Catalog(root).read
+    cat = data.catalog.read
     out = {r: (runs.loc[r, "baseline_run"] if isinstance(runs.loc[r, "baseline_run"], str) else None) for r in ids}
     if baseline == "pinned":
         pinned = cat.pinned_baselines()
@@ -615,13 +617,13 @@ CATEGORY_COLUMNS = ["run_id", "category", "prompts", "tau", "tau_ci_low", "tau_c
                     "baseline_tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high"]
 
 
-def _categories(ids: list[str], bases: dict, by_run: dict, base_frames: dict, root) -> pd.DataFrame:
+def _categories(ids: list[str], bases: dict, by_run: dict, base_frames: dict, data: DataRoot) -> pd.DataFrame:
     """Per run and Spec-Bench category: prompts, tau and tokens/s (catalog aggregates), tau's bootstrap interval
     over the category's prompts (metrics.tau_estimate), and the speedup over the run's baseline on that category's
     prompts with a bootstrap CI (metrics.speedup); the baseline's timings are `base_frames[run]` (the run's own
     interleaved pairs, else its baseline run's rows). Intervals over fewer than metrics.MIN_INTERVAL_PROMPTS prompts
     are NaN (metrics.interval_shown): the figure is shown alone."""
-    cats = Catalog(root).read.bench_categories(list(ids))
+    cats = data.catalog.read.bench_categories(list(ids))
     split = {run: {c: g for c, g in df.groupby("category")} for run, df in by_run.items()}
     base_split = {r: {c: g for c, g in f.groupby("category")} for r, f in base_frames.items() if f is not None}
     # (accepted, drafts) per prompt summed over repeats, one GROUP BY per run, split by category

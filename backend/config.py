@@ -33,6 +33,11 @@ class Paths:
     def models(self) -> Path:
         return self.root / "models"
 
+    @property
+    def queue(self) -> Path:
+        """The job queue (backend/jobs/queue.py)."""
+        return self.root / "queue"
+
 
 def data_root() -> Path:
     """The data root: $SPECLENS_DATA if set, else <repo>/data."""

@@ -48,10 +48,10 @@ import shutil
 import time
 from pathlib import Path
 
-from backend.config import REPO_ROOT, dashboard_link, paths
+from backend.config import REPO_ROOT, dashboard_link
 from backend.runs.lifecycle import Run
-from backend.store.catalog import Catalog
-from backend.store.rundir import COMPLETE, RunDir, list_run_dirs
+from backend.store.data_root import DataRoot
+from backend.store.rundir import COMPLETE
 from backend.toy.shipped import PAIR_TARBALL, PROMPTS, heldout_prompts, toy_pair
 
 LIMIT = 40
@@ -70,11 +70,11 @@ DEMO_PAIRS = [
 ]
 
 
-def demo_models(root: Path | None = None, force: bool = False) -> tuple[Path, Path]:
+def demo_models(data: DataRoot | None = None, force: bool = False) -> tuple[Path, Path]:
     from backend.toy.rotate import write_rotated
     from backend.toy.target import build_random_target
 
-    models = paths(root).models
+    models = DataRoot.of(data).paths.models
     target, rotated = models / "demo-target", models / "demo-target-rotated"
     if force or not (target / "config.json").exists():
         shutil.rmtree(target, ignore_errors=True)
@@ -85,55 +85,57 @@ def demo_models(root: Path | None = None, force: bool = False) -> tuple[Path, Pa
     return target, rotated
 
 
-def _complete(run_id: str, root: Path | None) -> bool:
+def _complete(run_id: str, data: DataRoot) -> bool:
     try:
-        rd = RunDir.open(run_id, root)
+        rd = data.run_dir(run_id)
         return rd.effective_status() == COMPLETE
     except Exception:
         return False
 
 
-def _fresh(run_id: str, root: Path | None, force: bool) -> bool:
+def _fresh(run_id: str, data: DataRoot, force: bool) -> bool:
     """True when the run must be (re)built; removes a stale or incomplete run directory."""
-    if not force and _complete(run_id, root):
+    if not force and _complete(run_id, data):
         return False
-    Run.remove(run_id, root)
+    Run.remove(run_id, data)
     return True
 
 
-def build_demo(root: Path | None = None, force: bool = False, progress: bool = True, limit: int = LIMIT) -> list[str]:
+def build_demo(data: DataRoot | None = None, force: bool = False, progress: bool = True,
+               limit: int = LIMIT) -> list[str]:
     from backend.capture import CaptureSettings, run_capture
     from backend.importers import import_capture
     from backend.producers import write_training_data
 
-    target, rotated = demo_models(root, force)
+    data = DataRoot.of(data)
+    target, rotated = demo_models(data, force)
     made = []
 
     def capture(run_id: str, model: Path, dtype: str = "fp32") -> None:
-        if _fresh(run_id, root, force):
+        if _fresh(run_id, data, force):
             run_capture(CaptureSettings(model=str(model), prompts=str(PROMPTS), limit=limit, dtype=dtype),
-                        name=run_id, root=root, progress=progress)
+                        name=run_id, data=data, progress=progress)
             made.append(run_id)
 
     capture("demo-fp32", target)
     capture("demo-fp32-again", target)
     capture("demo-bf16", target, "bf16")
     capture("demo-rotated", rotated)
-    files = paths(root).root / "training-data"
+    files = data.path / "training-data"
     for run_id, fmt, kw in [
         ("demo-after-layer", "speculators", {"capture_rule": "after"}),   # captured after layer a, labelled S_a
         ("demo-final-norm", "vllm-extract", {"teacher": "F"}),          # last state after the final norm
     ]:
-        if _fresh(run_id, root, force):
+        if _fresh(run_id, data, force):
             out = files / run_id
             shutil.rmtree(out, ignore_errors=True)
             write_training_data(target, PROMPTS, fmt, out, limit=limit, **kw)
-            import_capture(out, fmt, num_layers=8, name=run_id, root=root)
+            import_capture(out, fmt, num_layers=8, name=run_id, data=data)
             made.append(run_id)
     return made
 
 
-def build_bench_demo(root: Path | None = None, force: bool = False, progress: bool = True, limit: int | None = None,
+def build_bench_demo(data: DataRoot | None = None, force: bool = False, progress: bool = True, limit: int | None = None,
                      max_new_tokens: int = 48, repeats: int = REPEATS) -> list[str]:
     """The matched drafter and the after-layer drafter on the held-out prompts (all 116 by default: the two drafters
     differ by about 4% in tau, which takes that many prompts to tell apart; K=4, greedy), each interleaved with plain
@@ -144,21 +146,22 @@ def build_bench_demo(root: Path | None = None, force: bool = False, progress: bo
 
     # a toy target decodes fastest on one thread; two threads collapse when anything else uses a core
     torch.set_num_threads(1)
-    pair = toy_pair(root)
+    data = DataRoot.of(data)
+    pair = toy_pair(data)
     if pair is None:
         print(f"no toy pair ({PAIR_TARBALL} missing): skipping the benchmark demo")
         return []
     prompts = heldout_prompts(pair)
     made = []
     for run_id, drafter in zip(BENCH_RUNS, ("drafter-matched", "drafter-after-layer")):
-        if not _fresh(run_id, root, force):
+        if not _fresh(run_id, data, force):
             continue
         if run_id == BENCH_RUNS[0] and force:       # rebuilt with its pairs, not linked to the old one
-            Run.remove(BASELINE_RUN, root)
+            Run.remove(BASELINE_RUN, data)
         s = BenchSettings(target=str(pair / "target"), drafter=str(pair / drafter), prompts=str(prompts),
                           num_spec_tokens=4, limit=limit, max_new_tokens=max_new_tokens, repeats=repeats,
                           device="cpu")
-        r = run_bench(s, name=run_id, root=root, progress=progress)
+        r = run_bench(s, name=run_id, data=data, progress=progress)
         made.append(r.run_id)
     return made
 
@@ -166,15 +169,16 @@ def build_bench_demo(root: Path | None = None, force: bool = False, progress: bo
 CHECK_RUN = "demo-check-after-layer"
 
 
-def build_check_demo(root: Path | None = None, force: bool = False, progress: bool = True) -> list[str]:
+def build_check_demo(data: DataRoot | None = None, force: bool = False, progress: bool = True) -> list[str]:
     """The drafter check of the after-layer drafter against vLLM 0.24 (what the Drafter check page opens on)."""
     from backend.check_drafter import CheckSettings, run_check
 
-    pair = toy_pair(root)
-    if pair is None or not _fresh(CHECK_RUN, root, force):
+    data = DataRoot.of(data)
+    pair = toy_pair(data)
+    if pair is None or not _fresh(CHECK_RUN, data, force):
         return []
     r = run_check(CheckSettings(drafter=str(pair / "drafter-after-layer"), target=str(pair / "target"),
-                                device="cpu"), name=CHECK_RUN, root=root, progress=progress)
+                                device="cpu"), name=CHECK_RUN, data=data, progress=progress)
     return [r.run_id]
 
 
@@ -187,14 +191,14 @@ SLOT_CHECK_RUN = "demo-check-slot-shift"
 SLOT_ENGINE = ("sglang", "0.5.15")
 
 
-def slot_shift_models(root: Path | None = None) -> Path | None:
+def slot_shift_models(data: DataRoot | None = None) -> Path | None:
     """models/toy-slot-shift.tar.gz unpacked once under <data>/models/toy-slot-shift, with the patched and fixed
     copies of the drafter (same weights, other ids in eagle_config); None when the tarball is absent."""
     import tarfile
 
     from backend.toy.slot_shift import write_variants
 
-    out = paths(root).models / "toy-slot-shift"
+    out = DataRoot.of(data).paths.models / "toy-slot-shift"
     if not (out / "drafter-slot-shift" / "config.json").exists():
         if not SLOT_TARBALL.exists():
             return None
@@ -205,7 +209,7 @@ def slot_shift_models(root: Path | None = None) -> Path | None:
     return out
 
 
-def build_slot_shift_demo(root: Path | None = None, force: bool = False, progress: bool = True,
+def build_slot_shift_demo(data: DataRoot | None = None, force: bool = False, progress: bool = True,
                           limit: int | None = SLOT_LIMIT, max_new_tokens: int = 48, benches: bool = True,
                           check: bool = True) -> list[str]:
     """The slot-shift drafter's check against SGLang 0.5.15 first; its fix written as `check-drafter --write-fix`
@@ -220,68 +224,69 @@ def build_slot_shift_demo(root: Path | None = None, force: bool = False, progres
     from backend.check_drafter import CheckSettings, run_check
 
     torch.set_num_threads(1)
-    pair, slot = toy_pair(root), slot_shift_models(root)
+    data = DataRoot.of(data)
+    pair, slot = toy_pair(data), slot_shift_models(data)
     if pair is None or slot is None:
         print(f"no slot-shift drafter ({SLOT_TARBALL} missing): skipping the slot-shift demo")
         return []
     prompts = heldout_prompts(pair)
     made: list[str] = []
     report = None
-    if check and _fresh(SLOT_CHECK_RUN, root, force):
+    if check and _fresh(SLOT_CHECK_RUN, data, force):
         r = run_check(CheckSettings(drafter=str(slot / "drafter-slot-shift"), target=str(pair / "target"),
                                     engine=SLOT_ENGINE[0], engine_version=SLOT_ENGINE[1], device="cpu",
                                     training_data=str(slot / "training-data"), training_format="speculators-legacy"),
-                      name=SLOT_CHECK_RUN, root=root, progress=progress)
+                      name=SLOT_CHECK_RUN, data=data, progress=progress)
         made.append(r.run_id)
         report = r.report
     fixed = slot / SLOT_RUNS["demo-bench-slot-shift-fixed"]
     if benches and not (fixed / "config.json").exists():
         from backend.drafter.fix import plan_fix, write_fix
-        from backend.store.check_result import load_check
 
         if report is None:
-            report = (load_check(SLOT_CHECK_RUN, root) if _complete(SLOT_CHECK_RUN, root) else
+            report = (data.catalog.read.drafter_check(SLOT_CHECK_RUN) if _complete(SLOT_CHECK_RUN, data) else
                       run_check(CheckSettings(drafter=str(slot / "drafter-slot-shift"), target=str(pair / "target"),
                                               engine=SLOT_ENGINE[0], engine_version=SLOT_ENGINE[1], device="cpu"),
                                 save=False, progress=progress).report)
         write_fix(plan_fix(report), fixed)
     for run_id, drafter in SLOT_RUNS.items():
-        if not benches or not _fresh(run_id, root, force):
+        if not benches or not _fresh(run_id, data, force):
             continue
         s = BenchSettings(target=str(pair / "target"), drafter=str(slot / drafter), prompts=str(prompts),
                           num_spec_tokens=4, limit=limit, max_new_tokens=max_new_tokens, repeats=REPEATS, device="cpu",
                           producer=SLOT_ENGINE[0], producer_version=SLOT_ENGINE[1])
-        made.append(run_bench(s, name=run_id, root=root, progress=progress).run_id)
-    if benches and _fresh(REGRESS_RUN, root, force):     # the regression pair's second half (module docstring)
+        made.append(run_bench(s, name=run_id, data=data, progress=progress).run_id)
+    if benches and _fresh(REGRESS_RUN, data, force):     # the regression pair's second half (module docstring)
         s = BenchSettings(target=str(pair / "target"), drafter=str(fixed), prompts=str(prompts), num_spec_tokens=4,
                           limit=min(limit or REGRESS_LIMIT, REGRESS_LIMIT), max_new_tokens=max_new_tokens,
                           repeats=REPEATS, device="cpu", producer="vllm", producer_version="0.24.0")
-        made.append(run_bench(s, name=REGRESS_RUN, root=root, progress=progress).run_id)
+        made.append(run_bench(s, name=REGRESS_RUN, data=data, progress=progress).run_id)
     return made
 
 
 STORY_RUNS = ("demo-bench-matched", *SLOT_RUNS)
 
 
-def story(root: Path | None = None) -> list[str] | None:
+def story(data: DataRoot | None = None) -> list[str] | None:
     """The demo's three lines (markdown, with links to the views that prove them), from the stored runs; None until
     the slot-shift benches exist (`make demo`), and None rather than an error: the Runs page shows it on top."""
     try:
-        return _story(root)
+        return _story(data)
     except Exception:  # noqa: BLE001 - an unreadable catalog must not break the first screen
         return None
 
 
-def _story(root: Path | None) -> list[str] | None:
+def _story(data: DataRoot | None) -> list[str] | None:
     import urllib.parse
 
-    runs = Catalog(root).read.bench_runs(run_ids=list(STORY_RUNS)).set_index("run_id")
-    checks = Catalog(root).read.check_manifests()
+    cat = DataRoot.of(data).catalog.read
+    runs = cat.bench_runs(run_ids=list(STORY_RUNS)).set_index("run_id")
+    checks = cat.check_manifests()
     if any(r not in runs.index or runs.loc[r, "status"] != COMPLETE for r in STORY_RUNS):
         return None
     from backend.compare import tau_gap
 
-    by_run = {r: g for r, g in Catalog(root).read.bench_prompt_speeds(list(STORY_RUNS)).groupby("run_id")}
+    by_run = {r: g for r, g in cat.bench_prompt_speeds(list(STORY_RUNS)).groupby("run_id")}
     tau = _shared_tau(runs, by_run)
     m, s, p, f = (tau[r] for r in STORY_RUNS)
     gap = tau_gap("demo-bench-matched", "demo-bench-slot-shift", by_run)
@@ -327,7 +332,7 @@ def _shared_tau(runs, by_run: dict) -> dict[str, float]:
     return out
 
 
-def run_demo(force: bool = False, progress: bool = True, root: Path | None = None) -> None:
+def run_demo(force: bool = False, progress: bool = True, data: DataRoot | None = None) -> None:
     import torch
 
     from backend.align import get_alignment
@@ -336,36 +341,37 @@ def run_demo(force: bool = False, progress: bool = True, root: Path | None = Non
     # buys little alone, and on a 2-core machine with anything else running, two threads wait on each other at every
     # op (a 40-prompt capture took 148 s with two threads and 37 s with one under the same load; docs/PERFORMANCE.md)
     torch.set_num_threads(1)
+    data = DataRoot.of(data)
     t0 = time.perf_counter()
-    made = build_demo(root, force, progress)
+    made = build_demo(data, force, progress)
     print(f"demo data ready in {time.perf_counter() - t0:.1f} s ({len(made)} runs built, "
-          f"{len(list_run_dirs(root))} runs in {paths(root).runs})")
+          f"{len(data.run_dirs())} runs in {data.runs})")
     for a, b, _expected in DEMO_PAIRS:
-        al = get_alignment(a, b, root)
+        al = get_alignment(a, b, data)
         kinds = ",".join(f.kind for f in al.verdict)
         print(f"  align {a} {b}: [{kinds}] {al.verdict[0].text[:110]}")
     t1 = time.perf_counter()
-    build_bench_demo(root, force, progress)         # one bench after another, in this process: none times another
-    for r in Catalog(root).read.bench_runs(run_ids=list(BENCH_RUNS)).itertuples():
+    build_bench_demo(data, force, progress)         # one bench after another, in this process: none times another
+    for r in data.catalog.read.bench_runs(run_ids=list(BENCH_RUNS)).itertuples():
         print(f"  bench {r.run_id}: tau {r.tau:.2f}, {r.tokens_per_s:.1f} tok/s, {_speed(r)}, lossless {r.lossless}")
     print(f"benchmark demo ready in {time.perf_counter() - t1:.1f} s; open "
           f"{dashboard_link('/compare?runs=' + ','.join(BENCH_RUNS))}")
     t2 = time.perf_counter()
-    if build_check_demo(root, force, progress) or _complete(CHECK_RUN, root):
+    if build_check_demo(data, force, progress) or _complete(CHECK_RUN, data):
         print(f"drafter check ready in {time.perf_counter() - t2:.1f} s; open "
               f"{dashboard_link(f'/drafter?run={CHECK_RUN}')}")
     t3 = time.perf_counter()
-    build_slot_shift_demo(root, force, progress)
-    for r in Catalog(root).read.bench_runs(run_ids=[*SLOT_RUNS, REGRESS_RUN]).itertuples():
+    build_slot_shift_demo(data, force, progress)
+    for r in data.catalog.read.bench_runs(run_ids=[*SLOT_RUNS, REGRESS_RUN]).itertuples():
         print(f"  bench {r.run_id}: tau {r.tau:.2f}, {_speed(r)}, lossless {r.lossless}")
     fixed_run = "demo-bench-slot-shift-fixed"
-    if _complete(REGRESS_RUN, root) and _complete(fixed_run, root):
+    if _complete(REGRESS_RUN, data) and _complete(fixed_run, data):
         from backend.regress import compare as regress
 
-        print("  regress: " + regress(fixed_run, REGRESS_RUN, root=root)["line"])
+        print("  regress: " + regress(fixed_run, REGRESS_RUN, data=data)["line"])
     print(f"slot-shift demo ready in {time.perf_counter() - t3:.1f} s ({time.perf_counter() - t0:.0f} s in all); "
           f"open {dashboard_link(f'/drafter?run={SLOT_CHECK_RUN}')}")
-    for line in story(root) or []:
+    for line in story(data) or []:
         print("  " + line)
 
 

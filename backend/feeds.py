@@ -16,6 +16,7 @@ from pathlib import Path
 from backend import coords
 from backend.errors import SpecLensError
 from backend.options import SERVING_ENGINES, VLLM_RUNNERS
+from backend.store.data_root import DataRoot
 
 ENGINES = SERVING_ENGINES
 
@@ -43,13 +44,11 @@ class FeedRow:
         return asdict(self)
 
 
-def trained_on(drafter: str | Path, target: str | Path, root: Path | None = None) -> dict | None:
+def trained_on(drafter: str | Path, target: str | Path, data: DataRoot | None = None) -> dict | None:
     """The newest complete full drafter check of this drafter and target that found trained-on boundaries:
     {run_id, boundaries, severity}; None when there is none."""
-    from backend.store.catalog import Catalog
-
     d, t = str(Path(drafter).resolve()), str(Path(target).resolve())
-    for run_id, m in Catalog(root).read.check_manifests().items():
+    for run_id, m in DataRoot.of(data).catalog.read.check_manifests().items():
         chk = m.get("check") or {}
         if chk.get("mode") == "lint" or not chk.get("best"):
             continue
@@ -58,17 +57,15 @@ def trained_on(drafter: str | Path, target: str | Path, root: Path | None = None
     return None
 
 
-def check_pair(run_id: str, root: Path | None = None) -> tuple[str, str]:
+def check_pair(run_id: str, data: DataRoot | None = None) -> tuple[str, str]:
     """(drafter, target) paths of a stored drafter check run."""
-    from backend.store.catalog import Catalog
-
-    m = Catalog(root).read.check_manifests().get(run_id)
+    m = DataRoot.of(data).catalog.read.check_manifests().get(run_id)
     if m is None:
         raise SpecLensError(f"no complete drafter check run '{run_id}'; list them with `python -m backend runs`")
     return m["drafter"]["path"], m["model"]["path"]
 
 
-def matrix(drafter: str | Path, target: str | Path, root: Path | None = None, trained: dict | None = None,
+def matrix(drafter: str | Path, target: str | Path, data: DataRoot | None = None, trained: dict | None = None,
            look_up_check: bool = True, env: dict | None = None) -> dict:
     """The feeds matrix of a drafter on a target (see the module docstring). `env` is the environment vLLM would
     see (default: none set, i.e. VLLM_USE_V2_MODEL_RUNNER unset)."""
@@ -80,7 +77,7 @@ def matrix(drafter: str | Path, target: str | Path, root: Path | None = None, tr
     cfg, tgt, _ = L.load(drafter, target, weights_required=False)
     kind = getattr(cfg, "kind", "eagle3")
     if trained is None and look_up_check:
-        trained = trained_on(drafter, target, root)
+        trained = trained_on(drafter, target, data)
     want = trained["boundaries"] if trained else None
     rows: list[FeedRow] = []
     for engine in ENGINES:
@@ -186,18 +183,19 @@ def print_text(m: dict) -> None:
               f"{fed:24} {(r['trained'] or '-'):8} {r['status']:8} {r['ids_from'] or '-'}")
 
 
-def page_pair(drafter: str | None, target: str | None, check: str | None, root: Path | None = None) -> tuple[str, str]:
+def page_pair(drafter: str | None, target: str | None, check: str | None,
+              data: DataRoot | None = None) -> tuple[str, str]:
     """The (drafter, target) a Feeds page URL names: a stored drafter check's pair (?check=RUN), or directories
     (?drafter=&target=) that lie under SPECLENS_MODEL_ROOTS (default: the data root and <repo>/models) or belong
     to a stored drafter check; anything else is refused with one line (a URL must not read arbitrary files)."""
     from backend.config import model_roots
-    from backend.store.catalog import Catalog
 
+    data = DataRoot.of(data)
     if check:
-        return check_pair(check, root)
+        return check_pair(check, data)
     if not drafter or not target:
         raise SpecLensError("name a drafter and a target (?drafter=DIR&target=DIR) or a drafter check (?check=RUN)")
-    checks = Catalog(root).read.check_manifests().values()
+    checks = data.catalog.read.check_manifests().values()
     known = {(m.get(k) or {}).get("path") for m in checks for k in ("drafter", "model")}
     roots = model_roots()
     for p in (drafter, target):

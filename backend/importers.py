@@ -44,6 +44,7 @@ from backend.jsonfile import read_object
 from backend.runs.capture_run import CaptureResult, write_capture_files
 from backend.runs.lifecycle import Run, RunGuard
 from backend.stats import StreamingStats, TokenSample
+from backend.store.data_root import DataRoot
 from backend.store.rundir import new_run_id
 
 SAMPLE_TOKENS, SAMPLE_PER_SEQ = 4096, 512
@@ -484,8 +485,8 @@ def plan_import(path: str | Path, fmt: str | None, producer_ids: list[int] | Non
 def import_capture(path: str | Path, fmt: str | None = None, producer_ids: list[int] | None = None,
                    num_layers: int | None = None,
                    drafter_config: str | Path | None = None, name: str | None = None, model: str | Path | None = None,
-                   root: Path | None = None, sample_tokens: int = SAMPLE_TOKENS, sample_per_seq: int = SAMPLE_PER_SEQ,
-                   progress: bool = True) -> CaptureResult:
+                   data: DataRoot | None = None, sample_tokens: int = SAMPLE_TOKENS,
+                   sample_per_seq: int = SAMPLE_PER_SEQ, progress: bool = True) -> CaptureResult:
     """Import a producer's training data as a complete capture run (kind 'capture', engine 'import:<fmt>').
 
     `fmt` None: detected from the files' contents (detect_format; its note lands in the manifest's source).
@@ -523,7 +524,7 @@ def import_capture(path: str | Path, fmt: str | None = None, producer_ids: list[
         manifest["source"]["detected"] = plan.detected
     if plan.n_skipped:
         manifest["source"]["skipped"] = {"files": plan.n_skipped, "examples": plan.skipped}
-    rd = Run.create(run_id, manifest, root)
+    rd = Run.create(run_id, manifest, data)
     t0 = time.perf_counter()
     with RunGuard(rd, interrupted=lambda: "interrupted; import again under a new --name",
                   describe=lambda e: f"{type(e).__name__}: {_first_line(e)}"):

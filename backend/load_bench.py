@@ -38,6 +38,7 @@ from backend.errors import SpecLensError
 from backend.load_client import run_level, scrape, served_model, server_version
 from backend.options import DEFAULT_K, SERVING_ENGINES
 from backend.runs.lifecycle import Run, RunGuard
+from backend.store.data_root import DataRoot
 from backend.store.rundir import COMPLETE, atomic_write_json, atomic_write_parquet, new_run_id, read_journal
 
 JOURNAL = "journal.jsonl"
@@ -264,7 +265,8 @@ def _cells(s: LoadSettings) -> list[tuple[Config, int, int]]:
     return [(cfg, c, r) for cfg in s.configs() for c in s.concurrency for r in range(s.repeats)]
 
 
-def run_load(s: LoadSettings, name: str | None = None, root: Path | None = None, progress: bool = True) -> LoadResult:
+def run_load(s: LoadSettings, name: str | None = None, data: DataRoot | None = None,
+             progress: bool = True) -> LoadResult:
     """Run (or resume, same name and settings) a serving-load bench; servers are started here unless URLs are given."""
     _validate(s)
     prompts, seqs, info = _encode(s)
@@ -272,10 +274,10 @@ def run_load(s: LoadSettings, name: str | None = None, root: Path | None = None,
     run_id = name or new_run_id("load", None)
     manifest = _manifest(s, info, len(cells) * 2)
     try:
-        run = Run.create(run_id, manifest, root)
+        run = Run.create(run_id, manifest, data)
         done: list[dict] = []
     except SpecLensError:
-        run = Run.open(run_id, root)
+        run = Run.open(run_id, data)
         m = run.manifest()
         if m.get("status") == COMPLETE:
             raise SpecLensError(f"run '{run_id}' is already complete ({run.path}); pick another --name") from None

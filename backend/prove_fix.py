@@ -22,6 +22,7 @@ import pandas as pd
 from backend import metrics
 from backend.config import dashboard_link
 from backend.drafter.fix import FixPlan
+from backend.store.data_root import DataRoot
 
 
 @dataclass
@@ -51,7 +52,7 @@ def _per_prompt(path: Path) -> pd.DataFrame:
 
 
 def prove(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int | None = 32, repeats: int = 1,
-          name: str | None = None, root: Path | None = None, progress: bool = True, device: str = "auto",
+          name: str | None = None, data: DataRoot | None = None, progress: bool = True, device: str = "auto",
           max_new_tokens: int = 64) -> Proof:
     """Bench the original and the fixed drafter through the HF reference engine as `plan`'s release feeds them."""
     import urllib.parse
@@ -64,7 +65,7 @@ def prove(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int | None 
         s = BenchSettings(target=plan.target, drafter=drafter, prompts=prompts, limit=limit, repeats=repeats,
                           producer=plan.engine, producer_version=plan.version, runner=plan.runner, device=device,
                           max_new_tokens=max_new_tokens)
-        runs[tag] = run_bench(s, name=f"{base}-{tag}", root=root, progress=progress)
+        runs[tag] = run_bench(s, name=f"{base}-{tag}", data=data, progress=progress)
     a, b = _per_prompt(runs["fixed"].path), _per_prompt(runs["original"].path)
     shared = a.index.intersection(b.index)
     ci = None
@@ -80,7 +81,7 @@ def prove(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int | None 
 
 
 def engine_jobs(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int | None = 32, repeats: int = 1,
-                name: str | None = None, root: Path | None = None, engine: str | None = None) -> list[dict]:
+                name: str | None = None, data: DataRoot | None = None, engine: str | None = None) -> list[dict]:
     """Queue the two benches for a worker (`kind: bench`): through the real engine (the plan's; GPU worker) or, with
     engine="hf", the reference bench fed as that release feeds; the second reuses the first's paired baseline."""
     from backend.jobs import queue
@@ -100,27 +101,28 @@ def engine_jobs(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int |
         else:
             spec["dtype"] = "bf16"
         jobs += specs.validate(spec)
-    return queue.enqueue(jobs, root)
+    return queue.enqueue(jobs, data)
 
 
-def queue_proof(report: dict, root: Path | None = None, prompts: str | None = None, limit: int = 32) -> dict:
+def queue_proof(report: dict, data: DataRoot | None = None, prompts: str | None = None, limit: int = 32) -> dict:
     """The Drafter check page's button: write the check's fix under <data>/models/fixes/<check run> and queue the
     two reference benches; {"fixed": dir, "jobs": [ids], "compare": path}. One-line errors (FixRefused and the
     job spec's) go up."""
     import urllib.parse
 
-    from backend.config import REPO_ROOT, paths
+    from backend.config import REPO_ROOT
     from backend.drafter.fix import FixRefused, write_fix
 
     fix = report.get("fix") or {}
     if "plan" not in fix:
         raise FixRefused(fix.get("refused") or "no fix written")
     plan = FixPlan(**fix["plan"])
-    out = paths(root).models / "fixes" / (report.get("run_id") or "check")
+    data = DataRoot.of(data)
+    out = data.paths.models / "fixes" / (report.get("run_id") or "check")
     if not (out / "config.json").exists():
         write_fix(plan, out)
     prompts = prompts or str(REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl")
-    jobs = engine_jobs(plan, out, prompts, limit, 1, f"prove-{report.get('run_id') or 'check'}", root, engine="hf")
+    jobs = engine_jobs(plan, out, prompts, limit, 1, f"prove-{report.get('run_id') or 'check'}", data, engine="hf")
     ids = [j["job_id"] for j in jobs]
     return {"fixed": str(out), "jobs": ids,
             "compare": "/compare?runs=" + urllib.parse.quote(",".join(reversed(ids)), safe=",")}

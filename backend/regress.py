@@ -17,10 +17,10 @@ so they do not decide)."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from backend import metrics
 from backend.errors import SpecLensError
+from backend.store.data_root import DataRoot
 
 MAX_TAU_DROP = 0.02      # the default allowed drop in tau (`--max-tau-drop`)
 
@@ -43,15 +43,14 @@ def _run(df, run_id: str) -> dict:
     return r
 
 
-def compare(baseline: str, candidate: str, max_tau_drop: float = MAX_TAU_DROP, root: Path | None = None) -> dict:
+def compare(baseline: str, candidate: str, max_tau_drop: float = MAX_TAU_DROP, data: DataRoot | None = None) -> dict:
     """The verdict of `candidate` against `baseline` (see the module docstring) with the figures behind it and
     one line saying why."""
-    from backend.store.catalog import Catalog
-
     if max_tau_drop < 0:
         raise SpecLensError(f"--max-tau-drop {max_tau_drop}: must be >= 0")
-    Catalog(root).write.refresh()
-    runs = Catalog(root).read.bench_history(run_ids=[baseline, candidate])
+    cat = DataRoot.of(data).catalog
+    cat.write.refresh()
+    runs = cat.read.bench_history(run_ids=[baseline, candidate])
     b, c = _run(runs, baseline), _run(runs, candidate)
     for key, what in (("model_key", "target"), ("drafter_key", "drafter"), ("num_spec_tokens", "K")):
         if b.get(key) != c.get(key):
@@ -59,7 +58,7 @@ def compare(baseline: str, candidate: str, max_tau_drop: float = MAX_TAU_DROP, r
                                 f"regress compares runs of one drafter and target")
     if not (b.get("num_spec_tokens") or 0) > 0:
         raise SpecLensError(f"{baseline} is a plain-decoding run (no drafter); pass the speculative runs")
-    frames = Catalog(root).read.bench_prompt_speeds([baseline, candidate])
+    frames = cat.read.bench_prompt_speeds([baseline, candidate])
     per = {r: frames[frames["run_id"] == r].groupby("prompt_id")[["accepted", "drafts"]].sum()
            for r in (baseline, candidate)}
     shared = per[baseline].index.intersection(per[candidate].index)
@@ -123,13 +122,11 @@ def release_label(r: dict) -> str:
     return label
 
 
-def history(root: Path | None = None):
+def history(data: DataRoot | None = None):
     """Bench runs with a drafter, grouped for the Regression page: one group per (target, drafter, K), oldest first.
     Returns {group label: DataFrame} (no SQL here: catalog.bench_history); `with_release` adds the release labels
     of the runs a page shows."""
-    from backend.store.catalog import Catalog
-
-    df = Catalog(root).read.bench_history(reading=False)
+    df = DataRoot.of(data).catalog.read.bench_history(reading=False)
     df = df[(df["status"] == "complete") & (df["num_spec_tokens"].fillna(0) > 0)]
     out = {}
     for (model, drafter, k), g in df.groupby(["model", "drafter", "num_spec_tokens"], sort=False, dropna=False):
@@ -137,14 +134,12 @@ def history(root: Path | None = None):
     return out
 
 
-def with_release(g, root: Path | None = None):
+def with_release(g, data: DataRoot | None = None):
     """The runs of `g` with their release label (engine release; for HF benches also the engine reading applied),
     ordered by release, then date."""
-    from backend.store.catalog import Catalog
-
     if g.empty:
         return g.assign(release=[])
-    full = Catalog(root).read.bench_history(run_ids=g["run_id"].tolist())
+    full = DataRoot.of(data).catalog.read.bench_history(run_ids=g["run_id"].tolist())
     cols = ["engine", "engine_version", "aux_producer", "aux_version", "aux_runner"]
     keys = full[cols].astype("string").fillna("")
     labels = {tuple(r.values()): release_label(r) for r in keys.drop_duplicates().to_dict("records")}
@@ -174,15 +169,13 @@ def newest(g, n: int = MAX_SHOWN):
     return g[g["run_id"].isin(keep)]
 
 
-def group_table(g, root: Path | None = None):
+def group_table(g, data: DataRoot | None = None):
     """One row per run of a history group (release order): tau [95% CI over prompts], the change in tau against
     the group's first run [95% CI paired over shared prompts], speedup [95% CI], acceptance, lossless."""
     import pandas as pd
 
-    from backend.store.catalog import Catalog
-
     ids = g["run_id"].tolist()
-    frames = Catalog(root).read.bench_prompt_speeds(ids)
+    frames = DataRoot.of(data).catalog.read.bench_prompt_speeds(ids)
     per = {r: f.groupby("prompt_id")[["accepted", "drafts"]].sum() for r, f in frames.groupby("run_id")}
     first = ids[0] if ids else None
     rows = []

@@ -20,6 +20,7 @@ from backend import metrics
 from backend.compare import NOT_CONFIG, Mismatch, drafter_mismatches, flatten
 from backend.config import REPO_ROOT, model_roots, paths
 from backend.prompts import load_prompts
+from backend.store.data_root import DataRoot
 from backend.store.rundir import valid_run_id
 
 LOG_TAIL_LINES = 40
@@ -281,7 +282,8 @@ class LogTail:
     lines: list[str]
 
 
-def log_tail(run_dir: str | Path, manifest: dict, root: Path | None = None, n: int = LOG_TAIL_LINES) -> LogTail | None:
+def log_tail(run_dir: str | Path, manifest: dict, data: DataRoot | None = None,
+             n: int = LOG_TAIL_LINES) -> LogTail | None:
     """The last n lines of the run's log: a `*.log` file in its run directory (the newest), else the log of the job
     that made it (`queue/logs/<job id>.log`, backend/jobs); None when there is none."""
     d = Path(run_dir)
@@ -289,7 +291,7 @@ def log_tail(run_dir: str | Path, manifest: dict, root: Path | None = None, n: i
         logs = [e for e in os.scandir(d) if e.name.endswith(".log") and e.is_file(follow_symlinks=False)]
     except OSError:
         logs = []
-    base = paths(root).root
+    queue = DataRoot.of(data).paths.queue
     if logs:
         f = max(logs, key=lambda e: e.stat(follow_symlinks=False).st_mtime)
         path, shown = Path(f.path), f"runs/{d.name}/{f.name}"
@@ -298,7 +300,7 @@ def log_tail(run_dir: str | Path, manifest: dict, root: Path | None = None, n: i
         jid = str(job.get("id") or "")
         if not jid or not valid_run_id(jid):
             return None
-        path, shown = base / "queue" / "logs" / f"{jid}.log", f"queue/logs/{jid}.log"
+        path, shown = queue / "logs" / f"{jid}.log", f"queue/logs/{jid}.log"
         if path.is_symlink() or not path.is_file():
             return None
     try:

@@ -43,6 +43,7 @@ from backend import metrics, server_metrics
 from backend.errors import SpecLensError
 from backend.runs.lifecycle import Run, RunGuard
 from backend.settings import WatchSettings  # the watch's settings (its options derive from them)
+from backend.store.data_root import DataRoot
 from backend.store.rundir import atomic_write_bytes, new_run_id
 
 JOURNAL = "journal.jsonl"
@@ -430,7 +431,7 @@ def _window_line(w: dict) -> str:
             f"{', '.join(flags)}")
 
 
-def run_watch(s: WatchSettings, name: str | None = None, root: Path | None = None,
+def run_watch(s: WatchSettings, name: str | None = None, data: DataRoot | None = None,
               echo: Callable[[str], None] | None = print) -> WatchResult:
     """Watch the server until `duration` / `windows` / Ctrl-C; returns the run and its verdict (exit code 0 or 1).
     Raises SpecLensError (one line, the run failed and kept) when the server cannot be watched."""
@@ -442,7 +443,7 @@ def run_watch(s: WatchSettings, name: str | None = None, root: Path | None = Non
     run = Run.create(run_id, {
         "kind": "watch", "engine": s.engine or "unknown", "model": {"path": None}, "dataset": None,
         "settings": s.to_json(), "progress": {"done": 0, "total": planned},
-        "watch": {"server_url": s.server_url, "metrics_url": url, "verdict": None, "stopped_by": None}}, root)
+        "watch": {"server_url": s.server_url, "metrics_url": url, "verdict": None, "stopped_by": None}}, data)
     tracker = Tracker(s)
     stop = _Stop()
     section = {"server_url": s.server_url, "metrics_url": url, "verdict": None, "stopped_by": None}

@@ -31,10 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backend.align import align_runs, load_sample  # noqa: E402  (align_samples/_on imported in main)
 from backend.stats import context_hashes  # noqa: E402
-from backend.store.rundir import RunDir, atomic_save_safetensors  # noqa: E402
+from backend.store.data_root import DataRoot  # noqa: E402
+from backend.store.rundir import atomic_save_safetensors  # noqa: E402
 
 
-def fake_run(root: Path, run_id: str, n_layers: int, tokens: int, hidden: int, seed: int, shift: float) -> None:
+def fake_run(data: DataRoot, run_id: str, n_layers: int, tokens: int, hidden: int, seed: int, shift: float) -> None:
     g = torch.Generator().manual_seed(seed)
     labels = [f"S_{b}" for b in range(n_layers + 1)]
     t = {}
@@ -45,8 +46,8 @@ def fake_run(root: Path, run_id: str, n_layers: int, tokens: int, hidden: int, s
         x = x + 0.5 * torch.randn(tokens, hidden, generator=base_g)
     ids = torch.arange(tokens) % 32000
     t.update(token_ids=ids, ctx_hash=context_hashes(ids), position=torch.arange(tokens))
-    rd = RunDir.create(run_id, {"kind": "capture", "engine": "bench", "boundaries": labels, "dtype": "bf16",
-                                "model": {"n_layers": n_layers, "hidden_size": hidden}}, root)
+    rd = data.new_run_dir(run_id, {"kind": "capture", "engine": "bench", "boundaries": labels, "dtype": "bf16",
+                                   "model": {"n_layers": n_layers, "hidden_size": hidden}})
     atomic_save_safetensors(rd.file("sample.safetensors"), t)
     rd.update(status="complete")
 
@@ -61,20 +62,20 @@ def main() -> None:
     ap.add_argument("--check-estimator", action="store_true")
     ap.add_argument("--out")
     a = ap.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="align-bench-"))
-    fake_run(root, "A", a.layers, a.tokens, a.hidden, 1, 0.0)
-    fake_run(root, "B", a.layers, a.tokens, a.hidden, 2, 0.01)
+    data = DataRoot(tempfile.mkdtemp(prefix="align-bench-"))
+    fake_run(data, "A", a.layers, a.tokens, a.hidden, 1, 0.0)
+    fake_run(data, "B", a.layers, a.tokens, a.hidden, 2, 0.01)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     from backend.align import CKA_BUDGET, CKA_SE_BOUND, _on, align_samples
 
     dev = torch.device(a.device)
     if dev.type == "cuda":
-        align_runs("A", "B", root, device=dev)        # warm-up (CUDA context, kernels)
+        align_runs("A", "B", data, device=dev)        # warm-up (CUDA context, kernels)
         torch.cuda.reset_peak_memory_stats()
     times, compute, load = [], [], []
     for _ in range(a.repeats):
         t0 = time.perf_counter()
-        A, B = _on(load_sample("A", root), dev), _on(load_sample("B", root), dev)
+        A, B = _on(load_sample("A", data), dev), _on(load_sample("B", data), dev)
         if dev.type == "cuda":
             torch.cuda.synchronize()
         t1 = time.perf_counter()

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from backend.runs.lifecycle import Run  # noqa: E402
 from backend.store import catalog as cat  # noqa: E402
-from backend.store.catalog import Catalog  # noqa: E402
+from backend.store.data_root import DataRoot  # noqa: E402
 
 DRAFTER = REPO / "tests" / "data" / "real_configs" / "specforge_llama3-8b.json"
 MANIFEST = {"kind": "capture", "engine": "hf", "model": {"path": "/m", "n_layers": 2, "hidden_size": 8},
@@ -98,7 +98,7 @@ def state_changes(root: Path, changes: int) -> dict:
     per: list[float] = []
     for i in range(changes):
         t0 = time.perf_counter()
-        run = Run.create(f"change-{i:04d}", MANIFEST, root)
+        run = Run.create(f"change-{i:04d}", MANIFEST, DataRoot(root))
         t1 = time.perf_counter()
         run.progress(1, 2, checkpoint=True)
         t2 = time.perf_counter()
@@ -131,22 +131,23 @@ def main() -> None:
             shutil.rmtree(root)
         root.mkdir()
         write_s = build_runs(root, n)
+        data = DataRoot(root)
         t0 = time.perf_counter()
-        Catalog(root).write.refresh(full=True)
+        data.catalog.write.refresh(full=True)
         rebuild_s = time.perf_counter() - t0
         size_mb = (root / "speclens.duckdb").stat().st_size / 2**20
         row = {"runs": n, "write_s": round(write_s, 1), "rebuild_s": round(rebuild_s, 2),
                "catalog_mb": round(size_mb, 1), "state_change": state_changes(root, a.changes)}
         t0 = time.perf_counter()                                  # the fold of a full delta into a new base
-        cat._write_base(root, cat._Plan([], [], []))
+        cat._write_base(data.paths, cat._Plan([], [], []))
         row["fold_s"] = round(time.perf_counter() - t0, 3)
         row["fold_amortised_ms"] = round(1000 * row["fold_s"] / cat.DELTA_MAX_RUNS, 2)
-        Run.create("scan-probe", MANIFEST, root)
+        Run.create("scan-probe", MANIFEST, data)
         t0 = time.perf_counter()                                  # the scan of every run directory, as before
-        Catalog(root).write.refresh()
+        data.catalog.write.refresh()
         row["full_scan_refresh_s"] = round(time.perf_counter() - t0, 3)
         t0 = time.perf_counter()
-        listed = len(Catalog(root).read.list_runs())
+        listed = len(data.catalog.read.list_runs())
         row["read_list_runs_s"] = round(time.perf_counter() - t0, 3)
         assert listed == n + a.changes + 1, (listed, n)
         row["lint"] = lint_process(root, target, a.lint_repeats)

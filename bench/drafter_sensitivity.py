@@ -23,6 +23,7 @@ def main() -> int:
 
     from backend.bench import BenchSettings, run_bench
     from backend.demo import heldout_prompts, toy_pair
+    from backend.store.data_root import DataRoot
 
     p = argparse.ArgumentParser()
     p.add_argument("--limit", type=int, default=8)
@@ -47,7 +48,7 @@ def main() -> int:
         t = time.perf_counter()
         r = run_bench(BenchSettings(target=str(pair / "target"), drafter=str(d), prompts=prompts, limit=a.limit,
                                     repeats=1, max_new_tokens=64, runner="v2"),
-                      name=d.name, root=root, progress=False)
+                      name=d.name, data=DataRoot(root), progress=False)
         rows.append({"fed": label, "ids": ids, "tau": round(r.tau, 3), "acceptance_rate": round(r.acceptance_rate, 3),
                      "lossless": r.lossless, "seconds": round(time.perf_counter() - t, 1)})
         print(rows[-1], flush=True)

@@ -31,6 +31,7 @@ from backend import bench  # noqa: E402
 from backend.engines import hf  # noqa: E402
 from backend.engines.hf_spec import eos_ids  # noqa: E402
 from backend.prompts import encode, load_prompts  # noqa: E402
+from backend.store.data_root import DataRoot  # noqa: E402
 from backend.toy.target import build_random_target  # noqa: E402
 
 PROMPTS = Path(__file__).resolve().parent.parent / "datasets" / "spec_bench" / "question.jsonl"
@@ -110,7 +111,7 @@ def main() -> None:
     tokens = sum(len(run_bare(i)) for i in range(len(seqs)))
 
     t0 = time.perf_counter()
-    bench.run_bench(s, name="overhead-run", root=tmp / "data", progress=False)
+    bench.run_bench(s, name="overhead-run", data=DataRoot(tmp / "data"), progress=False)
     whole = time.perf_counter() - t0
 
     shutil.rmtree(tmp, ignore_errors=True)

@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO))
 
 import pandas as pd  # noqa: E402
 
+from backend.store.data_root import DataRoot  # noqa: E402
 from backend.toy.shipped import heldout_prompts, toy_pair  # noqa: E402
 
 UNIT_COLUMNS = ["unit_order", "repeat", "prompt_index", "prompt_id", "first_arm", "tokens_per_s", "base_tokens_per_s",
@@ -104,7 +105,7 @@ def main() -> int:
     ap.add_argument("--out", help="write the result JSON here")
     a = ap.parse_args()
     root = Path(a.data) if a.data else Path(tempfile.mkdtemp(prefix="noise-bench-"))
-    pair = toy_pair(root)
+    pair = toy_pair(DataRoot(root))
     if pair is None:
         raise SystemExit("models/toy-pair.tar.gz is missing")
     t0 = time.monotonic()

@@ -5,7 +5,7 @@ runs recorded on the H200 (tests/data/recorded/load/: the Serving load view).
    figures, steps.parquet, prompts.parquet; annotations.json with tags on some runs and a pinned baseline per
    target), numbers random but consistent (tau from the steps, tokens/s rising with it). Groups of 10 runs share
    a target, dataset and paired baseline (1 plain-decoding baseline + 9 drafter runs).
-2. Builds the catalog with the project's own `Catalog(root).write.refresh(full=True)` (timed), then times the
+2. Builds the catalog with the project's own `DataRoot(root).catalog.write.refresh(full=True)` (timed), then times the
    incremental refresh with nothing changed (what the Runs page does on every render) and after one annotation edit.
 3. Per page view: the first server-side render with streamlit's AppTest, in a fresh process each (cold: the
    process imports the app's modules) and a second fresh AppTest in the same process (warm: a running server
@@ -42,7 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from backend import annotations  # noqa: E402
 from backend.netutil import free_port  # noqa: E402
-from backend.store.catalog import Catalog  # noqa: E402
+from backend.store.data_root import DataRoot  # noqa: E402
 
 K = 4
 PROMPTS = 24                        # per run and repeat
@@ -406,22 +406,24 @@ def main() -> None:
         else:
             result["data"] = build_root(root, a.runs, a.steps)
             result["data"]["load_runs"] = add_load_runs(root)
-            _, result["data"]["catalog_full_refresh_s"] = _timed(Catalog(root).write.refresh, full=True)
+            _, result["data"]["catalog_full_refresh_s"] = _timed(DataRoot(root).catalog.write.refresh, full=True)
         result["data"]["catalog_mb"] = round((root / "speclens.duckdb").stat().st_size / 2**20, 1)
         result["data"]["runs_dir_mb"] = round(sum(f.stat().st_size for f in (root / "runs").rglob("*") if f.is_file())
                                               / 2**20, 1)
-        _, result["data"]["refresh_nothing_changed_s"] = _timed(Catalog(root).write.refresh)
+        _, result["data"]["refresh_nothing_changed_s"] = _timed(DataRoot(root).catalog.write.refresh)
         os.environ["SPECLENS_DATA"] = str(root)
         some = "bench-00013-d11"
-        _, result["data"]["annotation_save_s"] = _timed(annotations.save, some, tags="bench-edit", root=root)
-        _, result["data"]["refresh_after_one_edit_s"] = _timed(Catalog(root).write.refresh)
+        _, result["data"]["annotation_save_s"] = _timed(annotations.save, some, tags="bench-edit",
+                                                               data=DataRoot(root))
+        _, result["data"]["refresh_after_one_edit_s"] = _timed(DataRoot(root).catalog.write.refresh)
         ids = ["bench-00001-d07", "bench-00002-d14", "bench-00011-d17"]
-        queries = {"runs_overview": lambda: Catalog(root).read.runs_overview(),
-                   "bench_histogram_3_runs": lambda: Catalog(root).read.bench_histogram(ids),
-                   "bench_categories_3_runs": lambda: Catalog(root).read.bench_categories(ids),
-                   "bench_runs_all": lambda: Catalog(root).read.bench_runs(),
-                   "load_cells_and_levels_sweep": lambda: (Catalog(root).read.load_cells(["h200-vllm-sweep"]),
-                                                           Catalog(root).read.load_levels(["h200-vllm-sweep"]))}
+        # a data root and its catalog built per query, as the page code did with Catalog(root) before
+        queries = {"runs_overview": lambda: DataRoot(root).catalog.read.runs_overview(),
+                   "bench_histogram_3_runs": lambda: DataRoot(root).catalog.read.bench_histogram(ids),
+                   "bench_categories_3_runs": lambda: DataRoot(root).catalog.read.bench_categories(ids),
+                   "bench_runs_all": lambda: DataRoot(root).catalog.read.bench_runs(),
+                   "load_cells_and_levels_sweep": lambda: (DataRoot(root).catalog.read.load_cells(["h200-vllm-sweep"]),
+                                                           DataRoot(root).catalog.read.load_levels(["h200-vllm-sweep"]))}
         result["queries_s"] = {k: _timed(q)[1] for k, q in queries.items()}
         result["apptest_first_render"] = apptest_views(root)
         result["apptest_harness_one_line_script_cold_s"] = apptest_harness()

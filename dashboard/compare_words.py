@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pandas as pd
 
@@ -20,6 +19,7 @@ from backend import metrics
 from backend.compare import (
     INTERLEAVED,
     SEPARATE,
+    Acceptance,
     CategoryNoise,
     Comparison,
     Mismatch,
@@ -28,7 +28,9 @@ from backend.compare import (
     SpeedNoise,
     TauLoss,
 )
+from backend.store.data_root import DataRoot
 
+_backend = data                 # backend/compare.py, for compare() below, whose data-root parameter is named data
 BASELINE_LABELS = {"paired": "each run's paired baseline", "pinned": "the pinned baseline of the run's target"}
 VIEWS = ("Acceptance", "Speed", "Per category", "Settings that differ")   # the Compare page's tabs (?view=)
 NOISY_DELTA = "no verdict: timing noise"     # a tile's delta when its speed figures are not comparable
@@ -107,10 +109,10 @@ def view(c: Comparison) -> View:
                 tiles=tiles(c.figures), warnings=[note_line(n) for n in c.notes], diagnoses=diag)
 
 
-def compare(run_ids: list[str], baseline: str = "paired", root: Path | None = None,
-            acceptance: data.Acceptance | None = None) -> View:
-    """backend.compare.compare(...), worded (view)."""
-    return view(data.compare(run_ids, baseline, root=root, acceptance=acceptance))
+def compare(run_ids: list[str], baseline: str = "paired", data: DataRoot | None = None,
+            acceptance: Acceptance | None = None) -> View:
+    """backend.compare.compare(...), worded (view); `data` is the data root here (the module is _backend's)."""
+    return view(_backend.compare(run_ids, baseline, data=data, acceptance=acceptance))
 
 
 def loss_gap(loss: TauLoss | None):

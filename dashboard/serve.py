@@ -30,11 +30,11 @@ def preload(refresh: bool = True) -> float:
     t = time.perf_counter()
     for mod in PRELOAD:
         importlib.import_module(mod)
-    from backend.store.catalog import Catalog
+    from backend.store.data_root import DataRoot
 
     if refresh:
         try:
-            Catalog().write.refresh()
+            DataRoot().catalog.write.refresh()
         except Exception as e:  # a broken data root is the pages' to report, not the server's to die of
             print(f"speclens: catalog not refreshed at start ({e})", file=sys.stderr)
     return time.perf_counter() - t

@@ -18,7 +18,8 @@ import streamlit as st
 
 from backend.config import data_root
 from backend.errors import SpecLensError
-from backend.store.catalog import Catalog, CatalogReader
+from backend.store.catalog import CatalogReader
+from backend.store.data_root import DataRoot
 from dashboard import exports
 
 T = TypeVar("T")
@@ -317,15 +318,20 @@ def guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     raise AssertionError("unreachable")  # st.stop() raises
 
 
+def data() -> DataRoot:
+    """This dashboard's data root ($SPECLENS_DATA), what pages pass to the backend functions they call."""
+    return DataRoot()
+
+
 def catalog() -> CatalogReader:
     """The catalog's read side for this data root ($SPECLENS_DATA): what every page reads through."""
-    return Catalog(data_root()).read
+    return data().catalog.read
 
 
 def rescan() -> None:
     """Rebuild the catalog from the run directories (current status and progress of running runs)."""
     try:
-        Catalog(data_root()).write.refresh()
+        data().catalog.write.refresh()
     except Exception as e:  # noqa: BLE001 - a read-only data root still shows the last catalog
         st.caption(f"Could not rescan the run directories ({type(e).__name__}: {e}); showing the last catalog.")
 
@@ -513,4 +519,4 @@ def queue_fix_proof(report: dict) -> dict:
     """The Drafter check page's button: write the check's fix and queue its two proof benches (backend.prove_fix)."""
     from backend.prove_fix import queue_proof
 
-    return queue_proof(report, data_root())
+    return queue_proof(report, data())

@@ -84,6 +84,7 @@ def _get(url: str) -> str:
 def pair(a, out: Path, root: Path) -> dict:
     from backend.engines.server_process import ServerGroup, sglang_spec, vllm_spec
     from backend.load_bench import LoadSettings, run_load
+    from backend.store.data_root import DataRoot
 
     tp = toy_pair(root)
     target, drafter = str(tp / "target"), str(tp / "drafter-matched")
@@ -101,7 +102,7 @@ def pair(a, out: Path, root: Path) -> dict:
                          num_spec_tokens=[4], concurrency=a.concurrency, max_tokens=a.max_tokens, repeats=a.repeats,
                          server_url=spec.url, baseline_url=base.url, requests=a.requests)
         t0 = time.time()
-        r = run_load(s, name=f"h200-{a.engine}-pair", root=root, progress=False)
+        r = run_load(s, name=f"h200-{a.engine}-pair", data=DataRoot(root), progress=False)
         res["speclens"] = {"run_id": r.run_id, "seconds": time.time() - t0, "summary": r.summary}
         (rec / f"{a.engine}_metrics_after_bench.txt").write_text(_get(spec.url + "/metrics"))
         _record_streams(a.engine, spec.url, target, rec)
@@ -175,13 +176,14 @@ def _model(url: str) -> str:
 
 def sweep(a, out: Path, root: Path) -> dict:
     from backend.load_bench import LoadSettings, run_load
+    from backend.store.data_root import DataRoot
 
     tp = toy_pair(root)
     s = LoadSettings(engine=a.engine, target=str(tp / "target"), drafter=str(tp / "drafter-matched"),
                      prompts=str(PROMPTS), num_spec_tokens=a.ks, concurrency=a.concurrency, max_tokens=a.max_tokens,
                      repeats=a.repeats, memory=a.memory, requests=a.requests, engine_options=a.opts)
     t0 = time.time()
-    r = run_load(s, name=f"h200-{a.engine}-sweep", root=root, progress=False)
+    r = run_load(s, name=f"h200-{a.engine}-sweep", data=DataRoot(root), progress=False)
     return {"env": env_info(), "run_id": r.run_id, "seconds": time.time() - t0, "summary": r.summary}
 
 
@@ -211,6 +213,7 @@ def llama8b(root: Path) -> tuple[Path, Path]:
 
 def synthetic(a, out: Path, root: Path) -> dict:
     from backend.load_bench import LoadSettings, run_load
+    from backend.store.data_root import DataRoot
 
     t, d = llama8b(root)
     s = LoadSettings(engine="vllm", target=str(t), drafter=str(d), prompts=str(PROMPTS), num_spec_tokens=[a.k],
@@ -218,7 +221,7 @@ def synthetic(a, out: Path, root: Path) -> dict:
                      memory=a.memory, load_format="dummy", requests=a.requests,
                      engine_options={"skip-tokenizer-init": True, "max-model-len": 4096})
     t0 = time.time()
-    r = run_load(s, name="h200-vllm-synthetic-8b", root=root, progress=False)
+    r = run_load(s, name="h200-vllm-synthetic-8b", data=DataRoot(root), progress=False)
     return {"env": env_info(), "run_id": r.run_id, "seconds": time.time() - t0, "summary": r.summary}
 
 

@@ -157,24 +157,25 @@ class Suite:
         from backend import align
         from backend.capture import CaptureSettings, run_capture
         from backend.engines import sglang as S
-        from backend.store.rundir import COMPLETE, RunDir
+        from backend.store.data_root import DataRoot
+        from backend.store.rundir import COMPLETE
 
-        a, root = self.a, self.a.root
+        a, data = self.a, DataRoot(self.a.root)
         hf_id = "h200-toy-capture-hf-sgl"
         try:
-            ok = RunDir.open(hf_id, root).manifest().get("status") == COMPLETE
+            ok = data.run_dir(hf_id).manifest().get("status") == COMPLETE
         except Exception:  # noqa: BLE001
             ok = False
         if not ok:
             hf_id = f"h200-toy-capture-hf-sgl-{self.tag}"
             t = time.perf_counter()
             run_capture(CaptureSettings(model=self.target, prompts=self.prompts, engine="hf", limit=a.capture_prompts,
-                                        device=a.device, dtype=a.dtype), name=hf_id, root=root, progress=False)
+                                        device=a.device, dtype=a.dtype), name=hf_id, data=data, progress=False)
             print(f"[capture] HF reference in {time.perf_counter() - t:.1f} s", flush=True)
         t = time.perf_counter()
         sg = S.run_capture(CaptureSettings(model=self.target, prompts=self.prompts, engine="sglang",
                                            limit=a.capture_prompts, dtype=a.dtype),
-                           name=f"h200-toy-capture-sglang-{self.tag}", root=root, progress=False, log_dir=logdir)
+                           name=f"h200-toy-capture-sglang-{self.tag}", data=data, progress=False, log_dir=logdir)
         seconds = round(time.perf_counter() - t, 1)
         man = json.loads((sg.path / "manifest.json").read_text())
         out = {"hf_run": hf_id, "sglang_run": sg.run_id, "tokens": sg.tokens, "seconds_total_incl_server": seconds,
@@ -182,7 +183,7 @@ class Suite:
                "server_argv": (man.get("server") or {}).get("argv"), "engine_check": man.get("engine_check")}
         self.res["experiments"]["capture"] = {"status": "running", **out}
         self.save()
-        al = align.get_alignment(hf_id, sg.run_id, root)
+        al = align.get_alignment(hf_id, sg.run_id, data)
         out.update({"verdict": [{"kind": f.kind, "text": f.text} for f in al.verdict], "offset": al.offset,
                     "per_boundary": al.per_boundary, "shared_tokens": al.tokens, "warnings": al.warnings})
         print("capture verdict:", [f.text for f in al.verdict], flush=True)
@@ -190,6 +191,7 @@ class Suite:
 
     def bench(self, engine: str, drafter: str, logdir: Path) -> dict:
         from backend.bench import BenchSettings, run_bench
+        from backend.store.data_root import DataRoot
 
         a = self.a
         s = BenchSettings(target=self.target, drafter=str(self.pair / drafter), prompts=self.prompts,
@@ -199,7 +201,8 @@ class Suite:
                           engine_options={"mem-fraction-static": 0.2, "disable-cuda-graph": True,
                                           **a.engine_option} if engine == "sglang" else None)
         t = time.perf_counter()
-        r = run_bench(s, name=f"h200-toy-{engine}-sgl-{drafter}-{self.tag}", root=a.root, progress=False)
+        r = run_bench(s, name=f"h200-toy-{engine}-sgl-{drafter}-{self.tag}", data=DataRoot(a.root),
+                      progress=False)
         out = {"run": r.run_id, "status_of_run": r.status, "baseline_run": r.baseline_run, "tau": r.tau,
                "acceptance_rate": r.acceptance_rate, "lossless": r.lossless,
                "mismatched_prompts": r.mismatched_prompts, "tokens_per_s": r.tokens_per_s, "speedup": r.speedup,
@@ -292,8 +295,9 @@ class Suite:
         a = self.a
         from backend.demo import heldout_prompts, toy_pair
         from backend.engines import sglang as S
+        from backend.store.data_root import DataRoot
 
-        self.pair = toy_pair(a.root)
+        self.pair = toy_pair(DataRoot(a.root))
         if self.pair is None:
             raise SystemExit("models/toy-pair.tar.gz is missing: the suite needs the toy pair")
         self.prompts = str(heldout_prompts(self.pair))

@@ -156,9 +156,11 @@ def toy(sec: Section, out: Path, root: Path, n_capture: int, n_bench: int, max_n
     from backend.capture import CaptureSettings, run_capture
     from backend.demo import heldout_prompts, toy_pair
     from backend.engines import vllm as V
+    from backend.store.data_root import DataRoot
     from backend.store.rundir import COMPLETE
 
-    pair = toy_pair(root)
+    data = DataRoot(root)
+    pair = toy_pair(data)
     if pair is None:
         sec.res["error"] = "models/toy-pair.tar.gz is missing from the checkout; no toy experiments"
         sec.save()
@@ -176,21 +178,21 @@ def toy(sec: Section, out: Path, root: Path, n_capture: int, n_bench: int, max_n
     def capture_hf():
         t = time.perf_counter()
         r = run_capture(CaptureSettings(model=target, prompts=prompts, engine="hf", limit=n_capture, device="cuda",
-                                        dtype="bf16"), name="h200-toy-capture-hf", root=root, progress=False)
+                                        dtype="bf16"), name="h200-toy-capture-hf", data=data, progress=False)
         st["hf_cap"] = r
         return {"run": r.run_id, "tokens": r.tokens, "seconds": round(time.perf_counter() - t, 2)}
 
     def capture_vllm():
         t = time.perf_counter()
         r = run_capture(CaptureSettings(model=target, prompts=prompts, engine="vllm", limit=n_capture, dtype="bf16"),
-                        name="h200-toy-capture-vllm", root=root, progress=False,
+                        name="h200-toy-capture-vllm", data=data, progress=False,
                         engine_options=V.EngineOptions(gpu_memory_utilization=0.2, max_model_len=max_len,
                                                        dtype="bfloat16", extra=dict(KV_CACHE)))
         res = {"run": r.run_id, "tokens": r.tokens, "seconds_incl_engine_start": round(time.perf_counter() - t, 2)}
         if "hf_cap" not in st:
             res["alignment"] = "no HF capture to align with (capture_hf failed or was skipped)"
             return res
-        al = align.get_alignment(st["hf_cap"].run_id, r.run_id, root)
+        al = align.get_alignment(st["hf_cap"].run_id, r.run_id, data)
         res.update({"hf_run": st["hf_cap"].run_id, "verdict": _verdict(al), "offset": al.offset,
                     "per_boundary": al.per_boundary, "shared_tokens": al.tokens})
         print("capture verdict:", [f.text for f in al.verdict], flush=True)
@@ -200,14 +202,14 @@ def toy(sec: Section, out: Path, root: Path, n_capture: int, n_bench: int, max_n
         t = time.perf_counter()
         ids = [2, 4, 5, 8]
         ex = V.run_extract(CaptureSettings(model=target, prompts=prompts, engine="vllm", limit=n_capture, dtype="bf16"),
-                           ids, name="h200-toy-extract-vllm", root=root,
+                           ids, name="h200-toy-extract-vllm", data=data,
                            opts=V.EngineOptions(gpu_memory_utilization=0.2, max_model_len=max_len, dtype="bfloat16",
                                                 extra=dict(KV_CACHE)),
                            progress=False)
         res = {"run": ex.run_id, "ids": ids, "tokens": ex.tokens,
                "seconds_incl_engine_start": round(time.perf_counter() - t, 2)}
         if "hf_cap" in st:
-            al = align.get_alignment(st["hf_cap"].run_id, ex.run_id, root)
+            al = align.get_alignment(st["hf_cap"].run_id, ex.run_id, data)
             res.update({"verdict": _verdict(al), "offset": al.offset, "per_boundary": al.per_boundary})
             print("extract verdict:", [f.text for f in al.verdict], flush=True)
         return res
@@ -225,7 +227,7 @@ def toy(sec: Section, out: Path, root: Path, n_capture: int, n_bench: int, max_n
 
     def bench(engine: str, drafter: str):
         t = time.perf_counter()
-        r = run_bench(settings(engine, pair / drafter), name=f"h200-toy-{engine}-{drafter}", root=root, progress=False)
+        r = run_bench(settings(engine, pair / drafter), name=f"h200-toy-{engine}-{drafter}", data=data, progress=False)
         if r.status != COMPLETE:
             raise RuntimeError(f"bench {r.run_id} ended with status {r.status} (baseline {r.baseline_run})")
         summ = json.loads((r.path / "summary.json").read_text())
@@ -271,7 +273,7 @@ def toy(sec: Section, out: Path, root: Path, n_capture: int, n_bench: int, max_n
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
         try:
             t = time.perf_counter()
-            r = run_bench(settings("vllm", nested, runner), name=f"h200-toy-vllm-nested-{runner}", root=root,
+            r = run_bench(settings("vllm", nested, runner), name=f"h200-toy-vllm-nested-{runner}", data=data,
                           progress=False)
             man = json.loads((r.path / "manifest.json").read_text())
             print("nested", runner, man.get("aux"), r.tau, flush=True)
@@ -321,7 +323,7 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
     from backend.engines import vllm as V
     from backend.engines.base import rebuild_capture
     from backend.runs.capture_run import finish as _finish
-    from backend.store.rundir import RunDir
+    from backend.store.data_root import DataRoot
 
     mdir = root / "models" / "llama-3.1-8b-shape"
     mdir.mkdir(parents=True, exist_ok=True)
@@ -405,9 +407,9 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
                 print("speclens_remove failed:", e, flush=True)
         seen = int(got["tokens_seen"])
         # one run's worth of files, written as a capture run writes them: bytes per token
-        rd = RunDir.create(f"h200-speed-{name}-{int(time.time())}",
-                           {"kind": "capture", "engine": "vllm", "boundaries": labels,
-                            "model": {"path": str(mdir), "n_layers": 32, "hidden_size": 4096}}, root)
+        rd = DataRoot(root).new_run_dir(f"h200-speed-{name}-{int(time.time())}",
+                                        {"kind": "capture", "engine": "vllm", "boundaries": labels,
+                                         "model": {"path": str(mdir), "n_layers": 32, "hidden_size": 4096}})
         stats, sample = rebuild_capture(got, 4096, 512, 64)
         _finish(rd, stats, sample, labels, seen, n_prompts * repeats + len(warm), r["median_s"], root)
         size = sum(f.stat().st_size for f in rd.path.iterdir() if f.is_file())

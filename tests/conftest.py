@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from backend.config import REPO_ROOT
+from backend.store.data_root import DataRoot
 
 PROMPTS = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
 DASH_LIMIT = 12          # prompts per capture: enough tokens for the alignment verdicts, a few seconds each
@@ -30,21 +31,19 @@ def _poison_token(model_dir: Path, out: Path, token: str) -> Path:
 
 def _unfinished_runs(root: Path) -> None:
     """A running run (owned by this live process), an interrupted one (dead pid) and a failed one."""
-    from backend.store.rundir import RunDir
 
     base = {"kind": "capture", "engine": "hf", "dtype": "fp32", "boundaries": ["S_0", "S_1", "F"],
             "model": {"path": "/models/toy", "n_layers": 8, "hidden_size": 256}}
-    RunDir.create("live-run", {**base, "progress": {"done": 3, "total": 12}}, root)
-    gone = RunDir.create("dead-run", {**base, "progress": {"done": 5, "total": 12}}, root)
+    DataRoot(root).new_run_dir("live-run", {**base, "progress": {"done": 3, "total": 12}})
+    gone = DataRoot(root).new_run_dir("dead-run", {**base, "progress": {"done": 5, "total": 12}})
     gone.update(pid=2**22 + 12345)          # beyond pid_max: never alive
-    RunDir.create("broken-run", base, root).update(status="failed", error="OutOfMemoryError: CUDA out of memory")
+    DataRoot(root).new_run_dir("broken-run", base).update(status="failed", error="OutOfMemoryError: CUDA out of memory")
 
 
 def build_dashboard_data(root: Path) -> Path:
     """Captures a1, a2 (fp32, identical), b16 (bf16), nan1 (NaN in the prompts holding " travel") and three
     unfinished runs."""
     from backend.capture import CaptureSettings, run_capture
-    from backend.store.catalog import Catalog
     from backend.toy.target import build_random_target
 
     model = build_random_target(root / "models" / "toy", n_layers=8, hidden=256, seed=0)
@@ -52,9 +51,9 @@ def build_dashboard_data(root: Path) -> Path:
     for name, m, dtype in [("a1", model, "fp32"), ("a2", model, "fp32"), ("b16", model, "bf16"),
                            ("nan1", poisoned, "fp32")]:
         run_capture(CaptureSettings(model=str(m), prompts=str(PROMPTS), limit=DASH_LIMIT, dtype=dtype, device="cpu"),
-                    name=name, root=root, progress=False)
+                    name=name, data=DataRoot(root), progress=False)
     _unfinished_runs(root)
-    Catalog(root).write.refresh()
+    DataRoot(root).catalog.write.refresh()
     return root
 
 
@@ -115,7 +114,7 @@ def demo_root(tmp_path_factory) -> Path:
     from backend.demo import build_demo
 
     root = tmp_path_factory.mktemp("demo-data")
-    build_demo(root, progress=False, limit=16)
+    build_demo(DataRoot(root), progress=False, limit=16)
     return root
 
 
@@ -181,7 +180,6 @@ def build_bench_data(root: Path) -> Path:
     from backend.drafter import DrafterConfig, Eagle3Drafter, init_random
     from backend.engines import hf
     from backend.prompts import encode, load_prompts
-    from backend.store.catalog import Catalog
     from backend.toy.target import build_random_target
 
     threads = torch.get_num_threads()
@@ -202,15 +200,15 @@ def build_bench_data(root: Path) -> Path:
         # none, and its default (2, 2, 1) gives only 2 states on 4 layers
         s = BenchSettings(target=str(target), prompts=str(prompts), drafter=str(drafter), num_spec_tokens=BENCH_K,
                           repeats=2, max_new_tokens=BENCH_MAX_NEW, device="cpu", runner="v1")
-        run_bench(s, name="spec-random", root=root, progress=False)
+        run_bench(s, name="spec-random", data=DataRoot(root), progress=False)
         lm = hf.load(target, "cpu")
         seqs = [encode(lm.tokenizer, p.text) for p in load_prompts(prompts)]
-        run_bench(s, name="spec-oracle", root=root, progress=False,
+        run_bench(s, name="spec-oracle", data=DataRoot(root), progress=False,
                   proposer=OracleProposer(lm, seqs, BENCH_K, BENCH_MAX_NEW, 512))
         run_capture(CaptureSettings(model=str(target), prompts=str(prompts), limit=2, device="cpu"), name="cap-tiny",
-                    root=root, progress=False)
-        annotations.save("spec-oracle", tags="oracle,demo", notes="scripted proposals", root=root)
-        Catalog(root).write.refresh()
+                    data=DataRoot(root), progress=False)
+        annotations.save("spec-oracle", tags="oracle,demo", notes="scripted proposals", data=DataRoot(root))
+        DataRoot(root).catalog.write.refresh()
     finally:
         torch.set_num_threads(threads)
     return root

@@ -12,11 +12,12 @@ from backend.align import Sample, align_runs, align_samples, best_path, get_alig
 from backend.demo import DEMO_PAIRS
 from backend.errors import SpecLensError
 from backend.stats import context_hashes
+from backend.store.data_root import DataRoot
 
 
 @pytest.mark.parametrize("a,b,expected", DEMO_PAIRS)
 def test_demo_verdicts(demo_root, a, b, expected):
-    al = align_runs(a, b, demo_root)
+    al = align_runs(a, b, DataRoot(demo_root))
     kinds = [f.kind for f in al.verdict]
     assert kinds[0] == expected, (kinds, al.headline())
     if expected == "aligned":
@@ -47,16 +48,15 @@ def test_cli_json(demo_root):
 
 
 def test_cache_is_reused_and_invalidated(demo_root):
-    from backend.store.rundir import RunDir
 
-    a = get_alignment("demo-fp32", "demo-bf16", demo_root)
+    a = get_alignment("demo-fp32", "demo-bf16", DataRoot(demo_root))
     cache = demo_root / "alignments" / "demo-fp32__demo-bf16.json"
     assert cache.exists()
     mtime = cache.stat().st_mtime_ns
-    get_alignment("demo-fp32", "demo-bf16", demo_root)
+    get_alignment("demo-fp32", "demo-bf16", DataRoot(demo_root))
     assert cache.stat().st_mtime_ns == mtime
-    RunDir.open("demo-bf16", demo_root).update(notes="touched")
-    b = get_alignment("demo-fp32", "demo-bf16", demo_root)
+    DataRoot(demo_root).run_dir("demo-bf16").update(notes="touched")
+    b = get_alignment("demo-fp32", "demo-bf16", DataRoot(demo_root))
     assert cache.stat().st_mtime_ns != mtime and b.verdict[0].kind == a.verdict[0].kind
 
 
@@ -91,22 +91,21 @@ def test_hidden_size_mismatch_and_no_shared_tokens():
 def test_corrupt_or_missing_sample(demo_root, tmp_path):
     import shutil
 
-    from backend.store.rundir import RunDir
 
     root = tmp_path / "d"
     shutil.copytree(demo_root / "runs" / "demo-fp32", root / "runs" / "x")
     shutil.copytree(demo_root / "runs" / "demo-bf16", root / "runs" / "y")
     (root / "runs" / "x" / "sample.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(SpecLensError, match=r"runs/x/sample.safetensors: corrupt safetensors file"):
-        align_runs("x", "y", root)
+        align_runs("x", "y", DataRoot(root))
     (root / "runs" / "x" / "sample.safetensors").unlink()
     with pytest.raises(SpecLensError, match="missing raw sample"):
-        align_runs("x", "y", root)
-    RunDir.open("y", root).update(status="failed")
+        align_runs("x", "y", DataRoot(root))
+    DataRoot(root).run_dir("y").update(status="failed")
     with pytest.raises(SpecLensError, match="is failed, not complete"):
-        align_runs("y", "y", root)
+        align_runs("y", "y", DataRoot(root))
     with pytest.raises(SpecLensError, match="no run 'nope'"):
-        align_runs("nope", "y", root)
+        align_runs("nope", "y", DataRoot(root))
 
 
 def test_best_path_is_monotone():
@@ -197,6 +196,6 @@ def test_cka_estimator_within_its_stated_bound_of_the_exact_computation(seed):
 
 
 def test_alignment_states_its_cka_definition(demo_root):
-    al = align_runs("demo-fp32", "demo-bf16", demo_root)
+    al = align_runs("demo-fp32", "demo-bf16", DataRoot(demo_root))
     assert al.cka_exact and "computed exactly" in al.cka_definition and "all" in al.cka_definition
     assert np.nanmax(np.array(al.cka_se, dtype=float)) == 0

@@ -26,6 +26,7 @@ from backend.capture import CaptureSettings, run_capture
 from backend.config import REPO_ROOT
 from backend.importers import import_capture
 from backend.producers import write_training_data
+from backend.store.data_root import DataRoot
 
 N = 8
 ALL_S = [f"S_{i}" for i in range(N + 1)]
@@ -42,12 +43,12 @@ def caps(tmp_path_factory, tiny_llama, one_torch_thread):
     root = base / "data"
     for name, dtype, bounds in [("ref", "fp32", ALL_S), ("full", "fp32", None), ("b16", "bf16", None)]:
         run_capture(CaptureSettings(model=str(tiny_llama), prompts=str(prompts), dtype=dtype, device="cpu",
-                                    boundaries=bounds), name=name, root=root, progress=False)
+                                    boundaries=bounds), name=name, data=DataRoot(root), progress=False)
     out = write_training_data(tiny_llama, prompts, "vllm-extract", base / "vx-f", ids=[2, 4, 5, 8], teacher="F")
     assert out.boundaries == ["S_2", "S_4", "S_5", "F"]
-    import_capture(out.out_dir, "vllm-extract", producer_ids=[2, 4, 5, 8], num_layers=N, name="vx-f", root=root,
-                   progress=False)
-    return {"root": root, "model": tiny_llama, **{k: load_sample(k, root) for k in ("ref", "full", "b16")}}
+    import_capture(out.out_dir, "vllm-extract", producer_ids=[2, 4, 5, 8], num_layers=N, name="vx-f",
+                   data=DataRoot(root), progress=False)
+    return {"root": root, "model": tiny_llama, **{k: load_sample(k, DataRoot(root)) for k in ("ref", "full", "b16")}}
 
 
 def relabel(s, pick: dict[str, str], run_id: str = "b", **kw):
@@ -70,7 +71,7 @@ def normed(al):
 def test_specforge_style_f_as_s_n_against_a_reference_without_f(caps):
     """vLLM extract data whose last state is F, imported as S_8, against a capture of S_0..S_8 (no F): final norm,
     with the fitted weight checked against the target's own model.norm.weight (read from the manifest's model)."""
-    al = align_runs("ref", "vx-f", caps["root"])
+    al = align_runs("ref", "vx-f", DataRoot(caps["root"]))
     assert kinds(al) == ["final_norm"], al.headline()
     text = al.verdict[0].text
     assert "B's S_8 is F (the final norm's output)" in text
@@ -139,7 +140,7 @@ def test_f_labelled_f_against_a_reference_without_f_is_honest(caps):
 
 
 def test_final_norm_with_f_in_the_reference_still_by_cosine(caps):
-    al = align_runs("full", "vx-f", caps["root"])
+    al = align_runs("full", "vx-f", DataRoot(caps["root"]))
     assert kinds(al) == ["final_norm"], al.headline()
     assert al.verdict[0].pairs == [["F", "S_8"]] and "B's S_8 matches A's F" in al.verdict[0].text
 
@@ -232,7 +233,7 @@ def test_after_layer_aux_and_f_as_s_n_both_said(caps):
 
 
 def test_norm_fits_survive_the_json_round_trip(caps):
-    al = align_runs("ref", "vx-f", caps["root"])
+    al = align_runs("ref", "vx-f", DataRoot(caps["root"]))
     back = Alignment.from_json(json.loads(json.dumps(al.to_json())))
     assert back.norm_fits == al.norm_fits and back.headline() == al.headline()
     old = al.to_json()

@@ -305,6 +305,57 @@ def test_the_layer_check_can_fail() -> None:
         ("backend.store.rundir", "backend.bench")}
 
 
+# ---------------------------------------------------------------------- one data root object (issue 21 item 3)
+
+# a parameter is a bare data-root path when it is named `root`, or named like a data root (`data`, `data_root`,
+# `root_dir`, `data_path`, `..._root`) and annotated as a path or a string
+_ROOT_LIKE = re.compile(r"^(data|data_dir|data_path|root_dir|root_path|\w+_root)$")
+_PATH_TYPE = re.compile(r"\b(Path|PurePath|str|PathLike)\b")
+# the only places under backend/ that turn a path into a data root (backend/store/data_root.py's DataRoot(path) is
+# the constructor; its parameter is `path`), each with why
+ROOT_PATH_ALLOWED = {
+    ("backend/config.py", "paths"): "the path helper the DataRoot constructor resolves its path with",
+    ("backend/jobs/worker.py", "_ray_task"): "a Ray task's entry: the root crosses the process boundary as a string",
+}
+
+
+def _root_params(source: str, filename: str) -> list[str]:
+    """'file:line function(parameter)' for each function parameter of `source` that is a bare data-root path."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        a = node.args
+        name = getattr(node, "name", "<lambda>")
+        for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, *(x for x in (a.vararg, a.kwarg) if x)]:
+            ann = ast.unparse(p.annotation) if p.annotation is not None else ""
+            if p.arg == "root" or (_ROOT_LIKE.search(p.arg) and _PATH_TYPE.search(ann)):
+                if (filename, name) not in ROOT_PATH_ALLOWED:
+                    out.append((node.lineno, f"{filename}:{node.lineno} {name}({p.arg}{': ' + ann if ann else ''})"))
+    return [text for _, text in sorted(out)]
+
+
+def test_no_backend_function_takes_a_bare_root_path() -> None:
+    """Issue 21 item 3's bar: a data root travels as one object (backend/store/data_root.py `DataRoot`, parameter
+    `data: DataRoot | None`); only its constructor and the entry points (CLIs, a Ray task) turn a path into one."""
+    found = []
+    for f in sorted((REPO / "backend").rglob("*.py")):
+        found += _root_params(f.read_text(), str(f.relative_to(REPO)))
+    assert found == [], "take `data: DataRoot | None = None` (docs/ARCHITECTURE.md, Catalog):\n" + "\n".join(found)
+
+
+def test_the_root_path_check_can_fail() -> None:
+    snippet = ("def a(run_id, root=None): ...\n"
+               "def b(x, data_root: Path | None = None): ...\n"
+               "def c(data: str, data_cache: Path): ...\n"
+               "def d(data: DataRoot | None = None, path: Path | None = None): ...\n"
+               "f = lambda root: root\n"
+               "class K:\n    def m(self, *, root: Path): ...\n")
+    assert _root_params(snippet, "x.py") == ["x.py:1 a(root)", "x.py:2 b(data_root: Path | None)",
+                                             "x.py:3 c(data: str)", "x.py:5 <lambda>(root)", "x.py:7 m(root: Path)"]
+    assert _root_params("def paths(root=None): ...", "backend/config.py") == []    # the allowed helper
+
+
 def test_engines_and_drafter_do_not_import_each_other_both_ways() -> None:
     """engines/ runs drafters (engines -> drafter); drafter/ never needs an engine. The HF model primitives that
     drafter/finder.py and training_data.py still take from engines/hf.py are the one exception, listed here."""

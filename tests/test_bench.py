@@ -20,7 +20,7 @@ from backend.engines import hf
 from backend.engines.hf_spec import EagleProposer, Sampler, decode_plain, verify
 from backend.errors import SpecLensError
 from backend.prompts import encode, load_prompts
-from backend.store.catalog import Catalog
+from backend.store.data_root import DataRoot
 
 K, MAX_NEW, V = 3, 20, 512
 
@@ -70,7 +70,7 @@ def settings(target, prompts, drafter=None, **kw) -> BenchSettings:
 
 @pytest.fixture(scope="module")
 def greedy(target, drafter, prompts, root):
-    return run_bench(settings(target, prompts, drafter, repeats=2), name="greedy", root=root, progress=False)
+    return run_bench(settings(target, prompts, drafter, repeats=2), name="greedy", data=DataRoot(root), progress=False)
 
 
 # ---------------------------------------------------------------------- lossless greedy + files
@@ -104,11 +104,11 @@ def test_bench_files_and_manifest(greedy, root):
     assert len(summ["histogram"]) == K + 1 and sum(summ["histogram"]) == len(steps)
     assert len(summ["per_position"]["rates"]) == K and set(summ["per_category"]) == {"writing", "math"}
     # catalog: the new tables and named queries
-    br = Catalog(root).read.bench_runs().set_index("run_id")
+    br = DataRoot(root).catalog.read.bench_runs().set_index("run_id")
     assert br.loc["greedy", "lossless"] and br.loc["greedy", "baseline_run"] == greedy.baseline_run
-    assert len(Catalog(root).read.bench_steps(["greedy"])) == len(steps)
-    assert Catalog(root).read.bench_histogram(["greedy"])["steps"].sum() == len(steps)
-    cats = Catalog(root).read.bench_categories([greedy.baseline_run])
+    assert len(DataRoot(root).catalog.read.bench_steps(["greedy"])) == len(steps)
+    assert DataRoot(root).catalog.read.bench_histogram(["greedy"])["steps"].sum() == len(steps)
+    cats = DataRoot(root).catalog.read.bench_categories([greedy.baseline_run])
     assert set(cats["category"]) == {"writing", "math"} and (cats["tau"] == 1.0).all()
 
 
@@ -154,9 +154,9 @@ def test_interleaved_pairs_are_recorded(greedy, root):
     assert noise["units"] == n and set(noise) >= {"noisy", "kinds", "reason", "drift", "drift_limit"}
     assert noise["noisy"] == bool(noise["kinds"]) == (noise["reason"] is not None)
     assert noise["drift"] is None or noise["drift"]["normalised"], "repeats: each unit against its prompt's mean"
-    br = Catalog(root).read.bench_runs(run_ids=["greedy"]).iloc[0]
+    br = DataRoot(root).catalog.read.bench_runs(run_ids=["greedy"]).iloc[0]
     assert br["pairing"] == "interleaved" and (br["speed_noise"] is None or br["speed_noise"] == noise["reason"])
-    timings = Catalog(root).read.bench_prompt_timings(["greedy"])
+    timings = DataRoot(root).catalog.read.bench_prompt_timings(["greedy"])
     assert timings["base_tokens_per_s"].notna().all() and timings["unit_order"].notna().all()
 
 
@@ -222,14 +222,15 @@ def test_a_baseline_another_bench_writes_is_waited_for_or_replaced(target, draft
     root = tmp_path / "data"
     s = settings(target, prompts, drafter, limit=2, max_new_tokens=6, seed=11)
     lm = hf.load(target, "cpu")
-    other = Run.create("other-baseline", _manifest(s.baseline(), lm, None, None, 2), root)   # live: this process
+    # live: this process
+    other = Run.create("other-baseline", _manifest(s.baseline(), lm, None, None, 2), DataRoot(root))
     threading.Timer(1.0, lambda: other.fail("its drafter run 'other' stopped (killed)")).start()
-    r = run_bench(s, name="second", root=root, progress=False)
+    r = run_bench(s, name="second", data=DataRoot(root), progress=False)
     assert r.status == "complete" and r.baseline_run == "second-baseline" and r.lossless is True
     m = json.loads((root / "runs" / "second" / "manifest.json").read_text())
     assert m["baseline_run"] == "second-baseline"
     assert json.loads((root / "runs" / "other-baseline" / "manifest.json").read_text())["status"] == "failed"
-    third = run_bench(s, name="third", root=root, progress=False)           # now a complete one exists: linked
+    third = run_bench(s, name="third", data=DataRoot(root), progress=False)   # now a complete one exists: linked
     assert third.baseline_run == "second-baseline"
 
 
@@ -279,7 +280,7 @@ def lm_and_seqs(target, prompts):
 def test_acceptance_bookkeeping(target, drafter, prompts, root, greedy, lm_and_seqs, name, right, tau):
     lm, seqs = lm_and_seqs
     inner = EagleProposer(Eagle3Drafter.load(drafter)) if name == "cycle" else None
-    r = run_bench(settings(target, prompts, drafter, repeats=2), name=name, root=root, progress=False,
+    r = run_bench(settings(target, prompts, drafter, repeats=2), name=name, data=DataRoot(root), progress=False,
                   proposer=Scripted(lm, seqs, right, inner))
     assert r.lossless is True and r.baseline_run == greedy.baseline_run        # baseline reused
     steps = pd.read_parquet(r.path / "steps.parquet")
@@ -328,8 +329,8 @@ def test_greedy_verify():
 
 def test_sampling_bench_runs_and_is_seeded(target, drafter, prompts, root):
     s = settings(target, prompts, drafter, temperature=0.8, limit=2, max_new_tokens=12)
-    a = run_bench(s, name="sample-a", root=root, progress=False)
-    b = run_bench(s, name="sample-b", root=root, progress=False)
+    a = run_bench(s, name="sample-a", data=DataRoot(root), progress=False)
+    b = run_bench(s, name="sample-b", data=DataRoot(root), progress=False)
     assert a.lossless is None and a.status == "complete" and a.baseline_run == b.baseline_run
     ha = pd.read_parquet(a.path / "prompts.parquet")["output_hash"].tolist()
     assert ha == pd.read_parquet(b.path / "prompts.parquet")["output_hash"].tolist()
@@ -340,18 +341,18 @@ def test_sampling_bench_runs_and_is_seeded(target, drafter, prompts, root):
 
 def test_resume_equals_uninterrupted(target, drafter, prompts, root, greedy):
     s = settings(target, prompts, drafter, repeats=2, temperature=0.7, max_new_tokens=12)
-    cut = run_bench(s, name="cut", root=root, progress=False, stop_after=2)
+    cut = run_bench(s, name="cut", data=DataRoot(root), progress=False, stop_after=2)
     m = json.loads((cut.path / "manifest.json").read_text())
     assert cut.status == "failed" and m["status"] != "complete" and "resume" in m["error"]
     assert m["progress"]["done"] == 2 and len((cut.path / "journal.jsonl").read_text().splitlines()) == 2
-    assert Catalog(root).read.bench_runs().set_index("run_id").loc["cut", "status"] != "complete"
+    assert DataRoot(root).catalog.read.bench_runs().set_index("run_id").loc["cut", "status"] != "complete"
     with open(cut.path / "journal.jsonl", "a") as f:       # a torn last line, as a kill mid-write leaves
         f.write('{"row": {"repe')
     base = json.loads((root / "runs" / "cut-baseline" / "manifest.json").read_text())
     assert cut.baseline_run == "cut-baseline" and base["status"] == "failed" and "'cut' stopped" in base["error"]
     assert not (root / "runs" / "cut-baseline" / "prompts.parquet").exists(), "written from the pairs at the end"
-    resumed = run_bench(s, name="cut", root=root, progress=False)
-    whole = run_bench(s, name="whole", root=root, progress=False)
+    resumed = run_bench(s, name="cut", data=DataRoot(root), progress=False)
+    whole = run_bench(s, name="whole", data=DataRoot(root), progress=False)
     assert resumed.status == whole.status == "complete"
     assert json.loads((root / "runs" / "cut-baseline" / "manifest.json").read_text())["status"] == "complete"
     assert whole.baseline_run == "cut-baseline", "a complete baseline of the same settings is linked, not rewritten"
@@ -364,7 +365,7 @@ def test_resume_equals_uninterrupted(target, drafter, prompts, root, greedy):
     pd.testing.assert_frame_equal(pd.read_parquet(resumed.path / "steps.parquet").drop(columns="run_id"),
                                   pd.read_parquet(whole.path / "steps.parquet").drop(columns="run_id"))
     with pytest.raises(SpecLensError, match="already complete"):
-        run_bench(s, name="cut", root=root, progress=False)
+        run_bench(s, name="cut", data=DataRoot(root), progress=False)
 
 
 # ---------------------------------------------------------------------- aux boundaries
@@ -396,7 +397,7 @@ def test_drafter_for_another_target(target, prompts, tmp_path):
                      (dict(vocab_size=256, draft_vocab_size=256), "vocab size")):
         d = init_random(Eagle3Drafter(drafter_cfg(**kw)), 0).save(tmp_path / what.replace(" ", "_"), "eagle")
         with pytest.raises(SpecLensError) as e:
-            run_bench(settings(target, prompts, d), root=tmp_path / "data", progress=False)
+            run_bench(settings(target, prompts, d), data=DataRoot(tmp_path / "data"), progress=False)
         msg = one_line(e)
         assert what in msg and str(d) in msg and "use a drafter for this target" in msg
 
@@ -409,18 +410,18 @@ def test_missing_d2t(target, prompts, tmp_path):
     sd.pop("d2t")
     save_file(sd, str(d / "model.safetensors"))
     with pytest.raises(SpecLensError) as e:
-        run_bench(settings(target, prompts, d), root=tmp_path / "data", progress=False)
+        run_bench(settings(target, prompts, d), data=DataRoot(tmp_path / "data"), progress=False)
     assert "model.safetensors" in one_line(e) and "d2t" in str(e.value)
 
 
 def test_bad_k_and_empty_dataset(target, drafter, prompts, tmp_path):
     with pytest.raises(SpecLensError) as e:
-        run_bench(settings(target, prompts, drafter, num_spec_tokens=0), root=tmp_path, progress=False)
+        run_bench(settings(target, prompts, drafter, num_spec_tokens=0), data=DataRoot(tmp_path), progress=False)
     assert "--num-spec-tokens" in one_line(e)
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n\n")
     with pytest.raises(SpecLensError) as e:
-        run_bench(settings(target, empty, drafter), root=tmp_path, progress=False)
+        run_bench(settings(target, empty, drafter), data=DataRoot(tmp_path), progress=False)
     assert str(empty) in one_line(e) and "no prompts" in str(e.value)
 
 
@@ -431,11 +432,11 @@ def test_tokenizer_without_chat_template(target, prompts, tmp_path):
     cfg.pop("chat_template", None)
     (t / "tokenizer_config.json").write_text(json.dumps(cfg))
     with pytest.raises(SpecLensError) as e:
-        run_bench(settings(t, prompts), root=tmp_path / "data", progress=False)
+        run_bench(settings(t, prompts), data=DataRoot(tmp_path / "data"), progress=False)
     msg = one_line(e)
     assert str(t) in msg and "--no-chat-template" in msg
-    ok = run_bench(settings(t, prompts, chat_template=False, limit=1, max_new_tokens=2), root=tmp_path / "data",
-                   progress=False)
+    ok = run_bench(settings(t, prompts, chat_template=False, limit=1, max_new_tokens=2),
+                   data=DataRoot(tmp_path / "data"), progress=False)
     assert ok.status == "complete"
 
 

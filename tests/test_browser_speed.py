@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 
 from backend import metrics
-from backend.store.catalog import Catalog
+from backend.store.data_root import DataRoot
 from dashboard import compare_words
 from tests import test_browser
 from tests.test_browser import CHART, CHROMIUM, TIMEOUT_MS, open_view, streamlit_server
@@ -76,7 +76,7 @@ def data(bench_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
             _write_manifest(run, m)
     reason = plant_load(root / "runs" / "spec-oracle", root / "runs" / NOISY)
     assert reason and "other processes kept 1.5 of" in reason.lower(), reason
-    Catalog(root).write.refresh()
+    DataRoot(root).catalog.write.refresh()
     return root
 
 
@@ -96,7 +96,7 @@ def _grid(rows, run: str, col: str) -> list[list[float]]:
 def expected(data: Path) -> dict:
     """What backend.metrics computes from the catalog's per-prompt rows of the runs and of the plain-decoding half of
     their interleaved pairs (`base_*`: what each run's speedup is timed against)."""
-    rows = Catalog(data).read.bench_prompt_timings(RUNS + [BASE])
+    rows = DataRoot(data).catalog.read.bench_prompt_timings(RUNS + [BASE])
     est = {}
     for r in RUNS + [BASE]:
         est[r] = {"per_prompt": metrics.mean_estimate(_grid(rows, r, "tokens_per_s")),
@@ -104,7 +104,7 @@ def expected(data: Path) -> dict:
                   "ttft": metrics.mean_estimate(_grid(rows, r, "ttft")),
                   "tpot": metrics.mean_estimate(_grid(rows, r, "tpot"))}
         if r != BASE:       # the per-prompt speedup as the bench stored it (metrics.speedup, its own seed and order)
-            stored = Catalog(data).read.bench_runs(run_ids=[r]).iloc[0]
+            stored = DataRoot(data).catalog.read.bench_runs(run_ids=[r]).iloc[0]
             est[r]["speedup"] = (stored["speedup"], stored["speedup_ci_low"], stored["speedup_ci_high"])
             assert stored["speedup"] == pytest.approx(
                 metrics.speedup(_grid(rows, r, "tokens_per_s"), _grid(rows, r, "base_tokens_per_s")).mean)

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from backend.config import REPO_ROOT
+from backend.store.data_root import DataRoot
 from tests import test_browser
 from tests.test_browser import CHART, CHROMIUM, TIMEOUT_MS, alerts, open_view, streamlit_server
 from tests.test_browser_run import GRID, captions, grid_rows, markdown, open_run
@@ -43,20 +44,19 @@ def truth_root(demo_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     """A copy of the demo data with the demo's benches, the slot-shift check and two lint-only checks."""
     from backend.check_drafter import CheckSettings, run_check
     from backend.demo import build_bench_demo, build_slot_shift_demo, toy_pair
-    from backend.store.catalog import Catalog
 
     root = tmp_path_factory.mktemp("truth-a") / "data"
     shutil.copytree(demo_root, root, ignore=shutil.ignore_patterns("speclens.duckdb*"))
-    build_bench_demo(root, progress=False, limit=24, max_new_tokens=16)
-    build_slot_shift_demo(root, progress=False, limit=8, max_new_tokens=16)
-    pair = toy_pair(root)
+    build_bench_demo(DataRoot(root), progress=False, limit=24, max_new_tokens=16)
+    build_slot_shift_demo(DataRoot(root), progress=False, limit=8, max_new_tokens=16)
+    pair = toy_pair(DataRoot(root))
     t = root / "models" / "t"                   # a config-only target, as a team lints against
     t.mkdir()
     shutil.copy(pair / "target" / "config.json", t / "config.json")
     for rid, drafter in zip(LINT_RUNS, ("drafter-matched", "drafter-after-layer")):
-        run_check(CheckSettings(drafter=str(pair / drafter), target=str(t), lint_only=True), name=rid, root=root,
-                  progress=False)
-    Catalog(root).write.refresh()
+        run_check(CheckSettings(drafter=str(pair / drafter), target=str(t), lint_only=True), name=rid,
+                  data=DataRoot(root), progress=False)
+    DataRoot(root).catalog.write.refresh()
     return root
 
 
@@ -135,7 +135,7 @@ def test_item4_no_interval_over_two_prompts(page, server: str, truth_root: Path,
     from backend import metrics
     from backend.compare import compare
 
-    cats = compare(["demo-bench-matched", "demo-bench-after-layer"], root=truth_root).categories
+    cats = compare(["demo-bench-matched", "demo-bench-after-layer"], data=DataRoot(truth_root)).categories
     small, big = cats[cats["prompts"] < metrics.MIN_INTERVAL_PROMPTS], cats[cats["prompts"] >= 5]
     assert len(small) >= 8 and set(small["prompts"]) == {2} and set(big["category"]) == {"translation"}
     assert small[["tau_ci_low", "tau_ci_high", "speedup_ci_low", "speedup_ci_high"]].isna().all().all()

@@ -16,6 +16,7 @@ from urllib.parse import unquote
 import pytest
 
 from backend.demo import PAIR_TARBALL, REGRESS_RUN, SLOT_CHECK_RUN, SLOT_TARBALL
+from backend.store.data_root import DataRoot
 from tests import test_browser
 from tests.test_browser import CHART, CHROMIUM, alerts, open_view, streamlit_server
 from tests.test_browser_charts import figures, table_cells
@@ -32,17 +33,16 @@ FIXED = "demo-bench-slot-shift-fixed"
 def build_truth_data(root: Path, demo_root: Path) -> Path:
     from backend.check_drafter import CheckSettings, run_check
     from backend.demo import build_bench_demo, build_slot_shift_demo, heldout_prompts, toy_pair
-    from backend.store.catalog import Catalog
 
     shutil.copytree(demo_root / "runs", root / "runs")
     small = dict(limit=8, max_new_tokens=24)
-    build_bench_demo(root, progress=False, **small)
-    build_slot_shift_demo(root, progress=False, **small)
-    pair = toy_pair(root)
+    build_bench_demo(DataRoot(root), progress=False, **small)
+    build_slot_shift_demo(DataRoot(root), progress=False, **small)
+    pair = toy_pair(DataRoot(root))
     run_check(CheckSettings(drafter=str(pair / "drafter-after-layer"), target=str(pair / "target"), device="cpu",
                             num_prompts=6, new_tokens=32, prompts=str(heldout_prompts(pair))), name=AFTER_CHECK,
-              root=root, progress=False)
-    Catalog(root).write.refresh()
+              data=DataRoot(root), progress=False)
+    DataRoot(root).catalog.write.refresh()
     return root
 
 
@@ -74,10 +74,9 @@ def kinds(page) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------------------- item 1: severity in proportion
 
 def test_item1_severity_follows_the_cost(page, server: str, truth_root: Path, shots: Path) -> None:
-    from backend.store.check_result import load_check
 
-    small = load_check(AFTER_CHECK, truth_root)
-    big = load_check(SLOT_CHECK_RUN, truth_root)
+    small = DataRoot(truth_root).catalog.read.drafter_check(AFTER_CHECK)
+    big = DataRoot(truth_root).catalog.read.drafter_check(SLOT_CHECK_RUN)
     rel = {n: 1 - r["engine_feeds"]["accuracy"]["tau"] / r["best_candidate"]["tau"]
            for n, r in (("small", small), ("big", big))}
     assert rel["small"] < 0.05 and rel["big"] > 0.2, rel      # the data show both ends of the scale
@@ -175,7 +174,7 @@ def test_item6_feeds_and_regression_read_without_the_docs(page, server: str, tru
 
     from backend.regress import compare
 
-    v = compare(FIXED, REGRESS_RUN, root=truth_root)
+    v = compare(FIXED, REGRESS_RUN, data=DataRoot(truth_root))
     assert v["verdict"] == "worse" and v["candidate"]["tau"] < v["baseline"]["tau"], v["line"]
 
     open_view(page, server, "/regression", charts=1)

@@ -9,8 +9,7 @@ from safetensors.torch import load_file
 
 from backend.capture import CaptureSettings, run_capture
 from backend.errors import SpecLensError
-from backend.store.catalog import Catalog
-from backend.store.rundir import RunDir
+from backend.store.data_root import DataRoot
 
 
 def _settings(model, prompts, **kw):
@@ -25,9 +24,9 @@ def test_boundaries_match_output_hidden_states(model_fixture, request, prompts_f
     from backend.prompts import encode, load_prompts
 
     model_dir = request.getfixturevalue(model_fixture)
-    r = run_capture(_settings(model_dir, prompts_file, limit=3), name="c", root=data_root, progress=False)
+    r = run_capture(_settings(model_dir, prompts_file, limit=3), name="c", data=DataRoot(data_root), progress=False)
     sample = load_file(str(r.path / "sample.safetensors"))
-    m = RunDir.open("c", data_root).manifest()
+    m = DataRoot(data_root).run_dir("c").manifest()
     n = m["model"]["n_layers"]
     assert m["boundaries"] == [f"S_{i}" for i in range(n + 1)] + ["F"]
     tok = AutoTokenizer.from_pretrained(str(model_dir))
@@ -46,27 +45,27 @@ def test_boundaries_match_output_hidden_states(model_fixture, request, prompts_f
 
 
 def test_stats_written_and_cataloged(tiny_llama, prompts_file, data_root):
-    r = run_capture(_settings(tiny_llama, prompts_file, limit=5, sample_tokens=100), name="s", root=data_root,
+    r = run_capture(_settings(tiny_llama, prompts_file, limit=5, sample_tokens=100), name="s", data=DataRoot(data_root),
                     progress=False)
     df = pd.read_parquet(r.path / "stats.parquet")
     assert list(df["boundary"]) == [f"S_{i}" for i in range(9)] + ["F"]
     assert (df["n_tokens"] == r.tokens).all() and r.tokens > 100
     assert (df["mean_norm"] > 0).all() and df["kurtosis"].notna().all()
     assert load_file(str(r.path / "sample.safetensors"))["S_0"].shape == (100, 64)
-    runs = Catalog(data_root).read.list_runs()
+    runs = DataRoot(data_root).catalog.read.list_runs()
     assert runs.loc[0, "run_id"] == "s" and runs.loc[0, "status"] == "complete"
-    assert len(Catalog(data_root).read.boundary_stats(["s"])) == 10
+    assert len(DataRoot(data_root).catalog.read.boundary_stats(["s"])) == 10
 
 
 def test_resume_equals_uninterrupted(tiny_llama, prompts_file, data_root):
     s = _settings(tiny_llama, prompts_file, limit=10, sample_tokens=300, sample_per_prompt=64)
     s.checkpoint_every = 3
-    full = run_capture(s, name="full", root=data_root, progress=False)
-    run_capture(s, name="part", root=data_root, progress=False, stop_after=4)
-    rd = RunDir.open("part", data_root)
+    full = run_capture(s, name="full", data=DataRoot(data_root), progress=False)
+    run_capture(s, name="part", data=DataRoot(data_root), progress=False, stop_after=4)
+    rd = DataRoot(data_root).run_dir("part")
     assert rd.manifest()["status"] == "running" and rd.manifest()["progress"]["done"] == 4
     assert not (rd.path / "stats.parquet").exists()      # never looks complete
-    res = run_capture(s, name="part", root=data_root, progress=False)
+    res = run_capture(s, name="part", data=DataRoot(data_root), progress=False)
     assert res.tokens == full.tokens
     a, b = pd.read_parquet(full.path / "stats.parquet"), pd.read_parquet(res.path / "stats.parquet")
     pd.testing.assert_frame_equal(a.drop(columns="run_id"), b.drop(columns="run_id"), rtol=1e-9)
@@ -74,14 +73,14 @@ def test_resume_equals_uninterrupted(tiny_llama, prompts_file, data_root):
     for key in sa:
         assert torch.equal(sa[key], sb[key]), key
     with pytest.raises(SpecLensError, match="already complete"):
-        run_capture(s, name="part", root=data_root, progress=False)
+        run_capture(s, name="part", data=DataRoot(data_root), progress=False)
 
 
 def test_resume_with_other_settings_refused(tiny_llama, prompts_file, data_root):
     s = _settings(tiny_llama, prompts_file, limit=6)
-    run_capture(s, name="r", root=data_root, progress=False, stop_after=2)
+    run_capture(s, name="r", data=DataRoot(data_root), progress=False, stop_after=2)
     with pytest.raises(SpecLensError, match="other settings"):
-        run_capture(_settings(tiny_llama, prompts_file, limit=5), name="r", root=data_root, progress=False)
+        run_capture(_settings(tiny_llama, prompts_file, limit=5), name="r", data=DataRoot(data_root), progress=False)
 
 
 def test_nan_reported_per_boundary(tiny_llama, prompts_file, data_root, tmp_path):
@@ -94,7 +93,7 @@ def test_nan_reported_per_boundary(tiny_llama, prompts_file, data_root, tmp_path
     bad = tmp_path / "nan-model"
     model.save_pretrained(str(bad))
     AutoTokenizer.from_pretrained(str(tiny_llama)).save_pretrained(str(bad))
-    r = run_capture(_settings(bad, prompts_file, limit=3), name="nan", root=data_root, progress=False)
+    r = run_capture(_settings(bad, prompts_file, limit=3), name="nan", data=DataRoot(data_root), progress=False)
     df = pd.read_parquet(r.path / "stats.parquet").set_index("boundary")
     assert (df.loc[["S_0", "S_1", "S_5"], "nonfinite_tokens"] == 0).all()
     assert (df.loc[["S_6", "S_8", "F"], "nonfinite_tokens"] > 0).all()
@@ -104,10 +103,11 @@ def test_nan_reported_per_boundary(tiny_llama, prompts_file, data_root, tmp_path
 
 def test_subset_of_boundaries(tiny_llama, prompts_file, data_root):
     run_capture(_settings(tiny_llama, prompts_file, limit=2, boundaries=["F", "S_2", "S_4"]), name="sub",
-                root=data_root, progress=False)
-    assert RunDir.open("sub", data_root).manifest()["boundaries"] == ["S_2", "S_4", "F"]
+                data=DataRoot(data_root), progress=False)
+    assert DataRoot(data_root).run_dir("sub").manifest()["boundaries"] == ["S_2", "S_4", "F"]
     with pytest.raises(SpecLensError, match="out of range"):
-        run_capture(_settings(tiny_llama, prompts_file, boundaries=["S_9"]), name="x", root=data_root, progress=False)
+        run_capture(_settings(tiny_llama, prompts_file, boundaries=["S_9"]), name="x", data=DataRoot(data_root),
+                    progress=False)
 
 
 @pytest.mark.parametrize("content,match", [
@@ -119,19 +119,19 @@ def test_bad_prompt_files(tiny_llama, tmp_path, data_root, content, match):
     p = tmp_path / "prompts.jsonl"
     p.write_text(content)
     with pytest.raises(SpecLensError, match=match):
-        run_capture(_settings(tiny_llama, p), name="bad", root=data_root, progress=False)
+        run_capture(_settings(tiny_llama, p), name="bad", data=DataRoot(data_root), progress=False)
 
 
 def test_bad_model_dirs(tiny_llama, prompts_file, tmp_path, data_root):
     with pytest.raises(SpecLensError, match="no config.json"):
-        run_capture(_settings(tmp_path / "nowhere", prompts_file), name="m", root=data_root, progress=False)
+        run_capture(_settings(tmp_path / "nowhere", prompts_file), name="m", data=DataRoot(data_root), progress=False)
     broken = tmp_path / "broken"
     broken.mkdir()
     for f in tiny_llama.iterdir():
         (broken / f.name).write_bytes(f.read_bytes())
     (broken / "model.safetensors").write_bytes(b"\x00" * 100)
     with pytest.raises(SpecLensError, match=r"broken: cannot load model"):
-        run_capture(_settings(broken, prompts_file), name="m", root=data_root, progress=False)
+        run_capture(_settings(broken, prompts_file), name="m", data=DataRoot(data_root), progress=False)
 
 
 def test_cli_one_line_error(tmp_path, data_root):

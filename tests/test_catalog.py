@@ -3,57 +3,57 @@
 import multiprocessing as mp
 import time
 
-from backend.store.catalog import Catalog
-from backend.store.rundir import RunDir
+from backend.store.data_root import DataRoot
 
 
 def _writer(root, n, stop):
     for i in range(n):
-        rd = RunDir.create(f"w{i:03d}", {"kind": "capture", "engine": "hf", "boundaries": ["S_0"]}, root)
+        rd = DataRoot(root).new_run_dir(f"w{i:03d}", {"kind": "capture", "engine": "hf", "boundaries": ["S_0"]})
         rd.update(status="complete", headline={"tokens": i})
-        Catalog(root).write.refresh()
+        DataRoot(root).catalog.write.refresh()
     stop.set()
 
 
 def test_rebuild_and_status(data_root):
-    RunDir.create("done", {"kind": "capture", "engine": "hf"}, data_root).update(status="complete")
-    rd = RunDir.create("dead", {"kind": "capture", "engine": "hf"}, data_root)
+    DataRoot(data_root).new_run_dir("done", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    rd = DataRoot(data_root).new_run_dir("dead", {"kind": "capture", "engine": "hf"})
     rd.update(pid=2**22 + 12345)                      # a process that does not exist: the run died
-    RunDir.create("bad", {"kind": "capture", "engine": "hf"}, data_root).update(status="failed", error="boom: one line")
-    Catalog(data_root).write.refresh()
-    df = Catalog(data_root).read.list_runs().set_index("run_id")
+    bad = DataRoot(data_root).new_run_dir("bad", {"kind": "capture", "engine": "hf"})
+    bad.update(status="failed", error="boom: one line")
+    DataRoot(data_root).catalog.write.refresh()
+    df = DataRoot(data_root).catalog.read.list_runs().set_index("run_id")
     assert df.loc["done", "status"] == "complete"
     assert df.loc["dead", "status"] == "interrupted"   # never shown as complete or running
     assert df.loc["bad", "status"] == "failed" and df.loc["bad", "error"] == "boom: one line"
     (data_root / "speclens.duckdb").unlink()
-    assert len(Catalog(data_root).read.list_runs()) == 3  # rebuilt from the run directories
+    assert len(DataRoot(data_root).catalog.read.list_runs()) == 3  # rebuilt from the run directories
 
 
 def test_readers_never_fail_while_writer_refreshes(data_root):
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
-    Catalog(data_root).write.refresh()
+    DataRoot(data_root).catalog.write.refresh()
     w = ctx.Process(target=_writer, args=(data_root, 40, stop))
     w.start()
     reads, errors, seen = 0, [], 0
     deadline = time.time() + 120
     while not stop.is_set() and time.time() < deadline:
         try:
-            seen = max(seen, len(Catalog(data_root).read.list_runs()))
+            seen = max(seen, len(DataRoot(data_root).catalog.read.list_runs()))
             reads += 1
         except Exception as e:  # any error a page would show
             errors.append(repr(e))
     w.join(30)
     assert errors == []
     assert reads > 10
-    assert len(Catalog(data_root).read.list_runs()) == 40
+    assert len(DataRoot(data_root).catalog.read.list_runs()) == 40
 
 
 def test_filters_use_parameters_not_sql(data_root):
-    RunDir.create("r1", {"kind": "capture", "engine": "hf"}, data_root).update(status="complete")
-    Catalog(data_root).write.refresh()
-    assert Catalog(data_root).read.list_runs(kind="capture' OR '1'='1").empty
-    assert len(Catalog(data_root).read.list_runs(kind="capture")) == 1
+    DataRoot(data_root).new_run_dir("r1", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    DataRoot(data_root).catalog.write.refresh()
+    assert DataRoot(data_root).catalog.read.list_runs(kind="capture' OR '1'='1").empty
+    assert len(DataRoot(data_root).catalog.read.list_runs(kind="capture")) == 1
 
 
 def test_stored_alignment_reads_what_the_write_side_stored(data_root):
@@ -63,7 +63,7 @@ def test_stored_alignment_reads_what_the_write_side_stored(data_root):
 
     from backend.errors import SpecLensError
 
-    cat = Catalog(data_root)
+    cat = DataRoot(data_root).catalog
     assert cat.read.stored_alignment("a1", "b1") is None
     assert not (data_root / "alignments").exists()            # reading wrote nothing
     f = cat.write.store_alignment("a1", "b1", {"tokens": 7, "_key": "k"})

@@ -16,7 +16,7 @@ from backend.check_drafter import CheckSettings, run_check
 from backend.demo import PAIR_TARBALL, toy_pair
 from backend.drafter import lint as L
 from backend.errors import SpecLensError
-from backend.store.catalog import Catalog
+from backend.store.data_root import DataRoot
 
 pytestmark = pytest.mark.skipif(not PAIR_TARBALL.exists(), reason="needs the toy pair (models/toy-pair.tar.gz)")
 ALL = ["S_0", "S_1", "S_2", "S_3", "S_4", "S_5", "S_6", "S_7", "S_8", "F"]
@@ -24,7 +24,7 @@ ALL = ["S_0", "S_1", "S_2", "S_3", "S_4", "S_5", "S_6", "S_7", "S_8", "F"]
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory) -> Path:
-    return toy_pair(tmp_path_factory.mktemp("toy"))
+    return toy_pair(DataRoot(tmp_path_factory.mktemp("toy")))
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def checks(pair, root, one_torch_thread) -> dict:
         else:
             os.environ["SPECLENS_DATA"] = old
     matched = run_check(CheckSettings(drafter=str(pair / "drafter-matched"), target=str(pair / "target"),
-                                      device="cpu"), name="chk-matched", root=root, progress=False)
+                                      device="cpu"), name="chk-matched", data=DataRoot(root), progress=False)
     return {"rc": rc, "after": json.loads(out.getvalue()), "matched": matched}
 
 
@@ -118,7 +118,8 @@ def test_after_layer_drafter_via_cli_json(checks, root) -> None:
     texts = [f["text"] for f in rep["findings"] if f["source"] == "training_data"]
     assert any(t.startswith("Training data and serving disagree") for t in texts), texts
     assert rep["timing"]["total"] <= 60, rep["timing"]
-    assert Catalog(root).read.drafter_check("chk-after")["best_candidate"]["boundaries"] == ["S_3", "S_5", "S_6"]
+    stored = DataRoot(root).catalog.read.drafter_check("chk-after")
+    assert stored["best_candidate"]["boundaries"] == ["S_3", "S_5", "S_6"]
 
 
 def test_matched_drafter_is_a_match(checks) -> None:
@@ -327,8 +328,8 @@ def test_compare_names_the_mismatch_from_the_check(pair, root, checks) -> None:
     for d in ("drafter-matched", "drafter-after-layer"):
         s = BenchSettings(target=str(pair / "target"), drafter=str(pair / d), prompts=str(_heldout(pair)),
                           num_spec_tokens=4, repeats=1, limit=1, max_new_tokens=8, device="cpu")
-        ids.append(run_bench(s, name=f"cmp-{d}", root=root, progress=False).run_id)
-    lines = [w for w in compare.compare(ids, root=root).warnings if "drafter check" in w]
+        ids.append(run_bench(s, name=f"cmp-{d}", data=DataRoot(root), progress=False).run_id)
+    lines = [w for w in compare.compare(ids, data=DataRoot(root)).warnings if "drafter check" in w]
     assert len(lines) == 1, lines
     assert lines[0].startswith("`cmp-drafter-after-layer`: the engine fed S_2, S_4, S_5, but drafter check "
                                "`chk-after` finds drafter-after-layer was trained on S_3, S_5, S_6 (off by one")
@@ -347,7 +348,8 @@ def test_random_drafter_is_inconclusive_never_match(pair, tmp_path, data_root, o
     """Bar: a drafter with random weights (top-1 near 0% on every candidate) never gets Match or Mismatch."""
     d = drafter_copy(pair, tmp_path, weights=_randomise)
     rep = run_check(CheckSettings(drafter=str(d), target=str(pair / "target"), device="cpu", num_prompts=6,
-                                  new_tokens=32, prompts=str(_heldout(pair))), root=data_root, progress=False).report
+                                  new_tokens=32, prompts=str(_heldout(pair))), data=DataRoot(data_root),
+                    progress=False).report
     assert rep["verdict"].startswith("Inconclusive: the drafter predicts no better than chance"), rep["verdict"]
     assert rep["verdict_severity"] == "warning" and rep["best_candidate"] is None
     assert "Match" not in rep["verdict"] and "Mismatch" not in rep["verdict"]
@@ -370,7 +372,8 @@ def test_search_stays_inside_the_stack(pair, tmp_path, data_root, one_torch_thre
     assert ("S_0", "S_4", "F") in fd.neighbours(("S_0", "S_4", "S_8"), 8)
     d = drafter_copy(pair, tmp_path, edit=lambda raw: raw.update(eagle_aux_hidden_state_layer_ids=[0, 4, 8]))
     rep = run_check(CheckSettings(drafter=str(d), target=str(pair / "target"), device="cpu", num_prompts=4,
-                                  new_tokens=24, prompts=str(_heldout(pair))), root=data_root, progress=False).report
+                                  new_tokens=24, prompts=str(_heldout(pair))), data=DataRoot(data_root),
+                    progress=False).report
     seen = {b for c in rep["candidates"] for b in c["boundaries"]}
     assert seen <= set(ALL), seen
     assert rep["engine_feeds"]["boundaries"] == ["S_0", "S_4", "S_8"]
@@ -408,11 +411,12 @@ def test_no_fix_for_a_match_a_lint_only_or_an_inconclusive_check(checks, pair, d
                                                                   one_torch_thread) -> None:
     assert checks["matched"].report["fix"]["refused"].startswith("nothing to fix: vLLM 0.24.0")
     lint = run_check(CheckSettings(drafter=str(pair / "drafter-matched"), target=str(pair / "target"), lint_only=True),
-                     root=data_root, progress=False).report
+                     data=DataRoot(data_root), progress=False).report
     assert "lint-only check does not know" in lint["fix"]["refused"]
     d = drafter_copy(pair, tmp_path, weights=_randomise)
     rnd = run_check(CheckSettings(drafter=str(d), target=str(pair / "target"), device="cpu", num_prompts=6,
-                                  new_tokens=32, prompts=str(_heldout(pair))), root=data_root, progress=False).report
+                                  new_tokens=32, prompts=str(_heldout(pair))), data=DataRoot(data_root),
+                    progress=False).report
     assert rnd["fix"]["refused"].startswith("no fix written: the check is inconclusive")
 
 
@@ -439,8 +443,8 @@ def test_prove_recovers_tau(checks, pair, tmp_path, data_root, one_torch_thread)
 
     plan = FixPlan(**checks["after"]["fix"]["plan"])
     out = write_fix(plan, tmp_path / "fixed")
-    pr = prove(plan, out, str(_heldout(pair)), limit=6, name="pv", root=data_root, progress=False, device="cpu",
-               max_new_tokens=32)
+    pr = prove(plan, out, str(_heldout(pair)), limit=6, name="pv", data=DataRoot(data_root), progress=False,
+               device="cpu", max_new_tokens=32)
     assert pr.tau_fixed > pr.tau_original and pr.lossless is True
     assert pr.baseline is not None and pr.compare == f"/compare?runs={pr.fixed},{pr.original}"
     m = json.loads((data_root / "runs" / pr.original / "manifest.json").read_text())
@@ -465,6 +469,6 @@ def test_page_shows_the_fix_and_its_button_writes_and_queues(checks, pair, root,
     fixed = work / "models" / "fixes" / "chk-after"
     assert json.loads((fixed / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [3, 5, 6]
     from backend.jobs import queue
-    assert queue.find("prove-chk-after-hf-fixed", work)[0] == "pending"
+    assert queue.find("prove-chk-after-hf-fixed", DataRoot(work))[0] == "pending"
     at = _app(root, monkeypatch, run="chk-matched")
     assert any(i.value.startswith("Nothing to fix: vLLM 0.24.0") for i in at.info)

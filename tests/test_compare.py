@@ -17,7 +17,8 @@ from test_pages import figures, open_page, params, texts, values
 
 from backend import annotations, compare, metrics
 from backend.errors import SpecLensError
-from backend.store.catalog import Catalog, CatalogReader
+from backend.store.catalog import CatalogReader
+from backend.store.data_root import DataRoot
 from dashboard import compare_words
 
 shots = test_browser.shots  # pytest fixture, requested by name below
@@ -38,7 +39,7 @@ def own(bench_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Pa
     (SPECLENS_READONLY=0: the dashboard is read-only by default)."""
     root = tmp_path / "data"
     shutil.copytree(bench_root / "runs", root / "runs")
-    Catalog(root).write.refresh()
+    DataRoot(root).catalog.write.refresh()
     monkeypatch.setenv("SPECLENS_DATA", str(root))
     monkeypatch.setenv("SPECLENS_READONLY", "0")
     return root
@@ -61,39 +62,40 @@ def test_tags_are_validated() -> None:
 
 def test_annotations_round_trip_and_injection_is_literal(own: Path) -> None:
     before = (own / "runs" / "spec-random" / "manifest.json").read_bytes()
-    ann = annotations.save("spec-random", tags="fast, k3", notes=INJECTION + "\nsecond line", root=own)
+    ann = annotations.save("spec-random", tags="fast, k3", notes=INJECTION + "\nsecond line", data=DataRoot(own))
     assert ann.tags == ["fast", "k3"] and ann.notes == INJECTION + "\nsecond line"
     assert (own / "runs" / "spec-random" / "manifest.json").read_bytes() == before, "results stay immutable"
     on_disk = json.loads((own / "runs" / "spec-random" / "annotations.json").read_text())
     assert on_disk["notes"].startswith(INJECTION) and on_disk["tags"] == ["fast", "k3"]
-    Catalog(own).write.refresh()
-    row = Catalog(own).read.list_runs().set_index("run_id").loc["spec-random"]
+    DataRoot(own).catalog.write.refresh()
+    row = DataRoot(own).catalog.read.list_runs().set_index("run_id").loc["spec-random"]
     assert row["tags"] == "fast,k3" and row["notes"] == INJECTION + "\nsecond line"
-    assert len(Catalog(own).read.list_runs()) == 4 and len(Catalog(own).read.bench_runs()) == 3   # nothing dropped
+    read = DataRoot(own).catalog.read
+    assert len(read.list_runs()) == 4 and len(read.bench_runs()) == 3   # nothing dropped
     with pytest.raises(SpecLensError, match="not allowed"):
-        annotations.save("spec-random", tags=INJECTION, root=own)
-    assert annotations.read("spec-random", own).tags == ["fast", "k3"], "a rejected edit changes nothing"
+        annotations.save("spec-random", tags=INJECTION, data=DataRoot(own))
+    assert annotations.read("spec-random", DataRoot(own)).tags == ["fast", "k3"], "a rejected edit changes nothing"
     for bad in ("../spec-random", "spec-random/../../x", INJECTION):
         with pytest.raises(SpecLensError, match="not a valid run id"):
-            annotations.save(bad, notes="x", root=own)
-    assert Catalog(own).read.list_runs(kind=INJECTION).empty
+            annotations.save(bad, notes="x", data=DataRoot(own))
+    assert DataRoot(own).catalog.read.list_runs(kind=INJECTION).empty
 
 
 def test_pin_one_baseline_per_target(own: Path) -> None:
-    annotations.save("spec-random-baseline", pinned=True, root=own)
-    annotations.save("spec-random", pinned=True, root=own)      # same target: the previous pin goes
-    Catalog(own).write.refresh()
-    assert Catalog(own).read.pinned_baselines()["run_id"].tolist() == ["spec-random"]
-    assert annotations.read("spec-random-baseline", own).pinned is False
+    annotations.save("spec-random-baseline", pinned=True, data=DataRoot(own))
+    annotations.save("spec-random", pinned=True, data=DataRoot(own))      # same target: the previous pin goes
+    DataRoot(own).catalog.write.refresh()
+    assert DataRoot(own).catalog.read.pinned_baselines()["run_id"].tolist() == ["spec-random"]
+    assert annotations.read("spec-random-baseline", DataRoot(own)).pinned is False
     with pytest.raises(SpecLensError, match="only bench runs"):
-        annotations.save("cap-tiny", pinned=True, root=own)
+        annotations.save("cap-tiny", pinned=True, data=DataRoot(own))
 
 
 def test_read_only_refuses_writes(own: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECLENS_READONLY", "1")
     assert not annotations.editable()
     with pytest.raises(SpecLensError, match="read-only"):
-        annotations.save("spec-random", notes="x", root=own)
+        annotations.save("spec-random", notes="x", data=DataRoot(own))
     assert not (own / "runs" / "spec-random" / "annotations.json").exists()
 
 
@@ -102,31 +104,31 @@ def test_read_only_refuses_writes(own: Path, monkeypatch: pytest.MonkeyPatch) ->
 def test_refresh_reads_only_what_changed(own: Path) -> None:
     cat = own / "speclens.duckdb"
     stamp = cat.stat().st_mtime_ns
-    Catalog(own).write.refresh()
+    DataRoot(own).catalog.write.refresh()
     assert cat.stat().st_mtime_ns == stamp, "nothing changed: nothing written"
-    steps = len(Catalog(own).read.bench_steps(["spec-oracle"]))
-    annotations.save("spec-oracle", notes="edited", root=own)
-    Catalog(own).write.refresh()
+    steps = len(DataRoot(own).catalog.read.bench_steps(["spec-oracle"]))
+    annotations.save("spec-oracle", notes="edited", data=DataRoot(own))
+    DataRoot(own).catalog.write.refresh()
     assert cat.stat().st_mtime_ns != stamp
-    assert Catalog(own).read.get_run("spec-oracle")["notes"] == "edited"
-    assert len(Catalog(own).read.bench_steps(["spec-oracle"])) == steps, "its tables re-read once, not twice"
+    assert DataRoot(own).catalog.read.get_run("spec-oracle")["notes"] == "edited"
+    assert len(DataRoot(own).catalog.read.bench_steps(["spec-oracle"])) == steps, "its tables re-read once, not twice"
     shutil.rmtree(own / "runs" / "cap-tiny")
-    Catalog(own).write.refresh()
-    assert "cap-tiny" not in Catalog(own).read.list_runs()["run_id"].tolist()
-    assert Catalog(own).read.boundary_stats(["cap-tiny"]).empty
-    whole = Catalog(own).write.refresh(full=True)
-    assert whole == cat and len(Catalog(own).read.bench_steps(["spec-oracle"])) == steps
+    DataRoot(own).catalog.write.refresh()
+    assert "cap-tiny" not in DataRoot(own).catalog.read.list_runs()["run_id"].tolist()
+    assert DataRoot(own).catalog.read.boundary_stats(["cap-tiny"]).empty
+    whole = DataRoot(own).catalog.write.refresh(full=True)
+    assert whole == cat and len(DataRoot(own).catalog.read.bench_steps(["spec-oracle"])) == steps
 
 
 def test_unreadable_manifest_is_quarantined_and_not_reread(own: Path) -> None:
     bad = own / "runs" / "half-written"
     bad.mkdir()
     (bad / "manifest.json").write_text('{"run_id": "half-wr')
-    Catalog(own).write.refresh()
-    row = Catalog(own).read.get_run("half-written")
+    DataRoot(own).catalog.write.refresh()
+    row = DataRoot(own).catalog.read.get_run("half-written")
     assert row["status"] == "quarantined" and "unreadable manifest" in row["error"]
     stamp = (own / "speclens.duckdb").stat().st_mtime_ns
-    Catalog(own).write.refresh()
+    DataRoot(own).catalog.write.refresh()
     assert (own / "speclens.duckdb").stat().st_mtime_ns == stamp
 
 
@@ -136,8 +138,8 @@ def test_old_catalog_schema_is_rebuilt(own: Path) -> None:
     con = duckdb.connect(str(own / "speclens.duckdb"))
     con.execute("UPDATE catalog_meta SET value = '1'")
     con.close()
-    Catalog(own).write.refresh()
-    assert len(Catalog(own).read.runs_overview()) == 4
+    DataRoot(own).catalog.write.refresh()
+    assert len(DataRoot(own).catalog.read.runs_overview()) == 4
 
 
 # ---------------------------------------------------------------------------- comparison data
@@ -145,9 +147,9 @@ def test_old_catalog_schema_is_rebuilt(own: Path) -> None:
 def test_comparison_numbers_come_from_aggregates(bench: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(CatalogReader, "bench_steps", lambda *a, **k: pytest.fail("per-step rows loaded"))
     monkeypatch.setattr(CatalogReader, "bench_prompts", lambda *a, **k: pytest.fail("all prompt columns loaded"))
-    c = compare_words.compare(["spec-random", "spec-oracle"], root=bench)
+    c = compare_words.compare(["spec-random", "spec-oracle"], data=DataRoot(bench))
     f = c.figures.set_index("run_id")
-    br = Catalog(bench).read.bench_runs().set_index("run_id")
+    br = DataRoot(bench).catalog.read.bench_runs().set_index("run_id")
     for r in ("spec-random", "spec-oracle"):
         assert f.loc[r, "tau"] == pytest.approx(br.loc[r, "tau"]), "tau from the histogram = tau as benched"
         assert f.loc[r, "speedup"] == pytest.approx(br.loc[r, "speedup"])
@@ -170,7 +172,7 @@ def test_speed_figures_match_numpy_on_the_raw_rows(bench: Path) -> None:
     baseline run both link, spec-oracle reused that run and timed its own pairs."""
     import pandas as pd
 
-    c = compare_words.compare(["spec-random", "spec-oracle"], root=bench)
+    c = compare_words.compare(["spec-random", "spec-oracle"], data=DataRoot(bench))
     f = c.figures.set_index("run_id")
     raw = {r: pd.read_parquet(bench / "runs" / r / "prompts.parquet")
            for r in ("spec-random", "spec-oracle", "spec-random-baseline")}
@@ -223,11 +225,11 @@ def test_speed_figures_match_numpy_on_the_raw_rows(bench: Path) -> None:
 
 
 def test_speedup_against_the_pinned_baseline(own: Path) -> None:
-    c = compare_words.compare(["spec-random", "spec-oracle"], "pinned", root=own)
+    c = compare_words.compare(["spec-random", "spec-oracle"], "pinned", data=DataRoot(own))
     assert "No pinned baseline" in " ".join(c.warnings)
-    annotations.save("spec-random", pinned=True, root=own)
-    Catalog(own).write.refresh()
-    c = compare_words.compare(["spec-random", "spec-oracle"], "pinned", root=own)
+    annotations.save("spec-random", pinned=True, data=DataRoot(own))
+    DataRoot(own).catalog.write.refresh()
+    c = compare_words.compare(["spec-random", "spec-oracle"], "pinned", data=DataRoot(own))
     f = c.figures.set_index("run_id")
     assert f.loc["spec-random", "speedup"] == pytest.approx(1.0)
     assert f.loc["spec-oracle", "baseline_run"] == "spec-random"
@@ -259,8 +261,8 @@ def test_no_verdict_against_a_baseline_timed_at_another_moment(own: Path) -> Non
     drop = [f"base_{c}" for c in ("output_tokens", "seconds", "tokens_per_s", "ttft", "tpot", "output_hash")]
     _quiet(own, "spec-random", lambda f: f.drop(columns=drop).assign(ttft=f["ttft"] * 3))
     _quiet(own, "spec-oracle")
-    Catalog(own).write.refresh()
-    c = compare_words.compare(["spec-random", "spec-oracle"], root=own)
+    DataRoot(own).catalog.write.refresh()
+    c = compare_words.compare(["spec-random", "spec-oracle"], data=DataRoot(own))
     f = c.figures.set_index("run_id")
     assert f.loc["spec-random", "baseline_timing"] == "separate" and f.loc["spec-oracle", "baseline_timing"] == \
         "interleaved"
@@ -276,9 +278,9 @@ def test_no_verdict_against_a_baseline_timed_at_another_moment(own: Path) -> Non
     during = pd.read_parquet(own / "runs" / "spec-oracle" / "prompts.parquet").set_index(["repeat", "prompt_id"])
     _quiet(own, "spec-random-baseline", lambda f: f.assign(                  # half what it ran at during spec-oracle
         tokens_per_s=during.loc[list(zip(f["repeat"], f["prompt_id"])), "base_tokens_per_s"].to_numpy() / 2))
-    annotations.save("spec-random-baseline", pinned=True, root=own)
-    Catalog(own).write.refresh()
-    c = compare_words.compare(["spec-oracle"], "pinned", root=own)
+    annotations.save("spec-random-baseline", pinned=True, data=DataRoot(own))
+    DataRoot(own).catalog.write.refresh()
+    c = compare_words.compare(["spec-oracle"], "pinned", data=DataRoot(own))
     why = c.figures.set_index("run_id").loc["spec-oracle", "speed_noise"]
     assert "Baseline `spec-random-baseline` was timed at another moment" in why and "(x2.00, 95% CI 2.00" in why, why
     assert c.tiles[0].tone == "noisy" and c.tiles[0].delta == compare_words.NOISY_DELTA
@@ -405,7 +407,7 @@ def test_annotation_editing_round_trip(own: Path) -> None:
     assert "Saved the annotations of `spec-random`" in texts(at.success)
     row = table(at).set_index("run_id").loc["spec-random"]
     assert row["tags"] == "fast,k3" and row["notes"] == INJECTION and bool(row["pinned"])
-    assert Catalog(own).read.get_run("spec-random")["notes"] == INJECTION
+    assert DataRoot(own).catalog.read.get_run("spec-random")["notes"] == INJECTION
     at = open_page("pages/runs.py", tag="k3")
     assert table(at)["run_id"].tolist() == ["spec-random"]
 
@@ -416,8 +418,8 @@ def test_bad_tags_are_refused_on_the_page(own: Path) -> None:
     tags.input(INJECTION)
     at = _save(at)
     assert "not allowed" in texts(at.error) and not at.exception
-    assert annotations.read("spec-oracle", own).tags == ["oracle", "demo"]
-    assert len(Catalog(own).read.list_runs()) == 4
+    assert annotations.read("spec-oracle", DataRoot(own)).tags == ["oracle", "demo"]
+    assert len(DataRoot(own).catalog.read.list_runs()) == 4
 
 
 def test_read_only_hides_the_editor(bench: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -465,7 +467,8 @@ def test_compare_page(bench: Path) -> None:
     assert "**Mean per-prompt tokens/s**" in md and "**Total tokens / total time**" in md and "TPOT" in md
     tiles = {m.label: m for m in at.metric}
     assert list(tiles) == ["spec-random", "spec-oracle"] and tiles["spec-random"].value.endswith("x")
-    tone = {t.run_id: t for t in compare_words.compare(RUNS.split(","), root=bench).tiles}["spec-random"].delta
+    tone = {t.run_id: t for t in compare_words.compare(RUNS.split(","),
+                                                       data=DataRoot(bench)).tiles}["spec-random"].delta
     assert tiles["spec-random"].proto.delta == tone and (tone.startswith("-") or tone == compare_words.NOISY_DELTA)
 
     at = open_page("pages/compare.py", runs=RUNS, view="Per category")
@@ -485,8 +488,8 @@ def test_compare_default_view_and_baseline_switch(own: Path) -> None:
     assert sorted(params(at)["runs"].split(",")) == ["spec-oracle", "spec-random"]
     at.selectbox(key="qp_baseline").set_value("pinned").run()
     assert params(at)["baseline"] == "pinned" and "No pinned baseline" in texts(at.warning)
-    annotations.save("spec-random-baseline", pinned=True, root=own)
-    Catalog(own).write.refresh()
+    annotations.save("spec-random-baseline", pinned=True, data=DataRoot(own))
+    DataRoot(own).catalog.write.refresh()
     at = open_page("pages/compare.py", runs="spec-oracle,spec-random,spec-random-baseline", baseline="pinned",
                    view="Speed")
     assert not at.warning or "plain decoding" in texts(at.warning)
@@ -620,12 +623,13 @@ def test_different_targets_warning_follows_the_weights_not_the_path(own: Path) -
         m = json.loads(p.read_text())
         m["model"].update(model)
         p.write_text(json.dumps(m))
-        Catalog(own).write.refresh()
+        DataRoot(own).catalog.write.refresh()
 
     edit("spec-oracle", path="/mnt/gpu-node/models/same-target")
-    assert not [w for w in compare_words.compare(ids, "paired", root=own).warnings if "different targets" in w]
+    assert not [w for w in compare_words.compare(ids, "paired",
+                                                 data=DataRoot(own)).warnings if "different targets" in w]
     edit("spec-oracle", fingerprint="sha256-sampled:other-weights")
-    assert [w for w in compare_words.compare(ids, "paired", root=own).warnings if "2 different targets" in w]
+    assert [w for w in compare_words.compare(ids, "paired", data=DataRoot(own)).warnings if "2 different targets" in w]
 
 
 def test_drafter_diagnosis_in_plain_words() -> None:

@@ -38,8 +38,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backend.store import validate
-from backend.store.catalog import Catalog
-from backend.store.rundir import RunDir
+from backend.store.data_root import DataRoot
 
 EXAMPLES = int(os.environ.get("SPECLENS_FUZZ_EXAMPLES", "4"))
 GOOD = ("cap-tiny", "spec-oracle", "spec-random", "spec-random-baseline")
@@ -124,11 +123,11 @@ def seed(bench_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     s = CaptureSettings(model=str(models / "tiny-target"), prompts=str(models / "spec_bench_mini.jsonl"), limit=3,
                         device="cpu", sample_tokens=64)
     s.checkpoint_every = 1
-    run_capture(s, name="cap-part", root=root, progress=False, stop_after=1)
-    RunDir.open("cap-part", root).update(pid=2**22 + 1234)         # its process is gone
+    run_capture(s, name="cap-part", data=DataRoot(root), progress=False, stop_after=1)
+    DataRoot(root).run_dir("cap-part").update(pid=2**22 + 1234)         # its process is gone
     _interrupted_bench(root)
     (root / "runs" / "cap-tiny" / "annotations.json").write_text(json.dumps({"tags": ["seed"], "notes": "n"}))
-    Catalog(root).write.refresh()
+    DataRoot(root).catalog.write.refresh()
     return root
 
 
@@ -138,7 +137,7 @@ def fuzz_root(seed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     as under a dashboard)."""
     root = tmp_path_factory.mktemp("fuzz") / "data"
     shutil.copytree(seed / "runs", root / "runs")
-    Catalog(root).write.refresh()
+    DataRoot(root).catalog.write.refresh()
     return root
 
 
@@ -360,24 +359,24 @@ DAMAGED: list[tuple[str, Damage]] = []        # every damaged run of this sessio
 
 
 def _good_runs_whole(root: Path) -> None:
-    runs = Catalog(root).read.list_runs().set_index("run_id")
+    runs = DataRoot(root).catalog.read.list_runs().set_index("run_id")
     for rid in GOOD:
         assert runs.loc[rid, "status"] == "complete", (rid, runs.loc[rid, "error"])
-    assert len(Catalog(root).read.boundary_stats(["cap-tiny"])) == 6
-    assert len(Catalog(root).read.bench_prompts(["spec-oracle"])) == 8
-    assert len(Catalog(root).read.bench_steps(["spec-random"])) > 0
+    assert len(DataRoot(root).catalog.read.boundary_stats(["cap-tiny"])) == 6
+    assert len(DataRoot(root).catalog.read.bench_prompts(["spec-oracle"])) == 8
+    assert len(DataRoot(root).catalog.read.bench_steps(["spec-random"])) > 0
 
 
 def _complete_is_whole(row: dict, root: Path) -> None:
     """A run the catalog shows complete has whole tables and readable files."""
     rid = row["run_id"]
     if row["kind"] == "capture" and row["n_boundaries"]:
-        assert len(Catalog(root).read.boundary_stats([rid])) == row["n_boundaries"], rid
+        assert len(DataRoot(root).catalog.read.boundary_stats([rid])) == row["n_boundaries"], rid
         for name in ("stats.safetensors", "sample.safetensors"):
             f = Path(row["path"]) / name
             assert not f.exists() or validate.check_safetensors(f) is None, (rid, name)
     if row["kind"] == "bench" and row["progress_total"] and (Path(row["path"]) / "prompts.parquet").exists():
-        assert len(Catalog(root).read.bench_prompts([rid])) == row["progress_total"], rid
+        assert len(DataRoot(root).catalog.read.bench_prompts([rid])) == row["progress_total"], rid
 
 
 @pytest.mark.parametrize("source,name", PAIRS, ids=[f"{s}/{f}" for s, f in PAIRS])
@@ -397,8 +396,8 @@ def test_damaged_run_is_quarantined_and_others_stay(fuzz_root: Path, seed: Path,
             (dst / name).write_bytes(content)
     DAMAGED.append((rid, dmg))
 
-    Catalog(fuzz_root).write.refresh()                                  # never raises
-    row = Catalog(fuzz_root).read.get_run(rid)
+    DataRoot(fuzz_root).catalog.write.refresh()                                  # never raises
+    row = DataRoot(fuzz_root).catalog.read.get_run(rid)
     assert row is not None, f"{rid} ({dmg}) is missing from the catalog"
     assert row["status"] in KNOWN, (row["status"], dmg)
     if dmg.bad is True:
@@ -408,8 +407,8 @@ def test_damaged_run_is_quarantined_and_others_stay(fuzz_root: Path, seed: Path,
     if row["status"] == "quarantined":
         reason = row["error"]
         assert reason and "\n" not in reason and len(reason) <= 300, (dmg, reason)
-        assert (Catalog(fuzz_root).read.boundary_stats([rid]).empty
-                and Catalog(fuzz_root).read.bench_prompts([rid]).empty)
+        assert (DataRoot(fuzz_root).catalog.read.boundary_stats([rid]).empty
+                and DataRoot(fuzz_root).catalog.read.bench_prompts([rid]).empty)
     if row["status"] == "complete":
         _complete_is_whole(row, fuzz_root)
     _good_runs_whole(fuzz_root)
@@ -419,9 +418,9 @@ def test_full_rebuild_agrees_with_incremental(fuzz_root: Path) -> None:
     """After the examples: a full rebuild gives each run the status the incremental refreshes gave it."""
     if not DAMAGED:
         pytest.skip("no damaged runs (the property test did not run)")
-    before = Catalog(fuzz_root).read.list_runs().set_index("run_id")[["status", "error"]]
-    Catalog(fuzz_root).write.refresh(full=True)
-    after = Catalog(fuzz_root).read.list_runs().set_index("run_id")[["status", "error"]]
+    before = DataRoot(fuzz_root).catalog.read.list_runs().set_index("run_id")[["status", "error"]]
+    DataRoot(fuzz_root).catalog.write.refresh(full=True)
+    after = DataRoot(fuzz_root).catalog.read.list_runs().set_index("run_id")[["status", "error"]]
     assert sorted(before.index) == sorted(after.index)
     assert (before["status"] == after.loc[before.index, "status"]).all()
     _good_runs_whole(fuzz_root)
@@ -440,7 +439,7 @@ def test_pages_never_crash_on_damaged_runs(fuzz_root: Path, monkeypatch: pytest.
     if not DAMAGED:
         pytest.skip("no damaged runs (the property test did not run)")
     monkeypatch.setenv("SPECLENS_DATA", str(fuzz_root))
-    runs = Catalog(fuzz_root).read.list_runs()
+    runs = DataRoot(fuzz_root).catalog.read.list_runs()
     status = dict(zip(runs["run_id"], runs["status"]))
     caps = [r for r, d in DAMAGED if d.source.startswith("cap")]
     benches = [r for r, d in DAMAGED if d.source.startswith(("spec", "bench"))]

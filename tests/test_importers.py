@@ -17,7 +17,7 @@ from backend.config import REPO_ROOT
 from backend.errors import SpecLensError
 from backend.importers import import_capture
 from backend.producers import drafter_config, write_training_data
-from backend.store.rundir import RunDir, list_run_dirs
+from backend.store.data_root import DataRoot
 from backend.toy.target import build_random_target
 
 N = 8
@@ -37,8 +37,8 @@ def env(tmp_path_factory, model_dir):
     rows = (REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl").read_text().splitlines()[:5]
     prompts.write_text("\n".join(rows) + "\n")
     root = base / "data"
-    run_capture(CaptureSettings(model=str(model_dir), prompts=str(prompts), device="cpu"), name="hf", root=root,
-                progress=False)
+    run_capture(CaptureSettings(model=str(model_dir), prompts=str(prompts), device="cpu"), name="hf",
+                data=DataRoot(root), progress=False)
     return {"model": model_dir, "prompts": prompts, "root": root, "base": base}
 
 
@@ -48,19 +48,19 @@ def produce(env, fmt: str, tmp: Path, **kw):
 
 def imp(env, path, fmt: str, name: str, **kw):
     kw.setdefault("num_layers", N)
-    return import_capture(path, fmt, name=name, root=env["root"], progress=False, **kw)
+    return import_capture(path, fmt, name=name, data=DataRoot(env["root"]), progress=False, **kw)
 
 
 def manifest(env, run_id: str) -> dict:
-    return RunDir.open(run_id, env["root"]).manifest()
+    return DataRoot(env["root"]).run_dir(run_id).manifest()
 
 
 def sample(env, run_id: str) -> dict[str, torch.Tensor]:
-    return load_file(str(RunDir.open(run_id, env["root"]).file("sample.safetensors")))
+    return load_file(str(DataRoot(env["root"]).run_dir(run_id).file("sample.safetensors")))
 
 
 def kinds(env, run_id: str) -> list[str]:
-    return [f.kind for f in align_runs("hf", run_id, env["root"]).verdict]
+    return [f.kind for f in align_runs("hf", run_id, DataRoot(env["root"])).verdict]
 
 
 # ---------------------------------------------------------------------------- correct imports
@@ -125,7 +125,7 @@ def test_after_layer_data_imported_as_speculators_is_offset(env, tmp_path):
     assert prod.boundaries == ["S_3", "S_5", "S_6", "S_8"]
     r = imp(env, prod.out_dir, "speculators", "wrong-after", producer_ids=[2, 4, 5])
     assert manifest(env, r.run_id)["boundaries"] == S_LABELS
-    al = align_runs("hf", r.run_id, env["root"])
+    al = align_runs("hf", r.run_id, DataRoot(env["root"]))
     assert al.verdict[0].kind == "offset" and al.offset == 1
 
 
@@ -156,7 +156,7 @@ def test_nonfinite_values_are_counted_not_averaged(env, tmp_path):
 
 def no_complete_run(env, name: str, failed: bool) -> None:
     """failed: the error came mid-stream and the run is marked failed; else it came before any run existed."""
-    runs = {rd.run_id: rd.manifest()["status"] for rd in list_run_dirs(env["root"])}
+    runs = {rd.run_id: rd.manifest()["status"] for rd in DataRoot(env["root"]).run_dirs()}
     if failed:
         assert runs.get(name) == "failed"
         assert manifest(env, name)["error"]
@@ -340,14 +340,14 @@ def peers(tmp_path_factory):
     root = base / "data"
     with pytest.MonkeyPatch.context() as mp:                       # the HF engine fed the fixtures' token ids
         mp.setattr(capture_loop, "encode_all", lambda *a, **k: seqs)   # the one capture loop encodes
-        run_capture(CaptureSettings(model=str(target), prompts=str(prompts), device="cpu"), name="hf", root=root,
-                    progress=False)
+        run_capture(CaptureSettings(model=str(target), prompts=str(prompts), device="cpu"), name="hf",
+                    data=DataRoot(root), progress=False)
     return {"target": target, "root": root, "base": base}
 
 
 def peer_import(peers, src, name: str, fmt: str | None = None, **kw):
     kw.setdefault("num_layers", N)
-    return import_capture(src, fmt, name=name, root=peers["root"], progress=False, **kw)
+    return import_capture(src, fmt, name=name, data=DataRoot(peers["root"]), progress=False, **kw)
 
 
 def rel_l2(al, label: str) -> float:
@@ -381,12 +381,12 @@ def test_peer_artifact_imports_with_the_right_labels(peers, name, fmt, ids, dete
     assert fixture_info(name)["labels"] == labels                  # what the producer really captured
     run_id = f"peer-{name}-{fmt or 'auto'}-{len(ids or [])}"
     r = peer_import(peers, PEERS / name, run_id, fmt, producer_ids=ids)
-    m = RunDir.open(r.run_id, peers["root"]).manifest()
+    m = DataRoot(peers["root"]).run_dir(r.run_id).manifest()
     assert m["status"] == "complete" and m["engine"] == f"import:{detected}" and m["boundaries"] == labels
     assert m["dtype"] == "fp32" and m["source"]["files"] == 4
     assert ("detected" in m["source"]) == (fmt is None)
     assert r.tokens == sum(len(t) for t in fixture_tokens(name.replace("-compress", "")))
-    al = align_runs("hf", r.run_id, peers["root"])
+    al = align_runs("hf", r.run_id, DataRoot(peers["root"]))
     assert [f.kind for f in al.verdict] == ["aligned"], al.headline()
     for lbl in labels:
         assert rel_l2(al, lbl) < 1e-4, (lbl, rel_l2(al, lbl))      # vLLM CPU fp32 vs HF fp32: ~1e-6
@@ -395,8 +395,8 @@ def test_peer_artifact_imports_with_the_right_labels(peers, name, fmt, ids, dete
 def test_peer_artifact_with_wrong_ids_is_caught(peers):
     """The custom-id files imported with the default ids: the labels are wrong and alignment says so."""
     r = peer_import(peers, PEERS / "speculators-custom-ids", "peer-custom-as-default", "speculators")
-    assert RunDir.open(r.run_id, peers["root"]).manifest()["boundaries"] == ["S_2", "S_4", "S_5", "S_8"]
-    al = align_runs("hf", r.run_id, peers["root"])
+    assert DataRoot(peers["root"]).run_dir(r.run_id).manifest()["boundaries"] == ["S_2", "S_4", "S_5", "S_8"]
+    al = align_runs("hf", r.run_id, DataRoot(peers["root"]))
     assert "aligned" not in [f.kind for f in al.verdict]
     best = {p["boundary"]: p["best_match"] for p in al.per_boundary}
     assert [best.get(b) for b in ("S_2", "S_4", "S_5")] == ["S_1", "S_3", "S_6"], al.per_boundary
@@ -408,11 +408,11 @@ def test_fp8_connector_output_is_dequantised(peers):
     raw = load_file(str(PEERS / "speculators-fp8" / "hs_0.safetensors"))
     assert raw["hidden_states"].dtype == torch.float8_e4m3fn and list(raw["hidden_states_scales"].shape[1:]) == [1, 1]
     r = peer_import(peers, PEERS / "speculators-fp8", "peer-fp8")
-    m = RunDir.open(r.run_id, peers["root"]).manifest()
+    m = DataRoot(peers["root"]).run_dir(r.run_id).manifest()
     assert m["engine"] == "import:speculators" and m["boundaries"] == ["S_2", "S_4", "S_5", "S_8"]
     assert m["dtype"] == "fp8_e4m3fn" and m["source"]["stored_dtype"] == "fp8_e4m3fn"
     assert "hidden_states_scales" in m["source"]["dequantised"]
-    al = align_runs("hf", r.run_id, peers["root"])
+    al = align_runs("hf", r.run_id, DataRoot(peers["root"]))
     kinds_ = [f.kind for f in al.verdict]
     assert kinds_ == ["drift"], al.headline()                      # fp8 is never "same 16-bit": the strict rule
     assert "fp8_e4m3fn" in al.verdict[0].text
@@ -432,8 +432,8 @@ def test_fp8_connector_output_is_dequantised(peers):
 def test_gz_and_plain_specforge_import_the_same(peers):
     a = peer_import(peers, PEERS / "specforge", "peer-sf-plain", "specforge")
     b = peer_import(peers, PEERS / "specforge-compress", "peer-sf-gz", "specforge")
-    sa = load_file(str(RunDir.open(a.run_id, peers["root"]).file("sample.safetensors")))
-    sb = load_file(str(RunDir.open(b.run_id, peers["root"]).file("sample.safetensors")))
+    sa = load_file(str(DataRoot(peers["root"]).run_dir(a.run_id).file("sample.safetensors")))
+    sb = load_file(str(DataRoot(peers["root"]).run_dir(b.run_id).file("sample.safetensors")))
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
@@ -458,7 +458,7 @@ def test_detection_reads_contents_and_explains_the_choice(peers, tmp_path):
     shutil.copy(peers["target"] / "model.safetensors", d2 / "model.safetensors")
     assert detect_format(d2).format == "vllm-extract"
     r = peer_import(peers, d2, "peer-raw-with-weights")
-    m = RunDir.open(r.run_id, peers["root"]).manifest()
+    m = DataRoot(peers["root"]).run_dir(r.run_id).manifest()
     assert m["source"]["files"] == 4 and m["source"]["skipped"]["files"] == 1
     assert "model.safetensors" in m["source"]["skipped"]["examples"][0]
 
@@ -488,7 +488,7 @@ def peer_error(peers, path, name, needle, failed: bool, fmt=None, **kw) -> str:
         peer_import(peers, path, name, fmt, **kw)
     msg = str(e.value)
     assert needle in msg and "\n" not in msg, msg
-    runs = {rd.run_id: rd.manifest()["status"] for rd in list_run_dirs(peers["root"])}
+    runs = {rd.run_id: rd.manifest()["status"] for rd in DataRoot(peers["root"]).run_dirs()}
     assert runs.get(name) == ("failed" if failed else None), runs.get(name)
     assert all(s == "complete" for r, s in runs.items() if r.startswith("peer-") and "bad" not in r)
     return msg

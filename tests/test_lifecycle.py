@@ -10,7 +10,7 @@ import pytest
 
 from backend.errors import SpecLensError
 from backend.runs.lifecycle import Run, RunGuard
-from backend.store.catalog import Catalog
+from backend.store.data_root import DataRoot
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = {"kind": "capture", "engine": "hf", "model": {"path": "/m", "n_layers": 2, "hidden_size": 8},
@@ -18,41 +18,41 @@ MANIFEST = {"kind": "capture", "engine": "hf", "model": {"path": "/m", "n_layers
 
 
 def _status(root: Path, run_id: str) -> str | None:
-    df = Catalog(root).read.run_states([run_id])
+    df = DataRoot(root).catalog.read.run_states([run_id])
     return df["status"].iloc[0] if len(df) else None
 
 
 def test_each_state_change_is_indexed_at_once(tmp_path: Path) -> None:
-    run = Run.create("r1", MANIFEST, tmp_path)
+    run = Run.create("r1", MANIFEST, DataRoot(tmp_path))
     assert _status(tmp_path, "r1") == "running"                       # no refresh call by the caller
     run.fail("boom: one line")
     assert _status(tmp_path, "r1") == "failed"
-    assert Catalog(tmp_path).read.get_run("r1")["error"] == "boom: one line"
+    assert DataRoot(tmp_path).catalog.read.get_run("r1")["error"] == "boom: one line"
     run.claim(progress={"done": 1, "total": 3})
     assert _status(tmp_path, "r1") == "running"
     run.progress(2, 3, checkpoint=True)
-    assert Catalog(tmp_path).read.get_run("r1")["progress_done"] == 2
+    assert DataRoot(tmp_path).catalog.read.get_run("r1")["progress_done"] == 2
     run.complete(headline={"tokens": 5, "prompts": 3})
-    row = Catalog(tmp_path).read.get_run("r1")
+    row = DataRoot(tmp_path).catalog.read.get_run("r1")
     assert row["status"] == "complete" and row["tokens"] == 5
-    Run.remove("r1", tmp_path)
+    Run.remove("r1", DataRoot(tmp_path))
     assert _status(tmp_path, "r1") is None
 
 
 def test_progress_between_checkpoints_is_not_reindexed_every_time(tmp_path: Path) -> None:
-    run = Run.create("r2", MANIFEST, tmp_path)
+    run = Run.create("r2", MANIFEST, DataRoot(tmp_path))
     run.progress(1, 3)                                  # just indexed by create: not due yet
-    assert Run.open("r2", tmp_path).manifest()["progress"]["done"] == 1
-    assert Catalog(tmp_path).read.get_run("r2")["progress_done"] == 0
+    assert Run.open("r2", DataRoot(tmp_path)).manifest()["progress"]["done"] == 1
+    assert DataRoot(tmp_path).catalog.read.get_run("r2")["progress_done"] == 0
 
 
 def test_guard_fails_the_run_and_indexes_it(tmp_path: Path) -> None:
-    run = Run.create("r3", MANIFEST, tmp_path)
+    run = Run.create("r3", MANIFEST, DataRoot(tmp_path))
     with pytest.raises(ValueError):
         with RunGuard(run):
             raise ValueError("bad value\nsecond line")
     assert _status(tmp_path, "r3") == "failed"
-    assert Catalog(tmp_path).read.get_run("r3")["error"] == "ValueError: bad value"
+    assert DataRoot(tmp_path).catalog.read.get_run("r3")["error"] == "ValueError: bad value"
 
 
 @pytest.mark.parametrize("bad, field", [({**MANIFEST, "kind": "train"}, "kind"),
@@ -60,7 +60,7 @@ def test_guard_fails_the_run_and_indexes_it(tmp_path: Path) -> None:
                                         ({k: v for k, v in MANIFEST.items() if k != "model"}, "model")])
 def test_malformed_manifest_is_refused_before_anything_is_written(tmp_path: Path, bad: dict, field: str) -> None:
     with pytest.raises(SpecLensError, match=rf"manifest field '{field}'"):
-        Run.create("r4", bad, tmp_path)
+        Run.create("r4", bad, DataRoot(tmp_path))
     assert not (tmp_path / "runs" / "r4").exists()
 
 
@@ -96,7 +96,7 @@ def test_pages_read_through_the_catalog_only() -> None:
 def test_complete_drops_resume_files_before_it_reindexes(tmp_path: Path) -> None:
     """The checkpoint/journal goes right after the manifest says complete, before the (slower) re-index: a kill
     in between must not leave a complete run with a checkpoint (tests/test_reliability.py kills at random)."""
-    run = Run.create("r5", MANIFEST, tmp_path)
+    run = Run.create("r5", MANIFEST, DataRoot(tmp_path))
     run.file("checkpoint.safetensors").write_bytes(b"x")
     seen = []
     run._changed = lambda: seen.append(run.file("checkpoint.safetensors").exists())      # what the re-index sees

@@ -24,6 +24,7 @@ from backend.config import REPO_ROOT
 from backend.errors import SpecLensError
 from backend.load_bench import LoadSettings, run_load, summarize
 from backend.load_client import run_level
+from backend.store.data_root import DataRoot
 
 DATA = Path(__file__).parent / "data" / "recorded"
 METRICS = DATA / "metrics"
@@ -201,14 +202,14 @@ def test_load_run_against_replayed_servers_resumes_after_a_failure(toy_target: P
     try:
         s = _settings(toy_target, bad.url, base.url)
         with pytest.raises(SpecLensError, match="every request to .* failed"):
-            run_load(s, name="ld", root=data_root, progress=False)
+            run_load(s, name="ld", data=DataRoot(data_root), progress=False)
         m = json.loads((data_root / "runs" / "ld" / "manifest.json").read_text())
         assert m["status"] == "failed" and m["progress"]["done"] >= 1
         journal = (data_root / "runs" / "ld" / "journal.jsonl").read_text().splitlines()
         assert 3 <= len(journal) < 12
         good = Replay(resp, [after, end])
         try:
-            r = run_load(_settings(toy_target, good.url, base.url), name="ld", root=data_root, progress=False)
+            r = run_load(_settings(toy_target, good.url, base.url), name="ld", data=DataRoot(data_root), progress=False)
         finally:
             good.close()
     finally:
@@ -234,16 +235,16 @@ def test_load_run_against_replayed_servers_resumes_after_a_failure(toy_target: P
 
 def test_one_line_errors(toy_target: Path, data_root: Path) -> None:
     with pytest.raises(SpecLensError, match="needs --baseline-url"):
-        run_load(_settings(toy_target, "http://127.0.0.1:9", None), root=data_root, progress=False)
+        run_load(_settings(toy_target, "http://127.0.0.1:9", None), data=DataRoot(data_root), progress=False)
     with pytest.raises(SpecLensError, match="serves one drafter configuration"):
         run_load(LoadSettings(engine="vllm", target=str(toy_target), prompts=str(PROMPTS), num_spec_tokens=[1, 2],
                               server_url="http://127.0.0.1:9", baseline_url="http://127.0.0.1:9"),
-                 root=data_root, progress=False)
+                 data=DataRoot(data_root), progress=False)
     with pytest.raises(SpecLensError, match=r"\[1, K\+1\]"):
         run_load(LoadSettings(engine="vllm", target=str(toy_target), prompts=str(PROMPTS), drafter="d",
-                              num_spec_tokens=[2], synthetic_tau=[3.5]), root=data_root, progress=False)
+                              num_spec_tokens=[2], synthetic_tau=[3.5]), data=DataRoot(data_root), progress=False)
     with pytest.raises(SpecLensError, match="unreachable"):
-        run_load(_settings(toy_target, "http://127.0.0.1:9", "http://127.0.0.1:9"), name="x", root=data_root,
+        run_load(_settings(toy_target, "http://127.0.0.1:9", "http://127.0.0.1:9"), name="x", data=DataRoot(data_root),
                  progress=False)
     m = json.loads((data_root / "runs" / "x" / "manifest.json").read_text())
     assert m["status"] == "failed" and "unreachable" in m["error"]
@@ -344,7 +345,6 @@ def test_load_job_runs_on_the_worker(toy_target: Path, data_root: Path, monkeypa
     from backend.jobs import queue
     from backend.jobs import spec as specs
     from backend.jobs.worker import run_worker
-    from backend.store.catalog import Catalog
 
     monkeypatch.setenv("SPECLENS_MODEL_ROOTS", str(toy_target.parent))
     _, resp = _stream(2)
@@ -354,12 +354,12 @@ def test_load_job_runs_on_the_worker(toy_target: Path, data_root: Path, monkeypa
                                "limit": 2, "concurrency": [1], "requests": 2, "max_tokens": 32,
                                "server_url": spec.url, "baseline_url": base.url, "name": "ldjob"})
         assert jobs[0]["num_gpus"] == 0.0                     # servers of someone else: no GPU taken here
-        queue.enqueue(jobs, data_root)
-        run_worker(data_root, once=True, log=lambda *_: None)
+        queue.enqueue(jobs, DataRoot(data_root))
+        run_worker(DataRoot(data_root), once=True, log=lambda *_: None)
     finally:
         base.close()
         spec.close()
-    runs = Catalog(data_root).read.list_runs(kind="load")
+    runs = DataRoot(data_root).catalog.read.list_runs(kind="load")
     assert runs.set_index("run_id").loc["ldjob", "status"] == "complete"
     m = json.loads((data_root / "runs" / "ldjob" / "manifest.json").read_text())
     assert m["job"]["kind"] == "load" and m["load"]["levels"] == 2

@@ -14,7 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from backend.store.catalog import LOAD_CELL_COLUMNS, Catalog
+from backend.store.catalog import LOAD_CELL_COLUMNS
+from backend.store.data_root import DataRoot
 from dashboard import load_charts as lc
 from tests.test_pages import figures, open_page, params, texts, values
 
@@ -29,7 +30,7 @@ def build_load_data(root: Path) -> Path:
     for run in (SWEEP, PAIR, WATCH, SGL):
         shutil.copytree(RECORDED / run, root / "runs" / run)
     shutil.copytree(MAPS / MAP, root / "runs" / MAP)
-    Catalog(root).write.refresh(full=True)
+    DataRoot(root).catalog.write.refresh(full=True)
     return root
 
 
@@ -56,7 +57,7 @@ def _x(v: float) -> str:
 
 
 def test_catalog_indexes_levels_and_summary_cells_not_requests(load: Path) -> None:
-    read = Catalog(load).read
+    read = DataRoot(load).catalog.read
     cells, levels = read.load_cells([SWEEP, PAIR]), read.load_levels([SWEEP, PAIR])
     assert len(cells) == 12 + 4 and len(levels) == 24 + 8
     s = summary(SWEEP)
@@ -83,10 +84,11 @@ def test_a_broken_summary_quarantines_its_run(tmp_path: Path) -> None:
     root = tmp_path / "data"
     shutil.copytree(RECORDED / PAIR, root / "runs" / PAIR)
     (root / "runs" / PAIR / "summary.json").write_text("{not json")
-    Catalog(root).write.refresh(full=True)
-    run = Catalog(root).read.get_run(PAIR)
+    DataRoot(root).catalog.write.refresh(full=True)
+    run = DataRoot(root).catalog.read.get_run(PAIR)
     assert run["status"] == "quarantined" and run["error"].startswith("summary.json: ")
-    assert Catalog(root).read.load_levels([PAIR]).empty and Catalog(root).read.load_cells([PAIR]).empty
+    read = DataRoot(root).catalog.read
+    assert read.load_levels([PAIR]).empty and read.load_cells([PAIR]).empty
 
 
 # ---------------------------------------------------------------------------- the sweep: words against summary.json
@@ -318,7 +320,7 @@ def test_pareto_front_is_the_undominated_points() -> None:
 def test_a_noisy_level_of_one_config_gives_no_verdict_words(load: Path) -> None:
     """The pair's cells with a noise flag set here at concurrency 32 (the recorded pair has one baseline measurement
     per level: no flag): the tile turns grey and no faster/slower words are said there."""
-    cells = Catalog(load).read.load_cells([PAIR])
+    cells = DataRoot(load).catalog.read.load_cells([PAIR])
     at32 = cells["concurrency"] == 32
     cells.loc[at32, ["baseline_noisy", "noise_spread", "noise_bar", "noise_min_tps", "noise_max_tps"]] = \
         [True, 0.3, 0.1, 7000.0, 9400.0]
@@ -327,18 +329,17 @@ def test_a_noisy_level_of_one_config_gives_no_verdict_words(load: Path) -> None:
     line = next(ln for ln in lc.best_lines(cells) if ln.startswith("**Concurrency 32**"))
     assert line == ("**Concurrency 32**: K=4, the only configuration: 1.13x [1.09, 1.17]. **No verdict**: the "
                     "baseline was noisy (30% apart across its measurements, see below).")
-    assert "30%" in lc.noise_note(cells, Catalog(load).read.load_levels([PAIR]))[1]
+    assert "30%" in lc.noise_note(cells, DataRoot(load).catalog.read.load_levels([PAIR]))[1]
 
 
 def test_an_unfinished_load_run_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from backend.store.rundir import RunDir
 
     root = tmp_path / "data"
     shutil.copytree(RECORDED / PAIR, root / "runs" / PAIR)
     m = json.loads((RECORDED / PAIR / "manifest.json").read_text())
     keep = ("kind", "engine", "engine_version", "model", "drafter", "dtype", "dataset", "settings")
-    RunDir.create("load-live", {**{k: m[k] for k in keep}, "progress": {"done": 3, "total": 8}}, root)
-    Catalog(root).write.refresh(full=True)
+    DataRoot(root).new_run_dir("load-live", {**{k: m[k] for k in keep}, "progress": {"done": 3, "total": 8}})
+    DataRoot(root).catalog.write.refresh(full=True)
     monkeypatch.setenv("SPECLENS_DATA", str(root))
     at = open_page("pages/load.py", run="load-live")
     assert "Load run `load-live` is running (3 / 8 levels)" in texts(at.info) and not at.metric

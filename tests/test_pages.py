@@ -13,7 +13,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from backend.config import REPO_ROOT
-from backend.store.catalog import Catalog
+from backend.store.data_root import DataRoot
 
 APP = str(REPO_ROOT / "app.py")
 
@@ -135,7 +135,7 @@ def test_alignment_backend_error_is_one_line(dash: Path, tmp_path: Path, monkeyp
     for rid in ("a1", "a2"):
         shutil.copytree(dash / "runs" / rid, tmp_path / "runs" / rid)
     (tmp_path / "runs" / "a2" / "sample.safetensors").unlink()
-    Catalog(tmp_path).write.refresh()
+    DataRoot(tmp_path).catalog.write.refresh()
     monkeypatch.setenv("SPECLENS_DATA", str(tmp_path))
     at = open_page("pages/alignment.py", a="a1", b="a2")
     assert "missing raw sample" in texts(at.error)
@@ -262,7 +262,7 @@ def test_run_page_of_a_failed_run_shows_its_error_and_log(dash: Path, tmp_path: 
     shutil.copytree(dash / "runs" / "broken-run", tmp_path / "runs" / "broken-run")
     lines = [f"step {i}: ok" for i in range(100)] + ["RuntimeError: CUDA out of memory (tried 2 GiB)"]
     (tmp_path / "runs" / "broken-run" / "capture.log").write_text("\n".join(lines) + "\n")
-    Catalog(tmp_path).write.refresh()
+    DataRoot(tmp_path).catalog.write.refresh()
     monkeypatch.setenv("SPECLENS_DATA", str(tmp_path))
     at = open_page("pages/run.py", id="broken-run")
     assert "Failed: OutOfMemoryError: CUDA out of memory" in texts(at.error)

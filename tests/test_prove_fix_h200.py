@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from backend import metrics
+from backend.store.data_root import DataRoot
 
 D = Path(__file__).parent / "data" / "recorded" / "prove" / "vllm-0.24.0-h200"
 RUNS = {t: f"prove-h200-vllm-{t}" for t in ("original", "fixed", "matched")}
@@ -70,13 +71,12 @@ def test_the_fix_recovers_tau_to_the_matched_drafter_and_stays_lossless() -> Non
 def proof_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import shutil
 
-    from backend.store.catalog import Catalog
 
     root = tmp_path_factory.mktemp("proof-data")
     for d in D.iterdir():
         if d.is_dir():
             shutil.copytree(d, root / "runs" / d.name)
-    Catalog(root).write.refresh(full=True)
+    DataRoot(root).catalog.write.refresh(full=True)
     return root
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from backend.config import REPO_ROOT
+from backend.store.data_root import DataRoot
 
 ray = pytest.importorskip("ray")
 
@@ -25,7 +26,7 @@ def pair(tmp_path_factory) -> Path:
 
     if not PAIR_TARBALL.exists():
         pytest.skip(f"{PAIR_TARBALL} missing")
-    return toy_pair(tmp_path_factory.mktemp("ray-pair"))
+    return toy_pair(DataRoot(tmp_path_factory.mktemp("ray-pair")))
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,6 @@ def test_ray_sweep_of_8_toy_pair_jobs_over_2_nodes(cluster, data_root, pair, mon
     from backend.jobs import queue
     from backend.jobs.cli import submit_spec
     from backend.jobs.worker import run_ray
-    from backend.store.catalog import Catalog
 
     monkeypatch.setenv("SPECLENS_MODEL_ROOTS", str(pair))
     drafters = [pair / "drafter-matched", pair / "drafter-after-layer"]
@@ -58,26 +58,26 @@ def test_ray_sweep_of_8_toy_pair_jobs_over_2_nodes(cluster, data_root, pair, mon
                         "drafters": [str(d) for d in drafters],
                         "num_spec_tokens": [1, 2], "temperature": [0, 0.7], "prompts": str(PROMPTS), "limit": 2,
                         "repeats": 1, "max_new_tokens": 8, "device": "cpu", "num_cpus": 1, "num_gpus": 0},
-                       root=data_root)
+                       data=DataRoot(data_root))
     assert len(jobs) == 8
     t0 = time.monotonic()
     logs: list[str] = []
-    assert run_ray(cluster.address, data_root, once=True, log=logs.append) == 8
+    assert run_ray(cluster.address, DataRoot(data_root), once=True, log=logs.append) == 8
     took = time.monotonic() - t0
     assert len(ray.nodes()) == 2 and all(n["Alive"] for n in ray.nodes())
-    states = {j["job_id"]: queue.find(j["job_id"], data_root)[0] for j in jobs}
+    states = {j["job_id"]: queue.find(j["job_id"], DataRoot(data_root))[0] for j in jobs}
     assert set(states.values()) == {"done"}, (states, logs)
     # the tasks ran in Ray workers spread over both nodes (one CPU each), not in this process
-    results = [queue.find(j["job_id"], data_root)[1]["result"] for j in jobs]
+    results = [queue.find(j["job_id"], DataRoot(data_root))[1]["result"] for j in jobs]
     pids = {json.loads((data_root / "runs" / r["run"] / "manifest.json").read_text())["pid"] for r in results}
     assert os.getpid() not in pids and len(pids) >= 2
-    Catalog(data_root).write.refresh()
-    runs = Catalog(data_root).read.list_runs()
+    DataRoot(data_root).catalog.write.refresh()
+    runs = DataRoot(data_root).catalog.read.list_runs()
     ours = runs[runs["run_id"].str.startswith("rs-")]
     # 8 sweep runs + one paired baseline per temperature, shared by the jobs that started together on two nodes
     assert len(ours) == 8 + 2, sorted(ours["run_id"])
     assert (runs["status"] == "complete").all(), runs[["run_id", "status"]]
-    bench = Catalog(data_root).read.bench_runs().set_index("run_id")
+    bench = DataRoot(data_root).catalog.read.bench_runs().set_index("run_id")
     for j in jobs:
         assert bench.loc[j["job_id"], "baseline_run"] in set(runs["run_id"])
     greedy = [j["job_id"] for j in jobs if j["settings"]["temperature"] == 0.0]
@@ -91,11 +91,10 @@ def test_ray_cancel_ends_the_task_and_fails_its_run(cluster, data_root, tiny_lla
     from backend.jobs import queue
     from backend.jobs.cli import submit_spec
     from backend.jobs.worker import run_ray
-    from backend.store.rundir import RunDir
 
     monkeypatch.setenv("SPECLENS_MODEL_ROOTS", str(tiny_llama.parent))
     submit_spec({"kind": "bench", "name": "ray-long", "target": str(tiny_llama), "prompts": str(PROMPTS), "limit": 20,
-                 "repeats": 5, "max_new_tokens": 64, "device": "cpu", "num_cpus": 1}, root=data_root)
+                 "repeats": 5, "max_new_tokens": 64, "device": "cpu", "num_cpus": 1}, data=DataRoot(data_root))
     man = data_root / "runs" / "ray-long" / "manifest.json"
     seen: list[str] = []
 
@@ -103,16 +102,16 @@ def test_ray_cancel_ends_the_task_and_fails_its_run(cluster, data_root, tiny_lla
         end = time.monotonic() + 120
         while time.monotonic() < end:
             if man.exists() and json.loads(man.read_text())["status"] == "running":
-                seen.append(queue.cancel("ray-long", data_root))
+                seen.append(queue.cancel("ray-long", DataRoot(data_root)))
                 return
             time.sleep(0.1)
 
     t = threading.Thread(target=cancel_when_running)
     t.start()
-    assert run_ray(cluster.address, data_root, once=True, poll_s=0.2, log=lambda s: None) == 1
+    assert run_ray(cluster.address, DataRoot(data_root), once=True, poll_s=0.2, log=lambda s: None) == 1
     t.join()
     assert seen == ["cancelling"]
-    st, job = queue.find("ray-long", data_root)
+    st, job = queue.find("ray-long", DataRoot(data_root))
     assert st == "cancelled" and job["error"] == "cancelled"
-    m = RunDir.open("ray-long", data_root).manifest()
+    m = DataRoot(data_root).run_dir("ray-long").manifest()
     assert m["status"] == "failed" and "cancelled" in m["error"] and m["progress"]["done"] < 100

@@ -16,6 +16,7 @@ import pytest
 from backend.bench import BenchSettings, run_bench
 from backend.demo import PAIR_TARBALL, heldout_prompts, toy_pair
 from backend.errors import SpecLensError
+from backend.store.data_root import DataRoot
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.skipif(not PAIR_TARBALL.exists(), reason="needs the toy pair (models/toy-pair.tar.gz)"),
@@ -24,15 +25,15 @@ pytestmark = [pytest.mark.skipif(not PAIR_TARBALL.exists(), reason="needs the to
 
 @pytest.fixture(scope="module")
 def benches(tmp_path_factory) -> dict:
-    pair = toy_pair(tmp_path_factory.mktemp("toy"))
+    pair = toy_pair(DataRoot(tmp_path_factory.mktemp("toy")))
     root = tmp_path_factory.mktemp("regress-data")
     base = dict(target=str(pair / "target"), drafter=str(pair / "drafter-matched"), prompts=str(heldout_prompts(pair)),
                 limit=12, num_spec_tokens=3, repeats=1, max_new_tokens=32, device="cpu")
     runs = {
-        "baseline": run_bench(BenchSettings(**base), name="rel-old", root=root, progress=False),
-        "rerun": run_bench(BenchSettings(**base, seed=1), name="rel-new", root=root, progress=False),
+        "baseline": run_bench(BenchSettings(**base), name="rel-old", data=DataRoot(root), progress=False),
+        "rerun": run_bench(BenchSettings(**base, seed=1), name="rel-new", data=DataRoot(root), progress=False),
         "dropped": run_bench(BenchSettings(**base, producer="sglang", producer_version="0.5.15"), name="rel-drop",
-                             root=root, progress=False),
+                             data=DataRoot(root), progress=False),
     }
     plant_drop(root, runs["baseline"].run_id, "rel-planted")
     return {"root": root, "planted": "rel-planted", **{k: v.run_id for k, v in runs.items()}}
@@ -45,7 +46,6 @@ def plant_drop(root: Path, src: str, run_id: str, keep: float = 0.4) -> None:
 
     import pandas as pd
 
-    from backend.store.catalog import Catalog
 
     d = root / "runs" / run_id
     shutil.copytree(root / "runs" / src, d)
@@ -59,7 +59,7 @@ def plant_drop(root: Path, src: str, run_id: str, keep: float = 0.4) -> None:
     m["bench"]["tau"] = 1 + pr["accepted"].sum() / pr["drafts"].sum()
     m["bench"]["acceptance_rate"] = pr["accepted"].sum() / (pr["drafts"].sum() * m["num_spec_tokens"])
     (d / "manifest.json").write_text(json.dumps(m))
-    Catalog(root).write.refresh()
+    DataRoot(root).catalog.write.refresh()
 
 
 def _cli(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -70,7 +70,7 @@ def _cli(root: Path, *args: str) -> subprocess.CompletedProcess:
 def test_regress_passes_on_a_rerun_of_the_same_settings(benches) -> None:
     from backend import regress
 
-    r = regress.compare(benches["baseline"], benches["rerun"], root=benches["root"])
+    r = regress.compare(benches["baseline"], benches["rerun"], data=DataRoot(benches["root"]))
     assert r["verdict"] == "ok", r["line"]
     assert r["tau_difference"]["prompts"] == 12
     out = _cli(benches["root"], "regress", "--baseline", benches["baseline"], "--candidate", benches["rerun"])
@@ -80,13 +80,13 @@ def test_regress_passes_on_a_rerun_of_the_same_settings(benches) -> None:
 def test_regress_fails_on_a_planted_drop(benches) -> None:
     from backend import regress
 
-    r = regress.compare(benches["baseline"], benches["planted"], root=benches["root"])
+    r = regress.compare(benches["baseline"], benches["planted"], data=DataRoot(benches["root"]))
     assert r["verdict"] == "worse" and r["tau_difference"]["ci_high"] < 0, r["line"]
     out = _cli(benches["root"], "regress", "--baseline", benches["baseline"], "--candidate", benches["planted"])
     assert out.returncode == 1, out.stdout + out.stderr
     assert out.stdout.count("\n") == 1 and out.stdout.startswith("REGRESSION: "), out.stdout
     # a drop the threshold allows is not a regression
-    big = regress.compare(benches["baseline"], benches["planted"], max_tau_drop=5.0, root=benches["root"])
+    big = regress.compare(benches["baseline"], benches["planted"], max_tau_drop=5.0, data=DataRoot(benches["root"]))
     assert big["verdict"] == "ok"
 
 
@@ -94,7 +94,7 @@ def test_a_drop_inside_the_interval_is_reported_not_failed(benches) -> None:
     """The toy drafter fed SGLang 0.5.15's reading (S_3, S_5, S_6) loses little on 12 prompts: reported, ok."""
     from backend import regress
 
-    r = regress.compare(benches["baseline"], benches["dropped"], root=benches["root"])
+    r = regress.compare(benches["baseline"], benches["dropped"], data=DataRoot(benches["root"]))
     assert "sglang 0.5.15 reading" in r["line"] and "vllm 0.24.0 V2 reading" in r["line"]
     d = r["tau_difference"]
     assert r["verdict"] == ("worse" if d["diff"] < -0.02 and d["ci_high"] < 0 else "ok")
@@ -104,7 +104,7 @@ def test_regress_refuses_runs_it_cannot_compare(benches) -> None:
     from backend import regress
 
     with pytest.raises(SpecLensError, match="no bench run"):
-        regress.compare(benches["baseline"], "bench-nope", root=benches["root"])
+        regress.compare(benches["baseline"], "bench-nope", data=DataRoot(benches["root"]))
     out = _cli(benches["root"], "regress", "--baseline", benches["baseline"], "--candidate", "bench-nope")
     assert out.returncode == 2 and out.stderr.count("\n") == 1
 
@@ -123,8 +123,8 @@ def test_runs_json_carries_headline_figures(benches) -> None:
 def test_history_groups_by_release(benches) -> None:
     from backend import regress
 
-    groups = regress.history(root=benches["root"])
+    groups = regress.history(data=DataRoot(benches["root"]))
     assert len(groups) == 1
-    g = regress.with_release(next(iter(groups.values())), root=benches["root"])
+    g = regress.with_release(next(iter(groups.values())), data=DataRoot(benches["root"]))
     assert set(g["run_id"]) == {benches["baseline"], benches["rerun"], benches["dropped"], benches["planted"]}
     assert any("sglang 0.5.15 reading" in r for r in g["release"])

@@ -12,6 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from backend.config import REPO_ROOT
 from backend.demo import PAIR_TARBALL, heldout_prompts, toy_pair
+from backend.store.data_root import DataRoot
 
 APP = str(REPO_ROOT / "app.py")
 pytestmark = [pytest.mark.skipif(not PAIR_TARBALL.exists(), reason="needs the toy pair (models/toy-pair.tar.gz)"),
@@ -25,16 +26,16 @@ def build_release_data(root: Path) -> dict:
     from backend.check_drafter import CheckSettings, run_check
     from tests.test_regress import plant_drop
 
-    pair = toy_pair(root)
+    pair = toy_pair(DataRoot(root))
     base = dict(target=str(pair / "target"), drafter=str(pair / "drafter-matched"), prompts=str(heldout_prompts(pair)),
                 limit=8, num_spec_tokens=3, repeats=1, max_new_tokens=24, device="cpu")
-    run_bench(BenchSettings(**base), name="rel-vllm", root=root, progress=False)
-    run_bench(BenchSettings(**base, producer="sglang", producer_version="0.5.15"), name="rel-sglang", root=root,
-              progress=False)
+    run_bench(BenchSettings(**base), name="rel-vllm", data=DataRoot(root), progress=False)
+    run_bench(BenchSettings(**base, producer="sglang", producer_version="0.5.15"), name="rel-sglang",
+              data=DataRoot(root), progress=False)
     plant_drop(root, "rel-vllm", "rel-planted")
     run_check(CheckSettings(drafter=str(pair / "drafter-after-layer"), target=str(pair / "target"), device="cpu",
                             num_prompts=6, new_tokens=32, prompts=str(heldout_prompts(pair))), name="chk-after",
-              root=root, progress=False)
+              data=DataRoot(root), progress=False)
     return {"pair": pair}
 
 

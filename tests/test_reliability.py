@@ -35,8 +35,7 @@ import pandas as pd
 import pytest
 
 from backend.config import REPO_ROOT
-from backend.store.catalog import Catalog
-from backend.store.rundir import RunDir
+from backend.store.data_root import DataRoot
 
 PROMPTS = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
 TRIALS = int(os.environ.get("SPECLENS_RELIABILITY_TRIALS", "6"))
@@ -164,12 +163,12 @@ def same_bench(ref: Path, got: Path, spec: bool) -> None:
 
 
 def catalog_whole(root: Path, rid: str, kind: str, ref_row_count: int) -> None:
-    row = Catalog(root).read.get_run(rid)
+    row = DataRoot(root).catalog.read.get_run(rid)
     assert row is not None and row["status"] == "complete", (rid, row and row["status"])
     if kind == "capture":
-        assert len(Catalog(root).read.boundary_stats([rid])) == row["n_boundaries"] == ref_row_count
+        assert len(DataRoot(root).catalog.read.boundary_stats([rid])) == row["n_boundaries"] == ref_row_count
     else:
-        assert len(Catalog(root).read.bench_prompts([rid])) == ref_row_count
+        assert len(DataRoot(root).catalog.read.bench_prompts([rid])) == ref_row_count
 
 
 # ---------------------------------------------------------------------------- (a) kill -9 trials
@@ -179,8 +178,8 @@ def _watch_until(root: Path, ids: list[str], until: float, seen: dict[str, set])
     """Refresh and read the catalog (as a dashboard does) until `until`; record every status seen per run."""
     while time.monotonic() < until:
         try:
-            Catalog(root).write.refresh()
-            st = Catalog(root).read.run_states(ids)
+            DataRoot(root).catalog.write.refresh()
+            st = DataRoot(root).catalog.read.run_states(ids)
             for r, s in zip(st["run_id"], st["status"]):
                 seen.setdefault(r, set()).add(s)
         except Exception as e:  # noqa: BLE001 - a reader must never fail
@@ -240,14 +239,15 @@ def test_kill9_at_random_points_then_resume_equals_uninterrupted(forkserver, mod
         assert p.exitcode in (-signal.SIGKILL, 0), p.exitcode
         at_kill = {r: _manifest_status(root, r) for r in ids}
         progress = {r: _progress(root, r) for r in ids}
-        Catalog(root).write.refresh()
-        after = Catalog(root).read.run_states(ids)
+        DataRoot(root).catalog.write.refresh()
+        after = DataRoot(root).catalog.read.run_states(ids)
         after = dict(zip(after["run_id"], after["status"]))
         for r in ids:
             if at_kill[r] != "complete":                         # died unfinished: never complete in the catalog
                 assert "complete" not in seen.get(r, set()), (r, seen)
                 assert after.get(r) in (None, "interrupted"), (r, after.get(r))
-                assert Catalog(root).read.boundary_stats([r]).empty and Catalog(root).read.bench_prompts([r]).empty
+                read = DataRoot(root).catalog.read
+                assert read.boundary_stats([r]).empty and read.bench_prompts([r]).empty
             else:                                                 # finished before the kill: whole already
                 if kind == "capture":
                     same_capture(ref / "runs" / "ref-cap", root / "runs" / r)
@@ -268,7 +268,7 @@ def test_kill9_at_random_points_then_resume_equals_uninterrupted(forkserver, mod
             catalog_whole(root, f"{name}-baseline", "bench", ref_prompts)
         trials.append({"kind": kind, "name": name, "kill_after_s": round(delay, 2), "state_at_kill": at_kill,
                        "progress_at_kill": progress, "restarted": restarted})
-    runs = Catalog(root).read.list_runs()
+    runs = DataRoot(root).catalog.read.list_runs()
     assert sorted(runs["run_id"]) == sorted(expected), "a run duplicated or missing"
     assert (runs["status"] == "complete").all()
     REPORT["kill9"] = {"trials": len(trials), "seed": SEED, "reference_s": {"capture": round(t_cap, 2),
@@ -303,15 +303,15 @@ def test_kill9_of_the_worker_then_restart_resumes(models: dict, tmp_path: Path, 
     n = torch.get_num_threads()
     torch.set_num_threads(1)                                    # as the job child (num_cpus: 1): same float sums
     try:
-        run_capture(specs.settings_object(specs.validate({**cap, "name": "r"})[0]), name="ref-cap", root=ref,
+        run_capture(specs.settings_object(specs.validate({**cap, "name": "r"})[0]), name="ref-cap", data=DataRoot(ref),
                     progress=False)
-        run_bench(specs.settings_object(specs.validate({**ben, "name": "r"})[0]), name="ref-ben", root=ref,
+        run_bench(specs.settings_object(specs.validate({**ben, "name": "r"})[0]), name="ref-ben", data=DataRoot(ref),
                   progress=False)
     finally:
         torch.set_num_threads(n)
     trials = []
     for job, ids in ((cap, ["w-cap"]), (ben, ["w-ben", "w-ben-baseline"])):
-        submit_spec(job, root=root)
+        submit_spec(job, data=DataRoot(root))
         w = subprocess.Popen([sys.executable, "-m", "backend", "worker", "--once", "--poll", "0.2"], cwd=REPO_ROOT,
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120                       # wait for the job's run to exist, then a random delay
@@ -329,8 +329,8 @@ def test_kill9_of_the_worker_then_restart_resumes(models: dict, tmp_path: Path, 
         child_gone_s = time.monotonic() - t_kill
         assert not _alive(child), f"the job child {child} outlived its worker by {child_gone_s:.1f} s"
         at_kill = {r: _manifest_status(root, r) for r in ids}
-        Catalog(root).write.refresh()
-        after = Catalog(root).read.run_states(ids)
+        DataRoot(root).catalog.write.refresh()
+        after = DataRoot(root).catalog.read.run_states(ids)
         after = dict(zip(after["run_id"], after["status"]))
         for r in ids:
             if at_kill[r] != "complete":
@@ -338,15 +338,15 @@ def test_kill9_of_the_worker_then_restart_resumes(models: dict, tmp_path: Path, 
         r = subprocess.run([sys.executable, "-m", "backend", "worker", "--once", "--poll", "0.2"], cwd=REPO_ROOT,
                            env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
-        state, j = queue.find(job["name"], root)
+        state, j = queue.find(job["name"], DataRoot(root))
         assert state == "done", (state, j)
         trials.append({"kind": job["kind"], "kill_after_s": round(delay, 2), "state_at_kill": at_kill,
                        "child_gone_after_s": round(child_gone_s, 2), "attempts": j.get("attempts")})
     same_capture(ref / "runs" / "ref-cap", root / "runs" / "w-cap")
     same_bench(ref / "runs" / "ref-ben", root / "runs" / "w-ben", spec=True)
     same_bench(ref / "runs" / "ref-ben-baseline", root / "runs" / "w-ben-baseline", spec=False)
-    Catalog(root).write.refresh()
-    runs = Catalog(root).read.list_runs()
+    DataRoot(root).catalog.write.refresh()
+    runs = DataRoot(root).catalog.read.list_runs()
     assert sorted(runs["run_id"]) == ["w-ben", "w-ben-baseline", "w-cap"] and (runs["status"] == "complete").all()
     REPORT["worker_kill9"] = {"trials": len(trials), "detail": trials, "seconds": round(time.monotonic() - t0, 1)}
 
@@ -355,24 +355,23 @@ def test_kill9_of_the_worker_then_restart_resumes(models: dict, tmp_path: Path, 
 
 
 def writer_main(root: str, template: str, n: int, done_flag: str) -> None:
-    """Write n runs as the CLI does: RunDir.create (running), the result files, complete; refresh after each."""
-    from backend.store.catalog import Catalog
+    """Write n runs as the CLI does: DataRoot.new_run_dir (running), the result files, complete; refresh after each."""
 
-    src = Path(template)
+    src, data = Path(template), DataRoot(root)
     for i in range(n):
         kind = "bench" if i % 2 else "capture"
         tpl = src / ("spec-random" if kind == "bench" else "cap-tiny")
         m = json.loads((tpl / "manifest.json").read_text())
         for k in ("run_id", "status", "pid", "host", "created", "updated", "finished"):
             m.pop(k, None)
-        rd = RunDir.create(f"soak-{i:04d}", {**m, "progress": {"done": 0, "total": m["progress"]["total"]}}, Path(root))
-        Catalog(root).write.refresh()
+        rd = data.new_run_dir(f"soak-{i:04d}", {**m, "progress": {"done": 0, "total": m["progress"]["total"]}})
+        data.catalog.write.refresh()
         for f in tpl.iterdir():
             if f.suffix in (".parquet", ".safetensors") or f.name == "summary.json":
                 shutil.copyfile(f, rd.file("." + f.name + ".tmp"))
                 os.replace(rd.file("." + f.name + ".tmp"), rd.file(f.name))
         rd.update(status="complete", progress=m["progress"])
-        Catalog(root).write.refresh()
+        data.catalog.write.refresh()
     Path(done_flag).write_text("done")
 
 
@@ -415,8 +414,8 @@ def test_writer_200_runs_while_4_browsers_reload(bench_root: Path, tmp_path: Pat
 
     root = tmp_path / "data"
     shutil.copytree(bench_root / "runs", root / "runs")
-    Catalog(root).write.refresh()
-    seed_runs = len(Catalog(root).read.list_runs())
+    DataRoot(root).catalog.write.refresh()
+    seed_runs = len(DataRoot(root).catalog.read.list_runs())
     flag = tmp_path / "writer.done"
     sessions = [{"loads": 0, "seconds": 0.0, "errors": []} for _ in range(4)]
     t0 = time.monotonic()
@@ -447,7 +446,7 @@ def test_writer_200_runs_while_4_browsers_reload(bench_root: Path, tmp_path: Pat
     total = seed_runs + SOAK_RUNS
     for s in sessions:
         assert f"of {total} runs shown" in s["final_caption"], s["final_caption"]
-    runs = Catalog(root).read.list_runs()
+    runs = DataRoot(root).catalog.read.list_runs()
     assert len(runs) == total and (runs["status"] == "complete").all()
     assert sorted(r for r in runs["run_id"] if r.startswith("soak-")) == [f"soak-{i:04d}" for i in range(SOAK_RUNS)]
 

@@ -24,8 +24,7 @@ from streamlit.testing.v1 import AppTest
 from backend import annotations
 from backend.config import REPO_ROOT
 from backend.errors import SpecLensError
-from backend.store.catalog import Catalog
-from backend.store.rundir import RunDir
+from backend.store.data_root import DataRoot
 from dashboard import auth
 
 APP = str(REPO_ROOT / "app.py")
@@ -58,7 +57,7 @@ def world(bench_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     shutil.copytree(bench_root / "runs", root / "runs")
     shutil.copytree(REPO_ROOT / "tests" / "data" / "recorded" / "load" / "h200-vllm-pair",   # for the load page
                     root / "runs" / "h200-vllm-pair")
-    Catalog(root).write.refresh()
+    DataRoot(root).catalog.write.refresh()
     evil = tmp_path / "outside" / "runs" / "evil"
     evil.mkdir(parents=True)
     m = json.loads((root / "runs" / "cap-tiny" / "manifest.json").read_text())
@@ -196,8 +195,8 @@ def test_dashboard_is_read_only_by_default(world: dict, monkeypatch: pytest.Monk
 
     monkeypatch.setenv("SPECLENS_READONLY", "1")               # refused outright, also outside the dashboard
     with pytest.raises(SpecLensError, match="read-only"):
-        annotations.save("spec-oracle", notes="x", root=world["root"])
-    assert annotations.read("spec-oracle", world["root"]).notes == "scripted proposals"
+        annotations.save("spec-oracle", notes="x", data=DataRoot(world["root"]))
+    assert annotations.read("spec-oracle", DataRoot(world["root"])).notes == "scripted proposals"
 
 
 # ---------------------------------------------------------------------------- path traversal
@@ -231,18 +230,18 @@ def test_backend_refuses_run_ids_that_leave_the_runs_folder(world: dict) -> None
     log = FileLog.get()
     for value in traversals(world):
         with log:
-            for call in (lambda v=value: RunDir.open(v, root), lambda v=value: annotations.read(v, root),
-                         lambda v=value: get_alignment(v, "cap-tiny", root),
-                         lambda v=value: get_alignment("cap-tiny", v, root)):
+            for call in (lambda v=value: DataRoot(root).run_dir(v), lambda v=value: annotations.read(v, DataRoot(root)),
+                         lambda v=value: get_alignment(v, "cap-tiny", DataRoot(root)),
+                         lambda v=value: get_alignment("cap-tiny", v, DataRoot(root))):
                 with pytest.raises(SpecLensError):
                     call()
-            assert Catalog(root).read.get_run(value) is None
-            assert Catalog(root).read.boundary_stats([value]).empty
+            assert DataRoot(root).catalog.read.get_run(value) is None
+            assert DataRoot(root).catalog.read.boundary_stats([value]).empty
         assert not outside_touches(log.paths, world), (value, outside_touches(log.paths, world)[:3])
     monkeypatch_free = world["root"] / "alignments"
     assert not monkeypatch_free.exists() or all(p.parent == monkeypatch_free for p in monkeypatch_free.rglob("*"))
     with pytest.raises(SpecLensError):
-        annotations.save("../../outside/runs/evil", notes="x", root=root)
+        annotations.save("../../outside/runs/evil", notes="x", data=DataRoot(root))
     assert json.loads((world["evil"] / "annotations.json").read_text())["notes"] == SECRET
 
 
@@ -251,7 +250,7 @@ def test_backend_refuses_run_ids_that_leave_the_runs_folder(world: dict) -> None
 
 def test_url_params_never_build_sql(world: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     sql = SqlLog(monkeypatch)
-    n = len(Catalog(world["root"]).read.list_runs())
+    n = len(DataRoot(world["root"]).catalog.read.list_runs())
     for page, params in PAGE_PARAMS.items():
         for inj in INJECTIONS[:3]:
             run_page(page, {p: inj for p in params})
@@ -268,16 +267,16 @@ def test_url_params_never_build_sql(world: dict, monkeypatch: pytest.MonkeyPatch
 def test_catalog_calls_bind_injection_strings(world: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     root = world["root"]
     sql = SqlLog(monkeypatch)
-    n = len(Catalog(root).read.list_runs())
+    n = len(DataRoot(root).catalog.read.list_runs())
     for inj in INJECTIONS:
-        assert Catalog(root).read.list_runs(kind=inj).empty and Catalog(root).read.list_runs(status=inj).empty
-        assert Catalog(root).read.get_run(inj) is None and Catalog(root).read.run_manifests([inj]) == {}
-        assert Catalog(root).read.run_states([inj, "spec-oracle"])["run_id"].tolist() == ["spec-oracle"]
-        read = Catalog(root).read
+        read = DataRoot(root).catalog.read
+        assert read.list_runs(kind=inj).empty and read.list_runs(status=inj).empty
+        assert read.get_run(inj) is None and read.run_manifests([inj]) == {}
+        assert read.run_states([inj, "spec-oracle"])["run_id"].tolist() == ["spec-oracle"]
         for fn in (read.boundary_stats, read.bench_prompts, read.bench_steps, read.bench_histogram,
                    read.bench_categories, read.bench_prompt_speeds):
             assert fn([inj]).empty, fn.__name__
-        assert Catalog(root).read.bench_runs(status=inj).empty and Catalog(root).read.bench_runs(run_ids=[inj]).empty
+        assert read.bench_runs(status=inj).empty and read.bench_runs(run_ids=[inj]).empty
     assert not [s for s in sql.sql if MARK in s]
     catalog_whole(root, n)
 
@@ -288,7 +287,7 @@ def test_tags_and_notes_never_build_sql(world: dict, monkeypatch: pytest.MonkeyP
     root = world["root"]
     monkeypatch.setenv("SPECLENS_READONLY", "0")
     sql = SqlLog(monkeypatch)
-    n = len(Catalog(root).read.list_runs())
+    n = len(DataRoot(root).catalog.read.list_runs())
     for i, inj in enumerate(INJECTIONS[:3]):
         at = run_page("pages/runs.py", {"run": "spec-random"})
         at.text_input(key="tags_spec-random").input(inj)
@@ -301,12 +300,12 @@ def test_tags_and_notes_never_build_sql(world: dict, monkeypatch: pytest.MonkeyP
         (save,) = [b for b in at.button if b.label == "Save"]
         at = save.click().run()
         assert not at.exception and not at.error
-        row = Catalog(root).read.get_run("spec-random")
+        row = DataRoot(root).catalog.read.get_run("spec-random")
         assert row["notes"] == inj and row["tags"] == f"ok-{i}"
         at = run_page("pages/runs.py", {"tag": f"ok-{i}"})
         assert at.dataframe[0].value["run_id"].tolist() == ["spec-random"]
-    Catalog(root).write.refresh(full=True)
-    assert Catalog(root).read.get_run("spec-random")["notes"] == INJECTIONS[2]
+    DataRoot(root).catalog.write.refresh(full=True)
+    assert DataRoot(root).catalog.read.get_run("spec-random")["notes"] == INJECTIONS[2]
     assert not [s for s in sql.sql if MARK in s]
     catalog_whole(root, n)
 

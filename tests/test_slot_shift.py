@@ -12,6 +12,7 @@ import pytest
 from backend import coords
 from backend.demo import PAIR_TARBALL, SLOT_TARBALL
 from backend.drafter.finder import candidate_sets, convention_of
+from backend.store.data_root import DataRoot
 from backend.toy import slot_shift as ss
 from dashboard.compare_words import relation_words as _relation
 
@@ -63,10 +64,10 @@ def test_drafter_check_names_the_trained_slots_and_the_fix(tmp_path):
     from backend.check_drafter import CheckSettings, run_check
     from backend.demo import slot_shift_models, toy_pair
 
-    pair, slot = toy_pair(tmp_path), slot_shift_models(tmp_path)
+    pair, slot = toy_pair(DataRoot(tmp_path)), slot_shift_models(DataRoot(tmp_path))
     rep = run_check(CheckSettings(drafter=str(slot / "drafter-slot-shift"), target=str(pair / "target"),
                                   engine="sglang", device="cpu", training_data=str(slot / "training-data"),
-                                  training_format="speculators-legacy"), root=tmp_path, progress=False).report
+                                  training_format="speculators-legacy"), data=DataRoot(tmp_path), progress=False).report
     assert rep["best_candidate"]["boundaries"] == ["S_0", "S_3", "S_5"]      # S_0 first: the embedding slot
     assert rep["verdict_severity"] == "error" and "Mismatch" in rep["verdict"]
     assert "S_3, S_5, S_6" in rep["verdict"] and "[-1, 2, 4]" in rep["verdict"]
@@ -84,16 +85,16 @@ def test_demo_shows_the_drop_and_tells_the_story(tmp_path, monkeypatch):
     from backend import metrics
     from backend.bench import BenchSettings, run_bench
     from backend.demo import build_slot_shift_demo, heldout_prompts, story, toy_pair
-    from backend.store.catalog import Catalog
 
-    pair = toy_pair(tmp_path)
+    pair = toy_pair(DataRoot(tmp_path))
     run_bench(BenchSettings(target=str(pair / "target"), drafter=str(pair / "drafter-matched"),
                             prompts=str(heldout_prompts(pair)), num_spec_tokens=4, limit=40, max_new_tokens=48,
-                            repeats=1, device="cpu"), name="demo-bench-matched", root=tmp_path, progress=False)
-    assert story(tmp_path) is None                                   # not until the slot-shift runs exist
-    build_slot_shift_demo(tmp_path, progress=False, limit=40)
-    Catalog(tmp_path).write.refresh()
-    runs = Catalog(tmp_path).read.bench_runs().set_index("run_id")
+                            repeats=1, device="cpu"), name="demo-bench-matched", data=DataRoot(tmp_path),
+              progress=False)
+    assert story(DataRoot(tmp_path)) is None                                   # not until the slot-shift runs exist
+    build_slot_shift_demo(DataRoot(tmp_path), progress=False, limit=40)
+    DataRoot(tmp_path).catalog.write.refresh()
+    runs = DataRoot(tmp_path).catalog.read.bench_runs().set_index("run_id")
     tau = runs["tau"].to_dict()
     assert tau["demo-bench-matched"] >= 2.0
     # the shifted feed costs clearly: below the matched drafter and below the same drafter fed what it was trained on
@@ -102,13 +103,13 @@ def test_demo_shows_the_drop_and_tells_the_story(tmp_path, monkeypatch):
             <= tau["demo-bench-slot-shift-fixed"] + 0.05)
     spec = [r for r in runs.index if r in tau and r.startswith("demo-bench-") and not r.endswith("-baseline")]
     assert len(spec) == 5 and all(bool(runs.loc[r, "lossless"]) for r in spec)    # 4 + the regression pair's run
-    sp = Catalog(tmp_path).read.bench_prompt_speeds(spec)
+    sp = DataRoot(tmp_path).catalog.read.bench_prompt_speeds(spec)
     per = {r: g.groupby("prompt_id")[["accepted", "drafts"]].sum() for r, g in sp.groupby("run_id")}
     for better in ("demo-bench-matched", "demo-bench-slot-shift-fixed"):
         a, b = per[better], per["demo-bench-slot-shift"]
         _, lo, hi = metrics.tau_difference(a.to_numpy(), b.loc[a.index].to_numpy())
         assert lo > 0 and np.isfinite(hi), (better, lo, hi)
-    lines = story(tmp_path)
+    lines = story(DataRoot(tmp_path))
     assert lines is not None and len(lines) == 3
     assert "/compare?runs=demo-bench-matched,demo-bench-slot-shift" in lines[0]
     assert "/drafter?run=demo-check-slot-shift" in lines[2] and "S_0, S_3, S_5" in lines[2]
@@ -117,7 +118,7 @@ def test_demo_shows_the_drop_and_tells_the_story(tmp_path, monkeypatch):
 
     from dashboard.compare_words import compare
 
-    why = " ".join(compare(["demo-bench-matched", "demo-bench-slot-shift"], root=tmp_path).warnings)
+    why = " ".join(compare(["demo-bench-matched", "demo-bench-slot-shift"], data=DataRoot(tmp_path)).warnings)
     assert "every slot shifted" in why and "S_0, S_3, S_5" in why and "demo-check-slot-shift" in why, why
     monkeypatch.setenv("SPECLENS_DATA", str(tmp_path))
     at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=120)

@@ -4,6 +4,7 @@ import numpy as np
 import torch
 
 from backend.stats import StreamingStats, TokenSample, context_hashes
+from backend.store.data_root import DataRoot
 
 
 def _data(seed=0, n=3000, h=16):
@@ -129,9 +130,8 @@ def test_verdict_on_real_captures_matches_the_catalog(dash_root):
     """fp32 against bf16 captures of the same target (tests/conftest.py): the verdict's boundary and figure are the
     largest relative difference of the catalog's own numbers."""
     from backend import stats_compare as sc
-    from backend.store.catalog import Catalog
 
-    stats = Catalog(dash_root).read.boundary_stats(["a1", "b16"])
+    stats = DataRoot(dash_root).catalog.read.boundary_stats(["a1", "b16"])
     c = sc.compare(stats, "rms", "a1", ["a1", "b16"], {"a1": 8, "b16": 8}, label="RMS")
     a = stats[stats["run_id"] == "a1"].set_index("boundary")["rms"]
     b = stats[stats["run_id"] == "b16"].set_index("boundary")["rms"]

@@ -16,6 +16,7 @@ from backend import coords, metrics
 from backend.engines import vllm as V
 from backend.engines.vllm_worker import BoundaryReducer, aux_layers_of
 from backend.errors import SpecLensError
+from backend.store.data_root import DataRoot
 
 RECORDED = Path(__file__).parent / "data" / "recorded"
 
@@ -198,17 +199,17 @@ def test_hook_token_count_mismatch_fails_the_run(data_root):
     capture that looks complete: the run is failed with the counts, and the error names them."""
     from backend.engines.base import check_hook_tokens
     from backend.runs.lifecycle import Run
-    from backend.store.catalog import Catalog
 
     rd = Run.create("eng-cap", {"kind": "capture", "engine": "vllm", "model": {"path": None},
-                                "progress": {"done": 0, "total": 1}}, data_root)
+                                "progress": {"done": 0, "total": 1}}, DataRoot(data_root))
     check_hook_tokens(rd, {"tokens_seen": 12, "forwards": 2}, 12, "vLLM")
     assert rd.manifest()["engine_check"] == {"tokens_expected": 12, "tokens_seen_by_hooks": 12, "forward_passes": 2}
     with pytest.raises(SpecLensError, match=r"mismatch inside vLLM \(9 != 12\)"):
         check_hook_tokens(rd, {"tokens_seen": 9, "forwards": 1}, 12, "vLLM", hint=" (prefix caching?)")
     m = rd.manifest()
     assert m["status"] == "failed" and "9 tokens" in m["error"] and "prefix caching" in m["error"]
-    assert Catalog(data_root).read.run_states(["eng-cap"])["status"].tolist() == ["failed"]   # re-indexed at once
+    # re-indexed at once
+    assert DataRoot(data_root).catalog.read.run_states(["eng-cap"])["status"].tolist() == ["failed"]
 
 
 def test_prediction_follows_the_runner(tmp_path):

@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backend import metrics, server_metrics
 from backend.__main__ import main
-from backend.store.catalog import Catalog
+from backend.store.data_root import DataRoot
 from backend.watch import Tracker, WatchSettings, make_window, metrics_url
 
 RECORDED = Path(os.environ.get("SPECLENS_RECORDED_METRICS") or Path(__file__).parent / "data" / "recorded" / "metrics")
@@ -236,7 +236,7 @@ def watch(url: str, *args: str, name: str = "w") -> int:
 
 
 def windows(root: Path, run_id: str) -> pd.DataFrame:
-    return Catalog(root).read.watch_windows(run_id)
+    return DataRoot(root).catalog.read.watch_windows(run_id)
 
 
 def manifest(root: Path, run_id: str) -> dict:
@@ -326,7 +326,7 @@ def test_unreachable_server_one_line_and_run_kept(data_root: Path, capsys) -> No
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert len(err.splitlines()) == 1 and f"http://127.0.0.1:{port}/metrics" in err and "--server-url" in err, err
-    runs = Catalog(data_root).read.list_runs(kind="watch")
+    runs = DataRoot(data_root).catalog.read.list_runs(kind="watch")
     row = runs.set_index("run_id").loc["gone"]
     assert row["status"] == "failed" and "cannot reach" in row["error"]
 
@@ -435,8 +435,8 @@ def test_a_killed_watch_is_interrupted_never_complete(data_root: Path) -> None:
         proc.kill()
         proc.wait(10)
     assert manifest(data_root, "killed")["status"] == "running"
-    Catalog(data_root).write.refresh()
-    row = Catalog(data_root).read.list_runs(kind="watch").set_index("run_id").loc["killed"]
+    DataRoot(data_root).catalog.write.refresh()
+    row = DataRoot(data_root).catalog.read.list_runs(kind="watch").set_index("run_id").loc["killed"]
     assert row["status"] == "interrupted"
     assert len(windows(data_root, "killed")) >= 3
     assert (data_root / "runs" / "killed" / "journal.jsonl").exists()
@@ -544,7 +544,7 @@ def build_watch_data(root: Path) -> Path:
         with MetricsServer(seq, then=then) as srv:
             s = WatchSettings(srv.url, interval=0.03, windows=n, max_missed=1, **kw)
             try:
-                run_watch(s, name=name, root=root, echo=None)
+                run_watch(s, name=name, data=DataRoot(root), echo=None)
             except SpecLensError:
                 pass
     vllm, sglang = ("vllm", None), ("sglang", None)

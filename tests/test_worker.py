@@ -24,8 +24,7 @@ from backend.jobs import queue
 from backend.jobs import spec as specs
 from backend.jobs.cli import submit_spec
 from backend.jobs.worker import _tag_runs, run_worker
-from backend.store.catalog import Catalog
-from backend.store.rundir import RunDir
+from backend.store.data_root import DataRoot
 
 PROMPTS = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
 DEAD_PID = 2**22 + 12345            # beyond pid_max: never alive
@@ -46,7 +45,7 @@ def capture_spec(model: Path, **kw) -> dict:
 
 
 def state_of(job_id: str, root: Path) -> str:
-    got = queue.find(job_id, root)
+    got = queue.find(job_id, DataRoot(root))
     return got[0] if got else "missing"
 
 
@@ -58,19 +57,19 @@ def test_submit_then_worker_once_gives_a_complete_run(env, data_root, tiny_llama
                          capture_output=True, text=True, timeout=120)
     assert sub.returncode == 0 and "queued cap-one" in sub.stdout, sub.stderr
     assert state_of("cap-one", data_root) == "pending"
-    assert Catalog(data_root).read.list_runs().empty                          # nothing ran yet
+    assert DataRoot(data_root).catalog.read.list_runs().empty                          # nothing ran yet
     w = subprocess.run([sys.executable, "-m", "backend", "worker", "--once"], cwd=REPO_ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert w.returncode == 0, w.stderr
     assert state_of("cap-one", data_root) == "done"
-    Catalog(data_root).write.refresh()
-    runs = Catalog(data_root).read.list_runs().set_index("run_id")
+    DataRoot(data_root).catalog.write.refresh()
+    runs = DataRoot(data_root).catalog.read.list_runs().set_index("run_id")
     assert list(runs.index) == ["cap-one"] and runs.loc["cap-one", "status"] == "complete"
     m = json.loads((data_root / "runs" / "cap-one" / "manifest.json").read_text())
     assert m["job"]["id"] == "cap-one" and m["progress"] == {"done": 4, "total": 4}
-    job = queue.find("cap-one", data_root)[1]
+    job = queue.find("cap-one", DataRoot(data_root))[1]
     assert job["attempts"] == 1 and job["result"]["status"] == "complete" and job["error"] is None
-    rows = queue.table(data_root)
+    rows = queue.table(DataRoot(data_root))
     assert rows[0]["job_id"] == "cap-one" and rows[0]["state"] == "done" and rows[0]["done"] == 4
 
 
@@ -107,35 +106,35 @@ def test_paths_outside_the_model_roots_are_refused(env, data_root, tiny_llama, t
                        (link, "outside the allowed roots"),                 # a symlink out of the root
                        (tiny_llama.parent / "missing", "does not exist")]:
         with pytest.raises(SpecLensError, match=why) as e:
-            submit_spec(capture_spec(Path(model)), root=data_root)
+            submit_spec(capture_spec(Path(model)), data=DataRoot(data_root))
         assert "\n" not in str(e.value)
     with pytest.raises(SpecLensError, match="prompts: /etc/passwd is outside"):
-        submit_spec(capture_spec(tiny_llama, prompts="/etc/passwd"), root=data_root)
+        submit_spec(capture_spec(tiny_llama, prompts="/etc/passwd"), data=DataRoot(data_root))
     with pytest.raises(SpecLensError, match="drafters: .* is outside"):
         submit_spec({"kind": "sweep", "target": str(tiny_llama), "prompts": str(PROMPTS), "drafters": [str(outside)]},
-                    root=data_root)
-    assert queue.jobs("pending", data_root) == []
+                    data=DataRoot(data_root))
+    assert queue.jobs("pending", DataRoot(data_root)) == []
     # the default roots: the data root and <repo>/models
     monkeypatch.delenv("SPECLENS_MODEL_ROOTS")
     from backend.config import model_roots
     assert model_roots() == [data_root.resolve(), REPO_ROOT / "models"]
     with pytest.raises(SpecLensError, match="outside the allowed roots"):
-        submit_spec(capture_spec(tiny_llama), root=data_root)
+        submit_spec(capture_spec(tiny_llama), data=DataRoot(data_root))
 
 
 def test_sweep_expands_into_named_bench_jobs(env, data_root, tiny_llama):
     sweep = {"kind": "sweep", "name": "sw", "target": str(tiny_llama), "prompts": str(PROMPTS),
              "num_spec_tokens": [1, 2, 4], "temperature": [0, 0.7], "batch_size": [1],
              "drafters": [str(tiny_llama)], "repeats": 1}
-    jobs = submit_spec(sweep, root=data_root)
+    jobs = submit_spec(sweep, data=DataRoot(data_root))
     assert [j["job_id"] for j in jobs] == [f"sw-{i:02d}-k{k}-t{t}" for i, (k, t) in
                                            enumerate((k, t) for k in (1, 2, 4) for t in ("0", "0.7"))]
     assert {(j["settings"]["num_spec_tokens"], j["settings"]["temperature"]) for j in jobs} == \
         {(k, t) for k in (1, 2, 4) for t in (0.0, 0.7)}
     assert all(j["kind"] == "bench" and j["num_gpus"] == 0 for j in jobs)
     with pytest.raises(SpecLensError, match="exists already"):
-        submit_spec(sweep, root=data_root)
-    assert len(queue.jobs("pending", data_root)) == 6
+        submit_spec(sweep, data=DataRoot(data_root))
+    assert len(queue.jobs("pending", DataRoot(data_root))) == 6
     with pytest.raises(SpecLensError, match="batch_size: 4"):
         specs.validate({"kind": "sweep", "target": str(tiny_llama), "prompts": str(PROMPTS), "batch_size": [1, 4]})
 
@@ -153,16 +152,16 @@ def _wait(cond, timeout: float, what: str):
 def test_cancel_pending_and_running_jobs(env, data_root, tiny_llama):
     long = {"kind": "bench", "target": str(tiny_llama), "prompts": str(PROMPTS), "limit": 20, "repeats": 5,
             "max_new_tokens": 64, "device": "cpu", "num_cpus": 1}
-    submit_spec({**long, "name": "long"}, root=data_root)
-    submit_spec({**long, "name": "never", "repeats": 1}, root=data_root)
-    assert queue.cancel("never", data_root) == "cancelled" and state_of("never", data_root) == "cancelled"
+    submit_spec({**long, "name": "long"}, data=DataRoot(data_root))
+    submit_spec({**long, "name": "never", "repeats": 1}, data=DataRoot(data_root))
+    assert queue.cancel("never", DataRoot(data_root)) == "cancelled" and state_of("never", data_root) == "cancelled"
     w = subprocess.Popen([sys.executable, "-m", "backend", "worker", "--once", "--poll", "0.2"], cwd=REPO_ROOT,
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         man = data_root / "runs" / "long" / "manifest.json"
         _wait(lambda: man.exists() and json.loads(man.read_text())["status"] == "running", 120, "run 'long' to start")
-        assert queue.table(data_root)[-1]["state"] in ("running",) or state_of("long", data_root) == "running"
-        assert queue.cancel("long", data_root) == "cancelling"
+        assert queue.table(DataRoot(data_root))[-1]["state"] in ("running",) or state_of("long", data_root) == "running"
+        assert queue.cancel("long", DataRoot(data_root)) == "cancelling"
         assert w.wait(timeout=90) == 0
     finally:
         if w.poll() is None:
@@ -172,15 +171,15 @@ def test_cancel_pending_and_running_jobs(env, data_root, tiny_llama):
     assert m["status"] == "failed" and "cancelled" in m["error"]
     assert m["progress"]["done"] < m["progress"]["total"] == 100
     assert not (data_root / "runs" / "never").exists()
-    Catalog(data_root).write.refresh()
-    assert Catalog(data_root).read.list_runs().set_index("run_id").loc["long", "status"] == "failed"
+    DataRoot(data_root).catalog.write.refresh()
+    assert DataRoot(data_root).catalog.read.list_runs().set_index("run_id").loc["long", "status"] == "failed"
     assert not (data_root / "queue" / "running" / "long.cancel").exists()
 
 
 def test_a_failing_job_ends_failed_with_its_one_line_error(env, data_root, tiny_llama):
-    submit_spec(capture_spec(tiny_llama, name="oob", boundaries=["S_99"]), root=data_root)
-    assert run_worker(data_root, once=True, log=lambda s: None) == 1
-    st, job = queue.find("oob", data_root)
+    submit_spec(capture_spec(tiny_llama, name="oob", boundaries=["S_99"]), data=DataRoot(data_root))
+    assert run_worker(DataRoot(data_root), once=True, log=lambda s: None) == 1
+    st, job = queue.find("oob", DataRoot(data_root))
     assert st == "failed" and "S_99: out of range" in job["error"] and "\n" not in job["error"]
 
 
@@ -190,15 +189,15 @@ def _interrupted(job_id: str, root: Path, stop_after: int) -> None:
     from backend.bench import run_bench
     from backend.capture import run_capture
 
-    job = queue.move(job_id, "pending", "running", root, owner={"host": socket.gethostname(), "pid": DEAD_PID,
+    job = queue.move(job_id, "pending", "running", DataRoot(root), owner={"host": socket.gethostname(), "pid": DEAD_PID,
                                                                  "child_pid": DEAD_PID}, attempts=1)
     s = specs.settings_object(job)
     with _tag_runs(job):
         if job["kind"] == "capture":
-            run_capture(s, name=job["run_name"], root=root, progress=False, stop_after=stop_after)
+            run_capture(s, name=job["run_name"], data=DataRoot(root), progress=False, stop_after=stop_after)
         else:
-            run_bench(s, name=job["run_name"], root=root, progress=False, stop_after=stop_after)
-    RunDir.open(job["run_name"], root).update(status="running", pid=DEAD_PID, error=None)
+            run_bench(s, name=job["run_name"], data=DataRoot(root), progress=False, stop_after=stop_after)
+    DataRoot(root).run_dir(job["run_name"]).update(status="running", pid=DEAD_PID, error=None)
 
 
 def test_job_of_a_dead_worker_is_resumed_and_equals_an_uninterrupted_run(env, data_root, tiny_llama, tmp_path):
@@ -208,22 +207,24 @@ def test_job_of_a_dead_worker_is_resumed_and_equals_an_uninterrupted_run(env, da
     cap = capture_spec(tiny_llama, limit=10, sample_tokens=300, sample_per_prompt=64, checkpoint_every=3)
     ben = {"kind": "bench", "target": str(tiny_llama), "prompts": str(PROMPTS), "limit": 3, "repeats": 2,
            "max_new_tokens": 12, "temperature": 0.8, "device": "cpu", "num_cpus": 1}
-    submit_spec({**cap, "name": "cap-crash"}, root=data_root)
-    submit_spec({**ben, "name": "ben-crash"}, root=data_root)
+    submit_spec({**cap, "name": "cap-crash"}, data=DataRoot(data_root))
+    submit_spec({**ben, "name": "ben-crash"}, data=DataRoot(data_root))
     _interrupted("cap-crash", data_root, stop_after=4)
     _interrupted("ben-crash", data_root, stop_after=2)
-    assert RunDir.open("cap-crash", data_root).effective_status() == "interrupted"
-    assert len(queue.jobs("running", data_root)) == 2
+    assert DataRoot(data_root).run_dir("cap-crash").effective_status() == "interrupted"
+    assert len(queue.jobs("running", DataRoot(data_root))) == 2
 
     ref = tmp_path / "ref"                               # the same jobs, never interrupted, elsewhere
-    full_cap = run_capture(specs.settings_object(specs.validate(cap)[0]), name="ref-cap", root=ref, progress=False)
-    full_ben = run_bench(specs.settings_object(specs.validate(ben)[0]), name="ref-ben", root=ref, progress=False)
+    full_cap = run_capture(specs.settings_object(specs.validate(cap)[0]), name="ref-cap", data=DataRoot(ref),
+                           progress=False)
+    full_ben = run_bench(specs.settings_object(specs.validate(ben)[0]), name="ref-ben", data=DataRoot(ref),
+                         progress=False)
 
-    assert run_worker(data_root, once=True, log=lambda s: None) == 2
+    assert run_worker(DataRoot(data_root), once=True, log=lambda s: None) == 2
     for jid in ("cap-crash", "ben-crash"):
-        st, job = queue.find(jid, data_root)
+        st, job = queue.find(jid, DataRoot(data_root))
         assert st == "done" and job["attempts"] == 2 and job["previous_owner"]["pid"] == DEAD_PID
-    assert queue.jobs("running", data_root) == [] and queue.jobs("pending", data_root) == []
+    assert queue.jobs("running", DataRoot(data_root)) == [] and queue.jobs("pending", DataRoot(data_root)) == []
     a = pd.read_parquet(full_cap.path / "stats.parquet").drop(columns="run_id")
     b = pd.read_parquet(data_root / "runs" / "cap-crash" / "stats.parquet").drop(columns="run_id")
     pd.testing.assert_frame_equal(a, b, rtol=1e-9)
@@ -233,19 +234,20 @@ def test_job_of_a_dead_worker_is_resumed_and_equals_an_uninterrupted_run(env, da
     pa = pd.read_parquet(full_ben.path / "prompts.parquet")
     pb = pd.read_parquet(data_root / "runs" / "ben-crash" / "prompts.parquet")
     assert list(pa["output_hash"]) == list(pb["output_hash"]) and len(pb) == 6     # same samples at T = 0.8
-    Catalog(data_root).write.refresh()
-    runs = Catalog(data_root).read.list_runs()
+    DataRoot(data_root).catalog.write.refresh()
+    runs = DataRoot(data_root).catalog.read.list_runs()
     assert sorted(runs["run_id"]) == ["ben-crash", "cap-crash"]                   # resumed, not duplicated
     assert (runs["status"] == "complete").all()
 
 
 def test_orphan_past_max_attempts_fails_cleanly(env, data_root, tiny_llama):
-    submit_spec(capture_spec(tiny_llama, name="poison", max_attempts=1, limit=10, checkpoint_every=3), root=data_root)
+    submit_spec(capture_spec(tiny_llama, name="poison", max_attempts=1, limit=10, checkpoint_every=3),
+                data=DataRoot(data_root))
     _interrupted("poison", data_root, stop_after=4)
-    assert run_worker(data_root, once=True, log=lambda s: None) == 0
-    st, job = queue.find("poison", data_root)
+    assert run_worker(DataRoot(data_root), once=True, log=lambda s: None) == 0
+    st, job = queue.find("poison", DataRoot(data_root))
     assert st == "failed" and "worker died" in job["error"]
-    m = RunDir.open("poison", data_root).manifest()
+    m = DataRoot(data_root).run_dir("poison").manifest()
     assert m["status"] == "failed" and "poison" in m["error"]
 
 
@@ -282,7 +284,7 @@ def test_new_run_page_queues_a_job_and_lists_it(env, data_root, tiny_llama, monk
     at.button[0].click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert "Queued `from-page`" in "\n".join(s.value for s in at.success)
-    st, job = queue.find("from-page", data_root)
+    st, job = queue.find("from-page", DataRoot(data_root))
     assert st == "pending" and job["kind"] == "capture" and job["settings"]["model"] == str(tiny_llama)
     assert job["settings"]["limit"] == 3 and job["settings"]["prompts"].endswith(".jsonl")
     assert "from-page" in at.dataframe[0].value["job_id"].tolist()
@@ -290,7 +292,7 @@ def test_new_run_page_queues_a_job_and_lists_it(env, data_root, tiny_llama, monk
     at.text_input[0].input("from-page")
     at.button[0].click().run()
     assert "exists already" in "\n".join(e.value for e in at.error)
-    assert len(queue.jobs("pending", data_root)) == 1
+    assert len(queue.jobs("pending", DataRoot(data_root))) == 1
 
 
 def test_engine_fields_and_gpu_requests(env, tiny_llama):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 from tqdm import tqdm
 
@@ -20,10 +19,11 @@ from backend.errors import SpecLensError
 from backend.prompts import encode_all, load_prompts
 from backend.runs.capture_run import CaptureResult, boundaries, checkpoint, finish, open_or_resume
 from backend.runs.lifecycle import RunGuard
+from backend.store.data_root import DataRoot
 from backend.store.rundir import new_run_id
 
 
-def run(session: CaptureSession, settings: CaptureSettings, name: str | None = None, root: Path | None = None,
+def run(session: CaptureSession, settings: CaptureSettings, name: str | None = None, data: DataRoot | None = None,
         progress: bool = True, stop_after: int | None = None) -> CaptureResult:
     """Capture (or resume) a run through `session`. `stop_after` stops after that many prompts (tests of resume)."""
     if settings.sample_tokens < 0:
@@ -36,7 +36,7 @@ def run(session: CaptureSession, settings: CaptureSettings, name: str | None = N
     n = len(seqs)
 
     run_id = new_run_id("capture", name)
-    rd, start, state, sample_t = open_or_resume(run_id, settings, target, labels, root, len(prompts),
+    rd, start, state, sample_t = open_or_resume(run_id, settings, target, labels, data, len(prompts),
                                                 engine_version=session.engine_version)
     session.begin(rd, run_id, start, labels, wanted, state, sample_t)
     t0 = time.perf_counter()

@@ -40,6 +40,7 @@ from backend.engines.server_process import _LIVE, ServerProcess, log_tail, stop_
 from backend.errors import SpecLensError
 from backend.netutil import free_port, port_free  # noqa: F401 (re-exported: tests, callers)
 from backend.options import DEFAULT_K, TORCH_DTYPES
+from backend.store.data_root import DataRoot
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_ENV = "SPECLENS_SGLANG_START_TIMEOUT"     # seconds a server may take to become healthy (default 600)
@@ -369,12 +370,12 @@ def capture_session(settings: CaptureSettings, options: Path | None = None) -> S
     return SGLangCapture(settings, options)
 
 
-def run_capture(settings: CaptureSettings, name: str | None = None, root: Path | None = None, progress: bool = True,
+def run_capture(settings: CaptureSettings, name: str | None = None, data: DataRoot | None = None, progress: bool = True,
                 log_dir: Path | None = None):
     """`capture --engine sglang`: the HF capture's run directory, boundaries read inside an SGLang server."""
     from backend.engines import capture_loop
 
-    return capture_loop.run(SGLangCapture(settings, log_dir), settings, name, root, progress)
+    return capture_loop.run(SGLangCapture(settings, log_dir), settings, name, data, progress)
 
 
 __all__ = ["Server", "ServerSpec", "ServerEngine", "SGLangCapture", "capture_session", "run_capture",

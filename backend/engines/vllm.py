@@ -32,6 +32,7 @@ from backend import coords, metrics
 from backend.engines.base import CaptureSettings, EngineSettings, Generation
 from backend.errors import SpecLensError
 from backend.options import DEFAULT_K
+from backend.store.data_root import DataRoot
 
 WORKER_EXT = "backend.engines.vllm_worker.SpecLensWorker"
 RECORDING: list | None = None      # set to a list to keep every request's counter snapshots (gpu/vllm_suite.py)
@@ -452,15 +453,15 @@ def capture_session(settings: CaptureSettings, options: EngineOptions | None = N
     return VllmCapture(settings, options)
 
 
-def run_capture(settings: CaptureSettings, name: str | None = None, root: Path | None = None, progress: bool = True,
+def run_capture(settings: CaptureSettings, name: str | None = None, data: DataRoot | None = None, progress: bool = True,
                 opts: EngineOptions | None = None):
     """`capture --engine vllm`: the same run directory as the HF engine's, boundaries read inside vLLM."""
     from backend.engines import capture_loop
 
-    return capture_loop.run(VllmCapture(settings, opts), settings, name, root, progress)
+    return capture_loop.run(VllmCapture(settings, opts), settings, name, data, progress)
 
 
-def run_extract(settings, ids: list[int], name: str | None = None, root: Path | None = None,
+def run_extract(settings, ids: list[int], name: str | None = None, data: DataRoot | None = None,
                 opts: EngineOptions | None = None, progress: bool = True):
     """vLLM's own `extract_hidden_states` (+ ExampleHiddenStatesConnector) for exactly the layers vLLM would feed
     a drafter with aux ids `ids` (list the last layer N too for the teacher state): files land in a temporary
@@ -489,7 +490,7 @@ def run_extract(settings, ids: list[int], name: str | None = None, root: Path | 
     try:
         _extract_files(settings, opts, ids, seqs, tmp, progress)
         return import_capture(tmp, "vllm-extract", producer_ids=sorted(int(i) for i in ids), num_layers=info.n_layers,
-                              name=name, model=settings.model, root=root, progress=progress)
+                              name=name, model=settings.model, data=data, progress=progress)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

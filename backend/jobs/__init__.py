@@ -5,10 +5,10 @@ Interface
 Start a worker (runs jobs one at a time, each in a child process `python -m backend.jobs.child ROOT JOB_ID`):
 
     SPECLENS_DATA=/data python -m backend worker [--once] [--max-jobs N] [--poll S] [--ray ADDRESS]
-    # in Python: backend.jobs.worker.run_worker(root, once=True)  (or Worker(root).run(once=True))
+    # in Python: backend.jobs.worker.run_worker(data, once=True)  (or Worker(data).run(once=True)), data a DataRoot
 
 `--once` drains the queue (orphans included) and exits; without it the worker polls forever. Queue jobs with
-`python -m backend submit SPEC.yaml [--ray ADDRESS]` or `backend.jobs.cli.submit_spec(dict, base, root)`; cancel
+`python -m backend submit SPEC.yaml [--ray ADDRESS]` or `backend.jobs.cli.submit_spec(dict, base, data)`; cancel
 with `python -m backend cancel JOB_ID` (`backend.jobs.queue.cancel`); list with `python -m backend jobs [--json]`.
 
 Queue layout (all under the data root; every move is an atomic rename):

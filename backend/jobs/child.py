@@ -7,24 +7,25 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
-    root, job_id = Path(argv[0]), argv[1]
+    job_id = argv[1]
     parent = os.environ.get("SPECLENS_JOB_PARENT")
     if parent and os.getppid() != int(parent):      # the worker died before PDEATHSIG was armed
         return 3
     from backend.errors import SpecLensError
     from backend.jobs import queue as q
     from backend.jobs.worker import execute
+    from backend.store.data_root import DataRoot
 
-    job = q.read(q.job_path(job_id, "running", root))
+    data = DataRoot(argv[0])           # the data root arrives as a path on the command line (an entry point)
+    job = q.read(q.job_path(job_id, "running", data))
     if job is None:
-        print(f"error: job {job_id} is not in {q.qdir(root) / 'running'}", file=sys.stderr)
+        print(f"error: job {job_id} is not in {q.qdir(data) / 'running'}", file=sys.stderr)
         return 2
     try:
-        res = execute(job, root)
+        res = execute(job, data)
     except SpecLensError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -6,13 +6,15 @@ import argparse
 import json
 from pathlib import Path
 
+from backend.store.data_root import DataRoot
 
-def submit_spec(spec: dict, base: Path | str | None = None, root: Path | None = None) -> list[dict]:
+
+def submit_spec(spec: dict, base: Path | str | None = None, data: DataRoot | None = None) -> list[dict]:
     """Validate a spec mapping and enqueue its jobs (what `submit` and the New run page call)."""
     from backend.jobs import queue
     from backend.jobs import spec as specs
 
-    return queue.enqueue(specs.validate(spec, base), root)
+    return queue.enqueue(specs.validate(spec, base), data)
 
 
 def cmd_submit(a: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from backend.errors import SpecLensError
 from backend.model_id import fingerprint
 from backend.runs.lifecycle import Run
 from backend.stats import StatsState, StreamingStats, TokenSample, norm_bin_edges
+from backend.store.data_root import DataRoot
 from backend.store.rundir import COMPLETE, atomic_save_safetensors, atomic_write_parquet
 
 CHECKPOINT = "checkpoint.safetensors"
@@ -46,7 +47,7 @@ def boundaries(wanted: list[str] | None, n_layers: int) -> list[coords.Boundary]
     return sorted(set(out), key=lambda b: b.sort_key())
 
 
-def open_or_resume(run_id: str, settings, lm, labels: list[str], root: Path | None, n_prompts: int,
+def open_or_resume(run_id: str, settings, lm, labels: list[str], data: DataRoot | None, n_prompts: int,
                    engine_version: str | None = None):
     """Create the capture run, or claim the interrupted one of the same name and settings: (Run, prompts done,
     statistics state, sample tensors) from its last checkpoint. A complete run or other settings are refused."""
@@ -62,9 +63,9 @@ def open_or_resume(run_id: str, settings, lm, labels: list[str], root: Path | No
         "dataset": Path(settings.prompts).name,
     }
     try:
-        return Run.create(run_id, manifest, root), 0, None, None
+        return Run.create(run_id, manifest, data), 0, None, None
     except SpecLensError:
-        rd = Run.open(run_id, root)
+        rd = Run.open(run_id, data)
     m = rd.manifest()
     if m.get("status") == COMPLETE:
         raise SpecLensError(f"run '{run_id}' is already complete ({rd.path}); pick another --name")

@@ -33,10 +33,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from backend.config import paths
 from backend.errors import SpecLensError
 from backend.runs.manifest import Manifest
-from backend.store.catalog import Catalog
+from backend.store.data_root import DataRoot
 from backend.store.rundir import COMPLETE, FAILED, RUNNING, RunDir, now
 
 PROGRESS_REINDEX_S = 10.0
@@ -62,14 +61,16 @@ def one_line(e: BaseException) -> str:
 class Run:
     """A run directory and the catalog that indexes it; the only writer of a run's state."""
 
-    def __init__(self, rd: RunDir, root: Path | None = None):
+    def __init__(self, rd: RunDir, data: DataRoot | None = None):
         self.rd = rd
-        self.catalog = Catalog(root if root is not None else rd.path.parent.parent)
+        # the data root the run directory lies in (runs/<run_id>) when none is given
+        self.data = data if data is not None else DataRoot(rd.path.parent.parent)
+        self.catalog = self.data.catalog
         self._indexed = 0.0
 
     # ------------------------------------------------------------------ identity
     @classmethod
-    def create(cls, run_id: str, manifest: Manifest | dict, root: Path | None = None) -> Run:
+    def create(cls, run_id: str, manifest: Manifest | dict, data: DataRoot | None = None) -> Run:
         """A new run (status running), indexed at once; a malformed manifest is refused before anything is
         written; an existing run of that name raises SpecLensError (the caller may then resume it)."""
         if isinstance(manifest, dict):
@@ -83,21 +84,24 @@ class Run:
         fields = manifest.to_json()
         if _JOB.get() is not None:
             fields["job"] = _JOB.get()
-        run = cls(RunDir.create(run_id, fields, root), root)
+        data = DataRoot.of(data)
+        run = cls(data.new_run_dir(run_id, fields), data)
         run._changed()
         return run
 
     @classmethod
-    def open(cls, run_id: str, root: Path | None = None) -> Run:
-        return cls(RunDir.open(run_id, root), root)
+    def open(cls, run_id: str, data: DataRoot | None = None) -> Run:
+        data = DataRoot.of(data)
+        return cls(data.run_dir(run_id), data)
 
     @staticmethod
-    def remove(run_id: str, root: Path | None = None) -> None:
+    def remove(run_id: str, data: DataRoot | None = None) -> None:
         """Delete a run directory (to rebuild it) and drop it from the catalog."""
-        p = paths(root).runs / run_id
+        data = DataRoot.of(data)
+        p = data.runs / run_id
         if p.exists():
             shutil.rmtree(p, ignore_errors=True)
-            Catalog(root).write.refresh_runs([run_id])
+            data.catalog.write.refresh_runs([run_id])
 
     @property
     def run_id(self) -> str:

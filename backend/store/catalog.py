@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
-from backend.config import Paths, paths
+from backend.config import Paths
 from backend.errors import SpecLensError
 from backend.store import annotations_file, check_result, validate
 from backend.store.rundir import RUNNING, RunDir, atomic_write_json, valid_run_id
@@ -142,8 +142,7 @@ def _manifest_row(rd: RunDir, sig: str, m: dict) -> dict:
 
 
 @contextmanager
-def _lock(root: Path | None) -> Iterator[None]:
-    p = paths(root)
+def _lock(p: Paths) -> Iterator[None]:
     p.root.mkdir(parents=True, exist_ok=True)
     with open(p.root / ".catalog.lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -167,10 +166,10 @@ class _Entry:
         return Path(self.dir)
 
 
-def _scan(root: Path | None) -> list[_Entry]:
+def _scan(p: Paths) -> list[_Entry]:
     """Run directories (those holding a manifest) with their signatures, taken before any file is read: a
     manifest rewritten after this stat makes the next refresh re-read the run."""
-    runs = str(paths(root).runs)
+    runs = str(p.runs)
     try:
         names = sorted(e.name for e in os.scandir(runs))
     except (FileNotFoundError, NotADirectoryError):
@@ -211,10 +210,9 @@ def _meta(con: duckdb.DuckDBPyConnection, db: str) -> dict[str, str]:
     return dict(con.execute(f"SELECT key, value FROM {db}.catalog_meta").fetchall())
 
 
-def _plan(root: Path | None) -> _Plan | None:
+def _plan(p: Paths) -> _Plan | None:
     """What changed since the catalog (base and delta) was written; None when it must be rebuilt (missing, older
     schema)."""
-    p = paths(root)
     if not p.catalog.exists():
         return None
     try:
@@ -228,7 +226,7 @@ def _plan(root: Path | None) -> _Plan | None:
             con.close()
     except duckdb.Error:
         return None
-    entries = _scan(root)
+    entries = _scan(p)
     changed = []
     for e in entries:
         o = old.get(e.run_id)
@@ -268,30 +266,28 @@ def _write_empty_delta(catalog: Path, generation: str) -> None:
     os.replace(tmp, delta)
 
 
-def _refresh(root: Path | None, full: bool = False) -> Path:
+def _refresh(p: Paths, full: bool = False) -> Path:
     """Bring the catalog up to date with the run directories and swap it into place atomically: only the runs
     that changed are re-read (nothing is written when none did); full=True rebuilds it from scratch. A new base
     folds the delta in (and an empty delta replaces it)."""
-    p = paths(root)
     if not full:
-        plan = _plan(root)                       # lock-free look first: the common case writes nothing
+        plan = _plan(p)                          # lock-free look first: the common case writes nothing
         if plan is not None and plan.empty:
             return p.catalog
-    with _lock(root):
-        plan = None if full else _plan(root)
+    with _lock(p):
+        plan = None if full else _plan(p)
         if plan is not None and plan.empty:
             return p.catalog
         if plan is not None and len(plan.changed) + len(plan.removed) > max(64, _FULL_REBUILD_SHARE
                                                                            * len(plan.entries)):
             plan = None                          # cheaper to rebuild than to patch
-        _write_base(root, plan)
+        _write_base(p, plan)
     return p.catalog
 
 
-def _write_base(root: Path | None, plan: _Plan | None) -> None:
+def _write_base(p: Paths, plan: _Plan | None) -> None:
     """Write a new base catalog (under the lock): the old one with its delta folded in and `plan` applied, or
     (plan None) rebuilt from every run directory; then an empty delta for the new generation."""
-    p = paths(root)
     tmp = _fresh_tmp(p.catalog)
     generation = str(time.time_ns())
     if plan is not None:
@@ -300,7 +296,7 @@ def _write_base(root: Path | None, plan: _Plan | None) -> None:
     try:
         if plan is None:
             _create_tables(con, {"generation": generation})
-            _ingest(con, _scan(root))
+            _ingest(con, _scan(p))
         else:
             delta = _delta_path(p.catalog)
             gen = _meta(con, "main").get("generation")
@@ -324,9 +320,9 @@ def _write_base(root: Path | None, plan: _Plan | None) -> None:
     _write_empty_delta(p.catalog, generation)
 
 
-def _entry(root: Path | None, run_id: str) -> _Entry | None:
+def _entry(p: Paths, run_id: str) -> _Entry | None:
     """One run directory with its signature (as _scan takes it), None when it has no manifest."""
-    d = str(paths(root).runs / run_id)
+    d = str(p.runs / run_id)
     try:
         ms = os.stat(d + "/manifest.json")
     except OSError:
@@ -360,19 +356,18 @@ def _base_generation(catalog: Path) -> str | None:
     return meta.get("generation") if meta.get("schema_version") == SCHEMA_VERSION else None
 
 
-def _refresh_runs(root: Path | None, run_ids: list[str]) -> Path:
+def _refresh_runs(p: Paths, run_ids: list[str]) -> Path:
     """Re-index these runs only, whatever the catalog's size: their rows are upserted into the small delta
     (copied, patched, swapped in under the lock; the base is neither copied nor opened while the delta records
     its stamp), a run without a directory is dropped. Once the delta holds more than DELTA_MAX_RUNS runs it is
     folded into a new base (one O(catalog) write per DELTA_MAX_RUNS changes). A missing or older-schema catalog
     is rebuilt."""
-    p = paths(root)
     delta = _delta_path(p.catalog)
-    with _lock(root):
+    with _lock(p):
         try:
             stamp = _stamp(p.catalog)
         except OSError:
-            _write_base(root, None)
+            _write_base(p, None)
             return p.catalog
         tmp = _fresh_tmp(delta)
         con = None
@@ -390,7 +385,7 @@ def _refresh_runs(root: Path | None, run_ids: list[str]) -> Path:
         if con is None:
             gen = _base_generation(p.catalog)
             if gen is None:
-                _write_base(root, None)
+                _write_base(p, None)
                 return p.catalog
             con = duckdb.connect(str(tmp))
             _create_tables(con, {"base_generation": gen, "base_stamp": stamp})
@@ -399,7 +394,7 @@ def _refresh_runs(root: Path | None, run_ids: list[str]) -> Path:
             for table in [*_TABLES, "touched"]:
                 con.execute(f"DELETE FROM {table} WHERE list_contains(?, run_id)", [ids])
             con.executemany("INSERT INTO touched VALUES (?)", [[r] for r in ids])
-            _ingest(con, [e for e in (_entry(root, r) for r in ids) if e is not None])
+            _ingest(con, [e for e in (_entry(p, r) for r in ids) if e is not None])
             touched = con.execute("SELECT count(*) FROM touched").fetchone()[0]
             con.execute("CHECKPOINT")
         finally:
@@ -409,7 +404,7 @@ def _refresh_runs(root: Path | None, run_ids: list[str]) -> Path:
             os.utime(tmp, ns=(st.st_atime_ns, base_mtime + 1))
         os.replace(tmp, delta)
         if touched > DELTA_MAX_RUNS:
-            _write_base(root, _Plan([], [], []))
+            _write_base(p, _Plan([], [], []))
     return p.catalog
 
 
@@ -828,9 +823,8 @@ class CatalogReader:
     them (alignments from backend/align.py, drafter checks from backend/check_drafter.py), so that pages read
     through the catalog only."""
 
-    def __init__(self, root: Path | None = None):
-        self.paths = paths(root)
-        self.root = self.paths.root
+    def __init__(self, where: Paths):
+        self.paths = where
 
     @contextmanager
     def snapshot(self) -> Iterator[None]:
@@ -842,7 +836,7 @@ class CatalogReader:
             yield
             return
         if not p.catalog.exists():
-            _refresh(self.root)
+            _refresh(p)
         snap = _with_retry(lambda: _Snap(p.catalog))
         token = _SNAPSHOT.set(snap)
         try:
@@ -863,7 +857,7 @@ class CatalogReader:
                     raise
             return _with_retry(in_snapshot)
         if not p.catalog.exists():
-            _refresh(self.root)
+            _refresh(p)
 
         def once() -> pd.DataFrame:
             con = _open(p.catalog)
@@ -889,7 +883,7 @@ class CatalogReader:
 
     def drafter_check(self, run_id: str) -> dict:
         """The stored result of a complete drafter check run (backend/store/check_result.py)."""
-        return check_result.load_check(run_id, self.root)
+        return check_result.load_check(run_id, self.paths)
 
     def check_runs(self) -> pd.DataFrame:
         """Complete drafter check runs, newest first."""
@@ -1103,18 +1097,18 @@ class CatalogWriter:
     """The write side: brings the index up to date with the run directories. A run's own state changes reach it
     through one place, `backend.runs.lifecycle.Run` (create, claim, checkpoint, fail, complete)."""
 
-    def __init__(self, root: Path | None = None):
-        self.root = paths(root).root
+    def __init__(self, where: Paths):
+        self.paths = where
 
     def refresh(self, full: bool = False) -> Path:
         """Bring the catalog up to date with the run directories and swap it into place atomically: only the runs
         that changed are re-read (nothing is written when none did); full=True rebuilds it from scratch."""
-        return _refresh(self.root, full)
+        return _refresh(self.paths, full)
 
     def store_alignment(self, run_a: str, run_b: str, payload: dict) -> Path:
         """Keep an alignment backend/align.py computed (its JSON form and key) beside the catalog, written
         atomically; `CatalogReader.stored_alignment` reads it back."""
-        f = _alignment_file(paths(self.root), run_a, run_b)
+        f = _alignment_file(self.paths, run_a, run_b)
         f.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(f, payload)
         return f
@@ -1122,15 +1116,16 @@ class CatalogWriter:
     def refresh_runs(self, run_ids: list[str]) -> Path:
         """Re-index these runs only (a run's state change): its cost does not grow with the catalog (no scan of the
         other run directories, no copy of the base), and readers see the change at once, whole."""
-        return _refresh_runs(self.root, list(run_ids))
+        return _refresh_runs(self.paths, list(run_ids))
 
 
 class Catalog:
-    """The DuckDB index of one data root (default $SPECLENS_DATA): `Catalog(root).read` (queries) and
-    `Catalog(root).write` (re-index). The root is held here once, not passed to every query."""
+    """The DuckDB index of one data root: `data.catalog.read` (queries) and `data.catalog.write` (re-index), built
+    once by the data root (backend/store/data_root.py `DataRoot.catalog`) from its paths, never from a path of its
+    own."""
 
-    def __init__(self, root: Path | str | None = None):
-        self.root = paths(root).root
-        self.path = paths(root).catalog
-        self.read = CatalogReader(self.root)
-        self.write = CatalogWriter(self.root)
+    def __init__(self, where: Paths):
+        self.paths = where
+        self.path = where.catalog
+        self.read = CatalogReader(where)
+        self.write = CatalogWriter(where)

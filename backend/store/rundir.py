@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backend.config import REPO_ROOT, paths
+from backend.config import REPO_ROOT, Paths
 from backend.errors import SpecLensError
 
 if TYPE_CHECKING:                      # pandas only where a table is written: `check-drafter --lint-only` stays fast
@@ -112,7 +112,8 @@ def _pid_alive(pid: int) -> bool:
 
 @dataclass
 class RunDir:
-    """One run directory. Create with `RunDir.create` or open with `RunDir.open`."""
+    """One run directory. Create with `DataRoot.new_run_dir` or open with `DataRoot.run_dir`
+    (backend/store/data_root.py)."""
 
     path: Path
 
@@ -126,8 +127,9 @@ class RunDir:
 
     # ------------------------------------------------------------------ open / create
     @classmethod
-    def create(cls, run_id: str, manifest: dict, root: Path | None = None) -> RunDir:
-        p = paths(root).runs / run_id
+    def create(cls, run_id: str, manifest: dict, where: Paths) -> RunDir:
+        """A new run directory under `where` (a data root's paths: DataRoot.new_run_dir)."""
+        p = where.runs / run_id
         if (p / "manifest.json").exists():
             raise SpecLensError(f"run '{run_id}' already exists in {p.parent}; pick another --name")
         p.mkdir(parents=True, exist_ok=True)
@@ -143,10 +145,11 @@ class RunDir:
         return rd
 
     @classmethod
-    def open(cls, run_id: str, root: Path | None = None) -> RunDir:
+    def open(cls, run_id: str, where: Paths) -> RunDir:
+        """An existing run directory under `where` (a data root's paths: DataRoot.run_dir)."""
         if not valid_run_id(run_id):
             raise SpecLensError(f"'{run_id}' is not a valid run id; list runs with `python -m backend runs`")
-        p = paths(root).runs / run_id
+        p = where.runs / run_id
         if not (p / "manifest.json").exists():
             raise SpecLensError(f"no run '{run_id}' under {p.parent}; list runs with `python -m backend runs`")
         return cls(p)
@@ -185,8 +188,8 @@ class RunDir:
         return self.path / name
 
 
-def list_run_dirs(root: Path | None = None) -> list[RunDir]:
-    runs = paths(root).runs
+def list_run_dirs(where: Paths) -> list[RunDir]:
+    runs = where.runs
     if not runs.exists():
         return []
     return [RunDir(p) for p in sorted(runs.iterdir()) if (p / "manifest.json").exists()]

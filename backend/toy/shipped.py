@@ -5,17 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backend.config import REPO_ROOT, paths
+from backend.config import REPO_ROOT
+from backend.store.data_root import DataRoot
 
 PROMPTS = REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl"
 PAIR_TARBALL = REPO_ROOT / "models" / "toy-pair.tar.gz"
 
 
-def toy_pair(root: Path | None = None) -> Path | None:
+def toy_pair(data: DataRoot | None = None) -> Path | None:
     """The shipped toy pair, unpacked once under <data>/models/toy-pair (None when the tarball is absent)."""
     import tarfile
 
-    out = paths(root).models / "toy-pair"
+    out = DataRoot.of(data).paths.models / "toy-pair"
     if (out / "drafter-after-layer" / "config.json").exists():
         return out
     if not PAIR_TARBALL.exists():
