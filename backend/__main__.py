@@ -81,7 +81,7 @@ def cmd_align(a: argparse.Namespace) -> int:
 
 
 def cmd_runs(a: argparse.Namespace) -> int:
-    from backend import run_view
+    from backend import findings, runs_text
     from backend.store.data_root import DataRoot
 
     catalog = DataRoot().catalog                  # the data root of $SPECLENS_DATA
@@ -91,16 +91,16 @@ def cmd_runs(a: argparse.Namespace) -> int:
     if a.kind:
         df = df[df["kind"] == a.kind]
     bench = df.loc[df["kind"] == "bench", "run_id"].tolist()
-    found = run_view.findings(cat.run_manifests(bench), cat.check_manifests()) if bench else {}
+    found = findings.findings(cat.run_manifests(bench), cat.check_manifests()) if bench else {}
     # what a reader must know before trusting a run's figures (the run page and the Runs row say the same)
-    df = df.assign(finding=df["run_id"].map({r: run_view.finding_text(f) for r, f in found.items()}))
+    df = df.assign(finding=df["run_id"].map({r: findings.finding_text(f) for r, f in found.items()}))
     if a.json:
         print(df.to_json(orient="records", date_format="iso"))
         return 0
     if df.empty:
         print("no runs yet: try `python -m backend demo`")
         return 0
-    print(run_view.runs_text(df))
+    print(runs_text.runs_text(df))
     return 0
 
 

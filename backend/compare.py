@@ -456,29 +456,6 @@ class Mismatch:
     trained: list[str]
     relation: Relation
 
-    # --- compat (begin): backend/run_view.py still calls Mismatch.line(); this copy of
-    # dashboard/compare_words.py's mismatch_line moves there once the run page words its findings in dashboard/
-    # (tests/test_compare.py holds both to the same text). Nothing else may call it.
-    def line(self) -> str:
-        r = self.relation
-        if r.kind == "offset":
-            k = r.offset
-            how = (f"off by one: it was trained one boundary {'later' if k > 0 else 'earlier'}" if abs(k) == 1 else
-                   f"off by {abs(k)}: it was trained {abs(k)} boundaries {'later' if k > 0 else 'earlier'}")
-        elif r.kind == "slot_shift":
-            how = ("every slot shifted: its first slot was trained on the embeddings (S_0) and each slot got the "
-                   "state trained in the next one, the embedding slot gone; speculators <= 0.4 files [embeddings, "
-                   "layer outputs] whose last state became the teacher do this")
-        elif r.kind == "slots":
-            how = "a different set: " + ", ".join(f"slot {i} got {f} for {t}" for i, f, t in r.slots)
-        else:
-            how = "a different set"
-        return (f"`{self.run}`: the engine fed {', '.join(self.fed)}, but drafter check `{self.check}` finds "
-                f"{self.drafter} was trained on {', '.join(self.trained)} ({how}); its acceptance here is "
-                f"below what it can reach. The [drafter check](/drafter?run={self.check}) gives the config line that "
-                "makes the engine feed what it was trained on.")
-    # --- compat (end)
-
 
 def drafter_mismatches(manifests: dict[str, dict], checks: dict[str, dict]) -> list[Mismatch]:
     """Each drafter run whose engine fed other boundaries than the newest drafter check of the same drafter and

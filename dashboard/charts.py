@@ -490,7 +490,7 @@ def acceptance_curves(pos: pd.DataFrame, run_ids: list[str]) -> go.Figure:
 
 
 def prompt_speed_chart(frame: pd.DataFrame, run_id: str) -> go.Figure:
-    """One bench run's tokens/s per prompt (backend/run_view.prompt_speeds: repeats averaged), beside plain decoding's
+    """One bench run's tokens/s per prompt (dashboard/run_view.prompt_speeds: repeats averaged), beside plain decoding's
     on the same prompt when the run has a paired baseline: the prompts where drafting pays and where it does not."""
     fig = go.Figure()
     text = frame["text"] if "text" in frame else frame["prompt"]

@@ -4,14 +4,14 @@ category and text, sorted; all in the URL), a capture's boundaries, its settings
 of its run directory and the tail of its log. A bench run carries its problems here (the drafter check's finding that
 the engine fed other boundaries than the drafter was trained on, the HF engine reproducing a serving engine's reading;
 written above its exported charts too) and its charts (accepted lengths, per-position acceptance, tokens/s per prompt).
-Every "open" link of the dashboard comes here. Numbers and tables: backend/run_view.py (tau and acceptance from
+Every "open" link of the dashboard comes here. Words, numbers and tables: dashboard/run_view.py (tau and acceptance from
 backend/metrics.py); data: catalog queries."""
 
 import streamlit as st
 
-from backend import compare, regress, run_view
+from backend import compare, findings, regress
 from backend.config import data_root
-from dashboard import charts, ui, watch_charts
+from dashboard import charts, run_view, ui, watch_charts
 
 PAGES = {"runs": "pages/runs.py", "compare": "pages/compare.py", "stats": "pages/stats.py",
          "alignment": "pages/alignment.py", "drafter": "pages/drafter_check.py", "feeds": "pages/feeds.py",
@@ -64,12 +64,13 @@ elif status == "interrupted":
 elif status == "running":
     done, total = charts.progress(run.get("progress_done"), run.get("progress_total"))
     st.progress(done / total if total else 0.0, text=f"running: {done} / {total}")
-found = (ui.guarded(run_view.findings, {rid: m}, ui.guarded(cat.check_manifests)).get(rid, [])
+found = (ui.guarded(findings.findings, {rid: m}, ui.guarded(cat.check_manifests)).get(rid, [])
          if kind == "bench" else [])
 for i, f in enumerate(found):       # the run's problems first (notes: in the header and the feed line); in exports too
+    line = run_view.finding_line(f, m)
     if f.severity == "error":
-        st.container(key=f"run_finding_{i}").error(f.line, icon=":material/error:")
-    ui.note_verdict(run_view.plain(f.line))
+        st.container(key=f"run_finding_{i}").error(line, icon=":material/error:")
+    ui.note_verdict(run_view.plain(line))
 
 # ---------------------------------------------------------------------------- views that show this run
 

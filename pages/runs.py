@@ -9,7 +9,7 @@ SPECLENS_READONLY=0 (read-only by default; with [auth] secrets only after a logi
 
 import streamlit as st
 
-from backend import annotations, run_view
+from backend import annotations, findings
 from backend.demo import story as demo_story
 from dashboard import auth, charts, ui
 
@@ -93,12 +93,12 @@ if shown.empty:
 
 table = charts.runs_frame(shown)
 bench_ids = shown.loc[shown["kind"] == "bench", "run_id"].tolist()
-found = ui.guarded(run_view.findings, ui.guarded(cat.run_manifests, bench_ids), ui.guarded(cat.check_manifests)) \
+found = ui.guarded(findings.findings, ui.guarded(cat.run_manifests, bench_ids), ui.guarded(cat.check_manifests)) \
     if bench_ids else {}
 table.insert(table.columns.get_loc("speedup") + 1, "finding",      # errors here; the HF note in "fed as"
-             [run_view.finding_text(found[r], "error") if r in found else "" for r in table["run_id"]])
+             [findings.finding_text(found[r], "error") if r in found else "" for r in table["run_id"]])
 table.insert(table.columns.get_loc("finding") + 1, "fed as",
-             [run_view.finding_text(found[r], "note") if r in found else "" for r in table["run_id"]])
+             [findings.finding_text(found[r], "note") if r in found else "" for r in table["run_id"]])
 picked = st.dataframe(
     table, hide_index=True, key="runs_table", placeholder="-", on_select="rerun", selection_mode="multi-row",
     selection_default={"selection": {"rows": ui.ticked(table["run_id"])}},

@@ -256,7 +256,7 @@ _LAYER_OF = [        # (module prefix, layer): the longest matching prefix wins
     ("backend.store", "store"),
     ("backend.align", "analysis"), ("backend.annotations", "analysis"), ("backend.compare", "analysis"),
     ("backend.stats_compare", "analysis"), ("backend.drafter", "analysis"), ("backend.feeds", "analysis"),
-    ("backend.regress", "analysis"), ("backend.run_view", "analysis"),
+    ("backend.regress", "analysis"), ("backend.findings", "analysis"), ("backend.runs_text", "analysis"),
     ("backend.engines", "engines/runs"), ("backend.runs", "engines/runs"), ("backend.capture", "engines/runs"),
     ("backend.bench", "engines/runs"), ("backend.importers", "engines/runs"), ("backend.check_drafter", "engines/runs"),
     ("backend.load_bench", "engines/runs"), ("backend.watch", "engines/runs"), ("backend.producers", "engines/runs"),
@@ -402,21 +402,24 @@ def _markdown_strings(source: str) -> list[tuple[int, str]]:
 
 
 def test_compare_backend_returns_data_not_words() -> None:
-    """Issue 21 item 4 for Compare: backend/compare.py builds no markdown (no "**", no "](/" link) and imports
-    nothing from dashboard/; dashboard/compare_words.py words its objects. The one compat block (Mismatch.line, kept
-    for backend/run_view.py until the run page words its findings in dashboard/) says what mismatch_line says."""
+    """Issue 21 item 4: backend/compare.py and backend/findings.py build no markdown (no "**", no "](/" link) and
+    import nothing from dashboard/; dashboard/compare_words.py and dashboard/run_view.py word their objects (a
+    run's wrong feed reads the same on its run page as on Compare). No compat block is left."""
     from backend import compare
-    from dashboard import compare_words
+    from backend.findings import Finding
+    from dashboard import compare_words, run_view
 
-    f = REPO / "backend" / "compare.py"
-    assert not _markdown_strings(f.read_text()), _markdown_strings(f.read_text())
-    assert not [m for m in _imports(f) if m.split(".")[0] == "dashboard"]
-    blocks = re.findall(r"# --- compat \(begin\)(.*?)# --- compat \(end\)", f.read_text(), re.S)
-    assert len(blocks) == 1 and re.findall(r"\bdef (\w+)", blocks[0]) == ["line"], "one compat method, no more"
+    for name in ("compare.py", "findings.py", "runs_text.py"):
+        f = REPO / "backend" / name
+        assert not _markdown_strings(f.read_text()), (name, _markdown_strings(f.read_text()))
+        assert not [m for m in _imports(f) if m.split(".")[0] == "dashboard"], name
+        assert "compat (begin)" not in f.read_text(), name
+    assert not (REPO / "backend" / "run_view.py").exists(), "the run page's words live in dashboard/run_view.py"
     for fed, trained in ((["S_2", "S_4", "S_5"], ["S_3", "S_5", "S_6"]), (["S_3", "S_5", "S_6"], ["S_0", "S_3", "S_5"]),
                          (["S_1", "S_5"], ["S_1", "S_7"]), (["S_1"], ["S_1", "S_2"]), (["S_5"], ["S_2"])):
         m = compare.Mismatch("b", "chk", "d", fed, trained, compare.relation(fed, trained))
-        assert m.line() == compare_words.mismatch_line(m)
+        line = run_view.finding_line(Finding("error", "mismatch", "x", mismatch=m), {})
+        assert line == "**Fed the wrong boundaries.** " + compare_words.mismatch_line(m)
 
 
 def test_the_markdown_check_can_fail() -> None:

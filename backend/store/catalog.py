@@ -1055,7 +1055,7 @@ class CatalogReader:
         and drafts (sums), output_tokens and seconds (sums), tokens_per_s, ttft and tpot (means over repeats),
         output_hash (the smallest) and hashes (distinct output hashes over repeats), and same_as_baseline: whether
         every repeat's output hash equals the `baseline_run`'s for the same prompt and repeat (NULL without baseline
-        rows). The run page's per-prompt table (backend/run_view.py); at most one row per prompt, never the per-step
+        rows). The run page's per-prompt table (dashboard/run_view.py); at most one row per prompt, never the per-step
         rows."""
         return self._df("""
             SELECT p.prompt_index, p.prompt_id, p.category, count(*) AS repeats, sum(p.accepted) AS accepted,

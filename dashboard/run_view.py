@@ -1,9 +1,11 @@
-"""What the run page (`/run?id=RUN`) shows about one run, as data: its settings (the manifest flattened), what the
-engine fed the drafter, a capture's headline, the files of its run directory, the tail of its log, the per-prompt
-table of a bench run (filtered and sorted as the URL says) and the views that show the run.
+"""What the run page (`/run?id=RUN`) shows about one run, in its words: its settings (the manifest flattened), what
+the engine fed the drafter, its findings (backend/findings.py, worded here), a capture's headline, the files of its
+run directory, the tail of its log, the per-prompt table of a bench run (filtered and sorted as the URL says) and the
+views that show the run, with their labels and query parameters.
 
 No SQL here (the rows come from catalog queries: get_run, bench_prompt_table, bench_index, list_runs) and no
-Streamlit: pages/run.py draws what these functions return. tau and the acceptance rate come from backend/metrics.py.
+Streamlit: pages/run.py draws what these functions return. tau and the acceptance rate come from backend/metrics.py;
+what `python -m backend runs` prints is backend/runs_text.py's.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from pathlib import Path
 import pandas as pd
 
 from backend import metrics
-from backend.compare import NOT_CONFIG, Mismatch, drafter_mismatches, flatten
+from backend.compare import NOT_CONFIG, flatten
 from backend.config import REPO_ROOT, model_roots, paths
+from backend.findings import ENGINE_NAMES, Finding, reproduced_release
 from backend.prompts import load_prompts
 from backend.store.data_root import DataRoot
 from backend.store.rundir import valid_run_id
+from dashboard.compare_words import mismatch_line
 
 LOG_TAIL_LINES = 40
 PROMPT_TEXT_MAX = 80                # characters of a prompt's text the per-prompt table shows (the rest: "…")
@@ -136,20 +140,17 @@ def fed(manifest: dict) -> Fed:
     return Fed(f"A capture: no drafter is fed; it recorded {len(labels)} boundaries ({_labels(labels)}).")
 
 
-_ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+_ENGINE_NAMES = ENGINE_NAMES
 
 
 def reading_note(manifest: dict) -> str | None:
-    """A drafter bench run on the HF engine fed the drafter what a serving engine's release reads from its config
-    (`aux.producer`/`version`, backend/conventions.yaml): in one line, that HF reproduced that release's reading, so
-    the acceptance is HF's decoding of those boundaries, not a measurement inside that engine. None otherwise (a bench
-    inside vLLM or SGLang measured the engine itself; plain decoding feeds nothing)."""
-    if manifest.get("kind") != "bench" or manifest.get("engine") != "hf":
+    """A drafter bench run on the HF engine that fed the drafter what a serving engine's release reads from its
+    config (backend/findings.py `reproduced_release`), in one line: HF reproduced that release's reading, so the
+    acceptance is HF's decoding of those boundaries, not a measurement inside that engine. None otherwise."""
+    release = reproduced_release(manifest)
+    if not release:
         return None
-    aux = manifest.get("aux") if isinstance(manifest.get("aux"), dict) else None
-    if not aux or aux.get("producer") not in _ENGINE_NAMES:
-        return None
-    release = " ".join(str(x) for x in (_ENGINE_NAMES[aux["producer"]], aux.get("version")) if x)
+    aux = manifest["aux"]
     runner = f" ({aux['runner']} runner)" if aux.get("runner") else ""
     ids = f"ids [{_labels(aux['ids'])}]" if aux.get("ids") else "its default ids"
     return (f"Run on {hf_name(manifest)}, reproducing {release}{runner}'s reading: the drafter was fed "
@@ -164,52 +165,21 @@ def hf_name(manifest: dict) -> str:
 
 
 def engine_fact(manifest: dict) -> str | None:
-    """The run header's engine words: 'hf 5.x, reproducing SGLang 0.5.15's reading' for a drafter bench on HF."""
-    aux = manifest.get("aux") if isinstance(manifest.get("aux"), dict) else None
-    if not reading_note(manifest) or not aux:
-        return None
-    return " ".join(str(x) for x in (_ENGINE_NAMES[aux["producer"]], aux.get("version")) if x)
+    """The run header's engine words: 'SGLang 0.5.15' for a drafter bench on HF reproducing that reading."""
+    return reproduced_release(manifest)
 
 
-@dataclass
-class Finding:
-    """A problem that travels with a bench run: on its page, its Runs row, `runs --json` and its exports."""
-
-    severity: str                  # "error": its figures are not what the drafter can do; "note": read them knowing
-    short: str                     # a few words for a table cell
-    line: str                      # markdown, one line, with the link that proves it
-
-
-def findings(manifests: dict[str, dict], checks: dict[str, dict]) -> dict[str, list[Finding]]:
-    """run_id -> what a reader must know before trusting the run's figures: the drafter check's finding that the
-    engine fed other boundaries than the drafter was trained on (backend/compare.py's drafter_mismatches, the one
-    place that decides it; Compare shows the same line) and the HF engine reproducing a serving engine's reading
-    (reading_note). `manifests`: catalog.run_manifests; `checks`: catalog.check_manifests (newest first)."""
-    out: dict[str, list[Finding]] = {r: [] for r in manifests}
-    for x in drafter_mismatches(manifests, checks):
-        out[x.run].append(_mismatch(x))
-    for r, m in manifests.items():
-        note = reading_note(m)
-        if note:
-            out[r].append(Finding("note", f"{engine_fact(m)}'s reading on HF", note))
-    return {r: f for r, f in out.items() if f}
-
-
-def _mismatch(x: Mismatch) -> Finding:
-    return Finding("error", f"wrong feed: {','.join(x.fed)}, trained on {','.join(x.trained)} ({x.check})",
-                   "**Fed the wrong boundaries.** " + x.line())
+def finding_line(f: Finding, manifest: dict) -> str:
+    """A finding as the run page writes it (markdown, one line, with the link that proves it): a wrong feed with the
+    drafter check's words (dashboard/compare_words.py, as Compare says it), HF reproducing a release's reading."""
+    if f.kind == "mismatch" and f.mismatch is not None:
+        return "**Fed the wrong boundaries.** " + mismatch_line(f.mismatch)
+    return reading_note(manifest) or f.short
 
 
 def plain(line: str) -> str:
     """A markdown line as plain text (for exported files): links as 'text (url)', no emphasis or code marks."""
     return re.sub(r"\[([^\]]+)\]\(([^)]+)\)", r"\1 (\2)", line).replace("**", "").replace("`", "")
-
-
-def finding_text(found: list[Finding], severity: str | None = None) -> str:
-    """A run's findings in one cell (the Runs table, `runs --json`): the short forms, errors first; only those of
-    `severity` when given."""
-    return "; ".join(f.short for f in sorted(found, key=lambda f: f.severity != "error")
-                     if severity is None or f.severity == severity)
 
 
 def _rows(pairs) -> pd.DataFrame:
@@ -585,67 +555,6 @@ def timing_lines(manifest: dict) -> list[str]:
                    + (f"{load.get('speclens_units')} unit(s) shared with {', '.join(f'`{p}`' for p in procs[:2])}"
                       if procs else "none seen") + ".")
     return out
-
-
-def headline_text(row: dict) -> str:
-    """One run's headline in words, for `python -m backend runs` (a catalog.runs_overview row): a drafter bench's
-    tau and speedup with its 95% CI (no verdict when its speed figures are noise), plain decoding's tokens/s, a
-    capture's boundaries and tokens, a check's best candidate (or "lint only")."""
-    def ok(v) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
-
-    kind = row.get("kind")
-    if row.get("status") != "complete":
-        done, total = row.get("progress_done"), row.get("progress_total")
-        return f"{int(done)}/{int(total)} done" if ok(done) and ok(total) else "-"
-    if kind == "bench":
-        if not ok(row.get("num_spec_tokens")) or not row["num_spec_tokens"]:
-            tps = row.get("tokens_per_s")
-            return f"plain decoding, {tps:.1f} tokens/s" if ok(tps) else "plain decoding"
-        out = f"tau {row['tau']:.2f}" if ok(row.get("tau")) else "tau -"
-        if ok(row.get("speedup")):
-            out += f", speedup {row['speedup']:.2f}x"
-            if ok(row.get("speedup_ci_low")) and ok(row.get("speedup_ci_high")):
-                out += f" [{row['speedup_ci_low']:.2f}, {row['speedup_ci_high']:.2f}]"
-            if isinstance(row.get("speed_noise"), str) and row["speed_noise"]:
-                out += " (no verdict: timing noise)"
-        return out
-    if kind == "capture":
-        out = f"{int(row['n_boundaries'])} boundaries" if ok(row.get("n_boundaries")) else ""
-        if ok(row.get("tokens")):
-            out += f", {int(row['tokens']):,} tokens"
-        if ok(row.get("nonfinite_tokens")) and row["nonfinite_tokens"]:
-            out += f", {int(row['nonfinite_tokens'])} NaN/inf tokens"
-        return out or "-"
-    if kind == "check":
-        if row.get("engine") == "lint":
-            return "lint only (config files)"
-        best = row.get("boundaries")
-        return f"trained on {best}" if isinstance(best, str) and best else "-"
-    return "-"
-
-
-RUNS_TEXT_COLUMNS = ["run_id", "kind", "status", "engine", "model", "drafter", "figures", "finding"]
-
-
-def runs_text(df: pd.DataFrame) -> str:
-    """`python -m backend runs` in text mode: one line per run, its headline figures (headline_text) and findings."""
-    rows = df.to_dict("records")
-    table = pd.DataFrame({
-        "run_id": [r["run_id"] for r in rows], "kind": [r.get("kind") or "-" for r in rows],
-        "status": [r.get("status") or "-" for r in rows],
-        "engine": [" ".join(str(x) for x in (r.get("engine"), r.get("engine_version")) if isinstance(x, str) and x)
-                   or "-" for r in rows],
-        "model": [r["model"] if isinstance(r.get("model"), str) else "-" for r in rows],
-        "drafter": [r["drafter"] if isinstance(r.get("drafter"), str) else "-" for r in rows],
-        "figures": [headline_text(r) for r in rows],
-        "finding": [r["finding"] if isinstance(r.get("finding"), str) and r["finding"] else "" for r in rows],
-    }, columns=RUNS_TEXT_COLUMNS).rename(columns={"model": "target"})
-    if not (table["finding"] != "").any():
-        table = table.drop(columns="finding")
-    cells = [list(table.columns)] + [[str(v) for v in r] for r in table.itertuples(index=False)]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(table.columns))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
 
 
 def manifest_text(manifest: dict) -> str:
