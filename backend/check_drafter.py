@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from backend import links
 from backend.config import dashboard_link
 from backend.errors import SpecLensError
 from backend.model_id import fingerprint
@@ -398,7 +399,7 @@ def cmd_check(a: argparse.Namespace) -> int:
         print(json.dumps(r.report))
     else:
         print_report(r.report)
-        print(f"\ncheck {r.run_id} -> {r.path}\ndashboard: {dashboard_link(f'/drafter?run={r.run_id}')} "
+        print(f"\ncheck {r.run_id} -> {r.path}\ndashboard: {dashboard_link(links.drafter_check(r.run_id))} "
               "(SPECLENS_URL sets the address)")
     if a.write_fix:
         return _write_and_prove(r.report, a)

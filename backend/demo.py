@@ -46,8 +46,10 @@ from __future__ import annotations
 
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from backend import links
 from backend.config import REPO_ROOT, dashboard_link
 from backend.runs.lifecycle import Run
 from backend.store.data_root import DataRoot
@@ -267,18 +269,38 @@ def build_slot_shift_demo(data: DataRoot | None = None, force: bool = False, pro
 STORY_RUNS = ("demo-bench-matched", *SLOT_RUNS)
 
 
-def story(data: DataRoot | None = None) -> list[str] | None:
-    """The demo's three lines (markdown, with links to the views that prove them), from the stored runs; None until
-    the slot-shift benches exist (`make demo`), and None rather than an error: the Runs page shows it on top."""
+@dataclass
+class Story:
+    """The demo's slot-shift case in figures (dashboard/demo_story.py words it on the Runs page's first screen; the
+    demo's log prints `lines()`): tau of each story run over the prompts all of them decoded, the matched-vs-broken
+    gap and the fix's gain with their 95% paired intervals, and what the drafter check found."""
+
+    matched: float                     # tau of demo-bench-matched
+    broken: float                      # demo-bench-slot-shift: fed S_3, S_5, S_6 by SGLang's reading
+    patched: float                     # demo-bench-slot-shift-patched: ids [-1, 3, 5]
+    fixed: float                       # demo-bench-slot-shift-fixed: the check's fix, ids [-1, 2, 4]
+    gap: tuple[float, float, int] | None       # 95% CI of tau(matched) - tau(broken), prompts
+    fix_gain: tuple[float, float, int] | None  # 95% CI of tau(fixed) - tau(broken), prompts
+    check: str                         # the drafter check run
+    trained_on: list[str] | None       # what it found the drafter was trained on
+
+    def lines(self) -> list[str]:
+        """The demo log's plain lines."""
+        return [f"matched tau {self.matched:.2f}, slot-shift (fed S_3, S_5, S_6) {self.broken:.2f}, patched "
+                f"{self.patched:.2f}, fixed {self.fixed:.2f}",
+                f"drafter check {self.check}: trained on {', '.join(self.trained_on or ['?'])}"]
+
+
+def story(data: DataRoot | None = None) -> Story | None:
+    """The demo's slot-shift case from the stored runs; None until the slot-shift benches exist (`make demo`), and
+    None rather than an error: the Runs page shows it on top."""
     try:
         return _story(data)
     except Exception:  # noqa: BLE001 - an unreadable catalog must not break the first screen
         return None
 
 
-def _story(data: DataRoot | None) -> list[str] | None:
-    import urllib.parse
-
+def _story(data: DataRoot | None) -> Story | None:
     cat = DataRoot.of(data).catalog.read
     runs = cat.bench_runs(run_ids=list(STORY_RUNS)).set_index("run_id")
     checks = cat.check_manifests()
@@ -289,31 +311,11 @@ def _story(data: DataRoot | None) -> list[str] | None:
     by_run = {r: g for r, g in cat.bench_prompt_speeds(list(STORY_RUNS)).groupby("run_id")}
     tau = _shared_tau(runs, by_run)
     m, s, p, f = (tau[r] for r in STORY_RUNS)
-    gap = tau_gap("demo-bench-matched", "demo-bench-slot-shift", by_run)
-    ci = f", 95% CI {gap[0]:.2f} to {gap[1]:.2f} lower over {gap[2]} held-out prompts" if gap else ""
     chk = SLOT_CHECK_RUN if SLOT_CHECK_RUN in checks else None
     best = ((checks.get(chk) or {}).get("check") or {}).get("best") if chk else None
-
-    def link(*ids: str) -> str:
-        return "/compare?runs=" + urllib.parse.quote(",".join(ids), safe=",")
-
-    gap_fix = tau_gap("demo-bench-slot-shift-fixed", "demo-bench-slot-shift", by_run)
-    ci_fix = f" (95% CI {gap_fix[0]:.2f} to {gap_fix[1]:.2f})" if gap_fix else ""
-    lines = [
-        f"**The failure.** A drafter trained on speculators <= 0.4 files [embeddings, layer outputs] learned its fc "
-        f"slots as S_0, S_3, S_5; SGLang reads its ids [2, 4, 5] after layer and feeds S_3, S_5, S_6, every slot "
-        f"shifted: tau {s:.2f}, {m - s:.2f} below the matched drafter's {m:.2f} ({100 * (m - s) / m:.0f}%{ci}) "
-        f"and {f - s:.2f} below its own tau when fed what it was trained on{ci_fix}. "
-        f"[Compare]({link('demo-bench-matched', 'demo-bench-slot-shift')})",
-        f"**The patch.** Writing id -1 (embeddings) next to the files' own layer names, ids [-1, 3, 5], feeds S_0, "
-        f"S_4, S_6: the embedding slot is back, the layer slots are still one late: tau {p:.2f}. "
-        f"[Compare]({link('demo-bench-slot-shift-fixed', 'demo-bench-slot-shift-patched', 'demo-bench-slot-shift')})",
-        f"**What SpecLens names.** The drafter check finds it was trained on "
-        f"{', '.join(best) if best else 'S_0, S_3, S_5'} (S_0 first) and gives the fix, eagle_config ids [-1, 2, 4]: "
-        f"tau {f:.2f}. [Drafter check](/drafter?run={chk or SLOT_CHECK_RUN}) · "
-        f"[Compare]({link('demo-bench-slot-shift-fixed', 'demo-bench-slot-shift', 'demo-bench-matched')})",
-    ]
-    return lines
+    return Story(m, s, p, f, tau_gap("demo-bench-matched", "demo-bench-slot-shift", by_run),
+                 tau_gap("demo-bench-slot-shift-fixed", "demo-bench-slot-shift", by_run), chk or SLOT_CHECK_RUN,
+                 list(best) if best else None)
 
 
 def _shared_tau(runs, by_run: dict) -> dict[str, float]:
@@ -355,11 +357,11 @@ def run_demo(force: bool = False, progress: bool = True, data: DataRoot | None =
     for r in data.catalog.read.bench_runs(run_ids=list(BENCH_RUNS)).itertuples():
         print(f"  bench {r.run_id}: tau {r.tau:.2f}, {r.tokens_per_s:.1f} tok/s, {_speed(r)}, lossless {r.lossless}")
     print(f"benchmark demo ready in {time.perf_counter() - t1:.1f} s; open "
-          f"{dashboard_link('/compare?runs=' + ','.join(BENCH_RUNS))}")
+          f"{dashboard_link(links.compare(BENCH_RUNS))}")
     t2 = time.perf_counter()
     if build_check_demo(data, force, progress) or _complete(CHECK_RUN, data):
         print(f"drafter check ready in {time.perf_counter() - t2:.1f} s; open "
-              f"{dashboard_link(f'/drafter?run={CHECK_RUN}')}")
+              f"{dashboard_link(links.drafter_check(CHECK_RUN))}")
     t3 = time.perf_counter()
     build_slot_shift_demo(data, force, progress)
     for r in data.catalog.read.bench_runs(run_ids=[*SLOT_RUNS, REGRESS_RUN]).itertuples():
@@ -370,8 +372,9 @@ def run_demo(force: bool = False, progress: bool = True, data: DataRoot | None =
 
         print("  regress: " + regress(fixed_run, REGRESS_RUN, data=data)["line"])
     print(f"slot-shift demo ready in {time.perf_counter() - t3:.1f} s ({time.perf_counter() - t0:.0f} s in all); "
-          f"open {dashboard_link(f'/drafter?run={SLOT_CHECK_RUN}')}")
-    for line in story(data) or []:
+          f"open {dashboard_link(links.drafter_check(SLOT_CHECK_RUN))}")
+    told = story(data)
+    for line in told.lines() if told else []:
         print("  " + line)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from backend import metrics
+from backend import links, metrics
 from backend.config import dashboard_link
 from backend.drafter.fix import FixPlan
 from backend.store.data_root import DataRoot
@@ -55,8 +55,6 @@ def prove(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int | None 
           name: str | None = None, data: DataRoot | None = None, progress: bool = True, device: str = "auto",
           max_new_tokens: int = 64) -> Proof:
     """Bench the original and the fixed drafter through the HF reference engine as `plan`'s release feeds them."""
-    import urllib.parse
-
     from backend.bench import BenchSettings, run_bench
 
     base = name or f"prove-{Path(plan.drafter).name}"
@@ -77,7 +75,7 @@ def prove(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int | None 
     ids = [runs["fixed"].run_id, runs["original"].run_id]
     return Proof(runs["original"].run_id, runs["fixed"].run_id, runs["fixed"].baseline_run,
                  float(runs["original"].tau), float(runs["fixed"].tau), ci, lossless,
-                 "/compare?runs=" + urllib.parse.quote(",".join(ids), safe=","))
+                 links.compare(ids))
 
 
 def engine_jobs(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int | None = 32, repeats: int = 1,
@@ -108,8 +106,6 @@ def queue_proof(report: dict, data: DataRoot | None = None, prompts: str | None 
     """The Drafter check page's button: write the check's fix under <data>/models/fixes/<check run> and queue the
     two reference benches; {"fixed": dir, "jobs": [ids], "compare": path}. One-line errors (FixRefused and the
     job spec's) go up."""
-    import urllib.parse
-
     from backend.config import REPO_ROOT
     from backend.drafter.fix import FixRefused, write_fix
 
@@ -124,5 +120,4 @@ def queue_proof(report: dict, data: DataRoot | None = None, prompts: str | None 
     prompts = prompts or str(REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl")
     jobs = engine_jobs(plan, out, prompts, limit, 1, f"prove-{report.get('run_id') or 'check'}", data, engine="hf")
     ids = [j["job_id"] for j in jobs]
-    return {"fixed": str(out), "jobs": ids,
-            "compare": "/compare?runs=" + urllib.parse.quote(",".join(reversed(ids)), safe=",")}
+    return {"fixed": str(out), "jobs": ids, "compare": links.compare(list(reversed(ids)))}

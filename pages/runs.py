@@ -10,8 +10,8 @@ SPECLENS_READONLY=0 (read-only by default; with [auth] secrets only after a logi
 import streamlit as st
 
 from backend import annotations, findings
-from backend.demo import story as demo_story
-from dashboard import auth, charts, ui
+from backend.demo import story as demo_story_of
+from dashboard import auth, charts, demo_story, ui
 
 LIVE_EVERY_S = 5
 STATUSES = ["complete", "running", "interrupted", "failed", "quarantined"]
@@ -19,9 +19,9 @@ LINT = {"hidden": "hidden (the default)", "shown": "shown"}
 FLASH = "runs_flash"
 
 st.title("Runs")
-if story := demo_story():      # `make demo`: the slot-shift case in three lines, each linked to its proof
+if story := demo_story_of():   # `make demo`: the slot-shift case in three lines, each linked to its proof
     with st.container(border=True, key="demo_story"):
-        for line in story:
+        for line in demo_story.lines(story):
             st.markdown(line)
 cat = ui.catalog()
 runs = ui.load_runs(refresh=True, query=cat.runs_overview)

@@ -251,8 +251,8 @@ _LAYER_OF = [        # (module prefix, layer): the longest matching prefix wins
     ("backend.errors", "base"), ("backend.config", "base"), ("backend.jsonfile", "base"), ("backend.netutil", "base"),
     ("backend.model_id", "base"), ("backend.metrics", "base"), ("backend.stats", "base"), ("backend.coords", "base"),
     ("backend.prompts", "base"), ("backend.vllm_runner", "base"), ("backend.server_metrics", "base"),
-    ("backend.load_client", "base"), ("backend.drafter_worth", "base"), ("backend.runs.manifest", "base"),
-    ("backend.options", "base"), ("backend.settings", "base"),
+    ("backend.load_client", "base"), ("backend.drafter_worth", "base"), ("backend.links", "base"),
+    ("backend.runs.manifest", "base"), ("backend.options", "base"), ("backend.settings", "base"),
     ("backend.store", "store"),
     ("backend.align", "analysis"), ("backend.annotations", "analysis"), ("backend.compare", "analysis"),
     ("backend.stats_compare", "analysis"), ("backend.drafter", "analysis"), ("backend.feeds", "analysis"),
@@ -426,3 +426,27 @@ def test_the_markdown_check_can_fail() -> None:
     snippet = ('A = "**bold**"\nB = f"see [check](/drafter?run={x})"\n'
                '# --- compat (begin)\nC = "**ok**"\n# --- compat (end)\n')
     assert [n for n, _ in _markdown_strings(snippet)] == [1, 2]
+
+
+_VIEW_URL = re.compile(r"(^|[\s(])/(compare|drafter|run|feeds|alignment|stats|load|watch|regression|runs)\?\w+=")
+
+
+def _url_strings(source: str) -> list[tuple[int, str]]:
+    """(line, text) of each string literal that starts a dashboard view's URL ('/compare?runs=...'), docstrings
+    left out."""
+    tree = ast.parse(source)
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docs and _VIEW_URL.search(n.value)]
+
+
+def test_dashboard_urls_are_built_in_one_backend_module() -> None:
+    """Issue 21 item 4: a view's URL path is built by backend/links.py (the command line prints it, pages link with
+    it); no other module under backend/ writes one."""
+    found = {str(f.relative_to(REPO)): _url_strings(f.read_text()) for f in sorted((REPO / "backend").rglob("*.py"))
+             if f.name != "links.py"}
+    assert {f: v for f, v in found.items() if v} == {}
+    assert _url_strings('"""/drafter?run=x in a docstring"""\nx = "/compare?runs=" + ids\n') == [
+        (2, "/compare?runs=")]

@@ -109,8 +109,12 @@ def test_demo_shows_the_drop_and_tells_the_story(tmp_path, monkeypatch):
         a, b = per[better], per["demo-bench-slot-shift"]
         _, lo, hi = metrics.tau_difference(a.to_numpy(), b.loc[a.index].to_numpy())
         assert lo > 0 and np.isfinite(hi), (better, lo, hi)
-    lines = story(DataRoot(tmp_path))
-    assert lines is not None and len(lines) == 3
+    told = story(DataRoot(tmp_path))
+    assert told is not None and told.trained_on == ["S_0", "S_3", "S_5"] and told.broken < told.matched
+    from dashboard import demo_story
+
+    lines = demo_story.lines(told)
+    assert len(lines) == 3
     assert "/compare?runs=demo-bench-matched,demo-bench-slot-shift" in lines[0]
     assert "/drafter?run=demo-check-slot-shift" in lines[2] and "S_0, S_3, S_5" in lines[2]
     # Compare explains the shifted run from the stored check; the Runs page (the first screen) shows the three lines
