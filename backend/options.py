@@ -18,6 +18,7 @@ from dataclasses import MISSING, field, fields
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from backend.errors import SpecLensError
 from backend.vllm_runner import RUNNERS
 
 # the one registry: engine name -> adapter module (vLLM and SGLang live on the GPU node, so imported only when used)
@@ -67,8 +68,6 @@ def option(default: Any = MISSING, *, help: str | None = None, choices: tuple | 
 def parse_engine_options(items: list[str] | None) -> dict:
     """--engine-option KEY=VALUE (VALUE parsed as JSON when it is JSON: numbers, true/false, lists)."""
     import json
-
-    from backend.errors import SpecLensError
 
     out = {}
     for it in items or []:
@@ -175,17 +174,26 @@ def add_options(parser: Any, cls: type, skip: tuple[str, ...] = ()) -> None:
         parser.add_argument(flag, dest=dest, **kw)
 
 
+class FieldError(SpecLensError):
+    """A settings field's value out of its choices or below its minimum (`check_fields`): one line naming the field
+    (`field`), so that the command line can name its --flag instead (`from_args`)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
 def check_fields(obj: Any) -> None:
     """The checks a settings model runs on itself after pydantic's type validation (its `__post_init__`): every
-    field's `choices` and `minimum` (see `option`). A ValueError here is a pydantic validation error of the model."""
+    field's `choices` and `minimum` (see `option`). Not a ValueError, so pydantic passes it through as it is."""
     for name, ch in field_choices(type(obj)).items():
         v = getattr(obj, name)
         if v is not None and v not in ch:
-            raise ValueError(f"{name}: {v!r} is not one of {', '.join(map(str, ch))}")
+            raise FieldError(name, f"{v!r} is not one of {', '.join(map(str, ch))}")
     for name, lo in field_minimums(type(obj)).items():
         v = getattr(obj, name)
         if v is not None and v < lo:
-            raise ValueError(f"{name}: {v} must be >= {lo:g}")
+            raise FieldError(name, f"{v} must be >= {lo:g}")
 
 
 def build(cls: type, values: dict, where: str = "") -> Any:
@@ -194,12 +202,14 @@ def build(cls: type, values: dict, where: str = "") -> Any:
     caller's to refuse (a job spec names the known ones in its message)."""
     from pydantic import ValidationError
 
-    from backend.errors import SpecLensError
-
     try:
         return cls(**values)
     except ValidationError as e:
         raise SpecLensError(where + _one_line(e)) from None
+    except FieldError as e:
+        if not where:
+            raise
+        raise SpecLensError(where + str(e)) from None
 
 
 def _one_line(e: Any) -> str:
@@ -232,4 +242,12 @@ def from_args(cls: type, a: Any, **given: Any) -> Any:
             v = not v
         parse = f.metadata.get("option", {}).get("parse")
         kw[name] = parse(v) if parse is not None else v
-    return build(cls, {**kw, **given})
+    try:
+        return build(cls, {**kw, **given})
+    except SpecLensError as e:           # on the command line, name the option, not the field
+        text = str(e)
+        for name, f in settings_fields(cls, cli=True).items():
+            if text.startswith(name + ": "):
+                flag = _flag(name, f, _base_type(hints[name])[0])[0]
+                raise SpecLensError(f"{flag} {text[len(name) + 2:]}") from None
+        raise

@@ -215,8 +215,6 @@ class WatchSettings(Checked):
     max_missed: int = option(3, help="failed scrapes in a row that end the watch (default 3)")
     timeout: float = option(5.0, help="seconds per scrape (default 5)")
 
-    _server_url = field_validator("server_url")(_server_url)
-
     def check(self) -> None:
         if self.interval <= 0:
             raise SpecLensError(f"--interval {self.interval}: must be more than 0 seconds")

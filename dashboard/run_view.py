@@ -11,27 +11,17 @@ what `python -m backend runs` prints is backend/runs_text.py's.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pandas as pd
 
 from backend import metrics
 from backend.compare import NOT_CONFIG, flatten
-from backend.config import REPO_ROOT, model_roots, paths
 from backend.findings import ENGINE_NAMES, Finding, reproduced_release
-from backend.prompts import load_prompts
-from backend.store.data_root import DataRoot
-from backend.store.rundir import valid_run_id
 from dashboard.compare_words import mismatch_line
 
-LOG_TAIL_LINES = 40
 PROMPT_TEXT_MAX = 80                # characters of a prompt's text the per-prompt table shows (the rest: "…")
-PROMPT_FILE_MAX_BYTES = 64 << 20    # a prompts file larger than this is not read for the table's texts
-LOG_TAIL_BYTES = 64 * 1024          # a log is read from its end: a 2 GB server log costs what a small one does
-MAX_FILES = 200                     # files listed (a run directory holds a handful)
 # the settings a reader looks for first, in this order (the rest follows alphabetically)
 KEY_SETTINGS = ["engine", "engine_version", "model.path", "model.model_type", "model.n_layers", "drafter.path",
                 "drafter.format", "dataset", "num_spec_tokens", "temperature", "repeats", "settings.seed",
@@ -202,118 +192,6 @@ def capture_headline(manifest: dict) -> list[tuple[str, str]]:
 
 def _count(v) -> str:
     return f"{int(v):,}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
-
-
-# ---------------------------------------------------------------------------- run directory
-
-def files(run_dir: str | Path) -> pd.DataFrame:
-    """The files of a run directory (and of its sub-folders, one level), names and sizes; links are listed, never
-    followed."""
-    out = []
-    try:
-        top = sorted(os.scandir(run_dir), key=lambda e: e.name)
-    except OSError:
-        return pd.DataFrame(columns=["file", "bytes", "size"])
-    for e in top:
-        if e.is_dir(follow_symlinks=False):
-            try:
-                inner = sorted(os.scandir(e.path), key=lambda x: x.name)
-            except OSError:
-                inner = []
-            out += [(f"{e.name}/{x.name}", _size(x)) for x in inner if not x.is_dir(follow_symlinks=False)]
-        else:
-            out.append((e.name, _size(e)))
-        if len(out) >= MAX_FILES:
-            break
-    df = pd.DataFrame(out[:MAX_FILES], columns=["file", "bytes"])
-    return df.assign(size=[human_size(b) for b in df["bytes"]])
-
-
-def _size(e: os.DirEntry) -> int | None:
-    try:
-        return e.stat(follow_symlinks=False).st_size
-    except OSError:
-        return None
-
-
-def human_size(n: int | None) -> str:
-    if n is None or n != n:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
-
-
-@dataclass
-class LogTail:
-    path: str                      # relative to the data root
-    lines: list[str]
-
-
-def log_tail(run_dir: str | Path, manifest: dict, data: DataRoot | None = None,
-             n: int = LOG_TAIL_LINES) -> LogTail | None:
-    """The last n lines of the run's log: a `*.log` file in its run directory (the newest), else the log of the job
-    that made it (`queue/logs/<job id>.log`, backend/jobs); None when there is none."""
-    d = Path(run_dir)
-    try:
-        logs = [e for e in os.scandir(d) if e.name.endswith(".log") and e.is_file(follow_symlinks=False)]
-    except OSError:
-        logs = []
-    queue = DataRoot.of(data).paths.queue
-    if logs:
-        f = max(logs, key=lambda e: e.stat(follow_symlinks=False).st_mtime)
-        path, shown = Path(f.path), f"runs/{d.name}/{f.name}"
-    else:
-        job = manifest.get("job") if isinstance(manifest.get("job"), dict) else {}
-        jid = str(job.get("id") or "")
-        if not jid or not valid_run_id(jid):
-            return None
-        path, shown = queue / "logs" / f"{jid}.log", f"queue/logs/{jid}.log"
-        if path.is_symlink() or not path.is_file():
-            return None
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - LOG_TAIL_BYTES))
-            text = fh.read().decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    lines = [ln.rstrip()[:500] for ln in text.splitlines() if ln.strip()]
-    return LogTail(shown, lines[-n:])
-
-
-# ---------------------------------------------------------------------------- per-prompt table (bench runs)
-
-def prompt_texts(manifest: dict) -> dict[str, str]:
-    """prompt id -> its text, from the prompts file the bench read (`settings.prompts`, backend/prompts.py), for the
-    per-prompt table; empty when the file is gone, unreadable, too large or outside the places job specs may read
-    prompts from (config.model_roots and <repo>/datasets: a manifest never makes the page show another file)."""
-    st = manifest.get("settings") if isinstance(manifest.get("settings"), dict) else {}
-    path = st.get("prompts")
-    if not isinstance(path, str) or not path:
-        return {}
-    try:
-        allowed = [r.resolve() for r in (*model_roots(), REPO_ROOT / "datasets")]
-        f = _prompts_file(Path(path), allowed)
-        if f is None or f.stat().st_size > PROMPT_FILE_MAX_BYTES:
-            return {}
-        return {p.id: p.text for p in load_prompts(f)}
-    except Exception:  # noqa: BLE001 - a bad prompts file costs the texts, never the page
-        return {}
-
-
-def _prompts_file(recorded: Path, allowed: list[Path]) -> Path | None:
-    """The prompts file a bench read: its recorded path when that is a file under an allowed root, else (a data root
-    moved or copied since) the same trailing path under the data root (`models/toy-pair/heldout.jsonl`)."""
-    tries = [recorded] + [paths().root / Path(*recorded.parts[-k:]) for k in range(min(6, len(recorded.parts) - 1), 0,
-                                                                                     -1)]
-    for t in tries:
-        f = t.resolve()
-        if any(f.is_relative_to(r) for r in allowed) and f.is_file():
-            return f
-    return None
 
 
 def short_text(text: str | None, n: int = PROMPT_TEXT_MAX) -> str:

@@ -9,7 +9,7 @@ backend/metrics.py); data: catalog queries."""
 
 import streamlit as st
 
-from backend import compare, findings, regress
+from backend import compare, findings, regress, run_files
 from backend.config import data_root
 from dashboard import charts, run_view, ui, watch_charts
 
@@ -143,7 +143,7 @@ if kind == "capture" and status == "complete":
 if kind == "bench":
     k = int(m.get("num_spec_tokens") or 0)
     base = run.get("baseline_run") if isinstance(run.get("baseline_run"), str) else None
-    texts = run_view.prompt_texts(m) if status == "complete" else {}
+    texts = run_files.prompt_texts(m) if status == "complete" else {}
     if status == "complete":
         st.subheader("Charts")
         both = ui.guarded(cat.bench_prompt_timings, [rid, base] if base else [rid])     # one query
@@ -209,12 +209,12 @@ with left:
 with right:
     st.subheader("Files")
     st.caption(f"`{run.get('path')}`")
-    st.container(key="run_files").dataframe(run_view.files(run["path"]), hide_index=True,
+    st.container(key="run_files").dataframe(run_files.files(run["path"]), hide_index=True,
                                             column_order=["file", "size"])
     st.download_button("manifest.json", data=run_view.manifest_text(m), file_name=f"{rid}.manifest.json",
                        mime="application/json", icon=":material/download:", key="dl_manifest")
 
-log = run_view.log_tail(run["path"], m)
+log = run_files.log_tail(run["path"], m)
 if log is not None:
     st.subheader("Log")
     st.caption(f"The last {len(log.lines)} lines of `{log.path}`.")

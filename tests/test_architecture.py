@@ -257,6 +257,7 @@ _LAYER_OF = [        # (module prefix, layer): the longest matching prefix wins
     ("backend.align", "analysis"), ("backend.annotations", "analysis"), ("backend.compare", "analysis"),
     ("backend.stats_compare", "analysis"), ("backend.drafter", "analysis"), ("backend.feeds", "analysis"),
     ("backend.regress", "analysis"), ("backend.findings", "analysis"), ("backend.runs_text", "analysis"),
+    ("backend.run_files", "analysis"),
     ("backend.engines", "engines/runs"), ("backend.runs", "engines/runs"), ("backend.capture", "engines/runs"),
     ("backend.bench", "engines/runs"), ("backend.importers", "engines/runs"), ("backend.check_drafter", "engines/runs"),
     ("backend.load_bench", "engines/runs"), ("backend.watch", "engines/runs"), ("backend.producers", "engines/runs"),
