@@ -5,7 +5,8 @@ DFlash (docs/CONVENTIONS.md#dflash) drafts a whole block in one pass instead of 
     ctx_t  = hidden_norm(fc(A_t))                A_t = [S_a(t) | S_b(t) | ...] [k*H_T] -> [H]: context slot t
     block  = [x_s, M, M, ..., M]                  bs tokens at positions s..s+bs-1: the last verified token x_s
                                                   (not yet in the target KV) then bs-1 mask tokens M
-    h      = embed(block)                         the TARGET's embedding
+    h      = embed(block)                         the TARGET's embedding (M's row must not be zero: then every mask
+                                                  slot's first-layer query is 0 and all attend alike)
     per layer: x = input_layernorm(h)
              q = q_norm(q_proj(x)); keys/values = [k_norm(k_proj(ctx)), v_proj(ctx)] for the context slots
                                                  + [k_norm(k_proj(x)), v_proj(x)] for the block (RoPE on q, k)
@@ -201,7 +202,9 @@ class DFlashDrafter(nn.Module):
         return self.norm(h)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return h @ self.head_w.T
+        """h [..., H] -> [..., V]; flattened to one 2-D product (a 3-D input would make torch broadcast the head
+        into a batched product, several times slower on CPU)."""
+        return (h.reshape(-1, h.shape[-1]) @ self.head_w.T).view(*h.shape[:-1], -1)
 
     # ---- one request (the bench) ----------------------------------------------------------
     def reset(self) -> None:
