@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from backend.options import DTYPES, SERVING_ENGINES, add_options, from_args, parse_engine_options
-from backend.settings import BenchSettings
+from backend.options import SERVING_ENGINES, add_options, from_args, parse_engine_options
+from backend.settings import LOAD_ONLY, BenchSettings, LoadSettings
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
@@ -30,48 +30,15 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
-def _ints(flag: str, text: str) -> list[int]:
-    from backend.errors import SpecLensError
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SpecLensError(f"{flag} '{text}': expected comma-separated integers like 1,8,32,64") from None
-
-
-def _floats(flag: str, text: str | None) -> list[float] | None:
-    from backend.errors import SpecLensError
-    if not text:
-        return None
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SpecLensError(f"{flag} '{text}': expected comma-separated numbers like 1,2,3") from None
-
-
 def cmd_load(a: argparse.Namespace) -> int:
     """bench --concurrency ... / sweep: through the engine's OpenAI-compatible servers (backend/load_bench.py)."""
-    from pydantic import ValidationError
-
     from backend.errors import SpecLensError
-    from backend.load_bench import LoadSettings, run_load
+    from backend.load_bench import run_load
 
     if a.engine not in SERVING_ENGINES:
         raise SpecLensError(f"--concurrency runs through a serving engine's server; use --engine vllm or sglang "
                             f"(not {a.engine})")
-    k = a.num_spec_tokens if isinstance(a.num_spec_tokens, str) else str(a.num_spec_tokens)
-    try:
-        s = LoadSettings(engine=a.engine, target=a.target, drafter=a.drafter, prompts=a.prompts,
-                         num_spec_tokens=_ints("--num-spec-tokens", k),
-                         synthetic_tau=_floats("--synthetic-tau", getattr(a, "synthetic_tau", None)),
-                         concurrency=_ints("--concurrency", a.concurrency), requests=a.requests,
-                         max_tokens=a.max_new_tokens, repeats=a.repeats, temperature=a.temperature, limit=a.limit,
-                         chat_template=not a.no_chat_template, server_url=a.server_url, baseline_url=a.baseline_url,
-                         dtype=a.dtype, memory=a.memory, load_format=a.load_format, topk=a.topk,
-                         draft_tokens=a.draft_tokens, engine_options=engine_options(a.engine_option),
-                         start_together=not a.one_server_at_a_time)
-    except ValidationError as e:
-        err = e.errors()[0]
-        raise SpecLensError(f"--{'-'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
+    s = from_args(LoadSettings, a)       # `sweep`: all its options; `bench --concurrency`: the bench's and LOAD_ONLY
     r = run_load(s, name=a.name, progress=not a.quiet)
     for cell in r.summary["cells"]:
         sp = cell["speedup"]
@@ -91,43 +58,13 @@ def _f(x) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def _load_options(b: argparse.ArgumentParser) -> None:
-    b.add_argument("--concurrency", help="vllm/sglang: requests in flight, e.g. 1,8,32,64 (a serving-load bench "
-                                         "through the engine's OpenAI-compatible server, paired baseline server)")
-    b.add_argument("--requests", type=int, help="with --concurrency: requests per level and side (default "
-                                                "max(16, 4 x concurrency))")
-    b.add_argument("--baseline-url", help="with --server-url: a running server of the target without a drafter")
-    b.add_argument("--memory", type=float, default=0.15, help="GPU memory fraction of each server SpecLens starts")
-    b.add_argument("--load-format", help="e.g. dummy: random weights of the target's shape (speed only)")
-    b.add_argument("--topk", type=int, default=1, help="sglang: --speculative-eagle-topk (1 = a chain)")
-    b.add_argument("--draft-tokens", type=int, help="sglang: --speculative-num-draft-tokens (default K+1 for a chain)")
-    b.add_argument("--one-server-at-a-time", action="store_true",
-                   help="start the baseline and one drafter server at a time (default: all at once)")
-
-
 def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
     w = subparsers.add_parser("sweep", help="serving-load sweep: K x concurrency (x synthetic acceptance length) "
                                             "through vLLM or SGLang servers, each level against a paired baseline")
-    w.add_argument("--engine", required=True, choices=SERVING_ENGINES)
-    w.add_argument("--target", required=True)
-    w.add_argument("--drafter")
-    w.add_argument("--prompts", required=True)
-    w.add_argument("--num-spec-tokens", default="1,2,4,6", help="K values, e.g. 1,2,4,6")
-    w.add_argument("--synthetic-tau", help="accept drafts synthetically at these mean acceptance lengths (vLLM "
-                                           "0.22+: rejection_sample_method synthetic; SGLang SGLANG_SIMULATE_ACC_LEN)")
-    w.add_argument("--temperature", type=float, default=0.0)
-    w.add_argument("--repeats", type=int, default=1)
-    w.add_argument("--limit", type=int)
-    w.add_argument("--max-new-tokens", type=int, default=128)
+    add_options(w, LoadSettings)              # every option of the load settings: --engine, --concurrency, ...
     w.add_argument("--name")
-    w.add_argument("--dtype", default="bf16", choices=DTYPES)
-    w.add_argument("--no-chat-template", action="store_true")
-    w.add_argument("--server-url")
-    w.add_argument("--engine-option", action="append", metavar="KEY=VALUE",
-                   help="a server flag, e.g. max-model-len=4096")
     w.add_argument("--quiet", action="store_true")
-    _load_options(w)
-    w.set_defaults(fn=cmd_load, concurrency="1,8,32,64")
+    w.set_defaults(fn=cmd_load)
     return w
 
 
@@ -184,8 +121,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     b = subparsers.add_parser("bench", help="speculative-decoding bench: tau, acceptance, tokens/s, speedup "
                                             "against a paired baseline, lossless check")
     add_options(b, BenchSettings)             # every field of the settings: --target, --num-spec-tokens, ...
+    add_options(b, LoadSettings, only=LOAD_ONLY, defaults={"concurrency": None})   # bench --concurrency: load
     b.add_argument("--name", help="run id; the same name resumes an interrupted bench")
     b.add_argument("--quiet", action="store_true")
-    _load_options(b)
     b.set_defaults(fn=cmd_bench)
     return b

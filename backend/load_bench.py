@@ -28,86 +28,19 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from backend import metrics, server_metrics
 from backend.errors import SpecLensError
 from backend.load_client import run_level, scrape, served_model, server_version
-from backend.options import DEFAULT_K, SERVING_ENGINES
 from backend.runs.lifecycle import Run, RunGuard
+from backend.settings import Config, LoadSettings  # noqa: F401 (LoadSettings: its home is backend/settings.py)
 from backend.store.data_root import DataRoot
 from backend.store.rundir import COMPLETE, atomic_write_json, atomic_write_parquet, new_run_id, read_journal
 
 JOURNAL = "journal.jsonl"
 SIDES = ("baseline", "drafter")
-
-
-class LoadSettings(BaseModel):
-    """What a serving-load bench or sweep runs (CLI options, job specs and the manifest's settings)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    engine: Literal[SERVING_ENGINES]  # type: ignore[valid-type]
-    target: str
-    prompts: str
-    drafter: str | None = None
-    num_spec_tokens: list[int] = Field(default_factory=lambda: [DEFAULT_K])
-    synthetic_tau: list[float] | None = None        # vLLM synthetic acceptance / SGLang simulated acceptance
-    concurrency: list[int] = Field(default_factory=lambda: [1, 8, 32, 64])
-    requests: int | None = None                     # per level and side; default max(16, 4 x concurrency)
-    max_tokens: int = 128
-    repeats: int = 1
-    temperature: float = 0.0
-    limit: int | None = None
-    chat_template: bool = True
-    max_prompt_tokens: int = 1024
-    server_url: str | None = None                   # a running drafter server (one configuration)
-    baseline_url: str | None = None                 # a running server of the target without a drafter
-    dtype: str = "bf16"
-    memory: float = 0.15                            # GPU memory fraction per server SpecLens starts
-    load_format: str | None = None                  # e.g. "dummy": random weights of the target's shape
-    topk: int = 1                                   # SGLang tree: --speculative-eagle-topk
-    draft_tokens: int | None = None                 # SGLang tree: --speculative-num-draft-tokens
-    engine_options: dict = Field(default_factory=dict)
-    start_together: bool = True                     # start every server at once (one start-up for the sweep)
-
-    @field_validator("concurrency", "num_spec_tokens")
-    @classmethod
-    def _positive(cls, v: list[int]) -> list[int]:
-        if not v or any(x < 1 for x in v):
-            raise ValueError("needs one or more integers >= 1")
-        return sorted(set(v))
-
-    def configs(self) -> list[Config]:
-        taus = self.synthetic_tau or [None]
-        return [Config(k, t) for k in self.num_spec_tokens for t in taus]
-
-    def identity(self) -> dict:
-        """What a resumed run must share: everything but where the servers listen (a restarted server has a new
-        URL, and resuming after one is the point)."""
-        d = self.model_dump(mode="json", exclude={"server_url", "baseline_url"})
-        for k in ("target", "prompts", "drafter"):
-            if d[k] is not None:
-                d[k] = str(Path(d[k]).resolve())
-        return d
-
-    def per_level(self, c: int) -> int:
-        return self.requests or max(16, 4 * c)
-
-
-@dataclass(frozen=True)
-class Config:
-    """One drafter server: K draft tokens, optionally a synthetic acceptance length."""
-
-    k: int
-    synthetic_tau: float | None = None
-
-    @property
-    def label(self) -> str:
-        return f"K={self.k}" + (f" tau*={self.synthetic_tau:g}" if self.synthetic_tau is not None else "")
 
 
 def _validate(s: LoadSettings) -> None:

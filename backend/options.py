@@ -14,7 +14,7 @@ list of engine names or runner values, and no second K default, appears under ba
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import MISSING, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
@@ -65,6 +65,42 @@ def option(default: Any = MISSING, *, help: str | None = None, choices: tuple | 
     return field(**kw)
 
 
+def model_option(default: Any = MISSING, *, default_factory: Any = MISSING, **kw: Any) -> Any:
+    """`option` for a field of a pydantic BaseModel settings class (LoadSettings): the same keywords, kept where
+    `settings_fields` finds them (the field's json_schema_extra)."""
+    from pydantic import Field
+
+    md = option(**kw).metadata["option"]
+    extra = {"json_schema_extra": {"option": md}}
+    if default_factory is not MISSING:
+        return Field(default_factory=default_factory, **extra)
+    return Field(default, **extra) if default is not MISSING else Field(**extra)
+
+
+@dataclass
+class _ModelField:
+    """A pydantic model field seen as a dataclass field (name, default, default_factory, metadata)."""
+
+    name: str
+    default: Any
+    default_factory: Any
+    metadata: dict
+
+
+def _fields_of(cls: type) -> list[Any]:
+    """The fields of a settings class: a (pydantic) dataclass's, or a pydantic BaseModel's as `_ModelField`s."""
+    if hasattr(cls, "model_fields"):
+        out = []
+        for name, fi in cls.model_fields.items():
+            extra = fi.json_schema_extra if isinstance(fi.json_schema_extra, dict) else {}
+            no_default = fi.is_required() or fi.default_factory is not None
+            out.append(_ModelField(name, MISSING if no_default else fi.default,
+                                   fi.default_factory if fi.default_factory is not None else MISSING,
+                                   {"option": extra["option"]} if "option" in extra else {}))
+        return out
+    return list(fields(cls))
+
+
 def parse_engine_options(items: list[str] | None) -> dict:
     """--engine-option KEY=VALUE (VALUE parsed as JSON when it is JSON: numbers, true/false, lists)."""
     import json
@@ -95,7 +131,7 @@ def _base_type(t: Any) -> tuple[Any, tuple | None]:
 def settings_fields(cls: type, *, cli: bool | None = None, job: bool | None = None) -> dict[str, Any]:
     """name -> the field of a settings dataclass, in declaration order (only those on the CLI / in job specs)."""
     out = {}
-    for f in fields(cls):
+    for f in _fields_of(cls):
         md = f.metadata.get("option", {})
         if cli is not None and md.get("cli", True) != cli:
             continue
@@ -145,12 +181,15 @@ def _flag(name: str, f: Any, typ: type) -> tuple[str, str]:
     return flag, flag[2:].replace("-", "_")
 
 
-def add_options(parser: Any, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """Add one option per CLI field of the settings dataclass `cls` to an argparse parser: --field-name, its type,
-    default, choices and help from the field (see `option`); a field without a default is a required option."""
+def add_options(parser: Any, cls: type, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None,
+                defaults: dict[str, Any] | None = None) -> None:
+    """Add one option per CLI field of the settings class `cls` to an argparse parser: --field-name, its type,
+    default, choices and help from the field (see `option`); a field without a default is a required option.
+    `only`: these fields alone; `defaults`: argparse defaults that differ here (`bench`'s --concurrency is None:
+    no serving load unless asked)."""
     hints = get_type_hints(cls)
     for name, f in settings_fields(cls, cli=True).items():
-        if name in skip:
+        if name in skip or (only is not None and name not in only):
             continue
         md = f.metadata.get("option", {})
         typ, lit = _base_type(hints[name])
@@ -171,6 +210,8 @@ def add_options(parser: Any, cls: type, skip: tuple[str, ...] = ()) -> None:
             if ch:
                 kw["choices"] = ch
         kw.update(md.get("argparse") or {})
+        if defaults and name in defaults:
+            kw["default"] = defaults[name]
         parser.add_argument(flag, dest=dest, **kw)
 
 
@@ -238,10 +279,13 @@ def from_args(cls: type, a: Any, **given: Any) -> Any:
         if not hasattr(a, dest):
             continue
         v = getattr(a, dest)
-        if typ is bool and flag.startswith("--no-"):
+        if typ is bool and f.default is True:          # --no-field-name (or its own flag) turns it off
             v = not v
         parse = f.metadata.get("option", {}).get("parse")
-        kw[name] = parse(v) if parse is not None else v
+        v = parse(v) if parse is not None else v
+        if v is None and (f.default_factory is not MISSING or f.default not in (None, MISSING)):
+            continue                                   # not given: the model's own default
+        kw[name] = v
     try:
         return build(cls, {**kw, **given})
     except SpecLensError as e:           # on the command line, name the option, not the field

@@ -5,8 +5,9 @@ minimum and CLI spelling are written beside it (`option`); the model checks its 
 
 - `CaptureSettings`: `python -m backend capture`, capture jobs; the same for every engine.
 - `BenchSettings`: `python -m backend bench`, bench and sweep jobs; `EngineSettings` is what an engine is built from.
-- The serving-load bench's settings are a pydantic model in backend/load_bench.py (`LoadSettings`); the watch's and
-  the drafter check's are `WatchSettings` and `CheckSettings` here.
+- `LoadSettings`: the serving-load bench and sweep (`python -m backend sweep`, `bench --concurrency`, `kind: load`
+  jobs), a pydantic BaseModel whose fields carry their options the same way (`model_option`); the watch's and the
+  drafter check's are `WatchSettings` and `CheckSettings`.
 
 Base layer: nothing here imports an engine, torch or pandas, so building the command line stays fast.
 """
@@ -17,8 +18,9 @@ import dataclasses
 import os
 from dataclasses import asdict, field
 from pathlib import Path
+from typing import Literal
 
-from pydantic import ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator
 from pydantic.dataclasses import dataclass
 
 from backend.config import REPO_ROOT
@@ -33,6 +35,7 @@ from backend.options import (
     SERVING_ENGINES,
     TORCH_DTYPES,
     check_fields,
+    model_option,
     option,
     parse_engine_options,
 )
@@ -320,3 +323,111 @@ class CheckSettings(Checked):
         if self.training_format and not self.training_data:
             raise SpecLensError("--training-format needs --training-data (the files); the format alone names nothing "
                                 "to compare")
+
+
+def _int_list(flag: str):
+    def parse(text) -> list[int] | None:
+        if text is None or text == "":
+            return None
+        try:
+            return [int(x) for x in str(text).split(",") if x.strip()]
+        except ValueError:
+            raise SpecLensError(f"{flag} '{text}': expected comma-separated integers like 1,8,32,64") from None
+    return parse
+
+
+def _float_list(flag: str):
+    def parse(text) -> list[float] | None:
+        if not text:
+            return None
+        try:
+            return [float(x) for x in str(text).split(",") if x.strip()]
+        except ValueError:
+            raise SpecLensError(f"{flag} '{text}': expected comma-separated numbers like 1,2,3") from None
+    return parse
+
+
+@dataclass(frozen=True)
+class Config:
+    """One drafter server of a load run: K draft tokens, optionally a synthetic acceptance length."""
+
+    k: int
+    synthetic_tau: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"K={self.k}" + (f" tau*={self.synthetic_tau:g}" if self.synthetic_tau is not None else "")
+
+
+class LoadSettings(BaseModel):
+    """What a serving-load bench or sweep runs (backend/load_bench.py): `python -m backend sweep` options (all of
+    them, `options.add_options`), the load-only options of `bench --concurrency`, job specs (`kind: load`) and the
+    manifest's settings. A field's option is written beside it (`model_option`, as `option` for the dataclasses)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine: Literal[SERVING_ENGINES]  # type: ignore[valid-type]
+    target: str
+    prompts: str
+    drafter: str | None = None
+    num_spec_tokens: list[int] = model_option(
+        default_factory=lambda: [DEFAULT_K], parse=_int_list("--num-spec-tokens"), cli_default="1,2,4,6",
+        help="K values, e.g. 1,2,4,6")
+    synthetic_tau: list[float] | None = model_option(      # vLLM synthetic acceptance / SGLang simulated acceptance
+        None, parse=_float_list("--synthetic-tau"), help="accept drafts synthetically at these mean acceptance "
+        "lengths (vLLM 0.22+: rejection_sample_method synthetic; SGLang SGLANG_SIMULATE_ACC_LEN)")
+    concurrency: list[int] = model_option(
+        default_factory=lambda: [1, 8, 32, 64], parse=_int_list("--concurrency"), cli_default="1,8,32,64",
+        help="vllm/sglang: requests in flight, e.g. 1,8,32,64 (a serving-load bench through the engine's "
+             "OpenAI-compatible server, paired baseline server)")
+    requests: int | None = model_option(None, help="with --concurrency: requests per level and side (default "
+                                                   "max(16, 4 x concurrency))")
+    max_tokens: int = model_option(128, flag="--max-new-tokens")
+    repeats: int = 1
+    temperature: float = 0.0
+    limit: int | None = None
+    chat_template: bool = True
+    max_prompt_tokens: int = model_option(1024, cli=False)
+    server_url: str | None = None                   # a running drafter server (one configuration)
+    baseline_url: str | None = model_option(None, help="with --server-url: a running server of the target without "
+                                                       "a drafter")
+    dtype: str = model_option("bf16", choices=DTYPES)
+    memory: float = model_option(0.15, help="GPU memory fraction of each server SpecLens starts")
+    load_format: str | None = model_option(None, help="e.g. dummy: random weights of the target's shape (speed only)")
+    topk: int = model_option(1, help="sglang: --speculative-eagle-topk (1 = a chain)")
+    draft_tokens: int | None = model_option(None, help="sglang: --speculative-num-draft-tokens (default K+1 for a "
+                                                       "chain)")
+    engine_options: dict = model_option(
+        default_factory=dict, flag="--engine-option", action="append", metavar="KEY=VALUE",
+        parse=parse_engine_options, help="a server flag, e.g. max-model-len=4096")
+    start_together: bool = model_option(      # start every server at once (one start-up for the sweep)
+        True, flag="--one-server-at-a-time", help="start the baseline and one drafter server at a time (default: "
+        "all at once)")
+
+    @field_validator("concurrency", "num_spec_tokens")
+    @classmethod
+    def _positive(cls, v: list[int]) -> list[int]:
+        if not v or any(x < 1 for x in v):
+            raise ValueError("needs one or more integers >= 1")
+        return sorted(set(v))
+
+    def configs(self) -> list[Config]:
+        taus = self.synthetic_tau or [None]
+        return [Config(k, t) for k in self.num_spec_tokens for t in taus]
+
+    def identity(self) -> dict:
+        """What a resumed run must share: everything but where the servers listen (a restarted server has a new
+        URL, and resuming after one is the point)."""
+        d = self.model_dump(mode="json", exclude={"server_url", "baseline_url"})
+        for k in ("target", "prompts", "drafter"):
+            if d[k] is not None:
+                d[k] = str(Path(d[k]).resolve())
+        return d
+
+    def per_level(self, c: int) -> int:
+        return self.requests or max(16, 4 * c)
+
+
+# the load-only options `bench --concurrency` adds to the bench's own (the rest are BenchSettings options)
+LOAD_ONLY = ("concurrency", "requests", "baseline_url", "memory", "load_format", "topk", "draft_tokens",
+             "start_together")

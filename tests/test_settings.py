@@ -195,3 +195,30 @@ def test_one_manifest_schema_for_writing_and_reading() -> None:
     assert "status" in M.check_stored(m)
     assert "model.n_layers" in M.check_stored({**m, "status": "complete", "model": {"path": "/m", "n_layers": 2**64}})
     assert "progress.total" in M.check_stored({**m, "status": "complete", "progress": {"done": 0, "total": "3"}})
+
+
+def test_load_options_derive_from_load_settings() -> None:
+    """`sweep`'s options are LoadSettings' fields (issue 21 item 2), `bench --concurrency` adds the load-only ones to
+    the bench's; both command lines build the same LoadSettings the hand-written parsers built (recorded before the
+    change: the flags, defaults and the sweep's K default 1,2,4,6 unchanged)."""
+    from backend.__main__ import parser
+    from backend.settings import LOAD_ONLY, LoadSettings
+
+    acts = _options("sweep")
+    for name in options.settings_fields(LoadSettings, cli=True):
+        f = options.settings_fields(LoadSettings)[name]
+        flag = (f.metadata.get("option", {}).get("flag") or
+                ("--no-" if f.default is True else "--") + name.replace("_", "-"))
+        assert flag[2:].replace("-", "_") in acts, name
+    assert set(_options("bench")) >= {f.replace("start_together", "one_server_at_a_time") for f in LOAD_ONLY}
+    a = parser().parse_args(["sweep", "--engine", "sglang", "--target", "/t", "--prompts", "/p", "--synthetic-tau",
+                             "1.5,2.5", "--one-server-at-a-time", "--no-chat-template", "--engine-option", "x=1"])
+    s = options.from_args(LoadSettings, a)
+    assert s == LoadSettings(engine="sglang", target="/t", prompts="/p", num_spec_tokens=[1, 2, 4, 6],
+                             synthetic_tau=[1.5, 2.5], concurrency=[1, 8, 32, 64], start_together=False,
+                             chat_template=False, engine_options={"x": 1})
+    a = parser().parse_args(["bench", "--engine", "vllm", "--target", "/t", "--prompts", "/p", "--concurrency", "8,1",
+                             "--num-spec-tokens", "3"])
+    s = options.from_args(LoadSettings, a)
+    assert (s.num_spec_tokens, s.concurrency, s.max_tokens, s.repeats, s.dtype) == ([3], [1, 8], 64, 3, "fp32")
+    assert parser().parse_args(["bench", "--target", "t", "--prompts", "p"]).concurrency is None

@@ -1,5 +1,5 @@
 """Job specs: a YAML or JSON mapping with `kind: capture | bench | sweep | load`, validated by the settings model of
-its kind (pydantic: backend/settings.py, and the job-only extras below; backend.load_bench.LoadSettings for load),
+its kind (pydantic: backend/settings.py, and the job-only extras below; backend.settings.LoadSettings for load),
 the first failure as a one-line error; paths confined to the configured roots (backend.config.model_roots); a sweep
 expanded into bench jobs.
 
@@ -230,12 +230,12 @@ def _short(field: str, v: Any, vals: list) -> str:
 
 
 def _load_jobs(spec: dict, base: Path) -> list[dict]:
-    """A serving-load bench or sweep (backend.load_bench.LoadSettings, whose fields are the spec's): one job, or with
+    """A serving-load bench or sweep (backend.settings.LoadSettings, whose fields are the spec's): one job, or with
     `split: true` one job per drafter configuration (K, synthetic tau), so that a Ray cluster of several GPUs runs the
     configurations side by side, each against its own paired baseline server."""
     from pydantic import ValidationError
 
-    from backend.load_bench import LoadSettings
+    from backend.settings import LoadSettings
 
     extra = {"split"}
     fields = {k: v for k, v in spec.items() if k not in COMMON | extra}
@@ -277,7 +277,7 @@ def settings_object(job: dict):
     s = dict(job["settings"])
     s.pop("batch_size", None)
     if job["kind"] == "load":
-        from backend.load_bench import LoadSettings
+        from backend.settings import LoadSettings
         return LoadSettings.model_validate(s)
     if job["kind"] == "capture":
         s.pop("tensor_parallel_size", None)
