@@ -169,13 +169,13 @@ def _empirical(s: CheckSettings, cfg, target, weights, readings, focus, findings
     fed_c = by_labels.get(tuple(focus.boundaries)) if focus.boundaries else None
     convention = fd.convention_of(best.boundaries, written, target.n_layers) if best else None
     chance = fd.chance(sample, s.num_spec_tokens) if best else None
-    verdict = _verdict(focus, fed_c, best, convention, target, s.num_spec_tokens, chance, candidates)
+    verdict = _verdict(focus, fed_c, best, convention, target, s.num_spec_tokens, chance, candidates, cfg)
     if best:
         findings.insert(0, verdict)
         if verdict.text.startswith(AT_CHANCE):
             best = None                      # nothing to name as trained, nor to compare other engines with
         else:
-            findings.extend(_other_engines(readings, focus, best, target))
+            findings.extend(_other_engines(readings, focus, best, target, cfg))
         findings.extend(_ranking_notes(candidates))
 
     data = None
@@ -276,9 +276,28 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def _verdict(focus, fed, best, convention, target, K: int, chance=None, candidates=()):
+def _fix_words(cfg, reading, trained: list[str], target) -> tuple[str, list[int]] | str | None:
+    """Where to write which ids so that `reading`'s engine feeds `trained`: (where, ids); for a DFlash drafter the
+    same plan `--write-fix` writes (backend/drafter/fix.py: its ids and key differ from EAGLE-3's), else the
+    EAGLE-3 ids; a string says why no ids can (a DFlash fix refused); None: no id captures those boundaries."""
+    from backend.drafter.kinds import DFLASH_LIKE
+    from backend.drafter.lint import IDS_KEY, ids_for, where_to_write
+
+    if cfg is not None and getattr(cfg, "kind", "eagle3") in DFLASH_LIKE:
+        from backend.drafter.fix import FixRefused, plan_for
+
+        try:
+            plan = plan_for(cfg, target, trained, reading.engine, reading.version, reading.runner)
+        except FixRefused as e:
+            return str(e).removeprefix("no fix written: ")
+        return (f"top-level {IDS_KEY}" if plan.where == "top-level" else plan.where), plan.ids
+    ids = ids_for(reading, trained, target)
+    return (where_to_write(reading), ids) if ids is not None else None
+
+
+def _verdict(focus, fed, best, convention, target, K: int, chance=None, candidates=(), cfg=None):
     from backend.drafter.finder import SURE_Z
-    from backend.drafter.lint import Finding, ids_for, where_to_write
+    from backend.drafter.lint import Finding
 
     if best is None:
         return Finding("error", "no candidate could be scored", "finder")
@@ -301,8 +320,9 @@ def _verdict(focus, fed, best, convention, target, K: int, chance=None, candidat
     f = ", ".join(focus.boundaries)
     if fed is best:
         return Finding("ok", f"Match: {focus.name} feeds {f}; the drafter was {trained}.", "finder")
-    ids = ids_for(focus, best.boundaries, target)
-    fix = (f" Fix: write {where_to_write(focus)}: {ids} in the drafter's config.json." if ids is not None else
+    how = _fix_words(cfg, focus, best.boundaries, target)
+    fix = (f" Fix: write {how[0]}: {how[1]} in the drafter's config.json." if isinstance(how, tuple) else
+           f" No fix in the config: {how}; retrain the drafter on boundaries the engine can feed." if how else
            f" No id of {focus.name} captures {b}: retrain the drafter on boundaries the engine can feed.")
     got = (f"step-1 accuracy {_pct(fed.step1)} instead of {_pct(best.step1)}, predicted tau {fed.tau:.2f} instead of "
            f"{best.tau:.2f}" if fed else "not scored")
@@ -313,8 +333,8 @@ def _verdict(focus, fed, best, convention, target, K: int, chance=None, candidat
     return Finding("error", f"Mismatch: the drafter was {trained}, but {focus.name} feeds {f}: {got}.{fix}", "finder")
 
 
-def _other_engines(readings, focus, best, target) -> list:
-    from backend.drafter.lint import Finding, ids_for, where_to_write
+def _other_engines(readings, focus, best, target, cfg=None) -> list:
+    from backend.drafter.lint import Finding
 
     out = []
     for r in readings:
@@ -324,8 +344,9 @@ def _other_engines(readings, focus, best, target) -> list:
             out.append(Finding("ok", f"{r.name} feeds {', '.join(r.boundaries)}: what the drafter was trained on.",
                                "finder"))
         else:
-            ids = ids_for(r, best.boundaries, target)
-            fix = f" Fix: write {where_to_write(r)}: {ids}." if ids is not None else ""
+            how = _fix_words(cfg, r, best.boundaries, target)
+            fix = (f" Fix: write {how[0]}: {how[1]}." if isinstance(how, tuple) else
+                   f" No fix in the config: {how}." if how else "")
             out.append(Finding("warning", f"{r.name} feeds {', '.join(r.boundaries)}, not the trained "
                                           f"{', '.join(best.boundaries)}.{fix}", "finder"))
     return out

@@ -149,6 +149,11 @@ def test_dflash_trained_at_one_convention_fed_another(pair, data_root, tmp_path)
         assert fed["z_vs_best"] >= 3 and fed["tau"] < rep["best_candidate"]["tau"]
         plan = rep["fix"]["plan"]
         assert plan["ids"] == ids and plan["trained_on"] == trained_on
+        assert f"Fix: write top-level eagle_aux_hidden_state_layer_ids: {ids}" in rep["verdict"]
+        # the check's words for the other engine are the --write-fix planner's: SGLang 0.5.15 cannot feed S_0 to a
+        # DFlash drafter (it refuses id -1), so no config fix, never an EAGLE-3 key
+        sglang = " ".join(f["text"] for f in rep["findings"] if f["text"].startswith("SGLang 0.5.15 feeds"))
+        assert "No fix in the config" in sglang and "eagle_config" not in sglang, sglang
         fixed = write_fix(FixPlan(**plan), tmp_path / "fixed")
 
         prompts = heldout_prompts(pair)

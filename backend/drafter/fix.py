@@ -133,7 +133,7 @@ def _plan_dflash(cfg, target, focus, trained: list[str], check_run: str | None, 
     where = "top-level" if key == IDS_KEY else DFLASH_WHERE
     after = _reading_with_ids(cfg, target, focus, ids, where)
     if after.boundaries != trained:
-        got = ", ".join(after.boundaries) if after.boundaries else f"nothing ({(after.error or '').split(';')[0]})"
+        got = ", ".join(after.boundaries) if after.boundaries else f"nothing ({_first_clause(after.error)})"
         raise FixRefused(f"no fix written: with {key} = {ids}, {focus.name} would feed {got}, not {', '.join(trained)}")
     raw = _raw_of(cfg)
     return FixPlan(drafter=str(Path(cfg.name).resolve()), target=str(Path(target.path).resolve()),
@@ -142,6 +142,12 @@ def _plan_dflash(cfg, target, focus, trained: list[str], check_run: str | None, 
                    before={"top-level": cfg.aux_layer_ids_top,
                            DFLASH_WHERE: (raw.get("dflash_config") or {}).get("target_layer_ids")},
                    config_file=str(Path(cfg.config_file).resolve()))
+
+
+def _first_clause(error: str | None) -> str:
+    """An engine reading's error up to its first ';' (its source citation follows), its brackets closed."""
+    text = (error or "").split(";")[0].strip()
+    return text + ")" * (text.count("(") - text.count(")"))
 
 
 def _raw_of(cfg) -> dict:
