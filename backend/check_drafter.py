@@ -8,7 +8,7 @@ Three parts, each in its own module:
      the config/weights problems each engine will hit;
   b. empirical finder (backend/drafter/finder.py): the target answers a prompt sample, the drafter is fed each
      candidate boundary set, teacher-forced; the best candidate is the convention it was trained on;
-  c. with training data (backend/drafter/training_data.py): the files against a fresh capture of their tokens.
+  c. with training data (backend/training_data.py): the files against a fresh capture of their tokens.
 
 The result goes into a run directory (kind "check": manifest.json + check.json, docs/SCHEMA.md) that the Drafter
 check page reads; this module imports torch only inside `run_check`, so the page loads a result without it.
@@ -180,7 +180,7 @@ def _empirical(s: CheckSettings, cfg, target, weights, readings, focus, findings
 
     data = None
     if s.training_data:
-        from backend.drafter import training_data as td
+        from backend import training_data as td
 
         t = time.perf_counter()
         dc = td.compare(lm, s.training_data, s.training_format, s.drafter, s.target, s.producer_ids, s.training_files)

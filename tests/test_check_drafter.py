@@ -246,7 +246,7 @@ def test_bad_input_is_one_line_naming_file_and_fix(pair, tiny_llama, tmp_path, c
 
 def test_mislabelled_training_data_is_found(pair, tmp_path, one_torch_thread) -> None:
     """speculators (>= 0.5) files captured 'after layer' but labelled S_a: the comparison names what they hold."""
-    from backend.drafter import training_data as td
+    from backend import training_data as td
     from backend.engines import hf
     from backend.producers import write_training_data
 

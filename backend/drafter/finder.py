@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import torch
 
     from backend.drafter.model import Eagle3Drafter
-    from backend.engines.hf import LoadedModel
+    from backend.hf_model import LoadedModel
 
 SEARCH_Z = 3.0          # a neighbour replaces the best only when its cross-entropy is lower with paired z >= this
 SEARCH_ROUNDS = 3
@@ -57,8 +57,8 @@ def sample_target(lm: LoadedModel, prompts: list[list[int]], new_tokens: int, ba
     """Greedy answers of up to `new_tokens` tokens, then one forward per sequence with every boundary hooked."""
     import torch
 
-    from backend.engines.hf import BoundaryHooks, default_boundaries
-    from backend.engines.hf import generate_greedy as generate
+    from backend.hf_model import BoundaryHooks, default_boundaries
+    from backend.hf_model import generate_greedy as generate
 
     seqs = generate(lm, prompts, new_tokens, batch_size=batch_size)
     bounds = default_boundaries(lm)

@@ -20,7 +20,7 @@ from backend.drafter.lint import Finding
 from backend.errors import SpecLensError
 
 if TYPE_CHECKING:
-    from backend.engines.hf import LoadedModel
+    from backend.hf_model import LoadedModel
 
 MAX_FILES = 4
 MAX_TOKENS = 4096
@@ -52,7 +52,7 @@ def compare(lm: LoadedModel, path: str | Path, fmt: str | None, drafter_dir: str
     import torch
 
     from backend import coords
-    from backend.engines.hf import BoundaryHooks, default_boundaries
+    from backend.hf_model import BoundaryHooks, default_boundaries
     from backend.importers import plan_import
 
     plan = plan_import(path, fmt, producer_ids, None, Path(drafter_dir) / "config.json", target_dir)
