@@ -72,6 +72,13 @@ def _server_url(v: str | None) -> str | None:
     return v
 
 
+def tensor_parallel(v: int) -> int:
+    """GPUs per engine: 1..64 (a bench's setting and a capture job's)."""
+    if not 1 <= v <= 64:
+        raise ValueError(f"{v} must be 1..64")
+    return v
+
+
 class Checked:
     """Run after pydantic's type validation: choices and minimums of every field (`option(choices=, minimum=)`)."""
 
@@ -170,12 +177,7 @@ class BenchSettings(Checked):
             raise ValueError(f"{v} must be >= 0 (0 = greedy)")
         return v
 
-    @field_validator("tensor_parallel_size")
-    @classmethod
-    def _tp(cls, v: int) -> int:
-        if not 1 <= v <= 64:
-            raise ValueError(f"{v} must be 1..64")
-        return v
+    _tp = field_validator("tensor_parallel_size")(tensor_parallel)
 
     def identity(self) -> dict:
         """What a resumed (or reused baseline) run must share; paths absolute, spec-only fields dropped

@@ -32,7 +32,7 @@ from pydantic.dataclasses import dataclass as pydantic_dataclass
 from backend.config import REPO_ROOT, data_root, model_roots
 from backend.errors import SpecLensError
 from backend.options import build, field_choices, field_types, required_fields
-from backend.settings import STRICT, BenchSettings, CaptureSettings
+from backend.settings import STRICT, BenchSettings, CaptureSettings, tensor_parallel
 from backend.store.rundir import valid_run_id
 
 
@@ -42,12 +42,7 @@ class CaptureJobExtras:
     tensor_parallel_size: int = 1
     engine_options: dict | None = None
 
-    @field_validator("tensor_parallel_size")
-    @classmethod
-    def _tp(cls, v: int) -> int:
-        if not 1 <= v <= 64:
-            raise ValueError(f"{v} must be 1..64")
-        return v
+    _tp = field_validator("tensor_parallel_size")(tensor_parallel)
 
 
 @pydantic_dataclass(config=STRICT)
