@@ -79,11 +79,13 @@ def _machine_load() -> dict:
     not one of the run's servers shares the GPU with them)."""
     import psutil
 
+    from backend.machine_load import LoadProbe
+
     others = 0
     me = os.getpid()
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        cmd = " ".join(p.info.get("cmdline") or [])
-        if p.info["pid"] != me and "-m backend" in cmd and ("bench" in cmd or "sweep" in cmd or "demo" in cmd):
+    for p in psutil.process_iter(["pid", "cmdline"]):            # SpecLens processes, told apart as the bench does
+        cmd = p.info.get("cmdline") or []
+        if p.info["pid"] != me and LoadProbe.is_speclens(cmd) and any(w in cmd for w in ("bench", "sweep", "demo")):
             others += 1
     out = {"load1": os.getloadavg()[0], "cpu_percent": psutil.cpu_percent(interval=None), "other_speclens": others,
            "gpu_processes": None, "gpu_util": None}

@@ -252,6 +252,7 @@ _LAYER_OF = [        # (module prefix, layer): the longest matching prefix wins
     ("backend.model_id", "base"), ("backend.metrics", "base"), ("backend.stats", "base"), ("backend.coords", "base"),
     ("backend.prompts", "base"), ("backend.vllm_runner", "base"), ("backend.server_metrics", "base"),
     ("backend.load_client", "base"), ("backend.drafter_worth", "base"), ("backend.links", "base"),
+    ("backend.machine_load", "base"),
     ("backend.runs.manifest", "base"), ("backend.options", "base"), ("backend.settings", "base"),
     ("backend.store", "store"),
     ("backend.align", "analysis"), ("backend.annotations", "analysis"), ("backend.compare", "analysis"),
