@@ -411,7 +411,7 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
                                         {"kind": "capture", "engine": "vllm", "boundaries": labels,
                                          "model": {"path": str(mdir), "n_layers": 32, "hidden_size": 4096}})
         stats, sample = rebuild_capture(got, 4096, 512, 64)
-        _finish(rd, stats, sample, labels, seen, n_prompts * repeats + len(warm), r["median_s"], root)
+        _finish(rd, stats, sample, labels, seen, n_prompts * repeats + len(warm), r["median_s"])
         size = sum(f.stat().st_size for f in rd.path.iterdir() if f.is_file())
         r.update({"run": rd.run_id, "boundaries": len(labels), "tokens_seen_by_hooks": seen,
                   "forwards_seen_by_hooks": int(got.get("forwards", 0)),
