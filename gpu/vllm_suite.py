@@ -323,6 +323,7 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
     from backend.engines import vllm as V
     from backend.engines.base import rebuild_capture
     from backend.runs.capture_run import finish as _finish
+    from backend.runs.lifecycle import Run
     from backend.store.data_root import DataRoot
 
     mdir = root / "models" / "llama-3.1-8b-shape"
@@ -407,9 +408,10 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
                 print("speclens_remove failed:", e, flush=True)
         seen = int(got["tokens_seen"])
         # one run's worth of files, written as a capture run writes them: bytes per token
-        rd = DataRoot(root).new_run_dir(f"h200-speed-{name}-{int(time.time())}",
-                                        {"kind": "capture", "engine": "vllm", "boundaries": labels,
-                                         "model": {"path": str(mdir), "n_layers": 32, "hidden_size": 4096}})
+        rd = Run.create(f"h200-speed-{name}-{int(time.time())}",        # finish() completes a lifecycle Run
+                        {"kind": "capture", "engine": "vllm", "boundaries": labels,
+                         "model": {"path": str(mdir), "n_layers": 32, "hidden_size": 4096},
+                         "progress": {"done": 0, "total": n_prompts * repeats + len(warm)}}, DataRoot(root))
         stats, sample = rebuild_capture(got, 4096, 512, 64)
         _finish(rd, stats, sample, labels, seen, n_prompts * repeats + len(warm), r["median_s"])
         size = sum(f.stat().st_size for f in rd.path.iterdir() if f.is_file())
