@@ -327,25 +327,18 @@ class CheckSettings(Checked):
                                 "to compare")
 
 
-def _int_list(flag: str):
-    def parse(text) -> list[int] | None:
+def _number_list(flag: str, cast: type, example: str):
+    """`--flag 1,8,32`-style text (or a number, e.g. bench's --num-spec-tokens) -> a list of `cast`; None when not
+    given; a one-line error naming the flag otherwise."""
+    what = "integers" if cast is int else "numbers"
+
+    def parse(text) -> list | None:
         if text is None or text == "":
             return None
         try:
-            return [int(x) for x in str(text).split(",") if x.strip()]
+            return [cast(x) for x in str(text).split(",") if x.strip()]
         except ValueError:
-            raise SpecLensError(f"{flag} '{text}': expected comma-separated integers like 1,8,32,64") from None
-    return parse
-
-
-def _float_list(flag: str):
-    def parse(text) -> list[float] | None:
-        if not text:
-            return None
-        try:
-            return [float(x) for x in str(text).split(",") if x.strip()]
-        except ValueError:
-            raise SpecLensError(f"{flag} '{text}': expected comma-separated numbers like 1,2,3") from None
+            raise SpecLensError(f"{flag} '{text}': expected comma-separated {what} like {example}") from None
     return parse
 
 
@@ -373,15 +366,15 @@ class LoadSettings(BaseModel):
     prompts: str
     drafter: str | None = None
     num_spec_tokens: list[int] = model_option(
-        default_factory=lambda: [DEFAULT_K], parse=_int_list("--num-spec-tokens"), cli_default="1,2,4,6",
-        help="K values, e.g. 1,2,4,6")
+        default_factory=lambda: [DEFAULT_K], parse=_number_list("--num-spec-tokens", int, "1,8,32,64"),
+        cli_default="1,2,4,6", help="K values, e.g. 1,2,4,6")
     synthetic_tau: list[float] | None = model_option(      # vLLM synthetic acceptance / SGLang simulated acceptance
-        None, parse=_float_list("--synthetic-tau"), help="accept drafts synthetically at these mean acceptance "
-        "lengths (vLLM 0.22+: rejection_sample_method synthetic; SGLang SGLANG_SIMULATE_ACC_LEN)")
+        None, parse=_number_list("--synthetic-tau", float, "1,2,3"), help="accept drafts synthetically at these mean "
+        "acceptance lengths (vLLM 0.22+: rejection_sample_method synthetic; SGLang SGLANG_SIMULATE_ACC_LEN)")
     concurrency: list[int] = model_option(
-        default_factory=lambda: [1, 8, 32, 64], parse=_int_list("--concurrency"), cli_default="1,8,32,64",
-        help="vllm/sglang: requests in flight, e.g. 1,8,32,64 (a serving-load bench through the engine's "
-             "OpenAI-compatible server, paired baseline server)")
+        default_factory=lambda: [1, 8, 32, 64], parse=_number_list("--concurrency", int, "1,8,32,64"),
+        cli_default="1,8,32,64", help="vllm/sglang: requests in flight, e.g. 1,8,32,64 (a serving-load bench "
+        "through the engine's OpenAI-compatible server, paired baseline server)")
     requests: int | None = model_option(None, help="with --concurrency: requests per level and side (default "
                                                    "max(16, 4 x concurrency))")
     max_tokens: int = model_option(128, flag="--max-new-tokens")

@@ -4,11 +4,12 @@ proves it), from backend/demo.py's `Story` figures."""
 from __future__ import annotations
 
 from backend import links
-from backend.demo import Story
+from backend.demo import STORY_RUNS, Story
 
-FAILURE_RUNS = ("demo-bench-matched", "demo-bench-slot-shift")
-PATCH_RUNS = ("demo-bench-slot-shift-fixed", "demo-bench-slot-shift-patched", "demo-bench-slot-shift")
-FIX_RUNS = ("demo-bench-slot-shift-fixed", "demo-bench-slot-shift", "demo-bench-matched")
+MATCHED, BROKEN, PATCHED, FIXED = STORY_RUNS          # the runs the story's figures come from (backend/demo.py)
+FAILURE_RUNS = (MATCHED, BROKEN)
+PATCH_RUNS = (FIXED, PATCHED, BROKEN)
+FIX_RUNS = (FIXED, BROKEN, MATCHED)
 
 
 def lines(s: Story) -> list[str]:
