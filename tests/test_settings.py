@@ -183,12 +183,13 @@ def test_check_and_watch_settings_from_their_options() -> None:
 def test_one_manifest_schema_for_writing_and_reading() -> None:
     """backend/runs/manifest.py holds the manifest's schema: the typed model a run is created with and the check the
     catalog runs on what it reads (store/validate.py uses it); a manifest the model writes passes the read check, and
-    the read check's integer keys of `model` and `progress` are the model's own fields."""
+    the model a run is created with is the stored model made stricter (its `model` and `progress` too)."""
     from backend.runs import manifest as M
     from backend.store import validate
 
     assert validate.check_manifest is M.check_stored and validate.STATUSES is M.STATUSES
-    assert M._INTS["model"] == ("n_layers", "hidden_size", "vocab_size") and M._INTS["progress"] == ("done", "total")
+    assert issubclass(M.Manifest, M.StoredManifest) and issubclass(M.NewModelInfo, M.ModelInfo)
+    assert issubclass(M.NewProgress, M.Progress)
     m = M.Manifest(kind="bench", engine="hf", model={"path": "/m", "n_layers": 8}, progress={"done": 0, "total": 3},
                    boundaries=["S_0", "F"]).to_json()
     assert M.check_stored({**m, "status": "running"}) is None

@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from backend.errors import SpecLensError
-from backend.runs.manifest import Manifest
+from backend.runs.manifest import Manifest, StoredManifest
 from backend.store.data_root import DataRoot
 from backend.store.rundir import COMPLETE, FAILED, RUNNING, RunDir, now
 
@@ -118,7 +118,12 @@ class Run:
     def file(self, name: str) -> Path:
         return self.rd.file(name)
 
+    def read(self) -> StoredManifest:
+        """The manifest, typed (what readers read: RunDir.read)."""
+        return self.rd.read()
+
     def manifest(self) -> dict:
+        """The manifest.json as a plain dict (RunDir.manifest)."""
         return self.rd.manifest()
 
     # ------------------------------------------------------------------ state changes (each re-indexes)

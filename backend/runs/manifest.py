@@ -1,87 +1,30 @@
-"""The manifest's one schema (manifest.json, docs/SCHEMA.md), for writing and for reading.
+"""The manifest's one schema (manifest.json, docs/SCHEMA.md), for reading and for writing.
 
-- `Manifest`: what every kind of run records about itself, checked when the run is created
-  (`backend.runs.lifecycle.Run.create`), so that a run with a malformed manifest is refused at its start instead of
-  quarantined by the catalog later. Kind-specific sections (bench figures, an import's source, a check's verdict)
-  are kept as they are given (`extra="allow"`).
-- `check_stored`: the check the catalog runs on every manifest.json it reads (backend/store/validate.py), so that one
-  bad run directory is quarantined with a one-line reason instead of breaking a refresh or a page: the types of the
-  keys the catalog and the pages read, integers that fit a BIGINT. Its integer keys of `model` and `progress` are
-  the typed model's own fields."""
+- `StoredManifest`: a stored manifest.json as every reader sees it (`RunDir.read()`, `Run.read()`): the keys the
+  code reads, typed, in typed sections (`model`, `headline`, `progress`, `bench` with its `speedup`, `drafter`,
+  `aux`, `source`, `job`, `check`); every key optional (a failed or older run lacks some), unknown keys kept as they
+  are (`extra="allow"`), and `to_json()` gives back exactly the keys that were read, so a read-modify-write changes
+  only what it changes.
+- `check_stored`: the check the catalog runs on every manifest.json it reads (backend/store/validate.py), so that
+  one bad run directory is quarantined with a one-line reason naming the key instead of breaking a refresh or a
+  page: a status, then `StoredManifest`'s own validation (text is text, an object an object, integers fit a BIGINT,
+  numbers are numbers).
+- `Manifest`: what every kind of run records about itself when it is created (`backend.runs.lifecycle.Run.create`):
+  the stored schema with the keys a new run must have (kind, engine, model, progress) and non-negative sizes, so
+  that a run with a malformed manifest is refused at its start instead of quarantined by the catalog later."""
 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal, get_args, get_origin
+from typing import Annotated, Literal, NoReturn
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, NonNegativeInt, PlainValidator, ValidationError
+
+from backend.errors import SpecLensError
 
 KINDS = ("capture", "bench", "check", "load", "watch")
 STATUSES = ("running", "complete", "failed", "interrupted")
-
-
-class ModelInfo(BaseModel):
-    """The target the run used."""
-
-    model_config = ConfigDict(extra="allow")
-
-    path: str | None
-    model_type: str | None = None
-    n_layers: NonNegativeInt | None = None
-    hidden_size: NonNegativeInt | None = None
-    vocab_size: NonNegativeInt | None = None
-    fingerprint: str | None = None
-
-
-class Progress(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    done: NonNegativeInt
-    total: NonNegativeInt
-
-
-class Manifest(BaseModel):
-    """What a run records when it is created; fields added later (status, headline, bench figures, error) are
-    written by the run's lifecycle."""
-
-    model_config = ConfigDict(extra="allow")
-
-    kind: Literal[KINDS]  # type: ignore[valid-type]
-    engine: str
-    engine_version: str | None = None
-    model: ModelInfo
-    dtype: str | None = None
-    device: str | None = None
-    dataset: str | None = None
-    boundaries: list[str] = Field(default_factory=list)
-    settings: dict = Field(default_factory=dict)
-    progress: Progress
-
-    def to_json(self) -> dict:
-        """The fields as given (no defaults added), for manifest.json."""
-        return self.model_dump(mode="json", exclude_unset=True)
-
-
-def _int_fields(model: type[BaseModel]) -> tuple[str, ...]:
-    """The fields of a typed section declared as (optional, constrained) integers."""
-    def is_int(t) -> bool:
-        return t is int or (get_origin(t) is Annotated and get_args(t)[0] is int)
-
-    return tuple(n for n, f in model.model_fields.items()
-                 if is_int(f.annotation) or any(is_int(a) for a in get_args(f.annotation)))
-
-
 _INT64 = 2**63 - 1
-
-# key -> expected type, for the manifest's top level and the objects the catalog reads
-_TEXT = ("kind", "engine", "engine_version", "dtype", "dataset", "created", "updated", "error", "baseline_run",
-         "notes", "run_id")
-_OBJECTS = ("model", "headline", "progress", "bench", "settings", "source", "aux")
-_INTS = {"headline": ("tokens", "prompts", "sample_tokens"), "progress": _int_fields(Progress),
-         "model": _int_fields(ModelInfo)}
-_NUMBERS = {"bench": ("tau", "acceptance_rate", "tokens_per_s", "throughput", "ttft", "tpot", "mismatched_prompts"),
-            "speedup": ("mean", "std", "ci_low", "ci_high")}
-_TOP_NUMBERS = ("num_spec_tokens", "temperature", "repeats")
 
 
 def is_int64(x) -> bool:
@@ -101,53 +44,317 @@ def json_type(x) -> str:
     return "null" if x is None else type(x).__name__
 
 
+# ---------------------------------------------------------------------------- the value types of a stored manifest
+# Each keeps the value exactly as read (no coercion: what is read is what is written back) or gives the reason, as
+# the end of a one-line sentence that starts "manifest key '<dotted key>'".
+
+def _bad(reason: str) -> NoReturn:
+    raise ValueError(reason)
+
+
+def _shown(v) -> str:
+    return repr(str(v)[:40])
+
+
+def _text(v):
+    if v is None or isinstance(v, str):
+        return v
+    _bad(f"is a {json_type(v)}, not text")
+
+
+def _int(v):
+    if v is None or is_int64(v):
+        return v
+    _bad(f"= {_shown(v)} is not an integer that fits 64 bits")
+
+
+def _number(v):
+    if v is None or _is_number(v):
+        return v
+    _bad(f"= {_shown(v)} is not a number")
+
+
+def _flag(v):
+    if v is None or isinstance(v, bool):
+        return v
+    _bad(f"is a {json_type(v)}, not true/false")
+
+
+def _texts(v):
+    if v is None or (isinstance(v, list) and all(isinstance(x, str) for x in v)):
+        return v
+    _bad("is not a list of text")
+
+
+def _object(v):
+    if v is None or isinstance(v, dict):
+        return v
+    _bad(f"is a {json_type(v)}, not an object")
+
+
+def _counts(v):
+    if v is None or (isinstance(v, dict) and all(is_int64(x) for x in v.values())):
+        return v
+    _bad("is not an object of integer token counts")
+
+
+def _status(v):
+    if v is None or (isinstance(v, str) and v in STATUSES):
+        return v
+    _bad(f"= {v!r:.40} is not one of {', '.join(STATUSES)}")
+
+
+Text = Annotated[str | None, PlainValidator(_text)]
+Int = Annotated[int | float | None, PlainValidator(_int)]          # an integer (also written 3.0) that fits 64 bits
+Number = Annotated[int | float | None, PlainValidator(_number)]     # any JSON number (NaN and inf too)
+Flag = Annotated[bool | None, PlainValidator(_flag)]
+Texts = Annotated[list[str] | None, PlainValidator(_texts)]
+Object = Annotated[dict | None, PlainValidator(_object)]
+Counts = Annotated[dict[str, int] | None, PlainValidator(_counts)]
+Status = Annotated[Literal[STATUSES] | None, PlainValidator(_status)]  # type: ignore[valid-type]
+
+
+class Section(BaseModel):
+    """A typed object of the manifest: the keys SpecLens reads, unknown keys kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def to_json(self) -> dict:
+        """The keys as read (no defaults added), values unchanged."""
+        return self.model_dump(exclude_unset=True)
+
+
+# ---------------------------------------------------------------------------- sections
+
+class ModelInfo(Section):
+    """The target the run used."""
+
+    path: Text = None
+    name: Text = None                  # an import's verifier, where the target's path is not known
+    model_type: Text = None
+    n_layers: Int = None
+    hidden_size: Int = None
+    vocab_size: Int = None
+    fingerprint: Text = None           # backend/model_id.py
+
+
+class Progress(Section):
+    done: Int = None
+    total: Int = None
+
+
+class Headline(Section):
+    """What a finished run reports first: tokens and prompts it saw, the raw sample's size, NaN/inf tokens per
+    boundary."""
+
+    tokens: Int = None
+    prompts: Int = None
+    sample_tokens: Int = None
+    nonfinite: Counts = None
+    seconds: Number = None
+
+
+class Speedup(Section):
+    """A drafter bench's speedup over its paired baseline (metrics.speedup)."""
+
+    mean: Number = None
+    std: Number = None
+    ci_low: Number = None
+    ci_high: Number = None
+
+
+class SpeedNoise(Section):
+    """Why a bench's speed figures are no verdict (plain decoding drifted, load, another SpecLens process)."""
+
+    reason: Text = None
+
+
+class Bench(Section):
+    """A bench run's figures (backend/bench.py)."""
+
+    tau: Number = None
+    acceptance_rate: Number = None
+    tokens_per_s: Number = None
+    throughput: Number = None
+    ttft: Number = None
+    tpot: Number = None
+    mismatched_prompts: Number = None
+    speedup: Speedup | None = None
+    lossless: Flag = None
+    pairing: Text = None
+    speed_noise: SpeedNoise | None = None
+
+
+class DrafterInfo(Section):
+    """The drafter a bench or check ran."""
+
+    path: Text = None
+    fingerprint: Text = None
+    format: Text = None
+
+
+def _drafter_shape(v):
+    """A drafter is a section or its path as text (older manifests)."""
+    return v if isinstance(v, str) else _object(v)
+
+
+class Aux(Section):
+    """What a drafter bench fed its drafter: the boundaries and whose reading they follow (backend/drafter/aux.py)."""
+
+    boundaries: Texts = None
+    producer: Text = None
+    version: Text = None
+    runner: Text = None
+
+
+class Source(Section):
+    """Where an imported capture came from (backend/importers.py)."""
+
+    path: Text = None
+    producer: Text = None
+    version: Text = None               # the producer releases whose convention the import read
+    format: Text = None
+
+
+class JobTag(Section):
+    """The job a run was made by (backend/jobs)."""
+
+    id: Text = None
+    kind: Text = None
+
+
+class CheckInfo(Section):
+    """A drafter check's verdict (backend/check_drafter.py)."""
+
+    best: Texts = None
+    feeds: Texts = None
+    mode: Text = None
+    severity: Text = None
+    engine: Text = None
+
+
+# ---------------------------------------------------------------------------- the manifest
+
+class StoredManifest(Section):
+    """A run's manifest.json as read back (every key optional, unknown keys kept)."""
+
+    run_id: Text = None
+    status: Status = None
+    kind: Text = None
+    engine: Text = None
+    engine_version: Text = None
+    dtype: Text = None
+    device: Text = None
+    dataset: Text = None
+    created: Text = None
+    updated: Text = None
+    finished: Text = None
+    error: Text = None
+    host: Text = None
+    pid: Int = None
+    baseline_run: Text = None
+    pairing: Text = None
+    notes: Text = None
+    model: ModelInfo | None = None
+    headline: Headline | None = None
+    progress: Progress | None = None
+    bench: Bench | None = None
+    drafter: Annotated[DrafterInfo | str | None, BeforeValidator(_drafter_shape)] = None
+    aux: Aux | None = None
+    source: Source | None = None
+    job: JobTag | None = None
+    check: CheckInfo | None = None
+    settings: Object = None
+    identity: Object = None            # a serving-load run's settings that decide a resume (backend/load_bench.py)
+    boundaries: Texts = None
+    tags: Texts = None
+    num_spec_tokens: Int = None
+    temperature: Number = None
+    repeats: Int = None
+
+    @classmethod
+    def parse(cls, raw) -> StoredManifest:
+        """The typed manifest of a parsed manifest.json; SpecLensError with the one-line reason (`check_stored`)
+        when it is not one."""
+        if isinstance(raw, StoredManifest):
+            return raw
+        if not isinstance(raw, dict):
+            raise SpecLensError(f"manifest is a JSON {json_type(raw)}, not an object")
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as e:
+            raise SpecLensError(_reason(e)) from None
+
+    @classmethod
+    def checked(cls, raw) -> StoredManifest:
+        """`parse`, and the run has a known status: what the catalog indexes."""
+        if isinstance(raw, dict) and raw.get("status") not in STATUSES:
+            raise SpecLensError(f"manifest key 'status' = {raw.get('status')!r:.40} is not one of "
+                                f"{', '.join(STATUSES)}")
+        return cls.parse(raw)
+
+    @property
+    def drafter_info(self) -> DrafterInfo | None:
+        """The drafter section (None when there is none, or only a path as text)."""
+        return self.drafter if isinstance(self.drafter, DrafterInfo) else None
+
+
+_UNION_TAGS = {"DrafterInfo"}          # where a key may hold one of two types, pydantic names the one it tried
+
+
+def _reason(e: ValidationError) -> str:
+    """'manifest key '<dotted key>' <why>' for a validation's first error."""
+    err = e.errors()[0]
+    key = ".".join(str(p) for p in err["loc"] if p not in _UNION_TAGS)
+    if err["type"] == "value_error":                  # one of the value types above
+        why = str(err["ctx"]["error"])
+    elif err["type"] in ("model_type", "model_attributes_type", "dict_type"):
+        why = f"is a {json_type(err.get('input'))}, not an object"
+    else:
+        why = f"is not valid ({err['msg']})"
+    return f"manifest key '{key}' {why}"
+
+
 def check_stored(m) -> str | None:
-    """Why this parsed manifest.json cannot be indexed (wrong types, numbers out of range), or None: the check the
-    catalog runs on what it reads (backend/store/validate.py `check_manifest`), with `Manifest`'s key types."""
-    if not isinstance(m, dict):
-        return f"manifest is a JSON {json_type(m)}, not an object"
-    st = m.get("status")
-    if not isinstance(st, str) or st not in STATUSES:
-        return f"manifest status {st!r:.40} is not one of {', '.join(STATUSES)}"
-    for k in _TEXT:
-        if m.get(k) is not None and not isinstance(m[k], str):
-            return f"manifest key '{k}' is a {json_type(m[k])}, not text"
-    for k in _OBJECTS:
-        if m.get(k) is not None and not isinstance(m[k], dict):
-            return f"manifest key '{k}' is a {json_type(m[k])}, not an object"
-    if m.get("drafter") is not None and not isinstance(m["drafter"], (dict, str)):
-        return f"manifest key 'drafter' is a {json_type(m['drafter'])}, not an object"
-    for k in ("boundaries", "tags"):
-        v = m.get(k)
-        if v is not None and not (isinstance(v, list) and all(isinstance(x, str) for x in v)):
-            return f"manifest key '{k}' is not a list of text"
-    for obj, keys in _INTS.items():
-        d = m.get(obj) or {}
-        for k in keys:
-            if d.get(k) is not None and not is_int64(d[k]):
-                return f"manifest key '{obj}.{k}' = {str(d[k])[:40]!r} is not an integer that fits 64 bits"
-    model = m.get("model") or {}
-    if model.get("path") is not None and not isinstance(model["path"], str):
-        return f"manifest key 'model.path' is a {json_type(model['path'])}, not text"
-    nonfinite = (m.get("headline") or {}).get("nonfinite")
-    if nonfinite is not None and not (isinstance(nonfinite, dict) and all(is_int64(v) for v in nonfinite.values())):
-        return "manifest key 'headline.nonfinite' is not an object of integer token counts"
-    bench = m.get("bench") or {}
-    for obj, d in (("bench", bench), ("speedup", bench.get("speedup"))):
-        if d is None:
-            continue
-        if not isinstance(d, dict):
-            return f"manifest key 'bench.{obj}' is a {json_type(d)}, not an object"
-        for k in _NUMBERS[obj]:
-            if d.get(k) is not None and not _is_number(d[k]):
-                return f"manifest key '{obj}.{k}' = {str(d[k])[:40]!r} is not a number"
-    if bench.get("lossless") is not None and not isinstance(bench["lossless"], bool):
-        return f"manifest key 'bench.lossless' is a {json_type(bench['lossless'])}, not true/false"
-    for k in _TOP_NUMBERS:
-        if m.get(k) is not None and not _is_number(m[k]):
-            return f"manifest key '{k}' = {str(m[k])[:40]!r} is not a number"
-    if m.get("num_spec_tokens") is not None and not is_int64(m["num_spec_tokens"]):
-        return f"manifest key 'num_spec_tokens' = {m['num_spec_tokens']!r:.40} is not an integer"
-    if m.get("repeats") is not None and not is_int64(m["repeats"]):
-        return f"manifest key 'repeats' = {m['repeats']!r:.40} is not an integer"
+    """Why this parsed manifest.json cannot be indexed (not an object, no known status, a key of the wrong type, an
+    integer beyond 64 bits), or None: the check the catalog runs on what it reads (backend/store/validate.py
+    `check_manifest`), by `StoredManifest`'s own validation."""
+    try:
+        StoredManifest.checked(m)
+    except SpecLensError as e:
+        return str(e)
     return None
+
+
+# ---------------------------------------------------------------------------- creating a run
+
+class NewModelInfo(ModelInfo):
+    """The target as a new run records it: its path (None: not known) and non-negative sizes."""
+
+    path: str | None
+    n_layers: NonNegativeInt | None = None
+    hidden_size: NonNegativeInt | None = None
+    vocab_size: NonNegativeInt | None = None
+
+
+class NewProgress(Progress):
+    model_config = ConfigDict(extra="forbid")
+
+    done: NonNegativeInt
+    total: NonNegativeInt
+
+
+class Manifest(StoredManifest):
+    """What a run records when it is created; fields added later (status, headline, bench figures, error) are
+    written by the run's lifecycle."""
+
+    kind: Literal[KINDS]  # type: ignore[valid-type]
+    engine: str
+    model: NewModelInfo
+    boundaries: list[str] = Field(default_factory=list)
+    settings: dict = Field(default_factory=dict)
+    progress: NewProgress
+
+    def to_json(self) -> dict:
+        """The fields as given (no defaults added), for manifest.json."""
+        return self.model_dump(mode="json", exclude_unset=True)

@@ -39,6 +39,7 @@ import duckdb
 
 from backend.config import Paths
 from backend.errors import SpecLensError
+from backend.runs.manifest import Bench, Headline, ModelInfo, Progress, Speedup, StoredManifest
 from backend.store import annotations_file, check_result, validate
 from backend.store.rundir import RUNNING, RunDir, atomic_write_json, valid_run_id
 
@@ -76,10 +77,6 @@ def _int(x) -> int | None:
         return None
 
 
-def _text(x) -> str | None:
-    return None if x is None else str(x)
-
-
 def _broken_row(rd: RunDir, sig: str, error: str) -> dict:
     """A run directory whose manifest cannot be read or indexed: listed as quarantined with the reason (and its
     signature, so that a refresh does not re-read it until the file changes)."""
@@ -98,46 +95,46 @@ def _line(text) -> str:
 
 def _run_row(rd: RunDir, sig: str) -> dict:
     try:
-        m = rd.manifest()
-        problem = validate.check_manifest(m)
-        return _broken_row(rd, sig, f"manifest.json: {problem}") if problem else _manifest_row(rd, sig, m)
+        raw = rd.manifest()
+        return _manifest_row(rd, sig, StoredManifest.checked(raw), raw)     # validate.check_manifest's check
     except Exception as e:  # noqa: BLE001 - one bad directory must not hide the others
         why = (str(e).replace(f"{rd.manifest_path}: ", "") if isinstance(e, SpecLensError)
                else f"{type(e).__name__}: {e}")
         return _broken_row(rd, sig, f"manifest.json: {why}")
 
 
-def _manifest_row(rd: RunDir, sig: str, m: dict) -> dict:
-    head = m.get("headline") or {}
-    model = m.get("model") or {}
-    prog = m.get("progress") or {}
-    nonfinite = head.get("nonfinite") or {}
-    drafter = m.get("drafter") or {}
+def _manifest_row(rd: RunDir, sig: str, m: StoredManifest, raw: dict) -> dict:
+    """The runs row of a checked manifest (`raw`: the file's dict, kept whole in the `manifest` column)."""
+    head = m.headline or Headline()
+    model = m.model or ModelInfo()
+    prog = m.progress or Progress()
+    drafter = m.drafter_info
+    source = m.source
     ann = annotations_file.read_path(rd.path)
-    tags = ann.tags if ann else [str(t) for t in (m.get("tags") or []) if t]
+    tags = ann.tags if ann else [t for t in (m.tags or []) if t]
     return {
-        "run_id": rd.run_id, "kind": _text(m.get("kind")), "engine": _text(m.get("engine")),
-        "engine_version": _text(m.get("engine_version") or (m.get("source") or {}).get("version")),
+        "run_id": rd.run_id, "kind": m.kind, "engine": m.engine,
+        "engine_version": m.engine_version or (source.version if source is not None else None),
         "status": rd.effective_status(m),
-        "model": (Path(model["path"]).name if model.get("path") else model.get("name")
-                  or (f"import:{Path((m.get('source') or {}).get('path', '')).name}" if m.get("source") else None)),
-        "model_path": _text(model.get("path")), "model_type": _text(model.get("model_type")),
+        "model": (Path(model.path).name if model.path else model.name
+                  or (f"import:{Path(source.path or '').name}" if source is not None else None)),
+        "model_path": model.path, "model_type": model.model_type,
         # the target's identity across machines and paths (backend/model_id.py); its path where not recorded
-        "model_key": _text(model.get("fingerprint") or model.get("path")),
-        "n_layers": _int(model.get("n_layers")), "hidden_size": _int(model.get("hidden_size")),
-        "dtype": _text(m.get("dtype")), "dataset": _text(m.get("dataset")),
-        "drafter": Path(drafter["path"]).name if isinstance(drafter, dict) and drafter.get("path") else None,
-        "baseline_run": _text(m.get("baseline_run")),
-        "boundaries": ",".join(m.get("boundaries") or []), "n_boundaries": len(m.get("boundaries") or []),
-        "tokens": _int(head.get("tokens")), "sample_tokens": _int(head.get("sample_tokens")),
-        "prompts": _int(head.get("prompts")),
+        "model_key": model.fingerprint or model.path,
+        "n_layers": _int(model.n_layers), "hidden_size": _int(model.hidden_size),
+        "dtype": m.dtype, "dataset": m.dataset,
+        "drafter": Path(drafter.path).name if drafter is not None and drafter.path else None,
+        "baseline_run": m.baseline_run,
+        "boundaries": ",".join(m.boundaries or []), "n_boundaries": len(m.boundaries or []),
+        "tokens": _int(head.tokens), "sample_tokens": _int(head.sample_tokens),
+        "prompts": _int(head.prompts),
         # tokens holding NaN/inf at the worst boundary (each token passes every boundary)
-        "nonfinite_tokens": _int(max(nonfinite.values(), default=0)) if isinstance(nonfinite, dict) else None,
-        "progress_done": _int(prog.get("done")), "progress_total": _int(prog.get("total")),
-        "created": _text(m.get("created")), "updated": _text(m.get("updated")), "error": _text(m.get("error")),
-        "tags": ",".join(tags), "notes": ann.notes if ann else str(m.get("notes") or ""),
+        "nonfinite_tokens": _int(max((head.nonfinite or {}).values(), default=0)),
+        "progress_done": _int(prog.done), "progress_total": _int(prog.total),
+        "created": m.created, "updated": m.updated, "error": m.error,
+        "tags": ",".join(tags), "notes": ann.notes if ann else str(m.notes or ""),
         "pinned": bool(ann.pinned) if ann else False, "path": str(rd.path), "sig": sig,
-        "manifest": json.dumps(m, sort_keys=True, default=str),
+        "manifest": json.dumps(raw, sort_keys=True, default=str),
     }
 
 
@@ -653,19 +650,20 @@ _TABLES = list(_TABLE_COLUMNS)
 
 
 def _bench_run_row(row: dict) -> dict:
-    m = json.loads(row["manifest"])
-    b = m.get("bench") if isinstance(m.get("bench"), dict) else {}
-    sp = b.get("speedup") if isinstance(b.get("speedup"), dict) else {}
+    m = StoredManifest.parse(json.loads(row["manifest"]))    # checked when its runs row was made
+    b = m.bench or Bench()
+    sp = b.speedup or Speedup()
     return {"run_id": row["run_id"], "status": row["status"], "model": row["model"], "drafter": row["drafter"],
             "dataset": row["dataset"], "baseline_run": row["baseline_run"],
-            "num_spec_tokens": m.get("num_spec_tokens"), "temperature": m.get("temperature"),
-            "repeats": m.get("repeats"), "tau": b.get("tau"), "acceptance_rate": b.get("acceptance_rate"),
-            "tokens_per_s": b.get("tokens_per_s"), "ttft": b.get("ttft"), "tpot": b.get("tpot"),
-            "speedup": sp.get("mean"), "speedup_std": sp.get("std"), "speedup_ci_low": sp.get("ci_low"),
-            "speedup_ci_high": sp.get("ci_high"), "lossless": b.get("lossless"),
-            "mismatched_prompts": b.get("mismatched_prompts"), "created": row["created"],
-            "pairing": b.get("pairing") if isinstance(b.get("pairing"), str) else None,
-            "speed_noise": _noise_reason(b.get("speed_noise"))}
+            "num_spec_tokens": m.num_spec_tokens, "temperature": m.temperature,
+            "repeats": m.repeats, "tau": b.tau, "acceptance_rate": b.acceptance_rate,
+            "tokens_per_s": b.tokens_per_s, "ttft": b.ttft, "tpot": b.tpot,
+            "speedup": sp.mean, "speedup_std": sp.std, "speedup_ci_low": sp.ci_low,
+            "speedup_ci_high": sp.ci_high, "lossless": b.lossless,
+            "mismatched_prompts": b.mismatched_prompts, "created": row["created"],
+            "pairing": b.pairing,
+            # the one-line reason of a bench run's `speed_noise` finding (backend/bench.py), None when there is none
+            "speed_noise": b.speed_noise.reason if b.speed_noise is not None else None}
 
 
 def _load_cell_rows(run_id: str, summary: dict) -> list[dict]:
@@ -710,11 +708,6 @@ def _ingest_load(con: duckdb.DuckDBPyConnection, rows: list[dict]) -> dict[str, 
             bad[r["run_id"]] = f"summary.json: {_line(f'{type(e).__name__}: {e}')}"
     _insert_rows(con, "load_cells", cells)
     return bad
-
-
-def _noise_reason(v) -> str | None:
-    """The one-line reason of a bench run's `speed_noise` finding (backend/bench.py), None when there is none."""
-    return v["reason"] if isinstance(v, dict) and isinstance(v.get("reason"), str) else None
 
 
 # ---------------------------------------------------------------------- reading

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from backend.config import REPO_ROOT, Paths
 from backend.errors import SpecLensError
+from backend.runs.manifest import StoredManifest
 
 if TYPE_CHECKING:                      # pandas only where a table is written: `check-drafter --lint-only` stays fast
     import pandas as pd
@@ -155,7 +156,18 @@ class RunDir:
         return cls(p)
 
     # ------------------------------------------------------------------ manifest
+    def read(self) -> StoredManifest:
+        """The manifest, typed (backend/runs/manifest.py): what every reader reads. A manifest of the wrong shape
+        raises SpecLensError with the one-line reason naming the key."""
+        raw = self.manifest()
+        try:
+            return StoredManifest.parse(raw)
+        except SpecLensError as e:
+            raise SpecLensError(f"{self.manifest_path}: {e}; remove the run directory or restore the file") from None
+
     def manifest(self) -> dict:
+        """The manifest.json as a plain dict, for a writer's read-modify-write (`update`, backend/runs/lifecycle.py)
+        and the catalog's check of what it indexes; readers use `read()`."""
         try:
             return json.loads(self.manifest_path.read_text())
         except (OSError, json.JSONDecodeError) as e:
@@ -174,13 +186,12 @@ class RunDir:
         self.write_manifest(m)
         return m
 
-    def effective_status(self, m: dict | None = None) -> str:
+    def effective_status(self, m: StoredManifest | None = None) -> str:
         """running -> interrupted when the writing process is gone (same host)."""
-        m = m or self.manifest()
-        st = m.get("status", FAILED)
-        if st == RUNNING and m.get("host") == socket.gethostname():
-            pid = m.get("pid")
-            if not isinstance(pid, int) or not _pid_alive(pid):
+        m = m if m is not None else self.read()
+        st = m.status or FAILED
+        if st == RUNNING and m.host == socket.gethostname():
+            if not isinstance(m.pid, int) or not _pid_alive(m.pid):
                 return INTERRUPTED
         return st
 
