@@ -95,6 +95,7 @@ class DrafterConfig:
     has_embed_tokens: bool | None = None
     has_lm_head: bool | None = None
     kind: str = "eagle3"                  # backend/drafter/kinds.py: eagle3, eagle3_1, eagle3_mla, p_eagle, dflash...
+    mla: dict | None = None               # eagle3_mla: the MLA_FIELDS (backend/drafter/mla.py); None: Llama attention
 
     @property
     def aux_layer_ids_where(self) -> str:
@@ -108,6 +109,18 @@ class DrafterConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+def mla_fields(raw: dict, name: str) -> dict:
+    """The MLA shape of an Eagle3DeepseekV2/V3 config (q_lora_rank may be null: one q_proj, no q_a/q_b)."""
+    missing = [k for k in MLA_FIELDS[1:] if not raw.get(k)]
+    if missing:
+        raise SpecLensError(f"{name}: an MLA drafter config needs {', '.join(missing)}; use the config.json that came "
+                            "with these weights")
+    return {k: (int(raw[k]) if raw.get(k) else None) for k in MLA_FIELDS}
 
 
 def _num_aux(raw: dict, nested: dict) -> tuple[int, str]:
@@ -225,6 +238,9 @@ def _config_from_dict(raw: dict, name: str, kind: str) -> DrafterConfig:
     dvs = raw.get("draft_vocab_size")
     if kind != "eagle3":
         extra["kind"] = kind
+    if kind == "eagle3_mla":
+        extra["mla"] = mla_fields(raw, name)
+        arch = str((raw.get("architectures") or [arch])[0])
     return DrafterConfig(
         **shape,
         target_hidden_size=int(raw.get("target_hidden_size") or shape["hidden_size"]),
@@ -282,5 +298,9 @@ def config_to_dict(cfg: DrafterConfig, fmt: str = "eagle", aux_layer_ids: list[i
                 verifier=dict(name_or_path=cfg.verifier, architectures=["LlamaForCausalLM"])),
         )
     arch = ARCH_EAGLE if fmt == "eagle" else ARCH_VLLM
+    if cfg.mla:                                  # Eagle3DeepseekV2ForCausalLM: a DeepSeek-V3 shape, one MLA layer
+        arch = cfg.architecture
+        llama.pop("head_dim")
+        llama.update(model_type="deepseek_v3", num_key_value_heads=cfg.num_heads, **cfg.mla)
     return dict(architectures=[arch], **llama, **flags,
                 eagle_config=dict(eagle_aux_hidden_state_layer_ids=ids, use_aux_hidden_state=True))

@@ -15,6 +15,9 @@ The draft step (docs/CONVENTIONS.md#draft-step, vLLM `v1/spec_decode/eagle.py` +
     logits = lm_head(post)                            [V_d]; target id = draft id + d2t[draft id]
     next hidden = post if norm_output else pre        (the step-2..k input; no fc there)
 
+An `eagle3_mla` drafter (Eagle3DeepseekV2/V3ForCausalLM) is this layer with DeepSeek MLA attention instead of the
+Llama one (backend/drafter/mla.py; `DecoderLayer` picks it by the config's kind); everything else above holds.
+
 `prefill` is the first draft pass over context slots (writes drafter KV from target features),
 `step` a later draft step; `truncate` rolls the KV back after verification, and a new `prefill`
 over the accepted tokens' target features appends them (what vLLM's next first pass does).
@@ -46,6 +49,7 @@ import torch.nn.functional as F
 
 from backend.drafter.config import NORM_OUTPUT_MEANINGS, DrafterConfig, config_to_dict, load_config
 from backend.drafter.layers import MLP, RMSNorm, apply_rope
+from backend.drafter.mla import MLAAttention
 from backend.errors import SpecLensError
 from backend.options import SERVING_ENGINES
 
@@ -98,17 +102,23 @@ class Attention(nn.Module):
         super().__init__()
         H, nh, nkv, hd, bias = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attention_bias
         self.nh, self.nkv, self.hd = nh, nkv, hd
+        self.scale = 1.0 / math.sqrt(hd)
         self.q_proj = nn.Linear(2 * H, nh * hd, bias=bias)  # input: cat[normed embedding, normed hidden]
         self.k_proj = nn.Linear(2 * H, nkv * hd, bias=bias)
         self.v_proj = nn.Linear(2 * H, nkv * hd, bias=bias)
         self.o_proj = nn.Linear(nh * hd, H, bias=bias)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
 
+    def qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [N, 2H], positions [N] -> q [N, nh, hd], k [N, nkv, hd], v [N, nkv, hd] (RoPE applied)."""
+        N = x.shape[0]
+        q = apply_rope(self.q_proj(x).view(N, self.nh, self.hd), positions, self.inv_freq)
+        k = apply_rope(self.k_proj(x).view(N, self.nkv, self.hd), positions, self.inv_freq)
+        return q, k, self.v_proj(x).view(N, self.nkv, self.hd)
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
         T = x.shape[0]                                                   # x [T, 2H]
-        q = apply_rope(self.q_proj(x).view(T, self.nh, self.hd), positions, self.inv_freq)
-        k = apply_rope(self.k_proj(x).view(T, self.nkv, self.hd), positions, self.inv_freq)
-        v = self.v_proj(x).view(T, self.nkv, self.hd)
+        q, k, v = self.qkv(x, positions)
         past = len(cache) if cache is not None else 0
         if cache is not None:
             k, v = cache.append(k, v)                                    # [past+T, nkv, hd]
@@ -129,7 +139,8 @@ class DecoderLayer(nn.Module):
         H, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.input_layernorm = RMSNorm(H, eps)          # normalises the token embedding
         self.hidden_norm = RMSNorm(H, eps)              # normalises the incoming hidden (fc output or last step's)
-        self.self_attn = Attention(cfg)
+        # kind eagle3_mla (Eagle3DeepseekV2/V3ForCausalLM): DeepSeek MLA attention, backend/drafter/mla.py
+        self.self_attn = MLAAttention(cfg) if cfg.kind == "eagle3_mla" else Attention(cfg)
         self.post_attention_layernorm = RMSNorm(H, eps)
         self.mlp = MLP(H, cfg.intermediate_size)
 
@@ -177,8 +188,8 @@ class Eagle3Drafter(nn.Module):
         return self.cfg.norm_before_residual and self.engine == "vllm"
 
     @property
-    def uses_input_norm(self) -> bool:
-        return self.input_norm is not None and self.engine == "vllm"
+    def uses_input_norm(self) -> bool:        # the MLA drafter files of both engines have no input_norm
+        return self.input_norm is not None and self.engine == "vllm" and self.cfg.kind != "eagle3_mla"
 
     # ---- the computation ----------------------------------------------------------------------
     def combine(self, aux: torch.Tensor) -> torch.Tensor:

@@ -7,11 +7,9 @@ target's answers) and by the toy trainers (backend/toy/). `tests/test_check_draf
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from backend.drafter.model import Eagle3Drafter, apply_rope
+from backend.drafter.model import Eagle3Drafter
 
 
 def shift(x: torch.Tensor, n: int, fill: float = 0) -> torch.Tensor:
@@ -31,10 +29,10 @@ def ttt_forward(d: Eagle3Drafter, aux: torch.Tensor, tokens: torch.Tensor, steps
     Slot t at step j: token tokens[t+1+j], position t+j, hidden = fc(aux[t]) (j=0) or the step j-1
     output at slot t; attention over step-0 keys of slots <= t and this slot's keys of steps 1..j.
     """
-    layer, at = d.layers[0], d.layers[0].self_attn
+    layer, at = d.layers[0], d.layers[0].self_attn      # Llama attention, or MLA (backend/drafter/mla.py)
     B, T = tokens.shape
-    nh, nkv, hd = at.nh, at.nkv, at.hd
-    rep, scale = nh // nkv, 1.0 / math.sqrt(hd)
+    nh, nkv = at.nh, at.nkv
+    rep, scale = nh // nkv, at.scale
     pos = torch.arange(T, device=tokens.device)
     causal = pos[None, :] <= pos[:, None]                                  # [T_q, T_k]
     hidden = d.combine(aux)                                                # [B, T, H]
@@ -44,9 +42,7 @@ def ttt_forward(d: Eagle3Drafter, aux: torch.Tensor, tokens: torch.Tensor, steps
         h = layer.hidden_norm(hidden)
         residual = h if d.residual_normed else hidden
         x = torch.cat([e, h], dim=-1)                                      # [B, T, 2H]: embedding first
-        q = apply_rope(at.q_proj(x).view(B * T, nh, hd), (pos + j).repeat(B), at.inv_freq).view(B, T, nh, hd)
-        k = apply_rope(at.k_proj(x).view(B * T, nkv, hd), (pos + j).repeat(B), at.inv_freq).view(B, T, nkv, hd)
-        v = at.v_proj(x).view(B, T, nkv, hd)
+        q, k, v = (t.view(B, T, *t.shape[1:]) for t in at.qkv(x.view(B * T, -1), (pos + j).repeat(B)))
         q = q.transpose(1, 2)                                              # [B, nh, T, hd]
         keys.append(k.repeat_interleave(rep, 2).transpose(1, 2))          # [B, nh, T, hd]
         vals.append(v.repeat_interleave(rep, 2).transpose(1, 2))
@@ -57,7 +53,7 @@ def ttt_forward(d: Eagle3Drafter, aux: torch.Tensor, tokens: torch.Tensor, steps
         o = p[..., :T] @ vals[0]
         for i in range(1, j + 1):
             o = o + p[..., T + i - 1:T + i] * vals[i]
-        o = o.transpose(1, 2).reshape(B, T, nh * hd)
+        o = o.transpose(1, 2).reshape(B, T, -1)
         xr = residual + at.o_proj(o)
         pre = xr + layer.mlp(layer.post_attention_layernorm(xr))          # [B, T, H]
         post = d.norm(pre)
