@@ -22,6 +22,7 @@ import numpy as np
 
 from backend import coords
 from backend.errors import SpecLensError
+from backend.runs.manifest import ModelInfo
 from backend.store.data_root import DataRoot
 from backend.store.rundir import COMPLETE
 
@@ -123,7 +124,7 @@ def load_sample(run_id: str, data: DataRoot | None = None) -> Sample:
     from safetensors import SafetensorError, safe_open
 
     rd = DataRoot.of(data).run_dir(run_id)
-    m = rd.manifest()
+    m = rd.read()
     if rd.effective_status(m) != COMPLETE:
         raise SpecLensError(f"run '{run_id}' is {rd.effective_status(m)}, not complete; resume or re-run it "
                             f"before aligning")
@@ -133,7 +134,7 @@ def load_sample(run_id: str, data: DataRoot | None = None) -> Sample:
     try:
         with safe_open(str(f), framework="pt") as sf:
             keys = set(sf.keys())
-            labels = coords.sort_labels([lbl for lbl in m.get("boundaries", []) if lbl in keys])
+            labels = coords.sort_labels([lbl for lbl in m.boundaries or [] if lbl in keys])
             if not labels or "ctx_hash" not in keys:
                 raise SpecLensError(f"{f}: no boundary tensors or token hashes in the sample; re-run the capture of "
                                     f"'{run_id}'")
@@ -143,9 +144,9 @@ def load_sample(run_id: str, data: DataRoot | None = None) -> Sample:
                       else {lbl: sf.get_tensor(lbl) for lbl in labels})
     except (SafetensorError, OSError, ValueError, json.JSONDecodeError, KeyError) as e:
         raise SpecLensError(f"{f}: corrupt safetensors file ({e}); re-run the capture of '{run_id}'") from e
-    model = m.get("model") or {}
-    return Sample(run_id, labels, states, ctx, int(model.get("n_layers") or 0), int(states[labels[0]].shape[-1]),
-                  str(m.get("dtype")), model.get("path"))
+    model = m.model or ModelInfo()
+    return Sample(run_id, labels, states, ctx, int(model.n_layers or 0), int(states[labels[0]].shape[-1]),
+                  str(m.dtype), model.path)
 
 
 _ST_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
@@ -907,8 +908,8 @@ def get_alignment(run_a: str, run_b: str, data: DataRoot | None = None) -> Align
     """The alignment of A and B: the one stored beside the catalog (data/alignments/) while neither run changed,
     else computed here and stored through the catalog's write side."""
     data = DataRoot.of(data)
-    ma, mb = data.run_dir(run_a).manifest(), data.run_dir(run_b).manifest()
-    key = f"{VERSION}|{ma.get('updated')}|{mb.get('updated')}"
+    ma, mb = data.run_dir(run_a).read(), data.run_dir(run_b).read()
+    key = f"{VERSION}|{ma.updated}|{mb.updated}"
     cat = data.catalog
     d = cat.read.stored_alignment(run_a, run_b)
     if d is not None:

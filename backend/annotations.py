@@ -21,6 +21,7 @@ from dataclasses import asdict
 
 from backend.config import read_only, writes_refused
 from backend.errors import SpecLensError
+from backend.runs.manifest import StoredManifest
 from backend.store.annotations_file import (  # noqa: F401 - the stored form, re-exported for callers
     FILE,
     MAX_NOTES,
@@ -50,12 +51,12 @@ def read(run_id: str, data: DataRoot | None = None) -> Annotations:
     ann = read_path(rd.path)
     if ann is not None:
         return ann
-    m = rd.manifest()
+    m = rd.read()
     try:
-        tags = parse_tags(m.get("tags") or [])
+        tags = parse_tags(m.tags or [])
     except SpecLensError:
         tags = []
-    return Annotations(tags=tags, notes=str(m.get("notes") or "")[:MAX_NOTES])
+    return Annotations(tags=tags, notes=(m.notes or "")[:MAX_NOTES])
 
 
 def save(run_id: str, *, tags: str | Iterable[str] | None = None, notes: str | None = None,
@@ -72,11 +73,11 @@ def save(run_id: str, *, tags: str | Iterable[str] | None = None, notes: str | N
     if notes is not None:
         ann.notes = check_notes(notes)
     if pinned is not None:
-        m = rd.manifest()
-        if pinned and m.get("kind") != "bench":
-            raise SpecLensError(f"run '{run_id}' is a {m.get('kind')} run; only bench runs can be a pinned baseline")
-        if pinned and m.get("status") != "complete":
-            raise SpecLensError(f"run '{run_id}' is {m.get('status')}; only a complete bench run can be pinned")
+        m = rd.read()
+        if pinned and m.kind != "bench":
+            raise SpecLensError(f"run '{run_id}' is a {m.kind} run; only bench runs can be a pinned baseline")
+        if pinned and m.status != "complete":
+            raise SpecLensError(f"run '{run_id}' is {m.status}; only a complete bench run can be pinned")
         if pinned:
             for other in pinned_for_target(_target(m), data):
                 if other != run_id:
@@ -91,8 +92,8 @@ def _write(rd: RunDir, d: dict) -> None:
     atomic_write_json(rd.file(FILE), d)
 
 
-def _target(m: dict) -> str | None:
-    return (m.get("model") or {}).get("path")
+def _target(m: StoredManifest) -> str | None:
+    return m.model.path if m.model is not None else None
 
 
 def pinned_for_target(target: str | None, data: DataRoot | None = None) -> list[str]:
@@ -103,7 +104,7 @@ def pinned_for_target(target: str | None, data: DataRoot | None = None) -> list[
         if ann is None or not ann.pinned:
             continue
         try:
-            if _target(rd.manifest()) == target:
+            if _target(rd.read()) == target:
                 out.append(rd.run_id)
         except SpecLensError:
             continue

@@ -44,6 +44,7 @@ from backend.model_id import fingerprint
 from backend.options import SERVING_ENGINES
 from backend.prompts import Prompt, encode_all, load_prompts
 from backend.runs.lifecycle import Run, RunGuard
+from backend.runs.manifest import Bench, StoredManifest
 from backend.settings import SPEC_ONLY, BenchSettings  # noqa: F401 (SPEC_ONLY: re-exported)
 from backend.store.data_root import DataRoot
 from backend.store.rundir import (
@@ -112,21 +113,21 @@ def _pair_baseline(run_id: str, s: BenchSettings, lm, n_prompts: int, name: str 
     with _baseline_lock(bs, data):
         if _exists(run_id, data):
             rd = data.run_dir(run_id)
-            m = rd.manifest()
+            m = rd.read()
             _check_resumable(rd, m, s)
-            b = m.get("baseline_run")
-            if isinstance(b, str) and _exists(b, data):
+            b = m.baseline_run
+            if b is not None and _exists(b, data):
                 got = _link_or_claim(b, lm, bs, n_prompts, data)
                 if got is not None:
                     return got
         ident, host, running = bs.identity(), socket.gethostname(), None
         for rd in data.run_dirs():
             try:
-                m = rd.manifest()
+                m = rd.read()
             except SpecLensError:
                 continue
-            if m.get("kind") == "bench" and m.get("settings") == ident and m.get("host") == host:
-                if m.get("status") == COMPLETE:
+            if m.kind == "bench" and m.settings == ident and m.host == host:
+                if m.status == COMPLETE:
                     return _result_of(rd, m), None
                 if running is None and rd.effective_status(m) == RUNNING:
                     running = rd
@@ -140,10 +141,10 @@ def _link_or_claim(run_id: str, lm, bs: BenchSettings, n_prompts: int, data: Dat
     """A named baseline run: complete -> linked; being written by a live process -> linked, waited for; unfinished
     and left (its writer died) with the same settings -> claimed, to be written by this bench; else None."""
     brd = data.run_dir(run_id)
-    bm = brd.manifest()
-    if bm.get("status") == COMPLETE:
+    bm = brd.read()
+    if bm.status == COMPLETE:
         return _result_of(brd, bm), None
-    if bm.get("kind") != "bench" or bm.get("settings") != bs.identity():
+    if bm.kind != "bench" or bm.settings != bs.identity():
         return None
     if brd.effective_status(bm) == RUNNING:
         return BenchResult(run_id, brd.path, RUNNING, None), None
@@ -193,10 +194,10 @@ def _await_baseline(rd: Run, base: BenchResult, lm, s: BenchSettings, n_prompts:
     while time.monotonic() < limit:
         try:
             brd = data.run_dir(base.run_id)
-            bm = brd.manifest()
+            bm = brd.read()
         except SpecLensError:
             break
-        if bm.get("status") == COMPLETE:
+        if bm.status == COMPLETE:
             return _result_of(brd, bm), None
         if brd.effective_status(bm) != RUNNING:
             break
@@ -361,10 +362,10 @@ def _manifest(s: BenchSettings, lm, spec: _Spec | None, base: BenchResult | None
     }
 
 
-def _check_resumable(rd: RunDir, m: dict, s: BenchSettings) -> None:
-    if m.get("status") == COMPLETE:
+def _check_resumable(rd: RunDir, m: StoredManifest, s: BenchSettings) -> None:
+    if m.status == COMPLETE:
         raise SpecLensError(f"run '{rd.run_id}' is already complete ({rd.path}); pick another --name")
-    if m.get("kind") != "bench" or m.get("settings") != s.identity():
+    if m.kind != "bench" or m.settings != s.identity():
         raise SpecLensError(f"run '{rd.run_id}' was started with other settings ({rd.manifest_path}); "
                             "resume it with the same options or pick another --name")
 
@@ -376,7 +377,7 @@ def _open_or_resume(run_id: str, s: BenchSettings, lm, spec, base, data: DataRoo
         return Run.create(run_id, manifest, data), []
     except SpecLensError:
         rd = Run.open(run_id, data)
-    _check_resumable(rd.rd, rd.manifest(), s)
+    _check_resumable(rd.rd, rd.read(), s)
     done = _read_journal(rd)
     rd.claim(baseline_run=manifest["baseline_run"], pairing=manifest["pairing"],
              progress={"done": len(done), "total": n_prompts * s.repeats})
@@ -400,12 +401,12 @@ def _find_or_run_baseline(lm, bs: BenchSettings, prompts, seqs, name, data: Data
     ident, host, unfinished = bs.identity(), socket.gethostname(), None
     for rd in data.run_dirs():
         try:
-            m = rd.manifest()
+            m = rd.read()
         except SpecLensError:
             continue
-        if m.get("kind") != "bench" or m.get("settings") != ident or m.get("host") != host:
+        if m.kind != "bench" or m.settings != ident or m.host != host:
             continue
-        if m.get("status") == COMPLETE:
+        if m.status == COMPLETE:
             return _result_of(rd, m)
         if rd.effective_status(m) != RUNNING:
             unfinished = rd
@@ -423,11 +424,10 @@ def _exists(run_id: str, data: DataRoot) -> bool:
     return (data.runs / run_id / "manifest.json").exists()
 
 
-def _result_of(rd: RunDir, m: dict) -> BenchResult:
-    b = m.get("bench") or {}
-    return BenchResult(rd.run_id, rd.path, m.get("status"), m.get("baseline_run"), b.get("tau"),
-                       b.get("acceptance_rate"), b.get("tokens_per_s"), b.get("speedup"), b.get("lossless"),
-                       b.get("mismatched_prompts"))
+def _result_of(rd: RunDir, m: StoredManifest) -> BenchResult:
+    b = m.bench or Bench()
+    return BenchResult(rd.run_id, rd.path, m.status, m.baseline_run, b.tau, b.acceptance_rate, b.tokens_per_s,
+                       b.speedup.to_json() if b.speedup is not None else None, b.lossless, b.mismatched_prompts)
 
 
 # ---------------------------------------------------------------------- the loop
@@ -576,7 +576,7 @@ def _fail_writer(writer: Run | None, rd: Run) -> None:
     if writer is None:
         return
     try:
-        why = rd.manifest().get("error") or "stopped"
+        why = rd.read().error or "stopped"
     except SpecLensError:
         why = "stopped"
     writer.fail(f"its drafter run '{rd.run_id}' stopped ({why})")

@@ -36,6 +36,8 @@ import numpy as np
 import pandas as pd
 
 from backend import coords, metrics
+from backend.runs.manifest import DrafterInfo, ModelInfo, StoredManifest
+from backend.runs.manifest import SpeedNoise as SpeedNoiseFound
 from backend.store.data_root import DataRoot
 
 BASELINES = ("paired", "pinned")   # each run's paired baseline; the pinned baseline of the run's target
@@ -230,7 +232,7 @@ def _compare(ac: Acceptance, baseline: str, data: DataRoot) -> Comparison:
     speeds = cat.bench_prompt_timings(need)
     by_run = {r: g for r, g in speeds.groupby("run_id")}
     base_info = cat.bench_runs(run_ids=[b for b in bases.values() if b]).set_index("run_id")
-    manifests = cat.run_manifests(ids)
+    manifests = {r: StoredManifest.indexed(m) for r, m in cat.run_manifests(ids).items()}
     # each run's plain-decoding timings: the pairs timed in the run itself (interleaved) against its own paired
     # baseline; else the baseline run's rows (pinned, or a run benched before interleaving / by an engine)
     own = {r: own_baseline(by_run.get(r)) for r in ids}
@@ -256,7 +258,7 @@ def _compare(ac: Acceptance, baseline: str, data: DataRoot) -> Comparison:
                  "baseline_plain": (_k(base_info.loc[b]) == 0) if b and b in base_info.index else None,
                  "baseline_repeats": _num(base_info["repeats"].get(b)) if b else None,
                  "baseline_timing": timing,
-                 "speed_noise": speed_noise(r, b, timing, manifests.get(r) or {}, by_run.get(r), own[r],
+                 "speed_noise": speed_noise(r, b, timing, manifests.get(r), by_run.get(r), own[r],
                                             by_run.get(b) if b else None, sp,
                                             b in base_info.index and _k(base_info.loc[b]) == 0)
                  if b and _ok(sp[0]) else None}
@@ -326,7 +328,8 @@ def _interleaved(run: str, base: str | None, mode: str, runs: pd.DataFrame, own:
     return bool(base) and mode == "paired" and own.get(run) is not None and base == runs.loc[run, "baseline_run"]
 
 
-def speed_noise(run: str, base: str, timing: str | None, manifest: dict, frame: pd.DataFrame | None,
+def speed_noise(run: str, base: str, timing: str | None, manifest: StoredManifest | dict | None,
+                frame: pd.DataFrame | None,
                 own: pd.DataFrame | None, base_frame: pd.DataFrame | None, sp: tuple,
                 base_plain: bool = True) -> SpeedNoise | None:
     """Why this run's speedup is no faster/slower verdict (a SpeedNoise), or None. The run's stored finding (the bench's
@@ -336,9 +339,9 @@ def speed_noise(run: str, base: str, timing: str | None, manifest: dict, frame: 
     decoding during the run (its pairs' plain half) against plain decoding then (the baseline's rows, or the plain
     half of its pairs when the baseline drafts too), same prompts; without both, the two sides' prefill (TTFT: the
     same work on both sides)."""
-    b = manifest.get("bench") if isinstance(manifest.get("bench"), dict) else {}
-    stored = b.get("speed_noise") if isinstance(b.get("speed_noise"), dict) else {}
-    reason = stored["reason"] if isinstance(stored.get("reason"), str) and stored["reason"] else None
+    b = StoredManifest.indexed(manifest).bench
+    stored = (b.speed_noise if b is not None else None) or SpeedNoiseFound()
+    reason = stored.reason or None
     moment = None
     if timing == SEPARATE and frame is not None and base_frame is not None and not base_frame.empty:
         ci = (sp[0], sp[1], sp[2]) if _ok(sp[0]) and _ok(sp[1]) and _ok(sp[2]) else None
@@ -349,7 +352,7 @@ def speed_noise(run: str, base: str, timing: str | None, manifest: dict, frame: 
             if metrics.moments_differ(ratio, metrics.MOMENT_FLOOR, ci):
                 moment = Moment("throughput", run, base, _num(np.mean(x)), _num(np.mean(y)), ratio.value,
                                 ratio.ci_low, ratio.ci_high)
-        elif not (isinstance(stored.get("moment_ttft_ratio"), dict)):       # the bench checked it already
+        elif stored.moment_ttft_ratio is None:       # else the bench checked it already
             x, y = _per_prompt(frame, base_frame, "ttft")
             ratio = metrics.moment_ratio(1 / np.asarray(x, float), 1 / np.asarray(y, float))
             if metrics.moments_differ(ratio, metrics.PREFILL_FLOOR):
@@ -409,11 +412,13 @@ def _speedup_total(method: pd.DataFrame | None, base: pd.DataFrame | None) -> me
     return metrics.speedup_total(tok[0], sec[0], tok[1], sec[1])
 
 
-def _same(a: dict, b: dict) -> bool:
+def _same(a: DrafterInfo | ModelInfo | None, b: DrafterInfo | ModelInfo | None) -> bool:
     """Same weights: by fingerprint when both have one (backend/model_id.py), else by path."""
-    if a.get("fingerprint") and b.get("fingerprint"):
-        return a["fingerprint"] == b["fingerprint"]
-    return bool(a.get("path")) and a.get("path") == b.get("path")
+    if a is None or b is None:
+        return False
+    if a.fingerprint and b.fingerprint:
+        return a.fingerprint == b.fingerprint
+    return bool(a.path) and a.path == b.path
 
 
 @dataclass
@@ -457,19 +462,23 @@ class Mismatch:
     relation: Relation
 
 
-def drafter_mismatches(manifests: dict[str, dict], checks: dict[str, dict]) -> list[Mismatch]:
+def drafter_mismatches(manifests: dict[str, StoredManifest | dict], checks: dict[str, StoredManifest | dict]
+                       ) -> list[Mismatch]:
     """Each drafter run whose engine fed other boundaries than the newest drafter check of the same drafter and
-    target found it was trained on (checks: catalog.check_manifests(), newest first)."""
+    target found it was trained on (checks: catalog.check_manifests(), newest first; manifests typed or as the
+    catalog holds them)."""
     out = []
-    for run, m in manifests.items():
-        drafter, fed = m.get("drafter") or {}, (m.get("aux") or {}).get("boundaries")
-        if not drafter or not fed:
+    checks_read = {chk: StoredManifest.indexed(c) for chk, c in checks.items()}
+    for run, raw in manifests.items():
+        m = StoredManifest.indexed(raw)
+        drafter, fed = m.drafter_info, m.aux.boundaries if m.aux is not None else None
+        if drafter is None or not fed:
             continue
-        for chk, c in checks.items():
-            best = (c.get("check") or {}).get("best")
-            if best and _same(c.get("drafter") or {}, drafter) and _same(c.get("model") or {}, m.get("model") or {}):
+        for chk, c in checks_read.items():
+            best = c.check.best if c.check is not None else None
+            if best and _same(c.drafter_info, drafter) and _same(c.model, m.model):
                 if list(best) != list(fed):
-                    out.append(Mismatch(run, chk, Path(drafter.get("path", "")).name or "the drafter", list(fed),
+                    out.append(Mismatch(run, chk, Path(drafter.path or "").name or "the drafter", list(fed),
                                         list(best), relation(fed, list(best))))
                 break
     return out

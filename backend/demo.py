@@ -52,6 +52,7 @@ from pathlib import Path
 from backend import links
 from backend.config import REPO_ROOT, dashboard_link
 from backend.runs.lifecycle import Run
+from backend.runs.manifest import StoredManifest
 from backend.store.data_root import DataRoot
 from backend.store.rundir import COMPLETE
 from backend.toy.shipped import PAIR_TARBALL, PROMPTS, heldout_prompts, toy_pair
@@ -312,7 +313,8 @@ def _story(data: DataRoot | None) -> Story | None:
     tau = _shared_tau(runs, by_run)
     m, s, p, f = (tau[r] for r in STORY_RUNS)
     chk = SLOT_CHECK_RUN if SLOT_CHECK_RUN in checks else None
-    best = ((checks.get(chk) or {}).get("check") or {}).get("best") if chk else None
+    found = StoredManifest.indexed(checks.get(chk)).check if chk else None
+    best = found.best if found is not None else None
     return Story(m, s, p, f, tau_gap("demo-bench-matched", "demo-bench-slot-shift", by_run),
                  tau_gap("demo-bench-slot-shift-fixed", "demo-bench-slot-shift", by_run), chk or SLOT_CHECK_RUN,
                  list(best) if best else None)

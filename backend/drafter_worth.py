@@ -21,6 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from backend.errors import SpecLensError
+from backend.runs.manifest import ModelInfo, StoredManifest
+
 
 @dataclass(frozen=True)
 class Worth:
@@ -106,15 +109,15 @@ def _read_map(d: Path, shipped: bool) -> SpeedMap | None:
 
     try:
         cells = json.loads((d / "summary.json").read_text())["cells"]
-        m = json.loads((d / "manifest.json").read_text())
-    except (OSError, ValueError, KeyError, TypeError):
+        m = StoredManifest.parse(json.loads((d / "manifest.json").read_text()))
+    except (OSError, ValueError, KeyError, TypeError, SpecLensError):
         return None
     if not curves(cells):
         return None
-    model = m.get("model") or {}
-    shape = f"{model.get('model_type', '?')}, {model.get('n_layers', '?')} layers x {model.get('hidden_size', '?')}"
-    engine = {"vllm": "vLLM", "sglang": "SGLang"}.get(m.get("engine"), m.get("engine") or "?")
-    return SpeedMap(d.name, cells, shape, f"{engine} {m.get('engine_version') or ''}".strip(), shipped)
+    model = m.model or ModelInfo()
+    shape = f"{model.model_type or '?'}, {model.n_layers or '?'} layers x {model.hidden_size or '?'}"
+    engine = {"vllm": "vLLM", "sglang": "SGLang"}.get(m.engine, m.engine or "?")
+    return SpeedMap(d.name, cells, shape, f"{engine} {m.engine_version or ''}".strip(), shipped)
 
 
 def find_map(run_id: str | None = None, runs_dir: Path | None = None) -> SpeedMap | None:

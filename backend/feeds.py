@@ -16,6 +16,7 @@ from pathlib import Path
 from backend import coords
 from backend.errors import SpecLensError
 from backend.options import SERVING_ENGINES, VLLM_RUNNERS
+from backend.runs.manifest import CheckInfo, DrafterInfo, ModelInfo, StoredManifest
 from backend.store.data_root import DataRoot
 
 ENGINES = SERVING_ENGINES
@@ -48,21 +49,30 @@ def trained_on(drafter: str | Path, target: str | Path, data: DataRoot | None = 
     """The newest complete full drafter check of this drafter and target that found trained-on boundaries:
     {run_id, boundaries, severity}; None when there is none."""
     d, t = str(Path(drafter).resolve()), str(Path(target).resolve())
-    for run_id, m in DataRoot.of(data).catalog.read.check_manifests().items():
-        chk = m.get("check") or {}
-        if chk.get("mode") == "lint" or not chk.get("best"):
+    for run_id, raw in DataRoot.of(data).catalog.read.check_manifests().items():
+        m = StoredManifest.indexed(raw)
+        chk = m.check or CheckInfo()
+        if chk.mode == "lint" or not chk.best:
             continue
-        if (m.get("drafter") or {}).get("path") == d and (m.get("model") or {}).get("path") == t:
-            return {"run_id": run_id, "boundaries": list(chk["best"]), "severity": chk.get("severity")}
+        if _path(m.drafter_info) == d and _path(m.model) == t:
+            return {"run_id": run_id, "boundaries": list(chk.best), "severity": chk.severity}
     return None
+
+
+def _path(section: DrafterInfo | ModelInfo | None) -> str | None:
+    return section.path if section is not None else None
 
 
 def check_pair(run_id: str, data: DataRoot | None = None) -> tuple[str, str]:
     """(drafter, target) paths of a stored drafter check run."""
-    m = DataRoot.of(data).catalog.read.check_manifests().get(run_id)
-    if m is None:
+    raw = DataRoot.of(data).catalog.read.check_manifests().get(run_id)
+    if raw is None:
         raise SpecLensError(f"no complete drafter check run '{run_id}'; list them with `python -m backend runs`")
-    return m["drafter"]["path"], m["model"]["path"]
+    m = StoredManifest.indexed(raw)
+    drafter, target = _path(m.drafter_info), _path(m.model)
+    if not drafter or not target:
+        raise SpecLensError(f"drafter check '{run_id}' records no drafter or target path; run the check again")
+    return drafter, target
 
 
 def matrix(drafter: str | Path, target: str | Path, data: DataRoot | None = None, trained: dict | None = None,
@@ -195,8 +205,8 @@ def page_pair(drafter: str | None, target: str | None, check: str | None,
         return check_pair(check, data)
     if not drafter or not target:
         raise SpecLensError("name a drafter and a target (?drafter=DIR&target=DIR) or a drafter check (?check=RUN)")
-    checks = data.catalog.read.check_manifests().values()
-    known = {(m.get(k) or {}).get("path") for m in checks for k in ("drafter", "model")}
+    checks = [StoredManifest.indexed(m) for m in data.catalog.read.check_manifests().values()]
+    known = {p for m in checks for p in (_path(m.drafter_info), _path(m.model))}
     roots = model_roots()
     for p in (drafter, target):
         rp = Path(p).expanduser().resolve()

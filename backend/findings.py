@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backend.compare import Mismatch, drafter_mismatches
+from backend.runs.manifest import StoredManifest
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}      # how a serving engine's releases are named
 
@@ -26,22 +27,25 @@ class Finding:
     release: str | None = None     # hf_reading: the serving engine release whose reading HF reproduced
 
 
-def reproduced_release(manifest: dict) -> str | None:
+def reproduced_release(manifest: StoredManifest | dict) -> str | None:
     """'SGLang 0.5.15' when a drafter bench ran on the HF engine feeding the drafter what that serving engine release
     reads from its config (`aux.producer`/`version`, backend/conventions.yaml): its acceptance is HF's decoding of
     that feed, not a measurement inside that engine. None otherwise (a bench inside vLLM or SGLang measured the
     engine itself; plain decoding feeds nothing)."""
-    if manifest.get("kind") != "bench" or manifest.get("engine") != "hf":
+    m = StoredManifest.indexed(manifest)
+    if m.kind != "bench" or m.engine != "hf":
         return None
-    aux = manifest.get("aux") if isinstance(manifest.get("aux"), dict) else None
-    if not aux or aux.get("producer") not in ENGINE_NAMES:
+    aux = m.aux
+    if aux is None or aux.producer not in ENGINE_NAMES:
         return None
-    return " ".join(str(x) for x in (ENGINE_NAMES[aux["producer"]], aux.get("version")) if x)
+    return " ".join(str(x) for x in (ENGINE_NAMES[aux.producer], aux.version) if x)
 
 
-def findings(manifests: dict[str, dict], checks: dict[str, dict]) -> dict[str, list[Finding]]:
+def findings(manifests: dict[str, StoredManifest | dict], checks: dict[str, StoredManifest | dict]
+             ) -> dict[str, list[Finding]]:
     """run_id -> its findings (runs without any left out). `manifests`: catalog.run_manifests; `checks`:
     catalog.check_manifests (newest first)."""
+    manifests = {r: StoredManifest.indexed(m) for r, m in manifests.items()}
     out: dict[str, list[Finding]] = {r: [] for r in manifests}
     for x in drafter_mismatches(manifests, checks):
         out[x.run].append(Finding("error", "mismatch",

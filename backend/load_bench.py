@@ -213,10 +213,10 @@ def run_load(s: LoadSettings, name: str | None = None, data: DataRoot | None = N
         done: list[dict] = []
     except SpecLensError:
         run = Run.open(run_id, data)
-        m = run.manifest()
-        if m.get("status") == COMPLETE:
+        m = run.read()
+        if m.status == COMPLETE:
             raise SpecLensError(f"run '{run_id}' is already complete ({run.path}); pick another --name") from None
-        if m.get("kind") != "load" or m.get("identity") != manifest["identity"]:
+        if m.kind != "load" or m.identity != manifest["identity"]:
             raise SpecLensError(f"run '{run_id}' was started with other settings ({run.manifest_path}); resume it "
                                 "with the same options or pick another --name") from None
         done = read_journal(run.file(JOURNAL))

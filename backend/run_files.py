@@ -12,6 +12,7 @@ import pandas as pd
 
 from backend.config import REPO_ROOT, model_roots, paths
 from backend.prompts import load_prompts
+from backend.runs.manifest import StoredManifest
 from backend.store.data_root import DataRoot
 from backend.store.rundir import valid_run_id
 
@@ -67,7 +68,7 @@ class LogTail:
     lines: list[str]
 
 
-def log_tail(run_dir: str | Path, manifest: dict, data: DataRoot | None = None,
+def log_tail(run_dir: str | Path, manifest: dict | StoredManifest, data: DataRoot | None = None,
              n: int = LOG_TAIL_LINES) -> LogTail | None:
     """The last n lines of the run's log: a `*.log` file in its run directory (the newest), else the log of the job
     that made it (`queue/logs/<job id>.log`, backend/jobs); None when there is none."""
@@ -81,8 +82,8 @@ def log_tail(run_dir: str | Path, manifest: dict, data: DataRoot | None = None,
         f = max(logs, key=lambda e: e.stat(follow_symlinks=False).st_mtime)
         path, shown = Path(f.path), f"runs/{d.name}/{f.name}"
     else:
-        job = manifest.get("job") if isinstance(manifest.get("job"), dict) else {}
-        jid = str(job.get("id") or "")
+        job = StoredManifest.indexed(manifest).job
+        jid = (job.id if job is not None else None) or ""
         if not jid or not valid_run_id(jid):
             return None
         path, shown = queue / "logs" / f"{jid}.log", f"queue/logs/{jid}.log"
@@ -101,12 +102,11 @@ def log_tail(run_dir: str | Path, manifest: dict, data: DataRoot | None = None,
 
 # ---------------------------------------------------------------------------- per-prompt table (bench runs)
 
-def prompt_texts(manifest: dict) -> dict[str, str]:
+def prompt_texts(manifest: dict | StoredManifest) -> dict[str, str]:
     """prompt id -> its text, from the prompts file the bench read (`settings.prompts`, backend/prompts.py), for the
     per-prompt table; empty when the file is gone, unreadable, too large or outside the places job specs may read
     prompts from (config.model_roots and <repo>/datasets: a manifest never makes the page show another file)."""
-    st = manifest.get("settings") if isinstance(manifest.get("settings"), dict) else {}
-    path = st.get("prompts")
+    path = (StoredManifest.indexed(manifest).settings or {}).get("prompts")
     if not isinstance(path, str) or not path:
         return {}
     try:

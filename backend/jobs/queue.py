@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from backend.errors import SpecLensError
+from backend.runs.manifest import Progress, StoredManifest
 from backend.store.data_root import DataRoot
-from backend.store.rundir import _pid_alive, atomic_write_json, now, valid_run_id
+from backend.store.rundir import RunDir, _pid_alive, atomic_write_json, now, valid_run_id
 
 STATES = ("pending", "running", "done", "failed", "cancelled")
 # a foreign host's job with no heartbeat for this long is dead
@@ -231,14 +232,17 @@ def table(data: DataRoot | None = None, limit: int = 100) -> list[dict]:
     rows.sort(key=lambda j: (j.get("submitted", ""), j.get("seq", 0)), reverse=True)
     out = []
     for j in rows[:limit]:
-        m = read(data.runs / str(j.get("run_name")) / "manifest.json") or {}
-        prog = m.get("progress") or {}
+        try:
+            m = RunDir(data.runs / str(j.get("run_name"))).read()
+        except SpecLensError:
+            m = StoredManifest()
+        prog = m.progress or Progress()
         st = j.get("state")
         if st == "running" and cancel_flag(j["job_id"], data).exists():
             st = "cancelling"
         out.append({"job_id": j["job_id"], "state": st, "kind": j.get("kind"), "run": j.get("run_name"),
-                    "run_status": m.get("status"), "done": prog.get("done"), "total": prog.get("total"),
-                    "progress": _fraction(prog.get("done"), prog.get("total"), st),
+                    "run_status": m.status, "done": prog.done, "total": prog.total,
+                    "progress": _fraction(prog.done, prog.total, st),
                     "submitted": j.get("submitted"), "attempts": j.get("attempts"),
                     "error": (j.get("error") or "")[:200] or None})
     return out

@@ -27,6 +27,7 @@ from backend.config import REPO_ROOT
 from backend.errors import SpecLensError
 from backend.jobs import queue as q
 from backend.runs.lifecycle import Run, tagged_runs
+from backend.runs.manifest import StoredManifest, section_json
 from backend.store.data_root import DataRoot
 from backend.store.rundir import COMPLETE, RunDir, _pid_alive, now
 
@@ -37,8 +38,12 @@ HEARTBEAT_S = 2.0
 # ---------------------------------------------------------------------- one job, in this process
 
 
-def run_status(run_name: str, data: DataRoot) -> dict | None:
-    return q.read(data.runs / run_name / "manifest.json")
+def run_status(run_name: str, data: DataRoot) -> StoredManifest | None:
+    """The run's manifest (typed); None when there is none or it cannot be read."""
+    try:
+        return RunDir(data.runs / run_name).read()
+    except SpecLensError:
+        return None
 
 
 def _tag_runs(job: dict):
@@ -53,7 +58,7 @@ def execute(job: dict, data: DataRoot) -> dict:
 
     name = job["run_name"]
     m = run_status(name, data)
-    if m is None or m.get("status") != COMPLETE:
+    if m is None or m.status != COMPLETE:
         threads = int(job.get("num_cpus") or 0)
         if threads >= 1:
             import torch
@@ -71,9 +76,9 @@ def execute(job: dict, data: DataRoot) -> dict:
                 r = run_bench(s, name=name, data=data, progress=False)
                 if r.status != COMPLETE:
                     raise SpecLensError(f"baseline {r.run_id} of {name} ended {r.status}")
-        m = run_status(name, data) or {}
-    return {"run": name, "status": m.get("status"), "headline": m.get("headline"), "bench": m.get("bench"),
-            "baseline_run": m.get("baseline_run"), "host": socket.gethostname()}
+        m = run_status(name, data) or StoredManifest()
+    return {"run": name, "status": m.status, "headline": section_json(m.headline), "bench": section_json(m.bench),
+            "baseline_run": m.baseline_run, "host": socket.gethostname()}
 
 
 def _capture_engine_options(job: dict):
@@ -100,10 +105,10 @@ def fail_runs(job: dict, msg: str, data: DataRoot) -> list[str]:
             continue
         rd = RunDir(p)
         try:
-            m = rd.manifest()
+            m = rd.read()
         except SpecLensError:
             continue
-        if m.get("status") == COMPLETE or (m.get("job") or {}).get("id") not in (None, job["job_id"]):
+        if m.status == COMPLETE or (m.job.id if m.job is not None else None) not in (None, job["job_id"]):
             continue
         Run(rd, data).fail(msg)                # re-indexed there
         out.append(rid)
@@ -236,10 +241,10 @@ class Worker:
 
     def finish(self, job: dict, rc: int, cancelled: bool, log_path: Path) -> str:
         job_id, data = job["job_id"], self.data
-        m = run_status(job["run_name"], data) or {}
-        if rc == 0 and m.get("status") == COMPLETE:
+        m = run_status(job["run_name"], data) or StoredManifest()
+        if rc == 0 and m.status == COMPLETE:
             q.move(job_id, "running", "done", data, finished=now(), error=None,
-                   result={"run": job["run_name"], "status": COMPLETE, "headline": m.get("headline")})
+                   result={"run": job["run_name"], "status": COMPLETE, "headline": section_json(m.headline)})
             state = "done"
         elif cancelled:
             fail_runs(job, f"cancelled: job {job_id} was cancelled", data)
@@ -253,7 +258,7 @@ class Worker:
             q.move(job_id, "running", "pending", data, owner=None, error=f"child killed by signal {-rc}; retrying")
             state = "pending"
         else:
-            err = _last_error(log_path) if rc != 0 else f"run {job['run_name']} ended {m.get('status')}"
+            err = _last_error(log_path) if rc != 0 else f"run {job['run_name']} ended {m.status}"
             if rc < 0:
                 err = f"killed by signal {-rc} ({err})"
             fail_runs(job, f"job {job_id} failed: {err}", data)

@@ -66,10 +66,10 @@ def open_or_resume(run_id: str, settings, lm, labels: list[str], data: DataRoot 
         return Run.create(run_id, manifest, data), 0, None, None
     except SpecLensError:
         rd = Run.open(run_id, data)
-    m = rd.manifest()
-    if m.get("status") == COMPLETE:
+    m = rd.read()
+    if m.status == COMPLETE:
         raise SpecLensError(f"run '{run_id}' is already complete ({rd.path}); pick another --name")
-    if m.get("settings") != settings.identity():
+    if m.settings != settings.identity():
         raise SpecLensError(f"run '{run_id}' was started with other settings ({rd.manifest_path}); "
                             f"resume it with the same options or pick another --name")
     ck = rd.file(CHECKPOINT)

@@ -124,6 +124,11 @@ class Section(BaseModel):
         return self.model_dump(exclude_unset=True)
 
 
+def section_json(section: Section | None) -> dict | None:
+    """A section's dict as read, or None (for a result that carries a run's figures on, e.g. a job's)."""
+    return section.to_json() if section is not None else None
+
+
 # ---------------------------------------------------------------------------- sections
 
 class ModelInfo(Section):
@@ -167,6 +172,7 @@ class SpeedNoise(Section):
     """Why a bench's speed figures are no verdict (plain decoding drifted, load, another SpecLens process)."""
 
     reason: Text = None
+    moment_ttft_ratio: Object = None   # the bench compared its prefill with its baseline's already
 
 
 class Bench(Section):
@@ -284,6 +290,16 @@ class StoredManifest(Section):
             return cls.model_validate(raw)
         except ValidationError as e:
             raise SpecLensError(_reason(e)) from None
+
+    @classmethod
+    def indexed(cls, raw: dict | StoredManifest | None) -> StoredManifest:
+        """A manifest as the catalog hands it on (`catalog.read.run_manifests`, a runs row's `manifest`): checked
+        when it was indexed; a run the catalog could not index (`{}`), or one indexed before a key's type was
+        checked, reads as a manifest without keys."""
+        try:
+            return cls.parse(raw if raw is not None else {})
+        except SpecLensError:
+            return cls()
 
     @classmethod
     def checked(cls, raw) -> StoredManifest:

@@ -18,9 +18,9 @@ def load_check(run_id: str, where: Paths) -> dict:
     """The stored result of a complete check run (what the Drafter check page shows) under a data root's paths
     (`DataRoot.catalog.read.drafter_check`)."""
     rd = RunDir.open(run_id, where)
-    m = rd.manifest()
-    if m.get("kind") != "check":
-        raise SpecLensError(f"run '{run_id}' is a {m.get('kind')} run, not a drafter check; pick a check run")
+    m = rd.read()
+    if m.kind != "check":
+        raise SpecLensError(f"run '{run_id}' is a {m.kind} run, not a drafter check; pick a check run")
     if rd.effective_status(m) != COMPLETE:
         raise SpecLensError(f"check '{run_id}' is {rd.effective_status(m)}; "
                             f"run `python -m backend check-drafter` again")

@@ -1,0 +1,202 @@
+"""The one typed manifest (backend/runs/manifest.py `StoredManifest`): every stored manifest SpecLens has written
+(the recorded runs under tests/data, the shipped speed maps, the runs a real small bench and capture write here)
+reads into it and gives back the same dict; a read-modify-write through the run's lifecycle changes only the keys it
+sets; a key of the wrong type is one line naming the key; and backend/ reads manifests only through it (no raw
+`rd.manifest()` dict, no `json.loads` of a manifest.json, no `.get("bench")`-style section reads)."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from backend.runs.manifest import Bench, DrafterInfo, Headline, StoredManifest, check_stored
+from backend.store.data_root import DataRoot
+
+REPO = Path(__file__).resolve().parents[1]
+RECORDED = sorted([*(REPO / "tests" / "data").rglob("manifest.json"), *(REPO / "datasets").rglob("manifest.json")])
+
+
+def _round_trip(raw: dict) -> StoredManifest:
+    m = StoredManifest.parse(raw)
+    assert m.to_json() == raw
+    assert json.dumps(m.to_json(), sort_keys=True) == json.dumps(raw, sort_keys=True)
+    assert check_stored(raw) is None
+    return m
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=[str(p.relative_to(REPO)) for p in RECORDED])
+def test_every_recorded_manifest_reads_typed_and_round_trips(path: Path) -> None:
+    raw = json.loads(path.read_text())
+    m = _round_trip(raw)
+    assert m.status == raw["status"] and m.kind == raw["kind"] and m.model.path == raw["model"]["path"]
+    if raw.get("bench"):
+        assert isinstance(m.bench, Bench) and m.bench.tau == raw["bench"]["tau"]
+    if isinstance(raw.get("drafter"), dict):
+        assert isinstance(m.drafter_info, DrafterInfo) and m.drafter_info.path == raw["drafter"].get("path")
+
+
+def test_recorded_manifests_are_found() -> None:
+    assert len(RECORDED) >= 5
+
+
+def test_runs_written_here_read_typed_and_round_trip(bench_root: Path) -> None:
+    """The manifests a real bench (drafter run and its baseline) and a capture write."""
+    data = DataRoot(bench_root)
+    seen = set()
+    for rd in data.run_dirs():
+        raw = rd.manifest()
+        m = _round_trip(raw)
+        assert rd.read() == m
+        seen.add(m.kind)
+        if m.kind == "bench" and raw.get("drafter"):
+            assert m.bench.speedup.mean == raw["bench"]["speedup"]["mean"]
+            assert m.aux.boundaries == raw["aux"]["boundaries"] and m.num_spec_tokens == raw["num_spec_tokens"]
+        assert m.headline.tokens == raw["headline"]["tokens"] and m.progress.done == raw["progress"]["done"]
+    assert {"bench", "capture"} <= seen
+
+
+def test_a_lifecycle_write_changes_only_its_keys(bench_root: Path, tmp_path: Path) -> None:
+    """Run.record reads the manifest, sets its keys and writes it back: every other key keeps its value, also the
+    ones the typed model does not know."""
+    import shutil
+
+    from backend.runs.lifecycle import Run
+
+    root = tmp_path / "data"
+    shutil.copytree(bench_root / "runs" / "spec-oracle", root / "runs" / "spec-oracle")
+    rd = DataRoot(root).run_dir("spec-oracle")
+    before = rd.manifest()
+    before["unknown_key"] = {"kept": [1, 2.5, None]}
+    rd.write_manifest(copy.deepcopy(before))
+    before = rd.manifest()
+    Run(rd, DataRoot(root)).record(notes="looked at")
+    after = rd.manifest()
+    assert after.pop("notes") == "looked at" and after.pop("updated") >= before.pop("updated")
+    before.pop("notes", None)
+    assert after == before
+    assert rd.read().model_extra["unknown_key"] == {"kept": [1, 2.5, None]}
+
+
+BAD = {
+    "headline": ("many", "headline"),
+    "headline.tokens": (1.5, "headline.tokens"),
+    "headline.nonfinite": ({"S_0": "x"}, "headline.nonfinite"),
+    "progress.total": ("8", "progress.total"),
+    "model.path": (5, "model.path"),
+    "model.n_layers": (2**65, "model.n_layers"),
+    "boundaries": ([1, 2], "boundaries"),
+    "created": (20261201, "created"),
+    "bench.tau": ("2.2", "bench.tau"),
+    "bench.speedup": ([1.4], "bench.speedup"),
+    "bench.speedup.mean": ("fast", "bench.speedup.mean"),
+    "bench.lossless": ("yes", "bench.lossless"),
+    "num_spec_tokens": (3.5, "num_spec_tokens"),
+    "drafter": ([1], "drafter"),
+    "drafter.path": (5, "drafter.path"),
+    "aux.boundaries": ("S_0", "aux.boundaries"),
+    "job": ("j1", "job"),
+    "status": ("done", "status"),
+}
+
+
+def _set(d: dict, dotted: str, value) -> None:
+    keys = dotted.split(".")
+    for k in keys[:-1]:
+        if not isinstance(d.get(k), dict):
+            d[k] = {}
+        d = d[k]
+    d[keys[-1]] = value
+
+
+@pytest.mark.parametrize("key", sorted(BAD))
+def test_a_wrong_typed_key_is_one_line_naming_it(key: str) -> None:
+    raw = json.loads((REPO / "tests/data/recorded/prove/vllm-0.24.0-h200/prove-h200-vllm-fixed/manifest.json")
+                     .read_text())
+    assert check_stored(raw) is None
+    value, named = BAD[key]
+    _set(raw, key, value)
+    why = check_stored(raw)
+    assert why is not None and "\n" not in why and f"manifest key '{named}'" in why, why
+
+
+def test_odd_values_of_the_right_type_are_kept() -> None:
+    raw = {"status": "complete", "headline": {"tokens": -5, "nonfinite": {"S_0": 0}}, "bench": {"tau": float("nan")},
+           "drafter": "/models/old-drafter", "temperature": 0, "repeats": 2.0}
+    m = _round_trip(raw)
+    assert isinstance(m.headline, Headline) and m.headline.tokens == -5 and m.drafter_info is None
+    assert m.to_json()["temperature"] == 0 and isinstance(m.to_json()["temperature"], int)
+    assert StoredManifest.indexed({}) == StoredManifest() and StoredManifest.indexed({"headline": 5}).headline is None
+
+
+# ---------------------------------------------------------------------------- no raw manifest reads in backend/
+
+# the writers' read-modify-write and the catalog's check: the only places a manifest is read as a dict
+RAW_ALLOWED = {("backend/store/rundir.py", "read"), ("backend/store/rundir.py", "update"),
+               ("backend/runs/lifecycle.py", "manifest"), ("backend/runs/lifecycle.py", "_write"),
+               ("backend/store/catalog.py", "_run_row")}
+SECTIONS = ("headline", "bench", "aux", "progress", "source", "identity", "check")  # keys no catalog row has
+PARSERS = ("parse", "checked", "indexed")
+
+
+def raw_manifest_reads(source: str, name: str) -> list[str]:
+    """Where this module reads a manifest other than through StoredManifest: `.manifest()` outside RAW_ALLOWED, a
+    read of a manifest.json not handed straight to StoredManifest.parse, and `.get("<section>")` of a manifest
+    section."""
+    tree = ast.parse(source)
+    parent_fn: dict[ast.AST, str] = {}
+    for fn in ast.walk(tree):                    # outer functions first: an inner one's name wins for its nodes
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                parent_fn[node] = fn.name
+    parsed: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PARSERS:
+            for arg in node.args:
+                parsed.update(ast.walk(arg))
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        attr = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        if attr == "manifest" and not node.args and (name, parent_fn.get(node)) not in RAW_ALLOWED:
+            out.append(f"{name}:{node.lineno}: .manifest() (use .read())")
+        if attr in ("loads", "load", "read", "read_text", "read_bytes") and node not in parsed and any(
+                isinstance(c, ast.Constant) and c.value == "manifest.json" for c in ast.walk(node)):
+            out.append(f"{name}:{node.lineno}: manifest.json read as a dict (StoredManifest.parse it)")
+        if attr == "get" and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in SECTIONS:
+            out.append(f"{name}:{node.lineno}: .get({node.args[0].value!r}) of a manifest section")
+    return out
+
+
+def test_backend_reads_manifests_only_typed() -> None:
+    found = []
+    for f in sorted((REPO / "backend").rglob("*.py")):
+        name = str(f.relative_to(REPO))
+        if name != "backend/runs/manifest.py":
+            found += raw_manifest_reads(f.read_text(), name)
+    assert found == [], "\n".join(found)
+
+
+@pytest.mark.parametrize("snippet", [
+    "def f(rd):\n    return rd.manifest().get('status')\n",
+    "def f(m):\n    return (m.get('bench') or {}).get('tau')\n",
+    "def f(m):\n    return (m.get('headline') or {}).get('tokens')\n",
+    "import json\ndef f(d):\n    return json.loads((d / 'manifest.json').read_text())['model']\n",
+    "def f(q, data, name):\n    return q.read(data.runs / name / 'manifest.json')\n",
+])
+def test_the_check_flags_raw_reads(snippet: str) -> None:
+    """The check above finds the raw reads backend/ used to have."""
+    assert raw_manifest_reads(snippet, "backend/x.py")
+
+
+def test_the_check_passes_typed_reads() -> None:
+    ok = ("import json\nfrom backend.runs.manifest import StoredManifest\n"
+          "def f(rd, d):\n    m = rd.read()\n"
+          "    s = StoredManifest.parse(json.loads((d / 'manifest.json').read_text()))\n"
+          "    return m.bench.tau, s.headline.tokens, (d / 'manifest.json').exists()\n")
+    assert raw_manifest_reads(ok, "backend/x.py") == []
