@@ -2,7 +2,8 @@
 Eagle3DeepseekV3ForCausalLM), in plain PyTorch: the attention variant `backend.drafter.model.DecoderLayer` takes
 when the config is of that kind. Everything else of the drafter (fc over the fed states, hidden_norm,
 input_layernorm, the cat[embedding, hidden] input, the residuals, the SiLU MLP, norm, lm_head, d2t) is the Llama
-EAGLE-3 layer's, so the finder, the training-data check and the HF bench load it through `Eagle3Drafter.load`.
+EAGLE-3 layer's, so the finder, the training-data check and the HF bench load it through `Eagle3Drafter.load`
+(docs/CONVENTIONS.md#mla-eagle-3).
 
 Shapes: T slots, H drafter width, nh heads, r_q = q_lora_rank (None: one q_proj), r_kv = kv_lora_rank,
 d_n = qk_nope_head_dim, d_r = qk_rope_head_dim, d_v = v_head_dim, d_qk = d_n + d_r.
