@@ -80,6 +80,10 @@ class MLAAttention(nn.Module):
             kind = cfg.rope_scaling.get("rope_type", cfg.rope_scaling.get("type"))
             raise SpecLensError(f"drafter {cfg.name}: MLA with rope_scaling {kind!r} (DeepSeek YaRN) is not supported; "
                                 "SpecLens loads MLA drafters with plain RoPE")
+        missing = [k for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") if not m.get(k)]
+        if missing:
+            raise SpecLensError(f"{cfg.name}: an MLA drafter config needs {', '.join(missing)}; use the config.json "
+                                "that came with these weights")
         H, nh = cfg.hidden_size, cfg.num_heads
         self.r_q, self.r_kv = m.get("q_lora_rank"), int(m["kv_lora_rank"])
         self.d_n, self.d_r, self.d_v = int(m["qk_nope_head_dim"]), int(m["qk_rope_head_dim"]), int(m["v_head_dim"])
