@@ -107,9 +107,20 @@ def page(server: str):
 
 def open_view(page, server: str, path: str, charts: int = 1) -> None:
     page.goto(server + path)
-    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', state="attached")
+    # The app reads "notRunning" before its script has even started on a fresh load: wait for the script to have drawn
+    # something in the main block and then to have finished, not for the initial state.
+    page.wait_for_function(
+        "document.querySelector('[data-testid=\"stMain\"] [data-testid=\"stElementContainer\"]') !== null"
+        " && document.querySelector('[data-testid=\"stApp\"]')?.dataset.testScriptState === 'notRunning'",
+        timeout=TIMEOUT_MS)
     if charts:
-        page.wait_for_function(f"document.querySelectorAll('{CHART}').length >= {charts}", timeout=TIMEOUT_MS)
+        try:
+            page.wait_for_function(f"document.querySelectorAll('{CHART}').length >= {charts}", timeout=TIMEOUT_MS)
+        except Exception as e:  # say what the page showed instead, for a CI log
+            drawn = page.locator(CHART).count()
+            body = page.locator('[data-testid="stMain"]').inner_text()[:1500]
+            raise AssertionError(f"{path}: {drawn} of {charts} charts drawn after {TIMEOUT_MS} ms; "
+                                 f"the page read:\n{body}") from e
     assert not page.locator('[data-testid="stException"]').count(), (
         page.locator('[data-testid="stException"]').inner_text())
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from playwright.sync_api import expect
 
 from backend import metrics
 from backend.store.data_root import DataRoot
@@ -215,8 +216,10 @@ def test_a_noisy_run_gets_no_verdict(page, server: str, shots: Path, data: Path)
     assert "not compared (timing noise" in words, "the tau sentence leaves the speedups out"
     page.screenshot(path=str(shots / "compare-speed-noise.png"), full_page=True)
     open_view(page, server, f"/run?id={NOISY}", charts=0)
+    expect(page.locator(".st-key-run_speed_noise")).to_contain_text("No faster/slower verdict", timeout=TIMEOUT_MS)
     notice = page.locator(".st-key-run_speed_noise").inner_text()
     assert "No faster/slower verdict" in notice and "other processes kept 1.5 of" in notice.lower(), notice
-    figures = page.locator(".st-key-run_figures").inner_text()
-    assert "no verdict: timing noise" in figures, figures
+    figures = page.locator(".st-key-run_figures")
+    # the tiles are drawn after the notice: wait for them, do not read them once
+    expect(figures).to_contain_text("no verdict: timing noise", timeout=TIMEOUT_MS)
     page.screenshot(path=str(shots / "run-speed-noise.png"), full_page=True)
