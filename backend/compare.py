@@ -232,7 +232,8 @@ def _compare(ac: Acceptance, baseline: str, data: DataRoot) -> Comparison:
     speeds = cat.bench_prompt_timings(need)
     by_run = {r: g for r, g in speeds.groupby("run_id")}
     base_info = cat.bench_runs(run_ids=[b for b in bases.values() if b]).set_index("run_id")
-    manifests = {r: StoredManifest.indexed(m) for r, m in cat.run_manifests(ids).items()}
+    stored = cat.run_manifests(ids)                  # as the catalog holds them: config_diff compares every key
+    manifests = {r: StoredManifest.indexed(m) for r, m in stored.items()}
     # each run's plain-decoding timings: the pairs timed in the run itself (interleaved) against its own paired
     # baseline; else the baseline run's rows (pinned, or a run benched before interleaving / by an engine)
     own = {r: own_baseline(by_run.get(r)) for r in ids}
@@ -280,7 +281,7 @@ def _compare(ac: Acceptance, baseline: str, data: DataRoot) -> Comparison:
     gap = lambda a, b: tau_gap(a, b, by_run)  # noqa: E731
     return Comparison(
         run_ids=ids, baseline=baseline, figures=figures, histogram=ac.histogram,
-        positions=ac.positions, categories=cats, config=config_diff(manifests, ids),
+        positions=ac.positions, categories=cats, config=config_diff(stored, ids),
         notes=notes, loss=tau_loss(figures, gap), category_noise=category_noise(cats),
         verdicts=verdicts(figures))
 
