@@ -232,11 +232,9 @@ class JobTag(Section):
 class CheckInfo(Section):
     """A drafter check's verdict (backend/check_drafter.py)."""
 
-    best: Texts = None
-    feeds: Texts = None
-    mode: Text = None
+    best: Texts = None                 # the boundaries the drafter was trained on (None: not found)
+    mode: Text = None                  # "lint" or "full"
     severity: Text = None
-    engine: Text = None
 
 
 # ---------------------------------------------------------------------------- the manifest
