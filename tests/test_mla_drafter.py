@@ -21,10 +21,12 @@ import torch
 from backend.drafter.config import DrafterConfig
 from backend.drafter.mla import MLAAttention
 from backend.drafter.model import Eagle3Drafter, KVCache, init_random
+from backend.errors import SpecLensError
 from backend.store.data_root import DataRoot
 from backend.toy.shipped import heldout_prompts, toy_pair
 
 MLA_TOY = Path(__file__).parent / "data" / "mla_toy"
+REAL_MLA = Path(__file__).parent / "data" / "real_configs" / "kinds" / "torchspec_kimi-k25-eagle3-mla.json"
 TRAINED = MLA_TOY / "model.safetensors"
 
 
@@ -91,8 +93,172 @@ def test_mla_attention_matches_a_written_out_reference(q_lora_rank, monkeypatch)
         parts = torch.cat([at(x[:2], torch.tensor(pos[:2]), cache), at(x[2:], torch.tensor(pos[2:]), cache)])
         assert torch.allclose(parts, want, atol=1e-5) and len(cache) == T
         from backend.drafter import layers, mla
-        monkeypatch.setattr(mla, "apply_rope_interleaved", layers.apply_rope)   # Llama's halves, not DeepSeek's pairs
+        monkeypatch.setattr(mla, "apply_rope_interleaved",                      # Llama's halves, not DeepSeek's pairs
+                            lambda x, p, f, af=1.0: layers.apply_rope(x, p, f))
         assert (at(x, torch.tensor(pos), None) - want).abs().max() > 1e-2
+
+
+# DeepSeek YaRN blocks: Kimi K2.5's MLA drafter (torchspec), DeepSeek-V2-Lite's (mscale 0.707), and one whose mscale
+# differs from mscale_all_dim, so that the cos/sin attention factor is not 1
+KIMI_YARN = json.loads((REAL_MLA).read_text())["rope_scaling"]
+V2_LITE_YARN = dict(beta_fast=32.0, beta_slow=1.0, factor=40.0, mscale=0.707, mscale_all_dim=0.707,
+                    original_max_position_embeddings=4096, rope_type="yarn")
+SKEWED_YARN = dict(beta_fast=32, beta_slow=1, factor=16.0, mscale=1.0, mscale_all_dim=0.5,
+                   original_max_position_embeddings=256, type="yarn")
+
+
+def _yarn_cfg(rs: dict, q_lora_rank: int | None = 16) -> DrafterConfig:
+    return _cfg(q_lora_rank, rope_theta=10000.0, rope_scaling=rs, rms_norm_eps=1e-6, max_position_embeddings=8192,
+                mla=dict(q_lora_rank=q_lora_rank, kv_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=16,
+                         v_head_dim=10))
+
+
+def _hf_deepseek_v3(c: DrafterConfig):
+    """The same attention as a transformers DeepseekV3Config (its input 2H wide, as the EAGLE-3 layer's)."""
+    from transformers import DeepseekV3Config
+
+    m = c.mla
+    hf = DeepseekV3Config(hidden_size=2 * c.hidden_size, num_attention_heads=c.num_heads,
+                          num_key_value_heads=c.num_heads, q_lora_rank=m["q_lora_rank"],
+                          kv_lora_rank=m["kv_lora_rank"], qk_nope_head_dim=m["qk_nope_head_dim"],
+                          qk_rope_head_dim=m["qk_rope_head_dim"], v_head_dim=m["v_head_dim"],
+                          rope_theta=c.rope_theta, rope_scaling=dict(c.rope_scaling),
+                          max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps)
+    hf._attn_implementation = "eager"
+    return hf
+
+
+@pytest.mark.parametrize("rs", [KIMI_YARN, V2_LITE_YARN, SKEWED_YARN], ids=["kimi", "v2-lite", "skewed"])
+def test_yarn_rope_and_attention_match_transformers_deepseek_v3(rs):
+    """DeepSeek YaRN: the inverse frequencies, the attention factor on cos/sin and the softmax scale are
+    transformers' DeepseekV3RotaryEmbedding / DeepseekV3Attention ones for the same config, and the whole attention
+    (weights copied, positions past original_max_position_embeddings) gives transformers' output."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention, DeepseekV3RotaryEmbedding
+
+    from backend.drafter.mla import rope_cos_sin
+
+    c = _yarn_cfg(rs)
+    at = init_random(Eagle3Drafter(c), seed=4).layers[0].self_attn.eval()
+    hf = _hf_deepseek_v3(c)
+    rot = DeepseekV3RotaryEmbedding(hf)
+    d_r = at.d_r
+    plain = 1.0 / c.rope_theta ** (torch.arange(0, d_r, 2, dtype=torch.float64) / d_r)
+    assert not torch.allclose(at.inv_freq.double(), plain, rtol=1e-3)          # the YaRN frequencies are in effect
+    assert torch.equal(at.inv_freq, rot.inv_freq)
+    assert at.attention_factor == rot.attention_scaling
+    if rs is SKEWED_YARN:
+        assert abs(at.attention_factor - 1.0) > 0.05
+    pos = torch.tensor([0, 1, 7, 255, 256, 4095, 4096, 8000])
+    cos, sin = rope_cos_sin(pos, at.inv_freq, at.attention_factor)
+    hcos, hsin = rot(torch.zeros(1, len(pos), 1), pos[None])                   # [1, T, d_r] = cat(freqs, freqs)
+    assert torch.allclose(cos, hcos[0, :, : d_r // 2], atol=1e-6) and torch.allclose(sin, hsin[0, :, : d_r // 2],
+                                                                                      atol=1e-6)
+    ta = DeepseekV3Attention(hf, layer_idx=0).eval()
+    assert ta.scaling == pytest.approx(at.scale, rel=1e-12) and at.scale > 1.05 * at.hd ** -0.5
+    missing = ta.load_state_dict({k: v for k, v in at.state_dict().items() if not k.startswith("o_proj")},
+                                 strict=False)
+    assert missing.missing_keys == ["o_proj.weight"] and not missing.unexpected_keys
+    ta.o_proj = at.o_proj                                                      # the drafter's o_proj goes to H, not 2H
+    T = 6
+    positions = torch.tensor([4093, 4094, 4095, 4096, 6000, 6001])
+    x = torch.randn(T, 2 * c.hidden_size, generator=torch.Generator().manual_seed(5))
+    mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
+    with torch.no_grad():
+        want = ta(x[None], rot(x[None], positions[None]), mask)[0][0]
+        got = at(x, positions, None)
+        assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+        at.attention_factor, at.scale = 1.0, at.hd ** -0.5                     # YaRN's scalings left out: visibly off
+        assert (at(x, positions, None) - want).abs().max() > 1e-3
+
+
+def test_yarn_softmax_scale_is_the_engines():
+    """The softmax scale is vLLM's DeepseekV2MLAAttention one written out: qk_head_dim ** -0.5 * mscale ** 2 with
+    mscale = 0.1 * mscale_all_dim * ln(factor) + 1; without mscale_all_dim it stays qk_head_dim ** -0.5. The
+    cos/sin factor is vLLM's DeepseekScalingRotaryEmbedding.mscale written out: (0.1 * mscale * ln f + 1) /
+    (0.1 * mscale_all_dim * ln f + 1)."""
+    at = MLAAttention(_yarn_cfg(V2_LITE_YARN))                 # d_qk = 6 + 16 = 22, factor 40, mscale_all_dim 0.707
+    assert at.scale == pytest.approx(22 ** -0.5 * (0.1 * 0.707 * math.log(40.0) + 1.0) ** 2, rel=1e-12)
+    no_all_dim = {k: v for k, v in V2_LITE_YARN.items() if k not in ("mscale", "mscale_all_dim")}
+    assert MLAAttention(_yarn_cfg(no_all_dim)).scale == 22 ** -0.5
+    skew = MLAAttention(_yarn_cfg(SKEWED_YARN))
+    ln16 = math.log(16.0)
+    assert skew.attention_factor == pytest.approx((0.1 * 1.0 * ln16 + 1) / (0.1 * 0.5 * ln16 + 1), rel=1e-12)
+    assert skew.scale == pytest.approx(22 ** -0.5 * (0.1 * 0.5 * ln16 + 1) ** 2, rel=1e-12)
+
+
+@pytest.mark.parametrize("rs, says", [
+    (dict(V2_LITE_YARN, rope_type="linear"), "'linear'"),
+    (dict(V2_LITE_YARN, mscale_all_dim=0, mscale=0.8), "mscale 0.8 without mscale_all_dim"),
+    (dict(V2_LITE_YARN, mscale=0), "mscale_all_dim 0.707 without mscale"),
+    (dict(V2_LITE_YARN, attention_factor=1.2), "attention_factor"),
+    ({k: v for k, v in V2_LITE_YARN.items() if k != "factor"}, "without factor"),
+])
+def test_yarn_the_engines_and_transformers_read_differently_is_refused(rs, says):
+    with pytest.raises(SpecLensError, match=says):
+        MLAAttention(_yarn_cfg(rs))
+
+
+def _shrunk(raw: dict) -> dict:
+    """A real MLA drafter config with its dims scaled down; rope_scaling, qk_rope_head_dim and the ids kept."""
+    return dict(raw, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=4,
+                q_lora_rank=raw["q_lora_rank"] and raw["q_lora_rank"] // 32, kv_lora_rank=raw["kv_lora_rank"] // 16,
+                qk_nope_head_dim=raw["qk_nope_head_dim"] // 8, v_head_dim=raw["v_head_dim"] // 8, vocab_size=512,
+                draft_vocab_size=512)
+
+
+def test_real_kimi_mla_config_builds_and_drafts(tmp_path):
+    """torchspec's Kimi K2.5 MLA drafter config (DeepSeek YaRN, factor 64, mscale_all_dim 1): its full-size attention
+    gets the engines' softmax scale; shrunk, it builds a drafter that drafts finite logits past the original 4096
+    positions, saves and loads back with its rope_scaling, and drafts otherwise than with plain RoPE."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import yarn_get_mscale
+
+    from backend.drafter.config import config_from_dict
+    from backend.drafter.mla import deepseek_yarn
+
+    raw = json.loads(REAL_MLA.read_text())
+    full = config_from_dict(raw, "kimi-k25-mla")
+    assert full.kind == "eagle3_mla" and full.rope_scaling["factor"] == 64.0
+    inv, af, scale = deepseek_yarn(full, raw["qk_rope_head_dim"], raw["qk_nope_head_dim"] + raw["qk_rope_head_dim"])
+    assert inv.shape == (raw["qk_rope_head_dim"] // 2,) and af == 1.0
+    assert scale == pytest.approx(192 ** -0.5 * yarn_get_mscale(64.0, 1.0) ** 2) and scale > 2 * 192 ** -0.5
+
+    small = _shrunk(raw)
+    c = config_from_dict(small, "kimi-k25-mla-small")
+    d = init_random(Eagle3Drafter(c), seed=6).eval()
+    at = d.layers[0].self_attn
+    assert isinstance(at, MLAAttention) and at.d_r == 64 and at.scale == pytest.approx(
+        (16 + 64) ** -0.5 * yarn_get_mscale(64.0, 1.0) ** 2)
+    g = torch.Generator().manual_seed(7)
+    T = 8
+    aux, tok = torch.randn(T, c.fc_in, generator=g), torch.randint(512, (T,), generator=g)
+    positions = torch.arange(5000, 5000 + T)
+    with torch.no_grad():
+        out = d.prefill(aux, tok, positions)
+        assert torch.isfinite(out.logits).all() and torch.isfinite(out.hidden).all()
+        step = d.step(int(out.logits.argmax(-1).view(-1)[-1]), out.hidden.view(-1, c.hidden_size)[-1], 5000 + T)
+        assert torch.isfinite(step.logits).all()
+        d.save(tmp_path / "kimi")
+        back = Eagle3Drafter.load(tmp_path / "kimi").eval()
+        assert back.cfg.rope_scaling == c.rope_scaling
+        assert torch.equal(back.layers[0].self_attn.inv_freq, at.inv_freq)
+        back.reset()
+        assert torch.allclose(back.prefill(aux, tok, positions).logits, out.logits, atol=1e-5)
+        plain = init_random(Eagle3Drafter(config_from_dict({**small, "rope_scaling": None}, "plain")), seed=6).eval()
+        assert (plain.prefill(aux, tok, positions).logits - out.logits).abs().max() > 1e-3
+
+
+def test_no_rope_scaling_is_plain_rope_unchanged():
+    """Without rope_scaling nothing of YaRN is applied: the plain inverse frequencies (float64, then float32), cos/sin
+    unmultiplied, the softmax scale d_qk ** -0.5 exactly (the committed mla_toy drafter's tests check its outputs)."""
+    from backend.drafter.mla import rope_cos_sin
+
+    at = MLAAttention(_cfg())
+    assert at.attention_factor == 1.0 and at.scale == (6 + 4) ** -0.5
+    assert torch.equal(at.inv_freq, (1.0 / 50.0 ** (torch.arange(0, 4, 2, dtype=torch.float64) / 4)).float())
+    pos = torch.tensor([0, 3, 100])
+    freqs = pos.float()[:, None] * at.inv_freq[None, :]
+    cos, sin = rope_cos_sin(pos, at.inv_freq, at.attention_factor)
+    assert torch.equal(cos, freqs.cos()) and torch.equal(sin, freqs.sin())
 
 
 def test_mla_layout_round_trip_and_unrolled_scoring(tmp_path):

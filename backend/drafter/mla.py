@@ -14,7 +14,11 @@ d_n = qk_nope_head_dim, d_r = qk_rope_head_dim, d_v = v_head_dim, d_qk = d_n + d
     k_nope, v    = kv_b_proj(kv_a_layernorm(c))                           [T, nh, d_n], [T, nh, d_v]  (k_pe not normed)
     q_pe, k_pe   rotated by RoPE over d_r only, DeepSeek's interleaved pairs (0,1), (2,3), ... (not Llama's halves)
     k            = [k_nope | k_pe broadcast to every head]                [T, nh, d_qk]
-    out          = o_proj(softmax(q k^T / sqrt(d_qk), causal) v)          [T, nh * d_v] -> [H]
+    out          = o_proj(softmax(q k^T * scale, causal) v)               [T, nh * d_v] -> [H], scale = d_qk ** -0.5
+
+With DeepSeek YaRN rope_scaling (`deepseek_yarn`): the RoPE inverse frequencies are YaRN's, cos and sin are
+multiplied by the attention factor (mscale / mscale_all_dim ratio; 1.0 when the two are equal, as in the Kimi and
+DeepSeek configs), and scale = d_qk ** -0.5 * yarn_get_mscale(factor, mscale_all_dim) ** 2 when mscale_all_dim is set.
 
 Here the keys and values are kept expanded per head (the MHA form vLLM also runs at prefill), not as the
 compressed latent; the result is the same.
@@ -46,7 +50,23 @@ Where each fact comes from (read in the public sources, none imported here):
   len(eagle_config.eagle_aux_hidden_state_layer_ids) or 3 and ignores num_aux_hidden_states (vLLM reads
   num_aux_hidden_states first), so a config that writes the nested ids gets the same k in both.
 
-Not supported: rope_scaling (DeepSeek YaRN with its mscale on the softmax scale): loading such a config raises.
+- DeepSeek YaRN (rope_scaling type / rope_type "yarn"): inverse frequencies and attention factor from transformers'
+  own `modeling_rope_utils._compute_yarn_parameters` (ROPE_INIT_FUNCTIONS["yarn"], called here with a config whose
+  head_dim is qk_rope_head_dim, as DeepseekV3Config sets it). The same numbers as vLLM
+  `layers/rotary_embedding/deepseek_scaling_rope.py` DeepseekScalingRotaryEmbedding (_compute_inv_freq; mscale =
+  yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim) * attn_factor; _compute_cos_sin_cache
+  multiplies cos and sin by it), which vLLM `models/deepseek_v2.py` DeepseekV2MLAAttention.__init__ selects for any
+  non-default rope_type ("deepseek_yarn", over original_max_position_embeddings) and transformers
+  DeepseekV3RotaryEmbedding.forward applies as attention_scaling. The softmax scale: vLLM DeepseekV2MLAAttention
+  .__init__ (`self.scaling * mscale * mscale`, mscale = yarn_get_mscale(factor, float(mscale_all_dim))); transformers
+  `models/deepseek_v3/modeling_deepseek_v3.py` DeepseekV3Attention.__init__ (yarn_apply_mscale: the same, only when
+  mscale_all_dim is set); SGLang's DeepseekV2AttentionMLA does the same. `yarn_get_mscale` is imported from that
+  transformers module.
+
+Not supported (raises on load): rope_scaling of another type than YaRN; YaRN configs that the engines and
+transformers read differently: without factor or original_max_position_embeddings, with attention_factor /
+attn_factor / extrapolation_factor / truncate / apply_yarn_scaling, or with exactly one of mscale and mscale_all_dim
+set (vLLM defaults mscale 1 and mscale_all_dim 0; transformers falls back to yarn_get_mscale(factor)).
 """
 
 from __future__ import annotations
@@ -59,15 +79,75 @@ from backend.drafter.config import DrafterConfig
 from backend.drafter.layers import RMSNorm
 from backend.errors import SpecLensError
 
+YARN_TYPES = ("yarn", "deepseek_yarn")
+# keys the engines' DeepseekScalingRotaryEmbedding and transformers' _compute_yarn_parameters read differently:
+# attention_factor (transformers only), attn_factor / extrapolation_factor (vLLM / SGLang only), truncate (transformers
+# only; the engines always truncate), apply_yarn_scaling (vLLM only: False drops the softmax mscale)
+_YARN_NOT_MODELLED = ("attention_factor", "attn_factor", "extrapolation_factor", "truncate", "apply_yarn_scaling")
 
-def apply_rope_interleaved(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, d_r] rotated by `positions` [T] in DeepSeek's layout: dims (2i, 2i+1) form pair i, turned by
-    angle position * inv_freq[i] (vLLM is_neox_style=False). The output keeps the interleaved layout."""
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
+                 attention_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, d_r/2] of angle position * inv_freq[i], each times the YaRN attention factor (1.0: plain RoPE,
+    left unmultiplied): vLLM DeepseekScalingRotaryEmbedding._compute_cos_sin_cache (cos = freqs.cos() * self.mscale),
+    transformers DeepseekV3RotaryEmbedding.forward (cos = emb.cos() * self.attention_scaling)."""
     freqs = positions.float()[:, None] * inv_freq[None, :]          # [T, d_r/2]
-    cos, sin = freqs.cos()[:, None, :], freqs.sin()[:, None, :]     # [T, 1, d_r/2]
+    cos, sin = freqs.cos(), freqs.sin()
+    if attention_factor != 1.0:
+        cos, sin = cos * attention_factor, sin * attention_factor
+    return cos, sin
+
+
+def apply_rope_interleaved(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                           attention_factor: float = 1.0) -> torch.Tensor:
+    """x [T, heads, d_r] rotated by `positions` [T] in DeepSeek's layout: dims (2i, 2i+1) form pair i, turned by
+    angle position * inv_freq[i] (vLLM is_neox_style=False), scaled by the YaRN attention factor as the engines scale
+    cos and sin. The output keeps the interleaved layout."""
+    cos, sin = rope_cos_sin(positions, inv_freq, attention_factor)
+    cos, sin = cos[:, None, :], sin[:, None, :]                      # [T, 1, d_r/2]
     xf = x.float()
     x1, x2 = xf[..., 0::2], xf[..., 1::2]
     return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2).to(x.dtype)
+
+
+def deepseek_yarn(cfg: DrafterConfig, d_r: int, d_qk: int) -> tuple[torch.Tensor, float, float]:
+    """DeepSeek YaRN for an MLA drafter whose config has rope_scaling: (inv_freq [d_r/2], attention factor for
+    cos/sin, softmax scale). The first two are transformers' own `modeling_rope_utils._compute_yarn_parameters`
+    (ROPE_INIT_FUNCTIONS["yarn"]) over d_r = qk_rope_head_dim (DeepseekV3Config sets head_dim = qk_rope_head_dim);
+    the softmax scale is d_qk ** -0.5 * mscale ** 2, mscale = yarn_get_mscale(factor, mscale_all_dim) when
+    mscale_all_dim is set (transformers deepseek_v3 `yarn_get_mscale`, as DeepseekV3Attention and vLLM
+    DeepseekV2MLAAttention.__init__ apply it). Raises for what the engines read differently from transformers."""
+    from transformers import PretrainedConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import yarn_get_mscale
+
+    rs = dict(cfg.rope_scaling or {})
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind not in YARN_TYPES:
+        raise SpecLensError(f"drafter {cfg.name}: MLA with rope_scaling {kind!r} is not supported; SpecLens loads MLA "
+                            "drafters with plain RoPE or DeepSeek YaRN (rope_type yarn)")
+    missing = [k for k in ("factor", "original_max_position_embeddings") if rs.get(k) is None]
+    odd = [k for k in _YARN_NOT_MODELLED if k in rs]
+    m, m_all = rs.get("mscale"), rs.get("mscale_all_dim")
+    if not m_all and m not in (None, 1, 1.0):       # the engines: mscale / 1; transformers: yarn_get_mscale(factor)
+        odd.append(f"mscale {m} without mscale_all_dim")
+    if m_all and not m:                             # the engines: 1 / mscale_all_dim; transformers: the plain one
+        odd.append(f"mscale_all_dim {m_all} without mscale")
+    if missing or odd:
+        raise SpecLensError(f"drafter {cfg.name}: DeepSeek YaRN rope_scaling "
+                            + (f"without {', '.join(missing)} " if missing else "")
+                            + (f"with {', '.join(odd)} " if odd else "")
+                            + "is not modelled (vLLM / SGLang and transformers would not agree on it)")
+    params = {k: v for k, v in rs.items() if k != "type"}
+    params.update(rope_type="yarn", rope_theta=cfg.rope_theta)
+    hf = PretrainedConfig(head_dim=d_r, hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_heads,
+                          max_position_embeddings=cfg.max_position_embeddings, rope_parameters=params)
+    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](hf, None)
+    scale = d_qk ** -0.5
+    if m_all:
+        mscale = yarn_get_mscale(float(rs["factor"]), float(m_all))
+        scale = scale * mscale * mscale
+    return inv_freq.float(), float(attention_factor), scale
 
 
 class MLAAttention(nn.Module):
@@ -76,10 +156,6 @@ class MLAAttention(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         m = cfg.mla or {}
-        if cfg.rope_scaling:
-            kind = cfg.rope_scaling.get("rope_type", cfg.rope_scaling.get("type"))
-            raise SpecLensError(f"drafter {cfg.name}: MLA with rope_scaling {kind!r} (DeepSeek YaRN) is not supported; "
-                                "SpecLens loads MLA drafters with plain RoPE")
         missing = [k for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim") if not m.get(k)]
         if missing:
             raise SpecLensError(f"{cfg.name}: an MLA drafter config needs {', '.join(missing)}; use the config.json "
@@ -101,8 +177,12 @@ class MLAAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.r_kv, eps)
         self.kv_b_proj = nn.Linear(self.r_kv, nh * (self.d_n + self.d_v), bias=False)
         self.o_proj = nn.Linear(nh * self.d_v, H, bias=False)
-        inv = 1.0 / cfg.rope_theta ** (torch.arange(0, self.d_r, 2, dtype=torch.float64) / self.d_r)
-        self.register_buffer("inv_freq", inv.float(), persistent=False)
+        if cfg.rope_scaling:                          # DeepSeek YaRN: scaled frequencies, cos/sin and softmax scale
+            inv, self.attention_factor, self.scale = deepseek_yarn(cfg, self.d_r, self.hd)
+        else:
+            inv = (1.0 / cfg.rope_theta ** (torch.arange(0, self.d_r, 2, dtype=torch.float64) / self.d_r)).float()
+            self.attention_factor = 1.0
+        self.register_buffer("inv_freq", inv, persistent=False)
 
     def qkv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [N, 2H], positions [N] -> q [N, nh, d_qk], k [N, nh, d_qk], v [N, nh, d_v] (RoPE applied)."""
@@ -112,8 +192,9 @@ class MLAAttention(nn.Module):
         c, k_pe = self.kv_a_proj_with_mqa(x).split([self.r_kv, self.d_r], dim=-1)
         k_nope, v = self.kv_b_proj(self.kv_a_layernorm(c)).view(N, self.nh, self.d_n + self.d_v).split(
             [self.d_n, self.d_v], dim=-1)
-        q_pe = apply_rope_interleaved(q_pe, positions, self.inv_freq)
-        k_pe = apply_rope_interleaved(k_pe[:, None, :], positions, self.inv_freq).expand(N, self.nh, self.d_r)
+        af = self.attention_factor
+        q_pe = apply_rope_interleaved(q_pe, positions, self.inv_freq, af)
+        k_pe = apply_rope_interleaved(k_pe[:, None, :], positions, self.inv_freq, af).expand(N, self.nh, self.d_r)
         return torch.cat([q_nope, q_pe], dim=-1), torch.cat([k_nope, k_pe], dim=-1), v
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
