@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 
 from backend.align import Alignment
 from backend.drafter.lint import SEVERITIES
+from backend.runs.manifest import StoredManifest
 from dashboard import severity
 
 # metric -> (axis title, lower is better, number format)
@@ -337,13 +338,15 @@ def fix_command(rep: dict) -> str | None:
             f"{fix['engine']}{ver} --write-fix FIXED_DIR --prove")
 
 
-def benches_of(manifest: dict, history: pd.DataFrame) -> pd.DataFrame:
-    """The complete bench runs (catalog.bench_history rows) of the checked drafter on the checked target, matched by
-    fingerprint (else path), as Regression groups them."""
+def benches_of(manifest: StoredManifest | dict, history: pd.DataFrame) -> pd.DataFrame:
+    """The complete bench runs (catalog.bench_history rows) of the checked drafter on the checked target (the check's
+    manifest, read typed), matched by fingerprint (else path), as Regression groups them."""
     if history is None or history.empty:
         return pd.DataFrame()
-    d, m = manifest.get("drafter") or {}, manifest.get("model") or {}
-    dkey, mkey = d.get("fingerprint") or d.get("path"), m.get("fingerprint") or m.get("path")
+    m = StoredManifest.indexed(manifest)
+    d, t = m.drafter_info, m.model
+    dkey = (d.fingerprint or d.path) if d is not None else None
+    mkey = (t.fingerprint or t.path) if t is not None else None
     if not dkey or not mkey:
         return history.iloc[0:0]
     hit = history[(history["drafter_key"] == dkey) & (history["model_key"] == mkey) & (history["status"] == "complete")

@@ -28,6 +28,7 @@ from backend.compare import (
     SpeedNoise,
     TauLoss,
 )
+from backend.runs.manifest import StoredManifest
 from backend.store.data_root import DataRoot
 
 _backend = data                 # backend/compare.py, for compare() below, whose data-root parameter is named data
@@ -203,8 +204,10 @@ def mismatch_line(m: Mismatch) -> str:
             "makes the engine feed what it was trained on.")
 
 
-def drafter_diagnosis(manifests: dict[str, dict], checks: dict[str, dict]) -> list[str]:
-    """backend.compare.drafter_mismatches in plain words, one line per run (Compare's warnings)."""
+def drafter_diagnosis(manifests: dict[str, StoredManifest | dict], checks: dict[str, StoredManifest | dict]
+                      ) -> list[str]:
+    """backend.compare.drafter_mismatches in plain words, one line per run (Compare's warnings); the manifests typed
+    or as the catalog holds them (read through StoredManifest.indexed there)."""
     return [mismatch_line(x) for x in data.drafter_mismatches(manifests, checks)]
 
 

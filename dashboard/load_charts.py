@@ -18,6 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from backend.runs.manifest import StoredManifest
 from dashboard.charts import _template
 from dashboard.compare_words import speed_words
 
@@ -682,14 +683,15 @@ def headline(run_id: str, cells: pd.DataFrame) -> str:
     return f"{run_id}: {what}: {'; '.join(parts)}. Where it stops paying: {'; '.join(stops)}."
 
 
-def run_caption(manifest: dict, levels: pd.DataFrame, cells: pd.DataFrame) -> str:
+def run_caption(manifest: StoredManifest | dict, levels: pd.DataFrame, cells: pd.DataFrame) -> str:
     """What ran, in one line: engine and version, target, drafter, configs x concurrency, repeats, requests per
-    level, max tokens, dataset, date."""
-    s = manifest.get("settings") if isinstance(manifest.get("settings"), dict) else {}
-    eng = ENGINES.get(manifest.get("engine"), manifest.get("engine") or "?")
-    ver = f" {manifest['engine_version']}" if manifest.get("engine_version") else ""
-    model = (manifest.get("model") or {}).get("path")
-    drafter = (manifest.get("drafter") or {}).get("path") if isinstance(manifest.get("drafter"), dict) else None
+    level, max tokens, dataset, date (the manifest read typed: backend/runs/manifest.py `StoredManifest`)."""
+    m = StoredManifest.indexed(manifest)
+    s = m.settings or {}
+    eng = ENGINES.get(m.engine, m.engine or "?")
+    ver = f" {m.engine_version}" if m.engine_version else ""
+    model = m.model.path if m.model is not None else None
+    drafter = m.drafter_info.path if m.drafter_info is not None else None
     configs = list(dict.fromkeys(cells.sort_values(["k", "synthetic_tau"], na_position="first")["config"]))
     conc = sorted({int(c) for c in cells["concurrency"]})
     reqs = levels.groupby("concurrency")["requests"].max() if len(levels) else pd.Series(dtype=float)
@@ -706,8 +708,8 @@ def run_caption(manifest: dict, levels: pd.DataFrame, cells: pd.DataFrame) -> st
              f"max {s['max_tokens']} output tokens" if s.get("max_tokens") else None,
              f"temperature {s['temperature']:g}" if isinstance(s.get("temperature"), (int, float)) else None,
              f"load format `{s['load_format']}`" if s.get("load_format") else None,
-             f"dataset `{manifest['dataset']}`" if manifest.get("dataset") else None,
-             f"{str(manifest.get('created', ''))[:16].replace('T', ' ')} UTC" if manifest.get("created") else None]
+             f"dataset `{m.dataset}`" if m.dataset else None,
+             f"{m.created[:16].replace('T', ' ')} UTC" if m.created else None]
     return " \u00b7 ".join(p for p in parts if p) + ". Each level's drafter and baseline ran back to back (which " \
         "went first alternating), same prompts, same order, same max tokens."
 

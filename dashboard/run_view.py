@@ -4,7 +4,9 @@ run directory, the tail of its log, the per-prompt table of a bench run (filtere
 views that show the run, with their labels and query parameters.
 
 No SQL here (the rows come from catalog queries: get_run, bench_prompt_table, bench_index, list_runs) and no
-Streamlit: pages/run.py draws what these functions return. tau and the acceptance rate come from backend/metrics.py;
+Streamlit: pages/run.py draws what these functions return. A manifest is read typed (backend/runs/manifest.py
+`StoredManifest`; a catalog row's through `StoredManifest.indexed`); the settings table and the manifest.json download
+take the dict it gives back (`to_json()`), every key. tau and the acceptance rate come from backend/metrics.py;
 what `python -m backend runs` prints is backend/runs_text.py's.
 """
 
@@ -19,7 +21,9 @@ import pandas as pd
 from backend import metrics
 from backend.compare import NOT_CONFIG, flatten
 from backend.findings import ENGINE_NAMES, Finding, reproduced_release
+from backend.runs.manifest import Bench, Headline, StoredManifest
 from dashboard.compare_words import mismatch_line
+from dashboard.watch_charts import stored_verdict, stored_watch
 
 PROMPT_TEXT_MAX = 80                # characters of a prompt's text the per-prompt table shows (the rest: "…")
 # the settings a reader looks for first, in this order (the rest follows alphabetically)
@@ -63,46 +67,49 @@ def _labels(v) -> str:
     return ", ".join(str(x) for x in v) if isinstance(v, (list, tuple)) else ("-" if v is None else str(v))
 
 
-def fed(manifest: dict) -> Fed:
+def fed(manifest: StoredManifest | dict) -> Fed:
     """The boundaries (S_b / F labels, backend/coords.py) the engine fed the drafter, as the manifest records them:
     a bench run's `aux` (the engine reading, the ids and where they were read, the boundaries fed, those predicted
     from the config when the running engine reported its own), a check's `check.feeds`, a capture's boundaries."""
-    kind = manifest.get("kind")
+    m = StoredManifest.indexed(manifest)
+    kind = m.kind
     if kind == "bench":
-        aux = manifest.get("aux") if isinstance(manifest.get("aux"), dict) else None
-        if not aux:
+        aux = m.aux
+        if aux is None or not aux.to_json():
             return Fed("Plain decoding (no drafter): the engine fed nothing; this run is the baseline that drafter "
                        "runs of the same prompts and settings are measured against.")
-        reading = " ".join(str(x) for x in (aux.get("producer"), aux.get("version")) if x)
-        runner = f", runner {aux['runner']}" if aux.get("runner") else ""
-        summary = (f"{reading or 'The engine'}{runner} read aux ids [{_labels(aux.get('ids'))}] from "
-                   f"{aux.get('ids_from') or 'its default'} and fed the drafter {_labels(aux.get('boundaries'))}.")
-        hf = reading_note(manifest)
+        more = aux.model_extra or {}                     # what the typed Aux keeps as read: ids, ids_from, ...
+        reading = " ".join(str(x) for x in (aux.producer, aux.version) if x)
+        runner = f", runner {aux.runner}" if aux.runner else ""
+        summary = (f"{reading or 'The engine'}{runner} read aux ids [{_labels(more.get('ids'))}] from "
+                   f"{more.get('ids_from') or 'its default'} and fed the drafter {_labels(aux.boundaries)}.")
+        hf = reading_note(m)
         if hf:
-            summary += f" HF transformers reproduced {engine_fact(manifest)}'s reading: this run did not run inside it."
+            summary += f" HF transformers reproduced {engine_fact(m)}'s reading: this run did not run inside it."
         rows = [("engine reading", f"{reading}{runner}" if reading else None),
-                ("decoded by", f"{hf_name(manifest)}, reproducing this reading" if hf else None),
-                ("why this runner", aux.get("runner_reason")),
-                ("aux layer ids", f"[{_labels(aux.get('ids'))}]"), ("ids read from", aux.get("ids_from")),
-                ("boundaries fed", _labels(aux.get("boundaries"))),
-                ("predicted from the config", _labels(aux["predicted"]) if aux.get("predicted") else None),
-                ("ids the engine reported", _labels(aux["engine_ids"]) if aux.get("engine_ids") else None)]
-        return Fed(summary, _rows(rows), aux.get("warning"))
+                ("decoded by", f"{hf_name(m)}, reproducing this reading" if hf else None),
+                ("why this runner", more.get("runner_reason")),
+                ("aux layer ids", f"[{_labels(more.get('ids'))}]"), ("ids read from", more.get("ids_from")),
+                ("boundaries fed", _labels(aux.boundaries)),
+                ("predicted from the config", _labels(more["predicted"]) if more.get("predicted") else None),
+                ("ids the engine reported", _labels(more["engine_ids"]) if more.get("engine_ids") else None)]
+        return Fed(summary, _rows(rows), more.get("warning"))
     if kind == "check":
-        c = manifest.get("check") if isinstance(manifest.get("check"), dict) else {}
-        engine = " ".join(str(x) for x in (c.get("engine"), c.get("engine_version")) if x) or "the engine"
-        best = c.get("best")
-        runner = f" (runner {c['runner']})" if c.get("runner") else ""
-        summary = (f"{engine}{runner} would feed {_labels(c.get('feeds'))}; "
+        c = m.check
+        more = (c.model_extra or {}) if c is not None else {}    # engine, engine_version, runner, feeds: kept as read
+        engine = " ".join(str(x) for x in (more.get("engine"), more.get("engine_version")) if x) or "the engine"
+        best = c.best if c is not None else None
+        runner = f" (runner {more['runner']})" if more.get("runner") else ""
+        summary = (f"{engine}{runner} would feed {_labels(more.get('feeds'))}; "
                    + (f"the drafter matches {_labels(best)} best." if best else "no drafter run (lint only)."))
-        rows = [("engine", engine), ("runner", c.get("runner")), ("boundaries fed", _labels(c.get("feeds"))),
-                ("best candidate", _labels(best) if best else None), ("mode", c.get("mode")),
-                ("severity", c.get("severity"))]
+        rows = [("engine", engine), ("runner", more.get("runner")), ("boundaries fed", _labels(more.get("feeds"))),
+                ("best candidate", _labels(best) if best else None), ("mode", c.mode if c is not None else None),
+                ("severity", c.severity if c is not None else None)]
         return Fed(summary, _rows(rows))
     if kind == "load":
-        st = manifest.get("settings") if isinstance(manifest.get("settings"), dict) else {}
-        eng = " ".join(str(x) for x in (_ENGINE_NAMES.get(manifest.get("engine"), manifest.get("engine")),
-                                        manifest.get("engine_version")) if x) or "the engine"
+        st = m.settings or {}
+        eng = " ".join(str(x) for x in (_ENGINE_NAMES.get(m.engine, m.engine), m.engine_version) if x) \
+            or "the engine"
         ks = ", ".join(f"K={k}" for k in st.get("num_spec_tokens") or [])
         syn = (f" at synthetic acceptance lengths tau* {', '.join(f'{t:g}' for t in st['synthetic_tau'])}"
                if st.get("synthetic_tau") else "")
@@ -116,50 +123,51 @@ def fed(manifest: dict) -> Fed:
                    "same max tokens); acceptance from the server's counters. What the server fed the drafter is not "
                    "read here (`check-drafter` says it).", _rows(rows))
     if kind == "watch":
-        w = manifest.get("watch") if isinstance(manifest.get("watch"), dict) else {}
-        st = manifest.get("settings") if isinstance(manifest.get("settings"), dict) else {}
-        eng = " ".join(str(x) for x in (_ENGINE_NAMES.get(manifest.get("engine"), manifest.get("engine")),
-                                        manifest.get("engine_version")) if x) or "a server"
+        w = stored_watch(m)
+        st = m.settings or {}
+        eng = " ".join(str(x) for x in (_ENGINE_NAMES.get(m.engine, m.engine), m.engine_version) if x) or "a server"
         rows = [("server", w.get("metrics_url") or w.get("server_url") or st.get("server_url")), ("engine", eng),
                 ("interval", f"{st['interval']:g} s" if isinstance(st.get("interval"), (int, float)) else None),
                 ("--min-tau", st.get("min_tau")), ("stopped by", w.get("stopped_by"))]
         return Fed(f"A watch of a live {eng} server: its speculative-decoding counters (`/metrics`) scraped every "
                    "interval, tau per window against the first windows' band. SpecLens sees the counters only, not "
                    "what the server feeds the drafter.", _rows(rows))
-    labels = manifest.get("boundaries") or []
+    labels = m.boundaries or []
     return Fed(f"A capture: no drafter is fed; it recorded {len(labels)} boundaries ({_labels(labels)}).")
 
 
 _ENGINE_NAMES = ENGINE_NAMES
 
 
-def reading_note(manifest: dict) -> str | None:
+def reading_note(manifest: StoredManifest | dict) -> str | None:
     """A drafter bench run on the HF engine that fed the drafter what a serving engine's release reads from its
     config (backend/findings.py `reproduced_release`), in one line: HF reproduced that release's reading, so the
     acceptance is HF's decoding of those boundaries, not a measurement inside that engine. None otherwise."""
-    release = reproduced_release(manifest)
+    m = StoredManifest.indexed(manifest)
+    release = reproduced_release(m)
     if not release:
         return None
-    aux = manifest["aux"]
-    runner = f" ({aux['runner']} runner)" if aux.get("runner") else ""
-    ids = f"ids [{_labels(aux['ids'])}]" if aux.get("ids") else "its default ids"
-    return (f"Run on {hf_name(manifest)}, reproducing {release}{runner}'s reading: the drafter was fed "
-            f"{_labels(aux.get('boundaries'))}, what {release} feeds it from {ids}; tau and speed are HF's decoding of "
+    aux = m.aux                                          # reproduced_release: a bench with an aux section
+    ids = (aux.model_extra or {}).get("ids")
+    runner = f" ({aux.runner} runner)" if aux.runner else ""
+    ids = f"ids [{_labels(ids)}]" if ids else "its default ids"
+    return (f"Run on {hf_name(m)}, reproducing {release}{runner}'s reading: the drafter was fed "
+            f"{_labels(aux.boundaries)}, what {release} feeds it from {ids}; tau and speed are HF's decoding of "
             f"that feed, not measured inside {release}.")
 
 
-def hf_name(manifest: dict) -> str:
+def hf_name(manifest: StoredManifest | dict) -> str:
     """'HF transformers 5.17.0' (the HF engine's version is recorded as 'transformers 5.17.0' or '5.17.0')."""
-    v = str(manifest.get("engine_version") or "").removeprefix("transformers").strip()
+    v = str(StoredManifest.indexed(manifest).engine_version or "").removeprefix("transformers").strip()
     return f"HF transformers {v}".strip()
 
 
-def engine_fact(manifest: dict) -> str | None:
+def engine_fact(manifest: StoredManifest | dict) -> str | None:
     """The run header's engine words: 'SGLang 0.5.15' for a drafter bench on HF reproducing that reading."""
     return reproduced_release(manifest)
 
 
-def finding_line(f: Finding, manifest: dict) -> str:
+def finding_line(f: Finding, manifest: StoredManifest | dict) -> str:
     """A finding as the run page writes it (markdown, one line, with the link that proves it): a wrong feed with the
     drafter check's words (dashboard/compare_words.py, as Compare says it), HF reproducing a release's reading."""
     if f.kind == "mismatch" and f.mismatch is not None:
@@ -177,16 +185,16 @@ def _rows(pairs) -> pd.DataFrame:
                         columns=["what", "value"])
 
 
-def capture_headline(manifest: dict) -> list[tuple[str, str]]:
+def capture_headline(manifest: StoredManifest | dict) -> list[tuple[str, str]]:
     """A capture's headline figures: boundaries, tokens, prompts, raw-sample tokens, NaN/inf tokens, seconds."""
-    head = manifest.get("headline") if isinstance(manifest.get("headline"), dict) else {}
-    nonfinite = head.get("nonfinite") if isinstance(head.get("nonfinite"), dict) else {}
-    worst = max(nonfinite.values(), default=0) if nonfinite else 0
-    out = [("boundaries", str(len(manifest.get("boundaries") or []))), ("tokens", _count(head.get("tokens"))),
-           ("prompts", _count(head.get("prompts"))), ("sample tokens", _count(head.get("sample_tokens"))),
+    m = StoredManifest.indexed(manifest)
+    head = m.headline or Headline()
+    worst = max(head.nonfinite.values(), default=0) if head.nonfinite else 0
+    out = [("boundaries", str(len(m.boundaries or []))), ("tokens", _count(head.tokens)),
+           ("prompts", _count(head.prompts)), ("sample tokens", _count(head.sample_tokens)),
            ("NaN/inf tokens", _count(worst))]
-    if isinstance(head.get("seconds"), (int, float)):
-        out.append(("seconds", f"{head['seconds']:.3g}"))
+    if isinstance(head.seconds, (int, float)):
+        out.append(("seconds", f"{head.seconds:.3g}"))
     return out
 
 
@@ -291,7 +299,7 @@ def links(run: dict, bench: pd.DataFrame | None = None, captures: pd.DataFrame |
     `captures`: complete captures (catalog.list_runs) for an alignment partner of the same target; `checks`:
     complete drafter checks (drafter and target names); `groups`: the Regression page's group labels
     (regress.history), in its order. Views need a complete run; the Runs page always lists it."""
-    rid, kind, m = run["run_id"], run.get("kind"), run.get("manifest") or {}
+    rid, kind, m = run["run_id"], run.get("kind"), StoredManifest.indexed(run.get("manifest"))
     out = [Link("runs", "Runs (this run's row ticked)", {"ticked": rid})]
     if kind == "watch":                 # the Watch page shows a running, failed or interrupted watch too
         out.append(Link("watch", "Watch: tau per window and the drift verdict", {"run": rid}))
@@ -319,7 +327,7 @@ def _partner(rid: str, model_key, captures: pd.DataFrame | None) -> str | None:
     return str(same["run_id"].iloc[0]) if len(same) else None
 
 
-def _bench_links(run: dict, m: dict, bench: pd.DataFrame | None, checks: pd.DataFrame | None,
+def _bench_links(run: dict, m: StoredManifest, bench: pd.DataFrame | None, checks: pd.DataFrame | None,
                  groups: list[str] | None) -> list[Link]:
     rid, out = run["run_id"], []
     base = run.get("baseline_run")
@@ -332,17 +340,16 @@ def _bench_links(run: dict, m: dict, bench: pd.DataFrame | None, checks: pd.Data
             shown = users[:5]
             out.append(Link("compare", f"Compare with the {len(shown)} drafter run(s) measured against it",
                             {"runs": ",".join(shown + [rid])}))
-    drafter = m.get("drafter") if isinstance(m.get("drafter"), dict) else {}
-    model = m.get("model") if isinstance(m.get("model"), dict) else {}
-    if drafter.get("path") and model.get("path"):
+    drafter, model = m.drafter_info, m.model
+    if drafter is not None and drafter.path and model is not None and model.path:
         out.append(Link("feeds", "Feeds across releases (this drafter on this target)",
-                        {"drafter": str(drafter["path"]), "target": str(model["path"])}))
+                        {"drafter": str(drafter.path), "target": str(model.path)}))
     if checks is not None and not checks.empty and run.get("drafter"):
         mine = checks[(checks["drafter"] == run.get("drafter")) & (checks["model"] == run.get("model"))]
         if len(mine):
             out.append(Link("drafter", f"Drafter check `{mine['run_id'].iloc[0]}` (same drafter and target)",
                             {"run": str(mine["run_id"].iloc[0])}))
-    k = m.get("num_spec_tokens")
+    k = m.num_spec_tokens
     if groups and run.get("drafter") and isinstance(k, int) and k > 0:
         label = f"{run.get('drafter')} on {run.get('model')} (K={k})"
         if label in groups:
@@ -350,35 +357,35 @@ def _bench_links(run: dict, m: dict, bench: pd.DataFrame | None, checks: pd.Data
     return out
 
 
-def bench_figures(manifest: dict) -> list[tuple[str, str]]:
+def bench_figures(manifest: StoredManifest | dict) -> list[tuple[str, str]]:
     """A bench run's stored headline (the manifest's `bench`, backend/metrics.py definitions) as (label, value)."""
-    b = manifest.get("bench") if isinstance(manifest.get("bench"), dict) else {}
-    sp = b.get("speedup") if isinstance(b.get("speedup"), dict) else {}
+    m = StoredManifest.indexed(manifest)
+    b = m.bench or Bench()
+    sp = b.speedup
 
     def num(v, f: str) -> str:
         return format(v, f) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else "-"
-    out = [("tau", num(b.get("tau"), ".2f")), ("acceptance", num(b.get("acceptance_rate"), ".1%")),
-           ("tokens/s (mean per prompt)", num(b.get("tokens_per_s"), ",.1f")),
-           ("tokens/s (total tokens / total time)", num(b.get("throughput"), ",.1f")),
-           ("TTFT ms", num(b.get("ttft") * 1000 if isinstance(b.get("ttft"), (int, float)) else None, ".1f")),
-           ("TPOT ms", num(b.get("tpot") * 1000 if isinstance(b.get("tpot"), (int, float)) else None, ".2f"))]
-    if sp:
-        ci = (f" (95% CI {num(sp.get('ci_low'), '.2f')} to {num(sp.get('ci_high'), '.2f')})"
-              if sp.get("ci_low") is not None else "")
-        out.append((f"speedup over the paired baseline{ci}" + (", no verdict: timing noise"
-                                                               if speed_notice(manifest) else ""),
-                    f"{num(sp.get('mean'), '.2f')}x"))
-    if b.get("lossless") is not None:
-        out.append(("outputs equal the baseline's", "yes" if b["lossless"] else
-                    f"no ({b.get('mismatched_prompts')} prompts differ)"))
+    out = [("tau", num(b.tau, ".2f")), ("acceptance", num(b.acceptance_rate, ".1%")),
+           ("tokens/s (mean per prompt)", num(b.tokens_per_s, ",.1f")),
+           ("tokens/s (total tokens / total time)", num(b.throughput, ",.1f")),
+           ("TTFT ms", num(b.ttft * 1000 if isinstance(b.ttft, (int, float)) else None, ".1f")),
+           ("TPOT ms", num(b.tpot * 1000 if isinstance(b.tpot, (int, float)) else None, ".2f"))]
+    if sp is not None and sp.to_json():
+        ci = f" (95% CI {num(sp.ci_low, '.2f')} to {num(sp.ci_high, '.2f')})" if sp.ci_low is not None else ""
+        out.append((f"speedup over the paired baseline{ci}" + (", no verdict: timing noise" if speed_notice(m) else ""),
+                    f"{num(sp.mean, '.2f')}x"))
+    if b.lossless is not None:
+        out.append(("outputs equal the baseline's", "yes" if b.lossless else
+                    f"no ({b.mismatched_prompts} prompts differ)"))
     return [(label, value) for label, value in out if value not in ("-", "-x")]
 
 
-def load_figures(manifest: dict) -> list[tuple[str, str]]:
+def load_figures(manifest: StoredManifest | dict) -> list[tuple[str, str]]:
     """A load run's counts as (label, value): configs, concurrency levels, levels measured, requests, output tokens.
     Its verdicts (best K, where it stops paying, the noise and agreement notes) are the Serving load page's."""
-    st = manifest.get("settings") if isinstance(manifest.get("settings"), dict) else {}
-    load = manifest.get("load") if isinstance(manifest.get("load"), dict) else {}
+    m = StoredManifest.indexed(manifest)
+    st = m.settings or {}
+    load = _untyped(m, "load")
     n_cfg = len(st.get("num_spec_tokens") or []) * max(1, len(st.get("synthetic_tau") or []))
     out = [("drafter configs", str(n_cfg) if n_cfg else "-"),
            ("concurrency", ", ".join(str(c) for c in st.get("concurrency") or []) or "-"),
@@ -387,40 +394,42 @@ def load_figures(manifest: dict) -> list[tuple[str, str]]:
     return [(label, value) for label, value in out if value != "-"]
 
 
-def watch_figures(manifest: dict) -> list[tuple[str, str]]:
+def watch_figures(manifest: StoredManifest | dict) -> list[tuple[str, str]]:
     """A watch run's headline as (label, value): windows, the span, tau over all windows and its drafts, the verdict's
     state."""
-    v = ((manifest.get("watch") or {}).get("verdict") or {}) if isinstance(manifest.get("watch"), dict) else {}
-    head = manifest.get("headline") if isinstance(manifest.get("headline"), dict) else {}
-    secs = head.get("seconds")
+    m = StoredManifest.indexed(manifest)
+    v = stored_verdict(m)
+    head = m.headline or Headline()
+    secs = head.seconds
     span = (f"{secs / 60:.1f} min" if secs >= 120 else f"{secs:.0f} s") if isinstance(secs, (int, float)) else "-"
     tau = v.get("tau")
-    out = [("windows", _count(v.get("windows", head.get("windows")))), ("span", span),
+    out = [("windows", _count(v.get("windows", (head.model_extra or {}).get("windows")))), ("span", span),
            ("tau", f"{tau:.3f}" if isinstance(tau, (int, float)) else "-"), ("drafts", _count(v.get("drafts"))),
            ("verdict", str(v["state"]).replace("_", " ") if v.get("state") else "-")]
     return [(label, value) for label, value in out if value != "-"]
 
 
-def speed_notice(manifest: dict) -> str | None:
+def speed_notice(manifest: StoredManifest | dict) -> str | None:
     """Why a bench run's speed figures are no faster/slower verdict (its stored `bench.speed_noise` finding,
     backend/bench.py from backend/metrics.py), in one line; None when they are one (or were not checked)."""
-    b = manifest.get("bench") if isinstance(manifest.get("bench"), dict) else {}
-    n = b.get("speed_noise") if isinstance(b.get("speed_noise"), dict) else {}
-    return n["reason"] if isinstance(n.get("reason"), str) and n["reason"] else None
+    b = StoredManifest.indexed(manifest).bench
+    n = b.speed_noise if b is not None else None
+    return n.reason if n is not None and n.reason else None
 
 
-def timing_lines(manifest: dict) -> list[str]:
+def timing_lines(manifest: StoredManifest | dict) -> list[str]:
     """How a bench run was timed, in words: against what (plain decoding interleaved per prompt in this run, or a
     baseline run timed at another moment) and the machine's load while it ran (its stored `bench.load`)."""
-    b = manifest.get("bench") if isinstance(manifest.get("bench"), dict) else {}
+    m = StoredManifest.indexed(manifest)
+    b = m.bench or Bench()
     out = []
-    pairing, base = b.get("pairing"), manifest.get("baseline_run")
+    pairing, base = b.pairing, m.baseline_run
     if pairing == "interleaved":
         out.append(f"Timed against plain decoding run back to back with each unit in this run (which of the two went "
                    f"first alternating); `{base}` holds plain decoding's outputs.")
-    elif pairing == "separate" or (base and manifest.get("num_spec_tokens")):
+    elif pairing == "separate" or (base and m.num_spec_tokens):
         out.append(f"Timed against the baseline run `{base}`, which ran at another moment.")
-    load = b.get("load") if isinstance(b.get("load"), dict) else None
+    load = _untyped(b, "load")
     if load:
         def rng(k: str) -> str:
             q = load.get(k) if isinstance(load.get(k), dict) else {}
@@ -436,4 +445,12 @@ def timing_lines(manifest: dict) -> list[str]:
 
 
 def manifest_text(manifest: dict) -> str:
+    """The manifest.json download: every key as read (a StoredManifest's `to_json()`)."""
     return json.dumps(manifest, indent=1, sort_keys=True, default=str)
+
+
+def _untyped(section: StoredManifest | Bench, key: str) -> dict:
+    """An object the typed manifest keeps as read without typing it (a load run's `load`, a bench's `bench.load`),
+    {} when there is none."""
+    v = (section.model_extra or {}).get(key)
+    return v if isinstance(v, dict) else {}

@@ -2,7 +2,9 @@
 them, backend/metrics.py defines tau, the rates and the drift band) and its manifest's `watch` section.
 
 Pure functions: a DataFrame (and the verdict dict) in, a plotly figure or a DataFrame out (the DataFrame is what the
-chart's CSV holds). No Streamlit, no I/O, no SQL, no statistics: the band and the flags are the watch's own.
+chart's CSV holds). No Streamlit, no I/O, no SQL, no statistics: the band and the flags are the watch's own. The
+manifest is read typed (backend/runs/manifest.py `StoredManifest`); its `watch` object, which the typed manifest
+keeps as read, through `stored_watch`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from backend.runs.manifest import StoredManifest
+
 _LAYOUT = dict(template="plotly_white", margin=dict(l=70, r=30, t=80, b=90), font=dict(size=13))
 _X = "x: the window's end (UTC)"
 TAU, BAND, DRIFT, LOW, FEW, RESTART, FLOOR = ("#1f77b4", "rgba(44,160,44,0.18)", "#d62728", "#ff7f0e", "#9e9e9e",
@@ -20,6 +24,19 @@ TAU, BAND, DRIFT, LOW, FEW, RESTART, FLOOR = ("#1f77b4", "rgba(44,160,44,0.18)",
 POSITIONS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 DASH = "\u2014"
 SEVERITY = {"drift": "error", "below_min_tau": "error", "ok": "success", "no_baseline": "info", "no_traffic": "info"}
+
+
+def stored_watch(manifest: StoredManifest | dict) -> dict:
+    """A watch run's `watch` object as backend/watch.py wrote it (its server, how it stopped, its verdict; the typed
+    manifest keeps it as read), {} when there is none."""
+    w = (StoredManifest.indexed(manifest).model_extra or {}).get("watch")
+    return w if isinstance(w, dict) else {}
+
+
+def stored_verdict(manifest: StoredManifest | dict) -> dict:
+    """The watch's verdict (`watch.verdict`: its state, line, tau, windows, drafts), {} when there is none."""
+    v = stored_watch(manifest).get("verdict")
+    return v if isinstance(v, dict) else {}
 
 
 def severity(verdict: dict | None) -> str:
@@ -201,13 +218,14 @@ def windows_table(df: pd.DataFrame) -> pd.DataFrame:
         "note": d["note"].fillna("")})
 
 
-def summary(m: dict, df: pd.DataFrame) -> str:
+def summary(manifest: StoredManifest | dict, df: pd.DataFrame) -> str:
     """One caption line about the watch: server, engine and version, model, windows and span, settings."""
-    w = m.get("watch") or {}
-    s = m.get("settings") or {}
-    eng = {"vllm": "vLLM", "sglang": "SGLang"}.get(m.get("engine"), m.get("engine") or "?")
-    ver = f" {m['engine_version']}" if m.get("engine_version") else ""
-    model = (m.get("model") or {}).get("path")
+    m = StoredManifest.indexed(manifest)
+    w = stored_watch(m)
+    s = m.settings or {}
+    eng = {"vllm": "vLLM", "sglang": "SGLang"}.get(m.engine, m.engine or "?")
+    ver = f" {m.engine_version}" if m.engine_version else ""
+    model = m.model.path if m.model is not None else None
     span = (df["t_end"].max() - df["t_start"].min()) if len(df) else 0.0
     span_s = f"{span:.1f} s" if span < 120 else f"{span / 60:.1f} min" if span < 7200 else f"{span / 3600:.1f} h"
     return (f"`{w.get('metrics_url', w.get('server_url', '?'))}`: {eng}{ver}" + (f", model `{model}`" if model else "")

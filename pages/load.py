@@ -9,6 +9,7 @@ figures and words: dashboard/load_charts.py; data: catalog.load_cells and catalo
 import streamlit as st
 
 from backend import metrics
+from backend.runs.manifest import Progress, StoredManifest
 from dashboard import load_charts as lc
 from dashboard import ui
 
@@ -52,14 +53,15 @@ if not chosen:
 # a run shown instead of the link's (its notice is above) gets its figures and charts, never tiles or verdict lines
 instead = [r for r in chosen if asked and r not in asked]
 
-manifests = ui.guarded(cat.run_manifests, chosen)
+manifests = {r: StoredManifest.indexed(d) for r, d in ui.guarded(cat.run_manifests, chosen).items()}
 for rid in chosen:
     if status.get(rid) != "complete":
-        m = manifests.get(rid, {})
-        prog = m.get("progress") or {}
-        why = m.get("error") or ("its process is gone before it completed: run the same command again to resume"
-                                 if status.get(rid) == "interrupted" else "")
-        st.info(f"Load run `{rid}` is {status.get(rid)} ({prog.get('done', '?')} / {prog.get('total', '?')} levels)"
+        m = manifests.get(rid, StoredManifest())
+        prog = m.progress or Progress()
+        done_n, total_n = ("?" if n is None else n for n in (prog.done, prog.total))
+        why = m.error or ("its process is gone before it completed: run the same command again to resume"
+                          if status.get(rid) == "interrupted" else "")
+        st.info(f"Load run `{rid}` is {status.get(rid)} ({done_n} / {total_n} levels)"
                 + (f": {why}" if why else "") + ". Its results appear here once it is complete.",
                 icon=":material/hourglass_top:")
 done = [r for r in chosen if status.get(r) == "complete"]
@@ -84,7 +86,7 @@ for rid in done:
     with st.container(key=f"load_run_{rid}"):
         if multi:
             st.subheader(rid)
-        st.caption(lc.run_caption(manifests.get(rid, {}), lv, c))
+        st.caption(lc.run_caption(manifests.get(rid, StoredManifest()), lv, c))
         if rid in instead:
             text = (f"No verdict: `{rid}` is shown instead of the run the link names (see the notice above); its "
                     "charts and tables are below, without tiles or verdict lines.")

@@ -11,6 +11,7 @@ import streamlit as st
 
 from backend import compare, findings, regress, run_files
 from backend.config import data_root
+from backend.runs.manifest import StoredManifest
 from dashboard import charts, run_view, ui, watch_charts
 
 PAGES = {"runs": "pages/runs.py", "compare": "pages/compare.py", "stats": "pages/stats.py",
@@ -39,7 +40,7 @@ run = ui.guarded(cat.get_run, rid)
 if run is None:                       # gone between the two queries (a rescan removed it)
     st.info(f"Run `{ui.cut(rid)}` left the catalog; pick another.")
     st.stop()
-m = run["manifest"]
+m = StoredManifest.indexed(run["manifest"])          # the catalog's manifest, typed; every key: m.to_json()
 kind, status = run.get("kind") or "?", run.get("status") or "?"
 head.title(f"Run {rid}")
 
@@ -110,7 +111,7 @@ elif kind in ("load", "watch"):
         with st.container(horizontal=True, gap="medium", key="run_figures"):
             for label, value in figures:
                 st.metric(label, value, border=True, width="content")
-    verdict = ((m.get("watch") or {}).get("verdict") or {}) if kind == "watch" else {}
+    verdict = watch_charts.stored_verdict(m) if kind == "watch" else {}
     if verdict.get("line"):             # the watch's verdict, with the Watch page's severity
         show = {"error": st.error, "success": st.success, "info": st.info}.get(watch_charts.severity(verdict),
                                                                                 st.warning)
@@ -141,7 +142,7 @@ if kind == "capture" and status == "complete":
 # ---------------------------------------------------------------------------- charts and per-prompt table (bench runs)
 
 if kind == "bench":
-    k = int(m.get("num_spec_tokens") or 0)
+    k = int(m.num_spec_tokens or 0)
     base = run.get("baseline_run") if isinstance(run.get("baseline_run"), str) else None
     texts = run_files.prompt_texts(m) if status == "complete" else {}
     if status == "complete":
@@ -169,7 +170,7 @@ if kind == "bench":
         st.caption("The per-prompt rows are indexed once the run is complete." if status != "complete"
                    else "No per-prompt rows in the catalog for this run.")
     else:
-        greedy = not m.get("temperature")
+        greedy = not m.temperature
         table = run_view.prompt_table(agg, k, greedy, texts)
         c1, c2, c3 = st.columns([2, 2, 1])
         cats = ui.multiselect("Category", sorted(table["category"].unique()), "category", [], where=c1,
@@ -204,14 +205,14 @@ left, right = st.columns([3, 2])
 with left:
     st.subheader("Settings")
     st.caption("The manifest flattened (`settings.*` = what a resume must match); results and bookkeeping left out.")
-    st.container(key="run_settings").dataframe(run_view.settings_table(m), hide_index=True,
+    st.container(key="run_settings").dataframe(run_view.settings_table(m.to_json()), hide_index=True,
                                                column_config={"value": st.column_config.TextColumn(width="large")})
 with right:
     st.subheader("Files")
     st.caption(f"`{run.get('path')}`")
     st.container(key="run_files").dataframe(run_files.files(run["path"]), hide_index=True,
                                             column_order=["file", "size"])
-    st.download_button("manifest.json", data=run_view.manifest_text(m), file_name=f"{rid}.manifest.json",
+    st.download_button("manifest.json", data=run_view.manifest_text(m.to_json()), file_name=f"{rid}.manifest.json",
                        mime="application/json", icon=":material/download:", key="dl_manifest")
 
 log = run_files.log_tail(run["path"], m)

@@ -6,6 +6,7 @@ figures: dashboard/watch_charts.py; data: catalog.watch_windows."""
 import streamlit as st
 
 from backend import metrics
+from backend.runs.manifest import StoredManifest
 from dashboard import ui, watch_charts
 
 HOW = ("`python -m backend watch --server-url http://HOST:8000 [--interval 10] [--duration 3600] [--min-tau T]` "
@@ -26,9 +27,9 @@ names = {r.run_id: f"{r.run_id}  ({r.engine or '?'}, {r.status})" for r in runs.
 run = ui.select("Watch run", ui.capped(ids, [ui.qp_get("run") or "", ids[0]]), "run", ids[0],
                 format_func=lambda r: names.get(r, r))
 row = ui.guarded(cat.get_run, run)
-m = row["manifest"] if row else {}
+m = StoredManifest.indexed(row["manifest"] if row else None)
 df = ui.guarded(cat.watch_windows, run)
-verdict = (m.get("watch") or {}).get("verdict")
+verdict = watch_charts.stored_verdict(m)
 status = row["status"] if row else "?"
 
 if status == "running":
@@ -52,7 +53,7 @@ if df.empty:
     st.stop()
 
 st.caption(watch_charts.summary(m, df))
-settings = m.get("settings") or {}
+settings = m.settings or {}
 ui.chart_with_downloads(watch_charts.tau_figure(df, settings.get("min_tau"), settings.get("level")),
                         watch_charts.tau_frame(df), f"watch_{run}_tau")
 left, right = st.columns(2)
