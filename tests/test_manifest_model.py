@@ -2,18 +2,20 @@
 (the recorded runs under tests/data, the shipped speed maps, the runs a real small bench and capture write here)
 reads into it and gives back the same dict; a read-modify-write through the run's lifecycle changes only the keys it
 sets; a key of the wrong type is one line naming the key; and backend/ reads manifests only through it (no raw
-`rd.manifest()` dict, no `json.loads` of a manifest.json, no `.get("bench")`-style section reads)."""
+`rd.manifest()` dict, no `json.loads` of a manifest.json, no `.get("bench")`-style section reads), dashboard/ and
+pages/ too (a catalog row's manifest through `StoredManifest.indexed`, no section read as a dict)."""
 
 from __future__ import annotations
 
 import ast
 import copy
 import json
+import typing
 from pathlib import Path
 
 import pytest
 
-from backend.runs.manifest import Bench, DrafterInfo, Headline, StoredManifest, check_stored
+from backend.runs.manifest import Bench, DrafterInfo, Headline, Section, StoredManifest, check_stored
 from backend.store.data_root import DataRoot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -180,6 +182,100 @@ def test_backend_reads_manifests_only_typed() -> None:
         if name != "backend/runs/manifest.py":
             found += raw_manifest_reads(f.read_text(), name)
     assert found == [], "\n".join(found)
+
+
+# the dashboard and the pages read the manifests the catalog hands on (a runs row's `manifest`, run_manifests,
+# check_manifests) through StoredManifest.indexed; beyond the reads above, they take a row's `manifest` only into
+# StoredManifest.indexed, read no typed section as a dict (`m.get("model") or {}`, `isinstance(m.get("drafter"),
+# dict)`, `m["aux"]`) and no key of a dict named `manifest` (`manifest.get("engine")`, `manifest["dataset"]`). Where
+# every key is shown (the settings table, flattened; the manifest.json download) they take the dict `to_json()`
+# gives back.
+NOT_MANIFEST = {("dashboard/check_charts.py", "findings")}    # a drafter check's findings: `source` is lint/check
+
+
+def _holds_object(annotation) -> bool:
+    """A field whose value is a section or a JSON object (`model`, `bench`, `settings`, ...), not a scalar or list."""
+    return annotation is dict or (isinstance(annotation, type) and issubclass(annotation, Section)) \
+        or any(_holds_object(a) for a in typing.get_args(annotation))
+
+
+TYPED = tuple(k for k, f in StoredManifest.model_fields.items() if _holds_object(f.annotation))
+
+
+def _key(node: ast.AST) -> str | None:
+    """'k' of `x.get('k', ...)` or `x['k']`, else None."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args \
+            and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+        return node.args[0].value
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+        return node.slice.value
+    return None
+
+
+def dict_section_reads(source: str, name: str) -> list[str]:
+    """`raw_manifest_reads`, and where this module takes a catalog row's manifest other than into StoredManifest,
+    reads a typed manifest section as a dict or reads a key of a dict named `manifest` (the dashboard's and the
+    pages' old reads)."""
+    tree = ast.parse(source)
+    skip = {line for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and (name, fn.name) in NOT_MANIFEST for line in range(fn.lineno, fn.end_lineno + 1)}
+    out = [r for r in raw_manifest_reads(source, name) if int(r.split(":")[1]) not in skip]
+    parsed: set[ast.AST] = set()
+    as_dict: set[ast.AST] = set()                # expressions used as a dict: `x or {}`, isinstance(x, dict), x.get()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in PARSERS:
+            parsed.update(a for arg in node.args for a in ast.walk(arg))
+        if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or) and isinstance(node.values[-1], ast.Dict):
+            as_dict.update(node.values[:-1])
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
+                and len(node.args) == 2 and isinstance(node.args[1], ast.Name) and node.args[1].id == "dict":
+            as_dict.add(node.args[0])
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            as_dict.add(node.func.value)
+        elif isinstance(node, ast.Subscript):
+            as_dict.add(node.value)
+    for node in ast.walk(tree):
+        key = _key(node)
+        if key is None or node.lineno in skip:
+            continue
+        of = node.func.value if isinstance(node, ast.Call) else node.value
+        if key == "manifest" and node not in parsed:
+            out.append(f"{name}:{node.lineno}: a row's manifest as a dict (StoredManifest.indexed it)")
+        elif key in TYPED and node in as_dict:
+            out.append(f"{name}:{node.lineno}: {key!r} of a manifest read as a dict (a StoredManifest section)")
+        elif isinstance(of, ast.Name) and of.id == "manifest":
+            out.append(f"{name}:{node.lineno}: manifest[{key!r}] of a dict (StoredManifest.indexed it)")
+    return sorted(set(out), key=lambda s: (s.split(":")[0], int(s.split(":")[1])))
+
+
+def test_dashboard_and_pages_read_manifests_only_typed() -> None:
+    found = []
+    for f in sorted([*(REPO / "dashboard").glob("*.py"), *(REPO / "pages").glob("*.py")]):
+        found += dict_section_reads(f.read_text(), str(f.relative_to(REPO)))
+    assert found == [], "\n".join(found)
+
+
+@pytest.mark.parametrize("snippet", [
+    "def f(m):\n    d, t = m.get('drafter') or {}, m.get('model') or {}\n    return d.get('path'), t.get('path')\n",
+    "def f(m):\n    return m.get('drafter') if isinstance(m.get('drafter'), dict) else {}\n",
+    "def f(m):\n    return m['aux'].get('runner')\n",
+    "def f(m):\n    return (m.get('settings') or {}).get('min_tau')\n",
+    "def f(manifest):\n    return manifest.get('engine'), manifest['dataset']\n",
+    "def f(row):\n    m = row['manifest'] if row else {}\n    return m\n",
+    "def f(run):\n    return (run.get('manifest') or {}).get('num_spec_tokens')\n",
+])
+def test_the_dashboard_check_flags_dict_reads(snippet: str) -> None:
+    """The check above finds the dict reads the dashboard and the pages used to have."""
+    assert dict_section_reads(snippet, "dashboard/x.py") and not raw_manifest_reads(snippet, "dashboard/x.py")
+
+
+def test_the_dashboard_check_passes_typed_reads() -> None:
+    ok = ("from backend.runs.manifest import StoredManifest\n"
+          "def f(run, rows):\n    m = StoredManifest.indexed(run['manifest'] if run else None)\n"
+          "    d = m.drafter_info\n    s = m.settings or {}\n"
+          "    return m.engine, m.model.path, d.path if d else None, s.get('min_tau'), run.get('drafter'),\\\n"
+          "        rows.get('model'), (m.model_extra or {}).get('watch')\n")
+    assert dict_section_reads(ok, "dashboard/x.py") == []
 
 
 @pytest.mark.parametrize("snippet", [
