@@ -216,6 +216,7 @@ def _run_engine_bench(s: BenchSettings, name: str | None, data: DataRoot, progre
     tokenized here with its own HF tokenizer, so every engine sees the same prompt token ids."""
     from types import SimpleNamespace
 
+    from backend.drafter.kinds import serving_method
     from backend.engines.base import engine_module, target_info
     from backend.engines.serving import bind, predicted_aux
 
@@ -264,7 +265,7 @@ def _run_engine_bench(s: BenchSettings, name: str | None, data: DataRoot, progre
             spec = _Spec(None, aux, {"path": str(Path(s.drafter).resolve()), "format": pred["format"],
                                            "fingerprint": fingerprint(s.drafter),
                                            "semantics": s.engine, "draft_vocab_size": pred["draft_vocab_size"],
-                                           "proposer": f"{s.engine} eagle3"})
+                                           "proposer": f"{s.engine} {serving_method(s.drafter, s.engine).lower()}"})
         run_id = new_run_id("bench", name)
         rd, done = _open_or_resume(run_id, s, lm, spec, base, data, len(prompts), pairing=SEPARATE)
         return _run(rd, lm, s, prompts, seqs, spec, base, done, data, progress, stop_after)

@@ -22,6 +22,7 @@ import pandas as pd
 from backend import links, metrics
 from backend.config import dashboard_link
 from backend.drafter.fix import FixPlan
+from backend.drafter.kinds import block_k
 from backend.store.data_root import DataRoot
 
 
@@ -60,9 +61,10 @@ def prove(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int | None 
     base = name or f"prove-{Path(plan.drafter).name}"
     runs = {}
     for tag, drafter in (("original", plan.drafter), ("fixed", str(fixed_dir))):
+        k = block_k(drafter)
         s = BenchSettings(target=plan.target, drafter=drafter, prompts=prompts, limit=limit, repeats=repeats,
                           producer=plan.engine, producer_version=plan.version, runner=plan.runner, device=device,
-                          max_new_tokens=max_new_tokens)
+                          max_new_tokens=max_new_tokens, **({"num_spec_tokens": k} if k else {}))
         runs[tag] = run_bench(s, name=f"{base}-{tag}", data=data, progress=progress)
     a, b = _per_prompt(runs["fixed"].path), _per_prompt(runs["original"].path)
     shared = a.index.intersection(b.index)
@@ -92,6 +94,8 @@ def engine_jobs(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int |
         spec = {"kind": "bench", "name": f"{base}-{engine}-{tag}", "engine": engine, "target": plan.target,
                 "drafter": drafter, "prompts": prompts, "limit": limit, "repeats": repeats,
                 "producer": plan.engine, "producer_version": plan.version}
+        if block_k(drafter):                                     # DFlash: K = its block size - 1
+            spec["num_spec_tokens"] = block_k(drafter)
         if engine == "hf":
             spec["device"] = "cpu"
             if plan.runner:

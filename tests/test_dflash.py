@@ -175,3 +175,41 @@ def test_dflash_trained_at_one_convention_fed_another(pair, data_root, tmp_path)
     assert len(per_pos) == 3 and per_pos[0] >= per_pos[1] >= per_pos[2] > 0            # acceptance by position
     drop = json.loads((as_is.path / "summary.json").read_text())["per_position"]["rates"]
     assert drop[0] < per_pos[0]
+
+
+def test_engines_serve_a_dflash_drafter_as_dflash_with_k_its_block(pair, tmp_path, monkeypatch):
+    """vLLM gets method "dflash", SGLang `--speculative-algorithm DFLASH` with a K + 1 verify window (no steps or
+    topk), EAGLE-3 drafters stay EAGLE-3; a proof queues DFlash benches at K = block size - 1; what each release is
+    predicted to feed is the DFlash reading of dflash_config.target_layer_ids (vLLM +1 into its input-of-layer ids,
+    SGLang as written, captured after the layer)."""
+    from backend.drafter.fix import FixPlan
+    from backend.drafter.kinds import block_k, serving_method
+    from backend.engines.base import target_info
+    from backend.engines.serving import predicted_aux
+    from backend.engines.sglang import ServerSpec
+    from backend.prove_fix import engine_jobs
+
+    matched = pair / "drafter-matched"
+    assert (serving_method(DFLASH_TOY, "vllm"), serving_method(DFLASH_TOY, "sglang")) == ("dflash", "DFLASH")
+    assert (serving_method(matched, "vllm"), serving_method(matched, "sglang")) == ("eagle3", "EAGLE3")
+    assert serving_method(None, "vllm") is None
+    argv = ServerSpec(model="T", drafter=str(DFLASH_TOY), num_spec_tokens=3).argv(30000)
+    i = argv.index("--speculative-algorithm")
+    assert argv[i + 1] == "DFLASH" and argv[argv.index("--speculative-num-draft-tokens") + 1] == "4"
+    assert "--speculative-num-steps" not in argv and "--speculative-eagle-topk" not in argv
+    eagle = ServerSpec(model="T", drafter=str(matched), num_spec_tokens=3).argv(30000)
+    assert eagle[eagle.index("--speculative-algorithm") + 1] == "EAGLE3"
+    assert block_k(DFLASH_TOY) == 3 and block_k(matched) is None
+    info = target_info(str(pair / "target"))
+    v = predicted_aux(str(DFLASH_TOY), info, "vllm", None, {}, "0.24.0")
+    s = predicted_aux(str(DFLASH_TOY), info, "sglang", None, {}, "0.5.15")
+    assert v["aux"]["boundaries"] == s["aux"]["boundaries"] == ["S_1", "S_4", "S_7"]
+    assert v["aux"]["ids"] == [1, 4, 7] and s["aux"]["ids"] == [0, 3, 6] and v["format"] == "dflash"
+    monkeypatch.setenv("SPECLENS_MODEL_ROOTS", f"{pair}:{DFLASH_TOY.parent}")
+    plan = FixPlan(drafter=str(DFLASH_TOY), target=str(pair / "target"), engine="vllm", version="0.24.0",
+                   runner="v2", where="top-level", ids=[0, 3, 6], trained_on=["S_0", "S_3", "S_6"],
+                   fed_before=["S_1", "S_4", "S_7"])
+    jobs = engine_jobs(plan, DFLASH_TOY, str(Path("datasets/spec_bench/question.jsonl").resolve()), 4,
+                       data=DataRoot(tmp_path / "d"), engine="vllm")
+    assert len(jobs) == 2
+    assert [j["settings"]["num_spec_tokens"] for j in jobs] == [3, 3], jobs

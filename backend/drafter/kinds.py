@@ -20,6 +20,7 @@ most architectures (S_t where it passes the ids unchanged). DFlash trainers (z-l
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from packaging.specifiers import SpecifierSet
@@ -276,6 +277,39 @@ def runner_args(kind: str) -> dict:
     if kind == "mtp":
         return {"method": "mtp"}
     return {}
+
+
+def serving_method(drafter: str | Path | None, engine: str) -> str | None:
+    """The speculative method an engine serves this drafter with: vLLM's `speculative_config.method`
+    ("eagle3" or "dflash"), SGLang's `--speculative-algorithm` ("EAGLE3" or "DFLASH"); None without a drafter."""
+    if not drafter:
+        return None
+    import json
+
+    f = Path(drafter) / "config.json" if Path(drafter).is_dir() else Path(drafter)
+    try:
+        kind = kind_of(json.loads(f.read_text()))
+    except (OSError, ValueError):
+        kind = "eagle3"                          # the engine's own error names an unreadable config
+    if kind in DFLASH_LIKE:
+        return "DFLASH" if engine == "sglang" else "dflash"
+    return "EAGLE3" if engine == "sglang" else "eagle3"
+
+
+def block_k(drafter: str | Path) -> int | None:
+    """K for a block drafter (DFlash): its block size - 1 (the block is [x_s, M..M]); None for chain drafters, whose
+    K is the bench's."""
+    import json
+
+    f = Path(drafter) / "config.json" if Path(drafter).is_dir() else Path(drafter)
+    try:
+        raw = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return None
+    if kind_of(raw) not in DFLASH_LIKE:
+        return None
+    bs = (raw.get("dflash_config") or {}).get("block_size", raw.get("block_size"))
+    return int(bs) - 1 if isinstance(bs, int) and bs > 1 else None
 
 
 def raw_config(cfg) -> dict:

@@ -27,8 +27,14 @@ def predicted_aux(drafter: str, info: SimpleNamespace, engine: str, runner: str 
             raise SpecLensError(f"{drafter}/config.json: drafter built for {what} {mine}, the target has {theirs}; "
                                 "use a drafter trained for this target")
     from backend.coords import DEFAULT_VERSIONS
+    from backend.drafter.kinds import DFLASH_LIKE
 
     version = version or DEFAULT_VERSIONS[engine]
+    if dcfg.kind in DFLASH_LIKE:                                # DFlash ids (dflash_config.target_layer_ids)
+        from backend.drafter.dflash import feeds
+
+        aux = feeds(drafter, info.config, info.n_layers, engine, version, runner, options)
+        return {"aux": aux, "format": "dflash", "draft_vocab_size": dcfg.vocab_size}
     aux = engine_feeds(dcfg, info.n_layers, info.model_type, getattr(info.config, "architectures", None), engine,
                        version, runner, options)               # vLLM: the runner vLLM picks for this target
     return {"aux": aux, "format": dcfg.source_format, "draft_vocab_size": dcfg.draft_vocab_size}

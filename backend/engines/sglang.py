@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backend import coords, metrics
+from backend.drafter.kinds import serving_method
 from backend.engines.base import CaptureSettings, EngineSettings, Generation
 from backend.engines.server_process import _LIVE, ServerProcess, log_tail, stop_all  # noqa: F401 (re-exported)
 from backend.errors import SpecLensError
@@ -98,7 +99,11 @@ class ServerSpec:
              str(self.mem_fraction), "--skip-tokenizer-init", "--sampling-backend", "pytorch"]
         if self.capture:
             a += ["--disable-cuda-graph", "--disable-radix-cache", "--disable-overlap-schedule"]
-        if self.drafter:
+        if self.drafter and serving_method(self.drafter, "sglang") == "DFLASH":
+            # one block per step: the verify window is K + 1 tokens (DFLASH takes no steps or topk)
+            a += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", self.drafter,
+                  "--speculative-num-draft-tokens", str(self.num_spec_tokens + 1)]
+        elif self.drafter:
             extra = self.extra or {}
             topk = int(extra.get("speculative-eagle-topk", 1))
             a += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", self.drafter,

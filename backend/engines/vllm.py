@@ -92,7 +92,9 @@ def make_llm(model: str, opts: EngineOptions, *, drafter: str | None = None, num
     if capture:
         kw["enable_prefix_caching"] = False
     if drafter:
-        kw["speculative_config"] = {"method": "eagle3", "model": str(drafter),
+        from backend.drafter.kinds import serving_method
+
+        kw["speculative_config"] = {"method": serving_method(drafter, "vllm"), "model": str(drafter),
                                     "num_speculative_tokens": num_spec_tokens}
     if extract:
         kw["speculative_config"] = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
