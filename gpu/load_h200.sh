@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 19 item 6 on the lent H200: the serving-load runs of gpu/load_suite.py, one step per device call.
 #   bash gpu/load_h200.sh install-vllm SHA256 | install-sgl SHA256 | watch | sglang | vllm-pair | vllm-sweep |
-#        synthetic | collect | prove-start | prove-collect
+#        synthetic | collect | prove-start | prove-collect | bg-kinds | bg-fault [BUDGET_S [ENGINES]]
 # prove-start / prove-collect: issue 22's proof through vLLM 0.24 (gpu/prove_vllm.sh, in the background).
 # bg-sglang | bg-synthetic | bg-vsweep start a step in the background (no 600 s call limit); `poll DIR SECONDS` waits
 # for it (or SECONDS), shows its log and copies its results to $OUT.
@@ -72,11 +72,20 @@ case $step in
     mkdir -p /tmp/out_vs; setsid nohup $V python3 gpu/load_suite.py sweep --engine vllm --ks ${2:-1,2,4,6} \
       --out /tmp/out_vs --root /tmp/root_vs --memory 0.06 > /tmp/out_vs/suite.log 2>&1 < /dev/null &
     echo $! > /tmp/out_vs/pid; sleep 15; tail -5 /tmp/out_vs/suite.log ;;
+  bg-kinds)  # issue 23: gpu/kinds_h200.sh in the background
+    mkdir -p /tmp/out_kinds; setsid nohup bash gpu/kinds_h200.sh /tmp/out_kinds > /tmp/out_kinds/suite.log 2>&1 \
+      < /dev/null & echo $! > /tmp/out_kinds/pid; sleep 10; tail -5 /tmp/out_kinds/suite.log ;;
+  bg-fault)  # issue 24 item 5: gpu/fault_suite.py for both engines, each engine's commands on its own site dir
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_duck /tmp/whl/*.whl 2>&1 | tail -2
+    mkdir -p /tmp/out_fault; setsid nohup env PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out /tmp/out_fault \
+      --engines ${3:-vllm,sglang} --engine-path vllm=/tmp/site_vllm --engine-path sglang=/tmp/site_sgl \
+      --budget-s ${2:-900} > /tmp/out_fault/suite.log 2>&1 < /dev/null & echo $! > /tmp/out_fault/pid
+    sleep 10; tail -5 /tmp/out_fault/suite.log ;;
   poll)
     d=$2; end=$(( $(date +%s) + ${3:-500} ))
     while kill -0 "$(cat "$d/pid")" 2>/dev/null && [ "$(date +%s)" -lt $end ]; do sleep 5; done
     tail -25 "$d/suite.log"; kill -0 "$(cat "$d/pid")" 2>/dev/null && echo "STILL RUNNING" || echo "FINISHED"
-    cp "$d"/*.json "$d"/*.tar.gz "$OUT/" 2>/dev/null; nvidia-smi --query-gpu=memory.used --format=csv,noheader; ls "$OUT" ;;
+    cp "$d"/*.json "$d"/*.tar.gz "$d"/*.log "$d"/*.md "$OUT/" 2>/dev/null; nvidia-smi --query-gpu=memory.used --format=csv,noheader; ls "$OUT" ;;
   collect)
     tail -20 /tmp/out_watch/suite.log
     (cd /tmp/out_watch && tar czf "$OUT/watch_raw.tar.gz" watch_raw) ; cp /tmp/out_watch/*.json /tmp/out_watch/*.tar.gz \
