@@ -997,6 +997,8 @@ class Suite:
         plan = [(f"{e}-{k}", e, k) for e in engines for k in ("capture", "bench")] + \
                [(f"{e}-oom", e, "oom") for e in engines if e != "hf"]
         wanted = set(a.steps.split(",")) if a.steps else None
+        if a.steps:  # the order given (e.g. one bench trial per engine before any capture)
+            plan = [p for s in a.steps.split(",") for p in plan if p[0] == s]
         estimates = {"capture": lambda e: 3 * START_ESTIMATE_S[e] + 30, "bench": lambda e: 4 * START_ESTIMATE_S[e] + 40,
                      "oom": lambda e: START_ESTIMATE_S[e]}
         for step, engine, kind in plan:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 19 item 6 on the lent H200: the serving-load runs of gpu/load_suite.py, one step per device call.
 #   bash gpu/load_h200.sh install-vllm SHA256 | install-sgl SHA256 | watch | sglang | vllm-pair | vllm-sweep |
-#        synthetic | collect | prove-start | prove-collect | bg-kinds | bg-fault [BUDGET_S [ENGINES]]
+#        synthetic | collect | prove-start | prove-collect | bg-kinds | bg-fault [BUDGET_S [ENGINES [STEPS]]]
 # prove-start / prove-collect: issue 22's proof through vLLM 0.24 (gpu/prove_vllm.sh, in the background).
 # bg-sglang | bg-synthetic | bg-vsweep start a step in the background (no 600 s call limit); `poll DIR SECONDS` waits
 # for it (or SECONDS), shows its log and copies its results to $OUT.
@@ -79,7 +79,7 @@ case $step in
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_duck /tmp/whl/*.whl 2>&1 | tail -2
     mkdir -p /tmp/out_fault; setsid nohup env PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out /tmp/out_fault \
       --engines ${3:-vllm,sglang} --engine-path vllm=/tmp/site_vllm --engine-path sglang=/tmp/site_sgl \
-      --budget-s ${2:-900} > /tmp/out_fault/suite.log 2>&1 < /dev/null & echo $! > /tmp/out_fault/pid
+      --budget-s ${2:-900} ${4:+--steps $4} > /tmp/out_fault/suite.log 2>&1 < /dev/null & echo $! > /tmp/out_fault/pid
     sleep 10; tail -5 /tmp/out_fault/suite.log ;;
   poll)
     d=$2; end=$(( $(date +%s) + ${3:-500} ))
