@@ -246,3 +246,52 @@ def test_prediction_follows_the_runner(tmp_path):
     old = predicted_aux(str(tmp_path), info, "vllm", None, None, "0.21.0")["aux"]
     assert old["version"] == "0.21.0" and old["runner"] == "v1" and old["boundaries"] == ["S_2", "S_4", "S_5"]
     assert predicted_aux(str(tmp_path), info, "vllm", None, None, "0.24.0")["aux"]["runner"] == "v2"
+
+
+# RECORDED on the lent GPU node (H100 80GB, vLLM 0.24.0, 2026-12-05, gpu/fault_suite.py vllm-oom): the output of
+# `python -m backend capture --engine vllm` started with settings too large for the memory given. vLLM's parent
+# only says "Engine core initialization failed. See root cause above"; the cause is the engine core's stderr.
+START_FAILURES = {
+    "context": ({"max_model_len": 1000000, "gpu_memory_utilization": 0.02},
+                ["max_model_len=319376 (now 1000000)", "gpu_memory_utilization (now 0.02)"]),
+    "memory": ({"gpu_memory_utilization": 0.001}, ["gpu_memory_utilization (now 0.001)"]),
+    "batch": ({"max_num_batched_tokens": 1000000, "max_num_seqs": 1024, "max_model_len": 4096,
+               "gpu_memory_utilization": 0.03},
+              ["max_num_batched_tokens (now 1000000)", "max_num_seqs (now 1024)", "gpu_memory_utilization (now 0.03)"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(START_FAILURES))
+def test_recorded_vllm_start_failures_name_the_setting_to_change(case):
+    from backend.engines.stderr_tail import root_cause
+
+    text = (RECORDED / "vllm_start" / f"oom_{case}.log").read_text()
+    cause = root_cause(text)
+    assert cause and cause.startswith("ValueError: ") and "EngineCore" not in cause
+    wrapper = RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+    assert "--engine-option" not in V.short_error(wrapper)      # without the child's cause there is nothing to name
+    settings, named = START_FAILURES[case]
+    msg = V.short_error(wrapper, cause, settings)
+    assert "\n" not in msg and msg.startswith("GPU memory too small"), msg
+    for part in named:
+        assert f"--engine-option {part}" in msg, (part, msg)
+    assert "--max-model-len" not in msg and "--gpu-memory-utilization" not in msg   # flags the CLI does not take
+
+
+def test_stderr_tail_keeps_what_a_child_process_printed():
+    """A real child process inherits the redirected fd 2; its last exception line is the root cause, and the
+    bytes still reach the real stderr."""
+    import subprocess
+    import sys
+
+    from backend.engines.stderr_tail import StderrTail, root_cause
+
+    code = ("import sys; sys.stderr.write('(EngineCore pid=7) ERROR 12-05 08:00:01 [core.py:1] torch.OutOfMemoryError:"
+            " CUDA out of memory. Tried to allocate 2.00 GiB\\nRuntimeError: Engine core initialization failed\\n')")
+    with StderrTail() as tail:
+        subprocess.run([sys.executable, "-c", code], check=True)
+        tail.settle()
+    assert root_cause(tail.text()) == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    msg = V.short_error(RuntimeError("Engine core initialization failed."), root_cause(tail.text()),
+                        {"gpu_memory_utilization": 0.3})
+    assert "raise --engine-option gpu_memory_utilization (now 0.3)" in msg

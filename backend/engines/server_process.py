@@ -25,6 +25,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backend.engines.lifeline import die_with_parent_in_new_session
 from backend.errors import SpecLensError
 from backend.netutil import free_port
 
@@ -110,7 +111,8 @@ def log_tail(path: Path | str, n: int = 6, sep: str = " | ") -> str:
 
 
 class ServerProcess:
-    """One server process (`vllm serve`, SGLang's launch_server) in its own process group: started with the
+    """One server process (`vllm serve`, SGLang's launch_server) in its own process group, SIGKILLed by the kernel
+    if the command that started it dies (backend/engines/lifeline.py): started with the
     repository on its PYTHONPATH (the hooks it may load live here) and its output in `log`; `healthy()` polls
     `/health`; `stop()` always tears the whole group down (SIGTERM, then SIGKILL, then waits until it is gone: the
     engine cores and schedulers hold the GPU until then). `label` names it in messages ("SGLang", "vllm K=4")."""
@@ -128,7 +130,7 @@ class ServerProcess:
         self.t0 = time.perf_counter()
         try:
             self.proc = subprocess.Popen(argv, stdout=self._fh, stderr=subprocess.STDOUT, env=full_env,
-                                         start_new_session=True)
+                                         preexec_fn=die_with_parent_in_new_session)
         except BaseException:
             self._fh.close()
             raise

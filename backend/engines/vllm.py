@@ -61,17 +61,33 @@ class EngineOptions:
     extra: dict = field(default_factory=dict)
 
 
-def short_error(e: BaseException) -> str:
-    """The engine's own message, reduced to one line (the last non-empty line of a chained error)."""
+MEMORY_HINTS = ("out of memory", "no available memory for the cache blocks")
+SIZE_SETTINGS = ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
+
+
+def short_error(e: BaseException, cause: str | None = None, settings: dict | None = None) -> str:
+    """One line for an engine failure: the root cause a child process printed (`cause`, see
+    backend/engines/stderr_tail.py) or the exception's last line; when the GPU memory does not hold these
+    settings, which `--engine-option` to lower or raise, with the values used (`settings`: what went to vllm.LLM)
+    and vLLM's own estimate of the longest context that fits."""
     text = str(e).strip() or type(e).__name__
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    msg = lines[-1] if lines else text
-    low = text.lower()
-    if ("out of memory" in low or "no available memory for the cache blocks" in low
-            or "kv cache" in low and "memory" in low):
-        return (f"GPU memory too small for these settings ({msg[:200]}); lower --max-model-len or raise "
-                f"--gpu-memory-utilization, or use a larger GPU / tensor parallelism")
-    return f"{type(e).__name__}: {msg[:300]}"
+    msg = cause or (lines[-1] if lines else text)
+    low = f"{text}\n{cause or ''}".lower()
+    if not (any(h in low for h in MEMORY_HINTS) or ("kv cache" in low and "memory" in low)):
+        return msg[:300] if cause else f"{type(e).__name__}: {msg[:300]}"
+    settings = settings or {}
+    util = settings.get("gpu_memory_utilization")
+    fix = [f"raise --engine-option gpu_memory_utilization (now {util})" if util is not None
+           else "raise --engine-option gpu_memory_utilization"]
+    est = re.search(r"estimated maximum model length is (\d+)", cause or text)
+    if est or "max seq len" in low or "max_model_len" in (cause or ""):
+        now = settings.get("max_model_len")
+        fix.append(f"lower --engine-option max_model_len={est.group(1) if est else '...'}"
+                   + (f" (now {now})" if now else " (the model's context length is the default)"))
+    fix += [f"lower --engine-option {k} (now {settings[k]})" for k in SIZE_SETTINGS[1:] if k in settings]
+    reason = re.sub(r"\s*(Try|See) .*$", "", msg).strip()[:160]
+    return f"GPU memory too small for these settings ({reason}): {' or '.join(fix)}"
 
 
 def make_llm(model: str, opts: EngineOptions, *, drafter: str | None = None, num_spec_tokens: int | None = None,
@@ -104,11 +120,16 @@ def make_llm(model: str, opts: EngineOptions, *, drafter: str | None = None, num
                                     "kv_connector_extra_config": {"shared_storage_path": extract["path"]}}
         kw["enable_prefix_caching"] = False
     kw.update(opts.extra)
-    try:
-        return LLM(**kw)
-    except Exception as e:
-        what = f"drafter {drafter}" if drafter else f"model {model}"
-        raise SpecLensError(f"vLLM could not start with {what}: {short_error(e)}") from e
+    from backend.engines.stderr_tail import StderrTail, root_cause
+
+    with StderrTail() as tail:      # the engine core is a child process: its root cause is on stderr
+        try:
+            return LLM(**kw)
+        except Exception as e:
+            tail.settle()
+            what = f"drafter {drafter}" if drafter else f"model {model}"
+            raise SpecLensError(f"vLLM could not start with {what}: "
+                                f"{short_error(e, root_cause(tail.text()), kw)}") from e
 
 
 def shutdown(llm) -> None:

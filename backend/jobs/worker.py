@@ -12,7 +12,6 @@ num_cpus that calls the same `execute` in the Ray worker and writes to the share
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -24,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from backend.config import REPO_ROOT
+from backend.engines.lifeline import die_with_parent
 from backend.errors import SpecLensError
 from backend.jobs import queue as q
 from backend.runs.lifecycle import Run, tagged_runs
@@ -153,10 +153,7 @@ def recover(data: DataRoot, log: Callable[[str], None] = print) -> int:
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    die_with_parent()
     os.setpgrp()   # ^C in the worker's terminal reaches the worker, which forwards it
 
 
