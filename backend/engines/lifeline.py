@@ -5,8 +5,10 @@ tear its whole process group down. That also means a SIGKILL of the SpecLens com
 a cancelled job's process group) never reaches it: on the lent GPU node an SGLang server was seen in its own
 session beside the capture that started it (docs/RELIABILITY.md, "GPU kill -9 trials"), holding its GPU memory
 after the command was gone. `die_with_parent` asks Linux (prctl PR_SET_PDEATHSIG) to SIGKILL the child when
-its parent dies; SGLang's scheduler and detokenizer processes already die with the launcher, and vLLM's engine
-core with its API server, so the whole tree goes.
+its parent dies. SGLang 0.5.15's scheduler and detokenizer processes die with the launcher (they call
+`kill_itself_when_parent_died`, sglang/srt/utils/common.py), so the whole SGLang tree goes; vLLM 0.24's
+multiprocess workers watch a death pipe to their parent (v1/executor/multiproc_executor.py); whether every process
+of `vllm serve` follows its API server has not been checked on the GPU.
 
 The signal fires when the *thread* that started the child ends: start servers from the main thread (every
 SpecLens command does; the dashboard starts none).
