@@ -12,6 +12,10 @@ from backend.compare import Mismatch, drafter_mismatches
 from backend.runs.manifest import StoredManifest
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}      # how a serving engine's releases are named
+# the manifest keys `findings` reads, and the one a run needs to have any: a finding is about what the engine fed
+# (`aux`). Pages over many runs pass only these (catalog.read.run_manifest_keys(ids, MANIFEST_KEYS, NEEDS)).
+MANIFEST_KEYS = ("kind", "engine", "drafter", "model", "aux")
+NEEDS = "aux"
 
 
 @dataclass

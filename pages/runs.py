@@ -93,8 +93,9 @@ if shown.empty:
 
 table = charts.runs_frame(shown)
 bench_ids = shown.loc[shown["kind"] == "bench", "run_id"].tolist()
-found = ui.guarded(findings.findings, ui.guarded(cat.run_manifests, bench_ids), ui.guarded(cat.check_manifests)) \
-    if bench_ids else {}
+found = ui.guarded(findings.findings,           # only the keys findings read, of runs that record a feed
+                   ui.guarded(cat.run_manifest_keys, bench_ids, findings.MANIFEST_KEYS, findings.NEEDS),
+                   ui.guarded(cat.check_manifests)) if bench_ids else {}
 table.insert(table.columns.get_loc("speedup") + 1, "finding",      # errors here; the HF note in "fed as"
              [findings.finding_text(found[r], "error") if r in found else "" for r in table["run_id"]])
 table.insert(table.columns.get_loc("finding") + 1, "fed as",

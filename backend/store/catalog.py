@@ -922,6 +922,20 @@ class CatalogReader:
         df = self._df("SELECT run_id, manifest FROM runs WHERE list_contains(?, run_id)", [_ids(run_ids)])
         return {r: json.loads(m) if m else {} for r, m in zip(df["run_id"], df["manifest"])}
 
+    def run_manifest_keys(self, run_ids: list[str], keys: tuple[str, ...], having: str | None = None
+                          ) -> dict[str, dict]:
+        """run_id -> only these top-level manifest keys (those present) of the given runs in the catalog; `having`:
+        only runs whose manifest holds that key as an object. DuckDB extracts the keys, so that a page over 10,000
+        runs does not parse 10,000 whole manifests (the Runs page's findings read five keys: backend/findings.py)."""
+        if not run_ids or not keys:
+            return {}
+        where = " AND json_type(manifest, ?) = 'OBJECT'" if having else ""
+        params = [[f"$.{k}" for k in keys], _ids(run_ids)] + ([f"$.{having}"] if having else [])
+        df = self._df(f"SELECT run_id, json_extract(manifest, ?) AS vals FROM runs "
+                      f"WHERE list_contains(?, run_id){where}", params)
+        return {r: {k: json.loads(v) for k, v in zip(keys, vals, strict=True) if v is not None}
+                for r, vals in zip(df["run_id"], df["vals"], strict=True)}
+
     def check_manifests(self) -> dict[str, dict]:
         """run_id -> manifest of every complete drafter check run (backend/check_drafter.py), newest first."""
         df = self._df("""SELECT run_id, manifest FROM runs WHERE kind = 'check' AND status = 'complete'
