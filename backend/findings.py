@@ -49,7 +49,10 @@ def findings(manifests: dict[str, StoredManifest | dict], checks: dict[str, Stor
              ) -> dict[str, list[Finding]]:
     """run_id -> its findings (runs without any left out). `manifests`: catalog.run_manifests; `checks`:
     catalog.check_manifests (newest first)."""
-    manifests = {r: StoredManifest.indexed(m) for r, m in manifests.items()}
+    checks = {c: StoredManifest.indexed(m) for c, m in checks.items()}
+    checked = {x for c in checks.values() if c.drafter_info is not None
+               for x in (c.drafter_info.fingerprint, c.drafter_info.path) if x}
+    manifests = {r: StoredManifest.indexed(m) for r, m in manifests.items() if _may_have_finding(m, checked)}
     out: dict[str, list[Finding]] = {r: [] for r in manifests}
     for x in drafter_mismatches(manifests, checks):
         out[x.run].append(Finding("error", "mismatch",
@@ -60,6 +63,21 @@ def findings(manifests: dict[str, StoredManifest | dict], checks: dict[str, Stor
         if release:
             out[r].append(Finding("note", "hf_reading", f"{release}'s reading on HF", release=release))
     return {r: f for r, f in out.items() if f}
+
+
+def _may_have_finding(raw: StoredManifest | dict, checked: set[str]) -> bool:
+    """Whether a run as the catalog holds it can have a finding, read from the raw keys before the typed manifest is
+    built (a page over 10,000 runs types only these): it records what the engine fed, and it is an HF bench reading
+    a serving engine's release or its drafter (fingerprint or path) is one a drafter check looked at (`checked`)."""
+    if not isinstance(raw, dict):
+        return True
+    aux, drafter = raw.get("aux"), raw.get("drafter")
+    if not isinstance(aux, dict):
+        return False
+    if raw.get("engine") == "hf" and aux.get("producer") in ENGINE_NAMES:
+        return True
+    return (isinstance(drafter, dict) and bool(aux.get("boundaries"))
+            and any(isinstance(v, str) and v in checked for v in (drafter.get("fingerprint"), drafter.get("path"))))
 
 
 def finding_text(found: list[Finding], severity: str | None = None) -> str:
