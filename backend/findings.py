@@ -71,13 +71,11 @@ def _may_have_finding(raw: StoredManifest | dict, checked: set[str]) -> bool:
     a serving engine's release or its drafter (fingerprint or path) is one a drafter check looked at (`checked`)."""
     if not isinstance(raw, dict):
         return True
-    aux, drafter = raw.get("aux"), raw.get("drafter")
-    if not isinstance(aux, dict):
-        return False
-    if raw.get("engine") == "hf" and aux.get("producer") in ENGINE_NAMES:
+    key = StoredManifest.raw_value
+    if key(raw, "engine") == "hf" and key(raw, "aux.producer") in ENGINE_NAMES:
         return True
-    return (isinstance(drafter, dict) and bool(aux.get("boundaries"))
-            and any(isinstance(v, str) and v in checked for v in (drafter.get("fingerprint"), drafter.get("path"))))
+    return bool(key(raw, "aux.boundaries")) and any(isinstance(v, str) and v in checked for v in
+                                                     (key(raw, "drafter.fingerprint"), key(raw, "drafter.path")))
 
 
 def finding_text(found: list[Finding], severity: str | None = None) -> str:

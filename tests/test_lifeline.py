@@ -61,7 +61,6 @@ def _child_after_parent_kill(mode: str, tmp_path: Path) -> tuple[int, bool]:
 def test_a_server_dies_with_the_command_that_started_it(tmp_path):
     child, alive = _child_after_parent_kill("server", tmp_path)
     assert not alive, f"server {child} outlived the SIGKILLed command"
-    assert os.getsid(0) != 0   # (this process's session is untouched)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")

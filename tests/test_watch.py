@@ -418,6 +418,7 @@ def test_ctrl_c_completes_the_run_with_its_windows(sig, data_root: Path, capsys)
 def test_a_killed_watch_is_interrupted_never_complete(data_root: Path) -> None:
     """kill -9 mid-watch: the run stays `running` on disk, the catalog shows it `interrupted`, and the windows it had
     written are indexed."""
+    import io
     import subprocess
     import sys
     import time
@@ -430,7 +431,7 @@ def test_a_killed_watch_is_interrupted_never_complete(data_root: Path) -> None:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**os.environ, "SPECLENS_DATA": str(data_root)})
         parquet = data_root / "runs" / "killed" / "windows.parquet"
         end = time.monotonic() + 60
-        while time.monotonic() < end and not (parquet.exists() and len(pd.read_parquet(parquet)) >= 3):
+        while time.monotonic() < end and not (parquet.exists() and len(pd.read_parquet(io.BytesIO(parquet.read_bytes()))) >= 3):
             time.sleep(0.1)
         proc.kill()
         proc.wait(10)

@@ -307,6 +307,16 @@ class StoredManifest(Section):
                                 f"{', '.join(STATUSES)}")
         return cls.parse(raw)
 
+    @staticmethod
+    def raw_value(raw: dict, dotted: str):
+        """One key of a manifest as stored, untyped (`"aux.producer"`): what a page over 10,000 runs reads before it
+        types the few manifests that need it; None where a section is missing or not an object."""
+        for key in dotted.split("."):
+            if not isinstance(raw, dict):
+                return None
+            raw = raw.get(key)
+        return raw
+
     @property
     def drafter_info(self) -> DrafterInfo | None:
         """The drafter section (None when there is none, or only a path as text)."""

@@ -474,10 +474,13 @@ def _insert_parquet(con: duckdb.DuckDBPyConnection, table: str, files: list[tupl
     except duckdb.Error:
         bad = {}
         for f in files:
-            try:
-                _insert_parquet_batch(con, table, [f])
-            except duckdb.Error as e:
-                bad[f[0]] = f"{f[1].name}: {_line(str(e).replace(str(f[1]), f[1].name))}"
+            for attempt in range(2):   # a live watch replaces its file between DuckDB's two opens: try it again once
+                try:
+                    _insert_parquet_batch(con, table, [f])
+                    bad.pop(f[0], None)
+                    break
+                except duckdb.Error as e:
+                    bad[f[0]] = f"{f[1].name}: {_line(str(e).replace(str(f[1]), f[1].name))}"
         return bad
 
 
