@@ -474,7 +474,7 @@ def _insert_parquet(con: duckdb.DuckDBPyConnection, table: str, files: list[tupl
     except duckdb.Error:
         bad = {}
         for f in files:
-            for attempt in range(2):   # a live watch replaces its file between DuckDB's two opens: try it again once
+            for _ in range(2):   # a live watch may replace its file between DuckDB's two opens: try again once
                 try:
                     _insert_parquet_batch(con, table, [f])
                     bad.pop(f[0], None)
