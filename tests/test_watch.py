@@ -431,10 +431,10 @@ def test_a_killed_watch_is_interrupted_never_complete(data_root: Path) -> None:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**os.environ, "SPECLENS_DATA": str(data_root)})
         parquet = data_root / "runs" / "killed" / "windows.parquet"
         end = time.monotonic() + 60
-        def windows() -> int:   # one open: the watch replaces the file while this reads it
+        def written() -> int:   # one open: the watch replaces the file while this reads it
             return len(pd.read_parquet(io.BytesIO(parquet.read_bytes()))) if parquet.exists() else 0
 
-        while time.monotonic() < end and windows() < 3:
+        while time.monotonic() < end and written() < 3:
             time.sleep(0.1)
         proc.kill()
         proc.wait(10)
