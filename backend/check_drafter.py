@@ -281,16 +281,16 @@ def _fix_words(cfg, reading, trained: list[str], target) -> tuple[str, list[int]
     same plan `--write-fix` writes (backend/drafter/fix.py: its ids and key differ from EAGLE-3's), else the
     EAGLE-3 ids; a string says why no ids can (a DFlash fix refused); None: no id captures those boundaries."""
     from backend.drafter.kinds import DFLASH_LIKE
-    from backend.drafter.lint import IDS_KEY, ids_for, where_to_write
+    from backend.drafter.lint import ids_for, where_to_write
 
     if cfg is not None and getattr(cfg, "kind", "eagle3") in DFLASH_LIKE:
-        from backend.drafter.fix import FixRefused, plan_for
+        from backend.drafter.fix import FixRefused, plan_for, where_key
 
         try:
             plan = plan_for(cfg, target, trained, reading.engine, reading.version, reading.runner)
         except FixRefused as e:
             return str(e).removeprefix("no fix written: ")
-        return (f"top-level {IDS_KEY}" if plan.where == "top-level" else plan.where), plan.ids
+        return where_key(plan.where), plan.ids
     ids = ids_for(reading, trained, target)
     return (where_to_write(reading), ids) if ids is not None else None
 
@@ -429,15 +429,14 @@ def cmd_check(a: argparse.Namespace) -> int:
 
 def _write_and_prove(report: dict, a: argparse.Namespace) -> int:
     """--write-fix OUT [--prove]: the check is saved first, so a refusal loses nothing."""
-    from backend.drafter.fix import FixPlan, FixRefused, write_fix
+    from backend.drafter.fix import FixPlan, FixRefused, where_key, write_fix
 
     fix = report.get("fix") or {}
     if "plan" not in fix:
         raise FixRefused(fix.get("refused") or "no fix written")
     plan = FixPlan(**fix["plan"])
     out = write_fix(plan, a.write_fix)
-    print(f"fix: {plan.engine_name} now reads {plan.ids} from "
-          f"{'eagle_config' if plan.where == 'eagle_config' else 'the top level'} and feeds "
+    print(f"fix: {plan.engine_name} now reads {plan.ids} from {where_key(plan.where)} and feeds "
           f"{', '.join(plan.trained_on)} -> {out} (FIX.md says for which releases it holds)")
     if not a.prove:
         return 0

@@ -10,6 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from backend.align import Alignment
+from backend.drafter.fix import where_key
 from backend.drafter.lint import SEVERITIES
 from backend.runs.manifest import StoredManifest
 from dashboard import severity
@@ -321,8 +322,7 @@ def fix_words(rep: dict) -> tuple[str, str | None]:
         return "info", fix["refused"][0].upper() + fix["refused"][1:]
     p = fix["plan"]
     eng = {"vllm": "vLLM", "sglang": "SGLang"}.get(p["engine"], p["engine"]) + f" {p['version']}"
-    key = ("eagle_config.eagle_aux_hidden_state_layer_ids" if p["where"] == "eagle_config"
-           else "top-level eagle_aux_hidden_state_layer_ids")
+    key = where_key(p["where"])
     return "fix", (f"Write `{key}: {p['ids']}` in the drafter's config.json (nothing else changes): {eng} then feeds "
                    f"{', '.join(p['trained_on'])}, what the drafter was trained on, instead of "
                    f"{', '.join(p['fed_before'] or ['nothing'])}.")

@@ -213,3 +213,59 @@ def test_engines_serve_a_dflash_drafter_as_dflash_with_k_its_block(pair, tmp_pat
                        data=DataRoot(tmp_path / "d"), engine="vllm")
     assert len(jobs) == 2
     assert [j["settings"]["num_spec_tokens"] for j in jobs] == [3, 3], jobs
+
+
+SPECULATORS_DFLASH = Path(__file__).parent / "data" / "peers" / "speculators-dflash"
+
+
+def test_the_toy_dflash_drafter_as_speculators_own_converter_wrote_it(pair, data_root, tmp_path):
+    """tests/data/peers/speculators-dflash/: tests/data/dflash_toy converted by speculators 0.9.0's own DFlashConverter
+    (tools/peer_fixtures/speculators_dflash.py; FIXTURE.json). The converter writes aux id t + 1 for z-lab's id t, and
+    SpecLens's trainer rows read both as the same states; vLLM 0.24 feeds both S_1, S_4, S_7; SpecLens loads the
+    speculators-written weights and layout and drafts exactly as with the source; and the fix for the drafter's real
+    training (S_0, S_3, S_6) goes into speculators' own key, which vLLM's speculators reader copies over its own."""
+    from backend.bench import BenchSettings, run_bench
+    from backend.drafter import kinds as K
+    from backend.drafter.fix import SPECULATORS_WHERE, FixPlan, plan_for, write_fix
+    from backend.drafter import lint as L
+    from backend.drafter.lint import load_config, target_info
+
+    fx = json.loads((SPECULATORS_DFLASH / "FIXTURE.json").read_text())
+    assert fx["written_by"]["tool"] == "speculators" and fx["written_by"]["version"] == "0.9.0"
+    src = json.loads((DFLASH_TOY / "config.json").read_text())
+    conv = json.loads((SPECULATORS_DFLASH / "config.json").read_text())
+    assert conv["speculators_model_type"] == "dflash" and "dflash_config" not in conv
+    assert conv["aux_hidden_state_layer_ids"] == [t + 1 for t in src["dflash_config"]["target_layer_ids"]]
+    truth = fx["truth"]["converted_reads_as"]
+    assert K.trained_boundaries(conv, "dflash") == K.trained_boundaries(src, "dflash") == truth == ["S_1", "S_4", "S_7"]
+    target = pair / "target"
+    tcfg = target_info(target)
+    for d in (DFLASH_TOY, SPECULATORS_DFLASH):
+        got = L.picked(L.engine_readings(load_config(str(d)), tcfg, {"vllm": "0.24.0"}), "vllm")
+        assert got.boundaries == truth, (d.name, got.error)
+
+    emb, head = torch.randn(4096, 256), torch.randn(4096, 256)
+    a, b = DFlashDrafter.load(DFLASH_TOY, emb, head), DFlashDrafter.load(SPECULATORS_DFLASH, emb, head)
+    assert a.cfg.target_layer_ids == b.cfg.target_layer_ids == src["dflash_config"]["target_layer_ids"]
+    assert (a.cfg.block_size, a.cfg.mask_token_id) == (b.cfg.block_size, b.cfg.mask_token_id)
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+    data = DataRoot(data_root)
+    common = dict(target=str(target), prompts=str(heldout_prompts(pair)), num_spec_tokens=3, repeats=1, limit=2,
+                  max_new_tokens=24, device="cpu", warmup=0)
+    runs = [run_bench(BenchSettings(drafter=str(d), **common), name=f"df-{i}", data=data, progress=False)
+            for i, d in enumerate((DFLASH_TOY, SPECULATORS_DFLASH))]
+    assert all(r.lossless for r in runs) and runs[0].tau == runs[1].tau
+    m = [json.loads((r.path / "manifest.json").read_text()) for r in runs]
+    assert m[0]["aux"]["boundaries"] == m[1]["aux"]["boundaries"] == truth
+
+    trained = json.loads((DFLASH_TOY / "TRAINING.json").read_text())["trained_on"]
+    cfg = load_config(str(SPECULATORS_DFLASH))
+    plan = plan_for(cfg, tcfg, trained, "vllm", "0.24.0", None)
+    assert plan.where == SPECULATORS_WHERE and plan.ids == [0, 3, 6] and plan.fed_before == truth
+    out = write_fix(FixPlan(**{**plan.__dict__}), tmp_path / "fixed")
+    fixed = json.loads((out / "config.json").read_text())
+    assert fixed == {**conv, "aux_hidden_state_layer_ids": [0, 3, 6]}
+    got = L.picked(L.engine_readings(load_config(str(out)), tcfg, {"vllm": "0.24.0"}), "vllm")
+    assert got.boundaries == trained

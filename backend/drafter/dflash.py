@@ -46,6 +46,25 @@ WEIGHTS = "model.safetensors"
 ARCH = "DFlashDraftModel"
 
 
+def zlab_layout(raw: dict) -> dict:
+    """A speculators-format DFlash config (`speculators_model_type: dflash`, as speculators' trainer and its
+    DFlashConverter write it: the draft transformer's keys under `transformer_layer_config`, top-level
+    `aux_hidden_state_layer_ids` where id a is the input of target layer a, S_a) in z-lab's layout (flat keys,
+    `dflash_config.target_layer_ids` where id t is the output of layer t, S_(t+1)): t = a - 1, which is how vLLM's
+    speculators config reader hands it to its DFlash model. Any other config is returned as it is."""
+    if not isinstance(raw, dict) or raw.get("speculators_model_type") != "dflash":
+        return raw
+    body = raw.get("transformer_layer_config")
+    out = dict(body) if isinstance(body, dict) else {}
+    for key in ("block_size", "mask_token_id", "target_hidden_size", "architectures"):
+        if raw.get(key) is not None:
+            out[key] = raw[key]
+    aux = raw.get("aux_hidden_state_layer_ids")
+    out["dflash_config"] = {"target_layer_ids": [int(a) - 1 for a in aux] if isinstance(aux, list) else None,
+                            "mask_token_id": raw.get("mask_token_id")}
+    return out
+
+
 @dataclass
 class DFlashConfig:
     hidden_size: int
@@ -74,6 +93,7 @@ class DFlashConfig:
 
     @classmethod
     def from_dict(cls, raw: dict, name: str = "config.json") -> DFlashConfig:
+        raw = zlab_layout(raw)
         dc = raw.get("dflash_config") or {}
         ids = dc.get("target_layer_ids") or raw.get("target_layer_ids")
         missing = [k for k in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size") if k not in raw]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,7 +39,7 @@ class FixPlan:
     engine: str                     # "vllm" | "sglang"
     version: str
     runner: str | None              # vLLM runner the release picks for the target
-    where: str                      # "top-level" | "eagle_config"
+    where: str                      # "top-level" | "eagle_config" | DFLASH_WHERE | SPECULATORS_WHERE (where_key)
     ids: list[int]
     trained_on: list[str]           # boundaries the check found the drafter was trained on
     fed_before: list[str] | None    # what the release fed the original config
@@ -119,28 +120,47 @@ def plan_for(cfg, target, trained: list[str], engine: str, version: str | None =
 
 
 DFLASH_WHERE = "dflash_config.target_layer_ids"
+SPECULATORS_WHERE = "aux_hidden_state_layer_ids"      # speculators' DFlash format: vLLM copies it over its own key
+
+
+def where_key(where: str, style: str = "prefix") -> str:
+    """The config key a plan's `where` names, as messages show it: `top-level eagle_aux_hidden_state_layer_ids`
+    (style "suffix": `eagle_aux_hidden_state_layer_ids (top level)`), `eagle_config.eagle_aux_hidden_state_layer_ids`,
+    `dflash_config.target_layer_ids`, or speculators' top-level `aux_hidden_state_layer_ids`."""
+    if where == "top-level":
+        return f"{IDS_KEY} (top level)" if style == "suffix" else f"top-level {IDS_KEY}"
+    if where == "eagle_config":
+        return f"eagle_config.{IDS_KEY}"
+    if where == SPECULATORS_WHERE:
+        return f"{SPECULATORS_WHERE} (top level, speculators format)" if style == "suffix" else \
+            f"top-level {SPECULATORS_WHERE} (speculators format)"
+    return where
 
 
 def _plan_dflash(cfg, target, focus, trained: list[str], check_run: str | None, verdict: str) -> FixPlan:
     """A DFlash drafter's fix: vLLM reads top-level eagle_aux_hidden_state_layer_ids first in every release (id a =
-    S_a); SGLang reads dflash_config.target_layer_ids (id t = S_{t+1} on most targets) (backend/drafter/kinds.py)."""
+    S_a); SGLang reads dflash_config.target_layer_ids (id t = S_{t+1} on most targets) (backend/drafter/kinds.py).
+    A speculators-format config gets vLLM's ids in its own aux_hidden_state_layer_ids (same meaning): vLLM's
+    speculators reader writes that key over eagle_aux_hidden_state_layer_ids, so an id put there would be lost."""
     from backend.drafter.kinds import fix_ids
 
     try:
         key, ids = fix_ids(cfg.kind, focus.engine, focus.version, trained, target.architectures)
     except SpecLensError as e:
         raise FixRefused(str(e)) from None
-    where = "top-level" if key == IDS_KEY else DFLASH_WHERE
+    raw = _raw_of(cfg)
+    where = DFLASH_WHERE if key != IDS_KEY else SPECULATORS_WHERE if "speculators_config" in raw else "top-level"
+    key = SPECULATORS_WHERE if where == SPECULATORS_WHERE else key
     after = _reading_with_ids(cfg, target, focus, ids, where)
     if after.boundaries != trained:
         got = ", ".join(after.boundaries) if after.boundaries else f"nothing ({_first_clause(after.error)})"
         raise FixRefused(f"no fix written: with {key} = {ids}, {focus.name} would feed {got}, not {', '.join(trained)}")
-    raw = _raw_of(cfg)
     return FixPlan(drafter=str(Path(cfg.name).resolve()), target=str(Path(target.path).resolve()),
                    engine=focus.engine, version=focus.version, runner=focus.runner, where=where, ids=ids,
                    trained_on=trained, fed_before=focus.boundaries, check_run=check_run, verdict=verdict,
                    before={"top-level": cfg.aux_layer_ids_top,
-                           DFLASH_WHERE: (raw.get("dflash_config") or {}).get("target_layer_ids")},
+                           DFLASH_WHERE: (raw.get("dflash_config") or {}).get("target_layer_ids"),
+                           **({SPECULATORS_WHERE: raw.get(SPECULATORS_WHERE)} if where == SPECULATORS_WHERE else {})},
                    config_file=str(Path(cfg.config_file).resolve()))
 
 
@@ -213,7 +233,9 @@ def fixed_config(raw: dict, plan: FixPlan) -> dict:
 
 def _with_ids(raw: dict, where: str, ids: list[int]) -> dict:
     new = json.loads(json.dumps(raw))
-    if where == DFLASH_WHERE:
+    if where == SPECULATORS_WHERE:
+        new[SPECULATORS_WHERE] = list(ids)
+    elif where == DFLASH_WHERE:
         nested = new.get("dflash_config") if isinstance(new.get("dflash_config"), dict) else {}
         new["dflash_config"] = {**nested, "target_layer_ids": list(ids)}
     elif where == "eagle_config":
@@ -294,15 +316,14 @@ def _ranges(rows: list[dict], what) -> list[str]:
 
 def fix_text(plan: FixPlan, m: dict, how: dict[str, str]) -> str:
     """FIX.md: what changed, why, and for which engine releases it holds."""
-    key = (f"eagle_config.{IDS_KEY}" if plan.where == "eagle_config" else DFLASH_WHERE
-           if plan.where == DFLASH_WHERE else f"{IDS_KEY} (top level)")
+    key = where_key(plan.where, "suffix")
     was = plan.before.get(plan.where)
     rows = [r for r in m["rows"] if r["picked"]]
     holds = _ranges([r for r in rows if r["trained"] == "matches"], lambda r: "")
     def fed(r: dict) -> str:
         if r["feeds"]:
             return f" (feeds {', '.join(r['feeds'])})"
-        why = (r["error"] or "").split(";")[0].replace(f"{r['engine']} {r['release']} ", "")
+        why = re.sub(rf"(?i){re.escape(r['engine'])} {re.escape(r['release'])} ", "", (r["error"] or "").split(";")[0])
         return f" (cannot serve it: {why})"
 
     fails = _ranges([r for r in rows if r["trained"] != "matches"], fed)
