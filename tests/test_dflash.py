@@ -226,8 +226,8 @@ def test_the_toy_dflash_drafter_as_speculators_own_converter_wrote_it(pair, data
     training (S_0, S_3, S_6) goes into speculators' own key, which vLLM's speculators reader copies over its own."""
     from backend.bench import BenchSettings, run_bench
     from backend.drafter import kinds as K
-    from backend.drafter.fix import SPECULATORS_WHERE, FixPlan, plan_for, write_fix
     from backend.drafter import lint as L
+    from backend.drafter.fix import SPECULATORS_WHERE, FixPlan, plan_for, write_fix
     from backend.drafter.lint import load_config, target_info
 
     fx = json.loads((SPECULATORS_DFLASH / "FIXTURE.json").read_text())
