@@ -278,7 +278,7 @@ def test_recorded_vllm_start_failures_name_the_setting_to_change(case):
     assert "--max-model-len" not in msg and "--gpu-memory-utilization" not in msg   # flags the CLI does not take
 
 
-def test_stderr_tail_keeps_what_a_child_process_printed():
+def test_stderr_tail_keeps_what_a_child_process_printed(monkeypatch):
     """A real child process inherits the redirected fd 2; its last exception line is the root cause, and the
     bytes still reach the real stderr."""
     import subprocess
@@ -288,9 +288,25 @@ def test_stderr_tail_keeps_what_a_child_process_printed():
 
     code = ("import sys; sys.stderr.write('(EngineCore pid=7) ERROR 12-05 08:00:01 [core.py:1] torch.OutOfMemoryError:"
             " CUDA out of memory. Tried to allocate 2.00 GiB\\nRuntimeError: Engine core initialization failed\\n')")
+    import os
+    import time
+
+    import backend.engines.stderr_tail as st_mod
+
+    class SlowForward:              # a loaded machine: the pump forwards each chunk 0.3 s late
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        @staticmethod
+        def write(fd, data):
+            if fd != 2:
+                time.sleep(0.3)
+            return os.write(fd, data)
+
+    monkeypatch.setattr(st_mod, "os", SlowForward())
     with StderrTail() as tail:
         subprocess.run([sys.executable, "-c", code], check=True)
-        tail.settle()
+        tail.settle(quiet_s=0)      # no quiet wait: only the mark through the pipe makes sure the child's bytes are in
     assert root_cause(tail.text()) == "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     msg = V.short_error(RuntimeError("Engine core initialization failed."), root_cause(tail.text()),
                         {"gpu_memory_utilization": 0.3})

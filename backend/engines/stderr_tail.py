@@ -24,6 +24,7 @@ import threading
 import time
 from collections import deque
 
+MARK = b"\x00speclens-stderr-tail-mark\x00"   # written by settle(): every byte before it has been read once it is seen
 EXC_LINE = re.compile(r"\b((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)): (.+)$")
 PREFIX = re.compile(r"^\((?:EngineCore|Worker|APIServer)[^)]*\)\s*"             # (EngineCore pid=10350)
                     r"(?:(?:ERROR|WARNING|INFO)\s+\S+\s+\S+\s+\[[^\]]*\]\s*)?")   # ERROR 12-05 08:00:01 [core.py:1231]
@@ -37,6 +38,7 @@ class StderrTail:
         self._lock = threading.Lock()
         self._last = 0.0
         self._orig: int | None = None
+        self._marked = threading.Event()
 
     def __enter__(self) -> StderrTail:
         try:
@@ -58,6 +60,8 @@ class StderrTail:
                 break
             if not data:
                 break
+            marked = MARK in data       # (a mark split across two reads is forwarded as is; settle then times out)
+            data = data.replace(MARK, b"") if marked else data
             try:
                 os.write(out, data)
             except OSError:
@@ -68,6 +72,8 @@ class StderrTail:
                 while self._size > self.keep and len(self._buf) > 1:
                     self._size -= len(self._buf.popleft())
                 self._last = time.monotonic()
+            if marked:                  # only once what came before the mark is in the buffer
+                self._marked.set()
         os.close(r)
 
     def __exit__(self, *exc) -> None:
@@ -75,11 +81,20 @@ class StderrTail:
             os.dup2(self._orig, 2)      # our own fd 2 is the terminal/log again; children keep the pipe
 
     def settle(self, quiet_s: float = 0.2, at_most_s: float = 2.0) -> None:
-        """Wait until nothing arrived for quiet_s (a failing child's traceback is still in the pipe)."""
+        """Inside the block: wait until what was already written is read (a mark sent through the pipe comes back),
+        then until nothing arrived for quiet_s (a failing child may still be writing its traceback)."""
         end = time.monotonic() + at_most_s
+        if self._orig is not None:
+            self._marked.clear()
+            try:
+                os.write(2, MARK)
+                self._marked.wait(at_most_s)
+            except OSError:
+                pass
+        since = time.monotonic()
         while time.monotonic() < end:
             with self._lock:
-                idle = time.monotonic() - self._last
+                idle = time.monotonic() - max(self._last, since)
             if idle >= quiet_s:
                 return
             time.sleep(0.05)
