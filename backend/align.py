@@ -139,9 +139,7 @@ def load_sample(run_id: str, data: DataRoot | None = None) -> Sample:
                 raise SpecLensError(f"{f}: no boundary tensors or token hashes in the sample; re-run the capture of "
                                     f"'{run_id}'")
             ctx = sf.get_tensor("ctx_hash").numpy()
-            stacked = _read_stacked(f, labels)
-            states = ({lbl: stacked[:, i] for i, lbl in enumerate(labels)} if stacked is not None
-                      else {lbl: sf.get_tensor(lbl) for lbl in labels})
+            states = _map_states(f, labels) or {lbl: sf.get_tensor(lbl) for lbl in labels}
     except (SafetensorError, OSError, ValueError, json.JSONDecodeError, KeyError) as e:
         raise SpecLensError(f"{f}: corrupt safetensors file ({e}); re-run the capture of '{run_id}'") from e
     model = m.model or ModelInfo()
@@ -152,10 +150,11 @@ def load_sample(run_id: str, data: DataRoot | None = None) -> Sample:
 _ST_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}
 
 
-def _read_stacked(f: Path, labels: list[str]) -> torch.Tensor | None:
-    """The labels' [n, H] tensors read straight from the safetensors file into one token-major [n, L, H] tensor
-    (a scattered read: one pass over the bytes, no copy to stack or transpose later); None when they differ in
-    shape or dtype (then they are read one by one)."""
+def _map_states(f: Path, labels: list[str]) -> dict[str, torch.Tensor] | None:
+    """The labels' [n, H] tensors as views of one private memory map of the file: nothing is copied and no fresh
+    memory is touched (the pages stay the page cache's; a write to one would copy that page, never reach the file).
+    None when one is not a 2-D tensor of a float dtype (then they are read one by one)."""
+    import mmap
     import os
 
     import torch
@@ -164,23 +163,20 @@ def _read_stacked(f: Path, labels: list[str]) -> torch.Tensor | None:
         size = int.from_bytes(fh.read(8), "little")
         header = json.loads(fh.read(size))
         metas = [header[lbl] for lbl in labels]
-        shape, dt = metas[0]["shape"], metas[0]["dtype"]
-        if len(shape) != 2 or dt not in _ST_DTYPES or any(x["shape"] != shape or x["dtype"] != dt for x in metas):
+        if any(len(x["shape"]) != 2 or x["dtype"] not in _ST_DTYPES for x in metas):
             return None
-        n, H = shape
-        out = torch.empty(n, len(labels), H, dtype=getattr(torch, _ST_DTYPES[dt]))
-        raw = out.view(torch.uint8).numpy()                          # [n, L, H * itemsize]
-        row = raw.shape[-1]
-        step = max(1, min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024))
-        for i, x in enumerate(metas):
-            b, e = x["data_offsets"]
-            if e - b != n * row:
-                raise ValueError(f"tensor '{labels[i]}' holds {e - b} bytes for shape {shape}")
-            for s in range(0, n, step):
-                views = [memoryview(raw[t, i]) for t in range(s, min(n, s + step))]
-                want = len(views) * row
-                if os.preadv(fh.fileno(), views, 8 + size + b + s * row) != want:
-                    raise ValueError(f"tensor '{labels[i]}' is truncated")
+        total = os.fstat(fh.fileno()).st_size
+        mm = mmap.mmap(fh.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    if hasattr(mm, "madvise") and hasattr(mmap, "MADV_WILLNEED"):
+        mm.madvise(mmap.MADV_WILLNEED)              # read ahead what is not in the page cache yet
+    out = {}
+    for lbl, x in zip(labels, metas):
+        dt = getattr(torch, _ST_DTYPES[x["dtype"]])
+        (n, H), (b, e) = x["shape"], x["data_offsets"]
+        if e - b != n * H * dt.itemsize or 8 + size + e > total:
+            raise ValueError(f"tensor '{lbl}' is truncated or its shape does not match its bytes")
+        out[lbl] = (torch.frombuffer(mm, dtype=dt, count=n * H, offset=8 + size + b).view(n, H) if n * H
+                    else torch.empty(n, H, dtype=dt))
     return out
 
 
@@ -195,25 +191,28 @@ def compute_dtype(A: Sample, B: Sample) -> torch.dtype:
     return torch.bfloat16 if dts == {torch.bfloat16} else torch.float32
 
 
-def stack_states(sample: Sample, idx: torch.Tensor, device: torch.device,
-                 dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Token-major [n, L, H] of the chosen tokens (dtype: float32 unless given), boundaries in the sample's stream
-    order. When the sample was loaded as one such tensor (load_sample) and the tokens are a contiguous run, this is
-    a view (no copy); else a contiguous run is sliced and other tokens gathered, converted once."""
+def select_states(sample: Sample, idx: torch.Tensor, device: torch.device,
+                  dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    """Per boundary, in the sample's stream order, the chosen tokens' [len(idx), H] states on the device in dtype
+    (float32 unless given). Views of the sample's tensors (load_sample: of the memory-mapped file, no copy) when the
+    tokens are a contiguous run and nothing needs converting; else each is sliced or gathered and converted once."""
     import torch
 
     dtype = dtype or torch.float32
     n = len(idx)
     start = int(idx[0]) if n else 0
     contiguous = n > 0 and int(idx[-1]) - start == n - 1 and bool((idx[1:] > idx[:-1]).all())
-    base = _stacked_base(sample) if contiguous else None
-    if base is not None and base.dtype == dtype and base.device == device:
-        return base.narrow(0, start, n)
-    out = torch.empty(n, len(sample.labels), sample.hidden, dtype=dtype, device=device)
-    for i, lbl in enumerate(sample.labels):
+    out = []
+    for lbl in sample.labels:
         src = sample.states[lbl]
-        out[:, i].copy_(src.narrow(0, start, n) if contiguous else src.index_select(0, idx.to(src.device)))
+        z = src.narrow(0, start, n) if contiguous else src.index_select(0, idx.to(src.device))
+        out.append(z.to(device=device, dtype=dtype))
     return out
+
+
+def _parts(X: torch.Tensor | list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per boundary [n, H]: X given as such a list (align_samples) or as one token-major [n, L, H] tensor."""
+    return list(X) if isinstance(X, (list, tuple)) else list(X.unbind(1))
 
 
 def _bmm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -229,24 +228,27 @@ def _bmm32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bmm(a, b).float()
 
 
-def pair_matrices(X: torch.Tensor, Y: torch.Tensor, same: list[tuple[int, int]],
-                  chunk: int | None = None) -> dict[str, np.ndarray]:
-    """X [n, p, H] and Y [n, q, H] (token-major) hold the same n tokens; over every boundary pair (i, j):
+def pair_matrices(X: torch.Tensor | list[torch.Tensor], Y: torch.Tensor | list[torch.Tensor],
+                  same: list[tuple[int, int]], chunk: int | None = None) -> dict[str, np.ndarray]:
+    """X (p boundaries) and Y (q boundaries), each a list of [n, H] per boundary or one token-major [n, L, H]
+    tensor, hold the same n tokens; over every boundary pair (i, j):
 
     cosine[i, j]  mean over tokens of cos(x_it, y_jt)
     rel_l2[i, j]  ||X_i - Y_j||_F / ||Y_j||_F over the tokens (computed exactly for the `same` pairs)
     count[i, j]   tokens finite in both (tokens holding NaN/inf are left out of that pair)
 
-    Per chunk of tokens one batched GEMM gives every pair's per-token dot product D[t, i, j] = x_it . y_jt
-    ([c, p, H] x [c, H, q], fp32 accumulation) into one [n, p, q] array and the token norms go into [n, p] and
-    [n, q]; cosine, dot and norm sums are then a few whole-array operations. No normalised copy is made, and the
-    operations per chunk are few (on a busy machine each one waits for its threads). Also returns the per-token
-    norms (norms_a [p, n], norms_b [q, n], float32) for the CKA row selection and each boundary's mean over the
-    tokens finite everywhere (means: ([p, H], [q, H]) float32) for its centring."""
+    Per chunk of tokens (gathered token-major into a buffer reused by every chunk) one batched GEMM gives every
+    pair's per-token dot product D[t, i, j] = x_it . y_jt ([c, p, H] x [c, H, q], fp32 accumulation) into one
+    [n, p, q] array and the token norms go into [n, p] and [n, q]; cosine, dot and norm sums are then a few whole-array
+    operations. No normalised copy is made, and the operations per chunk are few (on a busy machine each one waits
+    for its threads). Also returns the per-token norms (norms_a [p, n], norms_b [q, n], float32) for the CKA row
+    selection and each boundary's mean over the tokens finite everywhere (means: ([p, H], [q, H]) float32) for its
+    centring."""
     import torch
 
-    device = X.device
-    n, p, q, H = X.shape[0], X.shape[1], Y.shape[1], X.shape[-1]
+    xs, ys = _parts(X), _parts(Y)
+    device, dt_x, dt_y = xs[0].device, xs[0].dtype, ys[0].dtype
+    n, p, q, H = xs[0].shape[0], len(xs), len(ys), xs[0].shape[-1]
     c = chunk or max(1, (1 << (24 if device.type == "cpu" else 28)) // ((p + q) * H))
     f32 = torch.float32
     D = torch.empty(n, p, q, dtype=f32, device=device)
@@ -261,16 +263,18 @@ def pair_matrices(X: torch.Tensor, Y: torch.Tensor, same: list[tuple[int, int]],
     sj = torch.tensor([j for _, j in same], dtype=torch.long, device=device)
     consecutive = same and all(a == (same[0][0] + t, same[0][1] + t) for t, a in enumerate(same))
     ranges = same[0] if consecutive else None
-    # buffers reused by every chunk: fp32 copies of a 16-bit chunk (reductions on them need no hidden casts) and
-    # the same-named differences (a fresh allocation per chunk costs page faults on every pass)
-    xbuf = None if X.dtype == f32 else torch.empty(c, p, H, dtype=f32, device=device)
-    ybuf = None if Y.dtype == f32 else torch.empty(c, q, H, dtype=f32, device=device)
+    # buffers reused by every chunk: the chunk token-major, its fp32 copy when 16-bit (reductions on it need no
+    # hidden casts) and the same-named differences (a fresh allocation per chunk costs page faults on every pass)
+    x16buf, y16buf = torch.empty(c, p, H, dtype=dt_x, device=device), torch.empty(c, q, H, dtype=dt_y, device=device)
+    xbuf = None if dt_x == f32 else torch.empty(c, p, H, dtype=f32, device=device)
+    ybuf = None if dt_y == f32 else torch.empty(c, q, H, dtype=f32, device=device)
     dbuf = torch.empty(c, len(same), H, dtype=f32, device=device) if same else None
     ebuf = torch.empty(c, len(same), H, dtype=f32, device=device) if same and ranges is None else None
     tmp_a, tmp_b = torch.empty(p, H, dtype=f32, device=device), torch.empty(q, H, dtype=f32, device=device)
     for s in range(0, n, c):
-        x16, y16 = X[s:s + c], Y[s:s + c]                            # [k, p, H], [k, q, H] views
-        k = x16.shape[0]
+        k = min(c, n - s)
+        x16 = torch.stack([z[s:s + k] for z in xs], 1, out=x16buf[:k])      # [k, p, H]
+        y16 = torch.stack([z[s:s + k] for z in ys], 1, out=y16buf[:k])      # [k, q, H]
         x = x16 if xbuf is None else xbuf[:k].copy_(x16)
         y = y16 if ybuf is None else ybuf[:k].copy_(y16)
         torch.linalg.vector_norm(x, dim=-1, out=nx[s:s + k])
@@ -324,18 +328,18 @@ def pair_matrices(X: torch.Tensor, Y: torch.Tensor, same: list[tuple[int, int]],
             "means": (sum_a / all_fin.sum().clamp_min(1), sum_b / all_fin.sum().clamp_min(1))}
 
 
-def _cka_rows(rows: torch.Tensor, X: torch.Tensor, Y: torch.Tensor, ok: torch.Tensor, all_ok: bool,
+def _cka_rows(rows: torch.Tensor, xs: list[torch.Tensor], ys: list[torch.Tensor], ok: torch.Tensor, all_ok: bool,
               mus: list[torch.Tensor], block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """For the token rows `rows` (positions in `ok`): per row a, r[a, i, j] = sum_b Kc_i[a, b] Kc_j[a, b] over
-    all tokens b in ok, with Kc the centred token Gram of A's boundary i (X) and B's boundary j (Y), and the
+    all tokens b in ok, with Kc the centred token Gram of A's boundary i (xs[i]) and B's boundary j (ys[j]), and the
     self sums sa[a, i] = sum_b Kc_i[a, b]^2, sb[a, j] likewise. Each Gram row block is one GEMM of the chosen
     rows against all tokens (fp32 accumulation); the centring is exact algebra on the uncentred product
     (Kc[a, b] = K[a, b] - k_a - k_b + k, k_b = x_b . mean, k = mean . mean), the k_b of all tokens coming from one
     extra row (the mean) of the same GEMM. Buffers are allocated once."""
     import torch
 
-    p, q, m = X.shape[1], Y.shape[1], len(ok)
-    dev, dt, f32 = X.device, X.dtype, torch.float32
+    p, q, m = len(xs), len(ys), len(ok)
+    dev, dt, f32 = xs[0].device, xs[0].dtype, torch.float32
     r = torch.empty(len(rows), p, q, dtype=f32, device=dev)
     sa = torch.empty(len(rows), p, dtype=f32, device=dev)
     sb = torch.empty(len(rows), q, dtype=f32, device=dev)
@@ -343,13 +347,13 @@ def _cka_rows(rows: torch.Tensor, X: torch.Tensor, Y: torch.Tensor, ok: torch.Te
     bs = min(block, len(rows))
     GA = torch.empty(bs, p, m, dtype=f32, device=dev)
     GB = torch.empty(bs, q, m, dtype=f32, device=dev)
-    zr_buf = torch.empty(bs + 1, X.shape[-1], dtype=dt, device=dev)
+    zr_buf = torch.empty(bs + 1, xs[0].shape[-1], dtype=dt, device=dev)
     g_buf = torch.empty(bs + 1, m, dtype=dt, device=dev)
     everything = all_ok and len(rows) == m and bool((rows == torch.arange(m, device=dev)).all())
     for s in range(0, len(rows), bs):
         rb = rows[s:s + bs]
         b = len(rb)
-        for k, Z in enumerate(X.unbind(1) + Y.unbind(1)):          # Z [n, H] one boundary
+        for k, Z in enumerate(xs + ys):                              # Z [n, H] one boundary
             z = Z if all_ok else Z.index_select(0, ok)             # [m, H]
             G = GA[:b, k] if k < p else GB[:b, k - p]              # [b, m] view
             if everything and b == m:                              # exact on all tokens: the rows are z itself
@@ -376,7 +380,8 @@ def _cka_rows(rows: torch.Tensor, X: torch.Tensor, Y: torch.Tensor, ok: torch.Te
     return r, sa, sb
 
 
-def cka_matrix(X: torch.Tensor, Y: torch.Tensor, all_finite: torch.Tensor, budget: float | None = None,
+def cka_matrix(X: torch.Tensor | list[torch.Tensor], Y: torch.Tensor | list[torch.Tensor], all_finite: torch.Tensor,
+               budget: float | None = None,
                norms: tuple[torch.Tensor, torch.Tensor] | None = None,
                means: tuple[torch.Tensor, torch.Tensor] | None = None,
                seed: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
@@ -397,8 +402,9 @@ def cka_matrix(X: torch.Tensor, Y: torch.Tensor, all_finite: torch.Tensor, budge
     against the exact computation). Returns (cka [p, q], se [p, q], m)."""
     import torch
 
-    device = X.device
-    p, q, H = X.shape[1], Y.shape[1], X.shape[-1]
+    xs, ys = _parts(X), _parts(Y)
+    device = xs[0].device
+    p, q, H = len(xs), len(ys), xs[0].shape[-1]
     ok = all_finite.nonzero().flatten()
     n = len(ok)
     if n < 3:
@@ -426,8 +432,8 @@ def cka_matrix(X: torch.Tensor, Y: torch.Tensor, all_finite: torch.Tensor, budge
         rows = torch.cat([take, sample])
     block = max(1, _CKA_BLOCK_BYTES[device.type == "cpu"] // (4 * (p + q) * n))
     if means is None:
-        means = tuple(torch.stack([z.index_select(0, ok).float().mean(0) for z in Z.unbind(1)]) for Z in (X, Y))
-    r, sa, sb = _cka_rows(rows, X, Y, ok, n == X.shape[0], list(means[0]) + list(means[1]), block)
+        means = tuple(torch.stack([z.index_select(0, ok).float().mean(0) for z in Z]) for Z in (xs, ys))
+    r, sa, sb = _cka_rows(rows, xs, ys, ok, n == xs[0].shape[0], list(means[0]) + list(means[1]), block)
     r, sa, sb = r.double(), sa.double(), sb.double()
     nt, ms, ns = len(take), len(sample), n - len(take)
     w = torch.ones(len(rows), dtype=torch.float64, device=device)
@@ -547,7 +553,7 @@ def _top_s(labels: list[str], n: int) -> str | None:
     return s[-1] if s else None
 
 
-def final_norm_fits(A: Sample, B: Sample, X: torch.Tensor, Y: torch.Tensor, cos: np.ndarray,
+def final_norm_fits(A: Sample, B: Sample, X: list[torch.Tensor], Y: list[torch.Tensor], cos: np.ndarray,
                     rel: np.ndarray) -> list[dict]:
     """norm_fit from the other side's S_N of each side's S_N, F and deepest state (where F gets stored, whatever its
     label) that does not match its namesake closely (or has none): at most four fits, a few passes over [n, H] each.
@@ -567,7 +573,7 @@ def final_norm_fits(A: Sample, B: Sample, X: torch.Tensor, Y: torch.Tensor, cos:
                 c, r = pick(P.labels.index(yl), j)
                 if not (np.isfinite(c) and np.isfinite(r)) or (c >= ALIGNED_COS and r <= DRIFT_REL_L2):
                     continue      # matches its namesake closely: never a final-norm question
-            jobs.append((side, yl, xl, QX[:, j], PX[:, P.labels.index(xl)]))
+            jobs.append((side, yl, xl, _parts(QX)[j], _parts(PX)[P.labels.index(xl)]))
     if not jobs:
         return []
     tn = target_final_norm(A.model_path, A.hidden) or target_final_norm(B.model_path, B.hidden)
@@ -797,27 +803,11 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
 
 # ---------------------------------------------------------------------------- entry points
 
-def _stacked_base(sample: Sample) -> torch.Tensor | None:
-    """The token-major [n, L, H] tensor the sample's states are views of, in label order (load_sample), else None."""
-    first = sample.states[sample.labels[0]]
-    base = getattr(first, "_base", None)
-    if (base is not None and base.dim() == 3 and base.shape[1] == len(sample.labels)
-            and all(sample.states[lbl].data_ptr() == base[:, i].data_ptr() and sample.states[lbl].shape[0]
-                    == base.shape[0] for i, lbl in enumerate(sample.labels))):
-        return base
-    return None
-
-
 def _on(sample: Sample, device: torch.device) -> Sample:
-    """The sample's states moved to the device once (a no-op on CPU); one stacked tensor stays one."""
+    """The sample's states moved to the device once (a no-op on CPU)."""
     if device.type == "cpu" or next(iter(sample.states.values())).device == device:
         return sample
-    base = _stacked_base(sample)
-    if base is not None:
-        moved = base.to(device, non_blocking=True)
-        states = {lbl: moved[:, i] for i, lbl in enumerate(sample.labels)}
-    else:
-        states = {k: v.to(device, non_blocking=True) for k, v in sample.states.items()}
+    states = {k: v.to(device, non_blocking=True) for k, v in sample.states.items()}
     return Sample(sample.run_id, sample.labels, states, sample.ctx_hash, sample.n_layers, sample.hidden, sample.dtype,
                   sample.model_path)
 
@@ -847,7 +837,7 @@ def align_samples(A: Sample, B: Sample, cka_budget: float | None | str = "auto",
     order = np.argsort(ia)
     ia, ib = torch.from_numpy(ia[order]).to(device), torch.from_numpy(ib[order]).to(device)
     dt = compute_dtype(A, B)
-    X, Y = stack_states(_on(A, device), ia, device, dt), stack_states(_on(B, device), ib, device, dt)
+    X, Y = select_states(_on(A, device), ia, device, dt), select_states(_on(B, device), ib, device, dt)
     same = [(A.labels.index(lbl), j) for j, lbl in enumerate(B.labels) if lbl in A.labels]
     mats = pair_matrices(X, Y, same)
     cos, rel, nfa, nfb = mats["cosine"], mats["rel_l2"], mats["nonfinite_a"], mats["nonfinite_b"]

@@ -88,6 +88,34 @@ def test_hidden_size_mismatch_and_no_shared_tokens():
         align_samples(a, _sample("b", ["S_0"], [torch.randn(20, 8)], ids + 100))
 
 
+def test_a_loaded_sample_maps_its_file_and_never_writes_it(demo_root, tmp_path):
+    """load_sample maps the file instead of copying it: the states equal what safetensors reads, an in-place write to
+    one changes neither the file nor the next load, and a file cut short is a corrupt file, not a crash."""
+    import hashlib
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from backend.align import load_sample
+
+    root = tmp_path / "d"
+    shutil.copytree(demo_root / "runs" / "demo-fp32", root / "runs" / "x")
+    f = root / "runs" / "x" / "sample.safetensors"
+    digest = hashlib.sha256(f.read_bytes()).hexdigest()
+    s = load_sample("x", DataRoot(root))
+    want = load_file(str(f))
+    assert s.labels and all(torch.equal(s.states[lbl], want[lbl]) for lbl in s.labels)
+    spans = [[int(a, 16) for a in line.split()[0].split("-")] for line in open("/proc/self/maps")
+             if line.rstrip().endswith(str(f))]
+    assert all(any(lo <= s.states[lbl].data_ptr() < hi for lo, hi in spans) for lbl in s.labels), spans
+    s.states[s.labels[0]].fill_(7.0)                  # a private mapping: the write copies the page
+    assert hashlib.sha256(f.read_bytes()).hexdigest() == digest
+    assert torch.equal(load_sample("x", DataRoot(root)).states[s.labels[0]], want[s.labels[0]])
+    f.write_bytes(f.read_bytes()[:-64])
+    with pytest.raises(SpecLensError, match=r"runs/x/sample.safetensors: corrupt safetensors file"):
+        load_sample("x", DataRoot(root))
+
+
 def test_corrupt_or_missing_sample(demo_root, tmp_path):
     import shutil
 
