@@ -243,6 +243,8 @@ def test_the_toy_dflash_drafter_as_speculators_own_converter_wrote_it(pair, data
     for d in (DFLASH_TOY, SPECULATORS_DFLASH):
         got = L.picked(L.engine_readings(load_config(str(d)), tcfg, {"vllm": "0.24.0"}), "vllm")
         assert got.boundaries == truth, (d.name, got.error)
+    # the key named is the one in the user's file, not the one vLLM's converter renames it to
+    assert got.ids_from.startswith("aux_hidden_state_layer_ids (speculators format"), got.ids_from
 
     emb, head = torch.randn(4096, 256), torch.randn(4096, 256)
     a, b = DFlashDrafter.load(DFLASH_TOY, emb, head), DFlashDrafter.load(SPECULATORS_DFLASH, emb, head)

@@ -22,6 +22,7 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from backend.drafter.kinds import SPECULATORS_IDS
 from backend.errors import SpecLensError
 from backend.options import SERVING_ENGINES
 
@@ -120,7 +121,7 @@ def plan_for(cfg, target, trained: list[str], engine: str, version: str | None =
 
 
 DFLASH_WHERE = "dflash_config.target_layer_ids"
-SPECULATORS_WHERE = "aux_hidden_state_layer_ids"      # speculators' DFlash format: vLLM copies it over its own key
+SPECULATORS_WHERE = SPECULATORS_IDS     # speculators' DFlash format: vLLM copies it over its own key
 
 
 def where_key(where: str, style: str = "prefix") -> str:

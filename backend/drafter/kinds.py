@@ -144,13 +144,16 @@ def read_ids(blocks: list[list[dict]], raw: dict) -> tuple[list[int] | None, str
     return (ids, src, add) if ids else (None, None, 0)
 
 
+SPECULATORS_IDS = "aux_hidden_state_layer_ids"       # a speculators-format config's own id key (id a = S_a)
+
+
 def speculators_view(raw: dict, engine: str) -> dict:
     """A speculators-format DFlash config as vLLM's converter hands it over (transformers_utils/configs/speculators/
     algos.py update_dflash: aux_hidden_state_layer_ids -> eagle_aux_hidden_state_layer_ids and
     dflash_config.target_layer_ids = id - 1)."""
     if "speculators_config" not in raw or engine != "vllm":
         return raw
-    aux = raw.get("aux_hidden_state_layer_ids")
+    aux = raw.get(SPECULATORS_IDS)
     out = dict(raw)
     if aux:
         out["eagle_aux_hidden_state_layer_ids"] = list(aux)
@@ -208,6 +211,8 @@ def kind_feeds(raw: dict, kind: str, n_layers: int, model_type: str | None, arch
         bs = coords.resolve_ids("vllm", ids, n_layers, version=version, family=fam, runner=runner)
         labels = coords.labels(sorted(set(bs), key=lambda b: b.sort_key()))
         where = src or "the target's EAGLE-3 default"
+        if view is not raw and src and src.split(" ")[0] not in raw and raw.get(SPECULATORS_IDS):
+            where = f"{SPECULATORS_IDS} (speculators format; vLLM's converter hands it over as {src})"
     else:
         if kind not in DFLASH_LIKE:
             raise SpecLensError(f"{kind}: read through the EAGLE-3 path")
