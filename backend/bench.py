@@ -100,6 +100,43 @@ def run_bench(settings: BenchSettings, name: str | None = None, data: DataRoot |
     return _run(rd, lm, s, prompts, seqs, spec, base, done, data, progress, stop_after, writer=writer)
 
 
+def run_benches(settings: list[BenchSettings], names: list[str | None], data: DataRoot | None = None,
+                progress: bool = True, stop_after: int | None = None) -> list[BenchResult]:
+    """Several drafters on one target with the same prompts and decoding settings, benched in one loop (HF engine):
+    per unit plain decoding once and every drafter back to back (`_run_arms`), each drafter run paired with that
+    shared plain half and all of them linking one baseline run. Each run is the run `run_bench` would write (its own
+    directory, journal, resume and figures); the plain half is decoded once per unit instead of once per drafter.
+    Other engines, or one drafter: `run_bench` one after another."""
+    from backend.engines import hf
+
+    data = DataRoot.of(data)
+    if len(settings) != len(names):
+        raise SpecLensError(f"{len(settings)} bench settings but {len(names)} names")
+    for s in settings:
+        _validate(s)
+    if len(settings) < 2 or any(s.engine != "hf" or not s.drafter for s in settings):
+        return [run_bench(s, name=n, data=data, progress=progress, stop_after=stop_after)
+                for s, n in zip(settings, names)]
+    ident = settings[0].baseline().identity()
+    odd = [n or s.drafter for s, n in zip(settings, names) if s.baseline().identity() != ident]
+    if odd:
+        raise SpecLensError(f"bench {odd[0]} differs from {names[0] or settings[0].drafter} in more than its drafter "
+                            f"(target, prompts or decoding settings); bench it on its own")
+    s0 = settings[0]
+    prompts = load_prompts(s0.prompts, s0.limit)
+    lm = hf.load(s0.target, s0.device, s0.dtype)
+    seqs = _encode_all(lm, prompts, s0)
+    arms, base, writer = [], None, None
+    for k, (s, name) in enumerate(zip(settings, names)):
+        spec = _load_spec(lm, s, None)
+        run_id = new_run_id("bench", name)
+        if k == 0:                  # the first run's baseline (reused, or written from the shared plain halves)
+            base, writer = _pair_baseline(run_id, s, lm, len(prompts), name, data)
+        rd, done = _open_or_resume(run_id, s, lm, spec, base, data, len(prompts), pairing=INTERLEAVED)
+        arms.append(_Arm(rd, s, spec, done))
+    return _run_arms(arms, lm, prompts, seqs, base, data, progress, stop_after, writer)
+
+
 def _pair_baseline(run_id: str, s: BenchSettings, lm, n_prompts: int, name: str | None, data: DataRoot
                    ) -> tuple[BenchResult, Run | None]:
     """The baseline run a drafter run links (`baseline_run`) and, when this bench writes it from the plain half of its
@@ -482,94 +519,151 @@ BASE_COLUMNS = ("output_tokens", "seconds", "tokens_per_s", "ttft", "tpot", "out
 LOAD_COLUMNS = ("load1", "cpu_util", "other_cpu", "speclens_cpu", "speclens_procs")
 
 
+@dataclass
+class _Arm:
+    """One run of a bench loop: its run directory, settings, drafter (None: plain decoding) and finished units."""
+    rd: Run
+    s: BenchSettings
+    spec: _Spec | None
+    done: list[dict]
+    aux: object = None                 # its AuxCapture (hooks on the target only while this arm decodes)
+    finished: set | None = None
+
+
 def _run(rd: Run, lm, s: BenchSettings, prompts, seqs, spec, base, done: list[dict], data: DataRoot, progress,
          stop_after, writer: Run | None = None) -> BenchResult:
-    """The units of a run, each journaled as it finishes. Interleaved (a drafter run on the HF engine, `base` given
-    and timed here): plain decoding and the drafter back to back per unit, the first of the two alternating; the
-    plain half is stored with the unit (`base`) and, with `writer`, becomes that baseline run's rows."""
+    """One run's units (`_run_arms` with one arm)."""
+    return _run_arms([_Arm(rd, s, spec, done)], lm, prompts, seqs, base, data, progress, stop_after, writer)[0]
+
+
+def _run_arms(arms: list[_Arm], lm, prompts, seqs, base, data: DataRoot, progress, stop_after,
+              writer: Run | None = None) -> list[BenchResult]:
+    """The units of one or more runs of the same target, prompts and decoding settings, each unit journaled per run
+    as it finishes. Interleaved (drafter runs on the HF engine, `base` given and timed here): per unit plain decoding
+    once and every drafter that has not finished it, back to back, plain decoding first and last by turns and the
+    drafters' order rotating; each drafter's unit stores that plain half (`base`), and with `writer` the first run's
+    plain halves become that baseline run's rows. Several drafters thus share one plain half per unit instead of
+    each decoding its own (`run_benches`)."""
+    import contextlib
+
     from backend.engines.hf_spec import AuxCapture
 
-    interleave = spec is not None and getattr(lm, "engine_unit", None) is None
+    s, lead = arms[0].s, arms[0]
+    interleave = lead.spec is not None and getattr(lm, "engine_unit", None) is None
     plan = unit_plan(s.seed, s.repeats, len(prompts))
-    if interleave:                  # a journal of a run started before interleaving: those units run again
-        done[:] = [u for u in done if "base" in u]
-    finished = {(u["row"]["repeat"], u["row"]["prompt_index"]) for u in done}
-    aux = AuxCapture(lm, spec.aux["boundaries"]) if spec and spec.proposer is not None else None
+    for a in arms:
+        if interleave:              # a journal of a run started before interleaving: those units run again
+            a.done[:] = [u for u in a.done if "base" in u]
+        a.finished = {(u["row"]["repeat"], u["row"]["prompt_index"]) for u in a.done}
+        a.aux = AuxCapture(lm, a.spec.aux["boundaries"]) if a.spec and a.spec.proposer is not None else None
     t_manifest, ran = time.monotonic(), 0
     t_start = t_manifest
-    what = "baseline + speculative, interleaved" if interleave else "speculative" if spec else "baseline"
+    what = "baseline + speculative, interleaved" if interleave else "speculative" if lead.spec else "baseline"
+    if len(arms) > 1:
+        what = f"baseline + {len(arms)} drafters, interleaved"
     probe = LoadProbe()
     total = len(plan)
 
     def save(checkpoint: bool = False) -> None:
-        rd.progress(len(done), total, checkpoint=checkpoint)
+        for a in arms:
+            a.rd.progress(len(a.done), total, checkpoint=checkpoint)
         if writer is not None:
-            writer.progress(len(done), total, checkpoint=checkpoint)
-    guard = RunGuard(rd, save=lambda: save(True), save_on_error=False, keep_interrupt=stop_after is not None,
-                     interrupted=lambda: f"interrupted after {len(done)}/{total} units; run the same "
-                                         f"command again to resume")
+            writer.progress(len(lead.done), total, checkpoint=checkpoint)
+
+    def others_paused(arm: _Arm | None) -> contextlib.ExitStack:
+        """Only `arm`'s hooks on the target (None: none: plain decoding as it runs alone)."""
+        st = contextlib.ExitStack()
+        for a in arms:
+            if a is not arm and a.aux is not None:
+                st.enter_context(a.aux.paused())
+        return st
+
+    def plain(prompt, seed):
+        with others_paused(None):
+            return run_unit(lm, s, None, None, prompt, seed)
+
+    def drafted(a: _Arm, prompt, seed):
+        with others_paused(a):
+            return run_unit(lm, a.s, a.spec, a.aux, prompt, seed)
+
+    guards = [RunGuard(a.rd, save=lambda: save(True), save_on_error=False, keep_interrupt=stop_after is not None,
+                       interrupted=lambda a=a: f"interrupted after {len(a.done)}/{total} units; run the same "
+                                               f"command again to resume") for a in arms]
     try:
-        with guard:
+        try:
             for _ in range(s.warmup):
                 if interleave:
-                    _plain(lm, s, aux, seqs[0], s.seed)
-                run_unit(lm, s, spec, aux, seqs[0], s.seed)
-            with open(rd.file(JOURNAL), "a") as journal:
-                bar = tqdm(total=total, initial=len(finished), desc=f"bench {rd.run_id} ({what})", unit="unit",
+                    plain(seqs[0], s.seed)
+                for a in arms:
+                    drafted(a, seqs[0], s.seed)
+            with contextlib.ExitStack() as files:
+                journals = [files.enter_context(open(a.rd.file(JOURNAL), "a")) for a in arms]
+                initial = sum(all((r, i) in a.finished for a in arms) for r, i in plan)
+                bar = tqdm(total=total, initial=initial, desc=f"bench {lead.rd.run_id} ({what})", unit="unit",
                            disable=not progress, file=sys.stderr)
                 for pos, (r, i) in enumerate(plan):
-                    if (r, i) in finished:
+                    todo = [k for k, a in enumerate(arms) if (r, i) not in a.finished]
+                    if not todo:
                         continue
+                    todo = todo[pos % len(todo):] + todo[:pos % len(todo)]
                     seed, first = unit_seed(s.seed, r, i), ("baseline" if pos % 2 == 0 else "drafter")
                     started = time.time()
                     probe.start()
                     if interleave and first == "baseline":
-                        g_base = _plain(lm, s, aux, seqs[i], seed)
-                    gen = run_unit(lm, s, spec, aux, seqs[i], seed)
+                        g_base = plain(seqs[i], seed)
+                    gens = [(k, drafted(arms[k], seqs[i], seed)) for k in todo]
                     if interleave and first == "drafter":
-                        g_base = _plain(lm, s, aux, seqs[i], seed)
+                        g_base = plain(seqs[i], seed)
                     meta = {"unit_order": pos, "first_arm": first if interleave else None, "started": started,
                             **probe.stop()}
-                    row = {**_row(rd.run_id, r, i, prompts[i], len(seqs[i]), gen), **meta}
-                    unit = {"row": row, "accepted": gen.accepted}
-                    if interleave:
-                        brow = {**_row(base.run_id, r, i, prompts[i], len(seqs[i]), g_base), **meta}
-                        row.update({f"base_{c}": brow[c] for c in BASE_COLUMNS})
-                        unit["base"] = brow
-                    journal.write(json.dumps(unit) + "\n")
-                    journal.flush()
-                    done.append(unit)
+                    for k, gen in gens:
+                        a = arms[k]
+                        row = {**_row(a.rd.run_id, r, i, prompts[i], len(seqs[i]), gen), **meta}
+                        unit = {"row": row, "accepted": gen.accepted}
+                        if interleave:
+                            brow = {**_row(base.run_id, r, i, prompts[i], len(seqs[i]), g_base), **meta}
+                            row.update({f"base_{c}": brow[c] for c in BASE_COLUMNS})
+                            unit["base"] = brow
+                        journals[k].write(json.dumps(unit) + "\n")
+                        journals[k].flush()
+                        a.done.append(unit)
                     ran += 1
                     bar.update(1)
                     if time.monotonic() - t_manifest > 2.0:
                         save()
                         t_manifest = time.monotonic()
-                    if stop_after is not None and ran >= stop_after and len(done) < total:
+                    if stop_after is not None and ran >= stop_after and len(lead.done) < total:
                         raise KeyboardInterrupt
                 bar.close()
+        except BaseException as e:      # every run's guard records it (each run fails, or keeps the interruption)
+            kept, raised = True, None
+            for g in guards:
+                try:
+                    kept = bool(g.__exit__(type(e), e, e.__traceback__)) and kept
+                except BaseException as new:   # a guard's one-line error
+                    raised, kept = raised or new, False
+            if raised is not None:
+                raise raised from raised.__cause__
+            if not kept:
+                raise
     except BaseException:
-        _fail_writer(writer, rd)
+        _fail_writer(writer, lead.rd)
         raise
     finally:
-        if aux is not None:
-            aux.close()
-    if guard.interrupted:                 # stop_after reached (tests of resume): the run stays failed, resumable
-        _fail_writer(writer, rd)
-        return BenchResult(rd.run_id, rd.path, "failed", base.run_id if base else None)
+        for a in arms:
+            if a.aux is not None:
+                a.aux.close()
+    if any(g.interrupted for g in guards):    # stop_after reached (tests of resume): the runs stay failed, resumable
+        _fail_writer(writer, lead.rd)
+        return [BenchResult(a.rd.run_id, a.rd.path, "failed", base.run_id if base else None) for a in arms]
     if interleave and writer is None and base.status != COMPLETE:      # another bench writes it: wait, or write
-        base, writer = _await_baseline(rd, base, lm, s, len(prompts), data, t_start)
-    if writer is not None:                # the baseline first: a kill between the two leaves a resumable drafter run
-        base = _finish(writer, s.baseline(), None, None, [{"row": u["base"], "accepted": []} for u in done], data,
-                       cpus=probe.cpus)
-    return _finish(rd, s, spec, base, done, data, cpus=probe.cpus, interleaved=interleave)
-
-
-def _plain(lm, s: BenchSettings, aux, prompt: list[int], seed: int):
-    """The plain half of a pair: plain decoding with the drafter's hooks off the target."""
-    if aux is None:
-        return run_unit(lm, s, None, None, prompt, seed)
-    with aux.paused():
-        return run_unit(lm, s, None, None, prompt, seed)
+        base, writer = _await_baseline(lead.rd, base, lm, s, len(prompts), data, t_start)
+        for a in arms[1:]:
+            a.rd.record(baseline_run=base.run_id)
+    if writer is not None:                # the baseline first: a kill between the two leaves resumable drafter runs
+        base = _finish(writer, s.baseline(), None, None, [{"row": u["base"], "accepted": []} for u in lead.done],
+                       data, cpus=probe.cpus)
+    return [_finish(a.rd, a.s, a.spec, base, a.done, data, cpus=probe.cpus, interleaved=interleave) for a in arms]
 
 
 def _fail_writer(writer: Run | None, rd: Run) -> None:

@@ -17,10 +17,12 @@ speculative-decoding benches on held-out Spec-Bench prompts: the matched drafter
 layer" captures (the speculators <= 0.4 convention) served with vLLM's reading of its ids, each timed against plain
 decoding interleaved per prompt (backend/bench.py; the first writes the paired baseline run the others link).
 
-Every bench runs in this one process, one after another: a bench timed beside another (the slot-shift benches used
-to run in a second process) reads the other's load as its own speed. One repeat of the 116 held-out prompts for
-the two toy-pair benches: tau needs the 116 (the two toy drafters differ by about 4%); timing noise is exposed
-without repeats by the interleaved pairs and each run's noise check (plain decoding's drift over the run in a
+Every bench runs in this one process: a bench timed beside another (the slot-shift benches used to run in a second
+process) reads the other's load as its own speed. Drafters benched on the same prompts and settings run in one loop
+(backend/bench.py `run_benches`): each unit decodes plain once and then every drafter, so the matched and after-layer
+drafters share one plain half per prompt, and so do the three slot-shift drafters. One repeat of the 116 held-out
+prompts for the two toy-pair benches: tau needs the 116 (the two toy drafters differ by about 4%); timing noise is
+exposed without repeats by the interleaved pairs and each run's noise check (plain decoding's drift over the run in a
 shuffled prompt order, the load); a second repeat would add about a minute per bench for a tighter speedup interval
 the demo does not need.
 
@@ -38,8 +40,8 @@ S_0, S_3, S_5), and its drafter check against SGLang with its training files. It
 SLOT_LIMIT (40) held-out prompts, not all 116: the gaps they show (about 0.9 tau between the shifted feed and the
 matched or fixed one) are ten times the 4% that needs the 116, and on 40 prompts their paired intervals stay far
 above zero (tests/test_slot_shift.py asserts the story's claims on exactly these 40); the story compares every run on
-the prompts all its runs decoded. A fresh `make demo` decodes 376 prompts (plain and speculative) instead of 604
-(bench/demo_bench.py times it).
+the prompts all its runs decoded. A fresh `make demo` decodes 376 prompts speculatively and 180 plainly (one plain
+half per prompt of each loop; bench/demo_bench.py times it).
 """
 
 from __future__ import annotations
@@ -145,7 +147,7 @@ def build_bench_demo(data: DataRoot | None = None, force: bool = False, progress
     decoding; the first writes the paired baseline run (`BASELINE_RUN`), the rest link it."""
     import torch
 
-    from backend.bench import BenchSettings, run_bench
+    from backend.bench import BenchSettings, run_benches
 
     # a toy target decodes fastest on one thread; two threads collapse when anything else uses a core
     torch.set_num_threads(1)
@@ -155,18 +157,18 @@ def build_bench_demo(data: DataRoot | None = None, force: bool = False, progress
         print(f"no toy pair ({PAIR_TARBALL} missing): skipping the benchmark demo")
         return []
     prompts = heldout_prompts(pair)
-    made = []
+    todo = []
     for run_id, drafter in zip(BENCH_RUNS, ("drafter-matched", "drafter-after-layer")):
         if not _fresh(run_id, data, force):
             continue
         if run_id == BENCH_RUNS[0] and force:       # rebuilt with its pairs, not linked to the old one
             Run.remove(BASELINE_RUN, data)
-        s = BenchSettings(target=str(pair / "target"), drafter=str(pair / drafter), prompts=str(prompts),
-                          num_spec_tokens=4, limit=limit, max_new_tokens=max_new_tokens, repeats=repeats,
-                          device="cpu")
-        r = run_bench(s, name=run_id, data=data, progress=progress)
-        made.append(r.run_id)
-    return made
+        todo.append((run_id, BenchSettings(target=str(pair / "target"), drafter=str(pair / drafter),
+                                           prompts=str(prompts), num_spec_tokens=4, limit=limit,
+                                           max_new_tokens=max_new_tokens, repeats=repeats, device="cpu")))
+    if not todo:
+        return []
+    return [r.run_id for r in run_benches([s for _, s in todo], [n for n, _ in todo], data=data, progress=progress)]
 
 
 CHECK_RUN = "demo-check-after-layer"
@@ -223,7 +225,7 @@ def build_slot_shift_demo(data: DataRoot | None = None, force: bool = False, pro
     prompts by default (None: all 116)."""
     import torch
 
-    from backend.bench import BenchSettings, run_bench
+    from backend.bench import BenchSettings, run_bench, run_benches
     from backend.check_drafter import CheckSettings, run_check
 
     torch.set_num_threads(1)
@@ -252,13 +254,13 @@ def build_slot_shift_demo(data: DataRoot | None = None, force: bool = False, pro
                                               engine=SLOT_ENGINE[0], engine_version=SLOT_ENGINE[1], device="cpu"),
                                 save=False, progress=progress).report)
         write_fix(plan_fix(report), fixed)
-    for run_id, drafter in SLOT_RUNS.items():
-        if not benches or not _fresh(run_id, data, force):
-            continue
-        s = BenchSettings(target=str(pair / "target"), drafter=str(slot / drafter), prompts=str(prompts),
-                          num_spec_tokens=4, limit=limit, max_new_tokens=max_new_tokens, repeats=REPEATS, device="cpu",
-                          producer=SLOT_ENGINE[0], producer_version=SLOT_ENGINE[1])
-        made.append(run_bench(s, name=run_id, data=data, progress=progress).run_id)
+    todo = [(run_id, BenchSettings(target=str(pair / "target"), drafter=str(slot / drafter), prompts=str(prompts),
+                                   num_spec_tokens=4, limit=limit, max_new_tokens=max_new_tokens, repeats=REPEATS,
+                                   device="cpu", producer=SLOT_ENGINE[0], producer_version=SLOT_ENGINE[1]))
+            for run_id, drafter in SLOT_RUNS.items() if benches and _fresh(run_id, data, force)]
+    if todo:                    # one loop: each unit decodes plain once for the three drafters (bench.run_benches)
+        made += [r.run_id for r in run_benches([s for _, s in todo], [n for n, _ in todo], data=data,
+                                               progress=progress)]
     if benches and _fresh(REGRESS_RUN, data, force):     # the regression pair's second half (module docstring)
         s = BenchSettings(target=str(pair / "target"), drafter=str(fixed), prompts=str(prompts), num_spec_tokens=4,
                           limit=min(limit or REGRESS_LIMIT, REGRESS_LIMIT), max_new_tokens=max_new_tokens,

@@ -5,11 +5,12 @@ paired baseline, and say what was recovered.
         --write-fix OUT --prove [--prompts FILE --limit 32 --repeats 1]
 
 On a CPU (or any machine with the target), the HF reference bench decodes with each drafter fed exactly what that
-release would feed it (`bench --producer ENGINE --producer-version V`); the two benches share their paired
-baseline (the bench reuses a baseline run of identical settings). `engine_jobs` queues the same two benches through
-the real engine (vLLM or SGLang, `kind: bench` jobs for the GPU worker) instead. The result names both runs, tau of
-each with the paired 95% interval of the difference over prompts (backend/metrics.tau_difference), whether greedy
-outputs stayed equal to plain decoding, and the Compare link of the pair.
+release would feed it (`bench --producer ENGINE --producer-version V`), both in one loop (backend/bench.py
+`run_benches`: per prompt plain decoding once, then each drafter), so both pair with the very same plain halves and
+link one baseline run. `engine_jobs` queues the same two benches through the real engine (vLLM or SGLang, `kind:
+bench` jobs for the GPU worker) instead. The result names both runs, tau of each with the paired 95% interval of the
+difference over prompts (backend/metrics.tau_difference), whether greedy outputs stayed equal to plain decoding, and
+the Compare link of the pair.
 """
 
 from __future__ import annotations
@@ -56,16 +57,22 @@ def prove(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int | None 
           name: str | None = None, data: DataRoot | None = None, progress: bool = True, device: str = "auto",
           max_new_tokens: int = 64) -> Proof:
     """Bench the original and the fixed drafter through the HF reference engine as `plan`'s release feeds them."""
-    from backend.bench import BenchSettings, run_bench
+    from backend.bench import BenchSettings, run_benches
 
     base = name or f"prove-{Path(plan.drafter).name}"
-    runs = {}
-    for tag, drafter in (("original", plan.drafter), ("fixed", str(fixed_dir))):
+    tags, settings = ("original", "fixed"), []
+    for drafter in (plan.drafter, str(fixed_dir)):
         k = block_k(drafter)
-        s = BenchSettings(target=plan.target, drafter=drafter, prompts=prompts, limit=limit, repeats=repeats,
-                          producer=plan.engine, producer_version=plan.version, runner=plan.runner, device=device,
-                          max_new_tokens=max_new_tokens, **({"num_spec_tokens": k} if k else {}))
-        runs[tag] = run_bench(s, name=f"{base}-{tag}", data=data, progress=progress)
+        settings.append(BenchSettings(target=plan.target, drafter=drafter, prompts=prompts, limit=limit,
+                                      repeats=repeats, producer=plan.engine, producer_version=plan.version,
+                                      runner=plan.runner, device=device, max_new_tokens=max_new_tokens,
+                                      **({"num_spec_tokens": k} if k else {})))
+    names = [f"{base}-{tag}" for tag in tags]
+    if settings[0].baseline().identity() == settings[1].baseline().identity():   # one loop, one plain half per unit
+        results = run_benches(settings, names, data=data, progress=progress)
+    else:
+        results = [run_benches([s], [n], data=data, progress=progress)[0] for s, n in zip(settings, names)]
+    runs = dict(zip(tags, results))
     a, b = _per_prompt(runs["fixed"].path), _per_prompt(runs["original"].path)
     shared = a.index.intersection(b.index)
     ci = None

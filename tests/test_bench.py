@@ -458,3 +458,52 @@ def test_cli_parser(target, drafter, prompts, root, capsys, monkeypatch):
     monkeypatch.setenv("SPECLENS_DATA", str(root))
     assert a.fn(a) == 0
     assert "bench cli:" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------- several drafters, one plain half
+
+
+def test_several_drafters_share_one_plain_half(target, drafter, prompts, greedy, tmp_path):
+    """run_benches: two drafters in one loop, one plain decoding per unit shared by both pairs. Each run holds what
+    run_bench alone gives for its drafter (same acceptance step by step, same outputs), both pair with the very same
+    plain halves and link the one baseline run written from them; an interruption leaves both resumable and the
+    resumed pair equals the uninterrupted one; a bench that differs in more than its drafter is refused."""
+    from backend.bench import run_benches
+
+    other = init_random(Eagle3Drafter(drafter_cfg()), 1).save(tmp_path / "d2", "eagle")
+    s1, s2 = settings(target, prompts, drafter, repeats=2), settings(target, prompts, other, repeats=2)
+    data, root = DataRoot(tmp_path / "data"), tmp_path / "data"      # no baseline of these settings yet
+    a, b = run_benches([s1, s2], ["arm-a", "arm-b"], data=data, progress=False)
+    assert a.status == b.status == "complete" and a.lossless and b.lossless
+    assert a.baseline_run == b.baseline_run == "arm-a-baseline"
+    steps = [pd.read_parquet(r.path / "steps.parquet").drop(columns="run_id") for r in (a, greedy)]
+    pd.testing.assert_frame_equal(*steps)                       # the first drafter: as benched alone
+    pa, pb = (pd.read_parquet(r.path / "prompts.parquet").set_index(["repeat", "prompt_index"]).sort_index()
+              for r in (a, b))
+    for c in ("base_seconds", "base_output_hash", "unit_order", "first_arm"):
+        assert (pa[c] == pb[c]).all(), c                        # one plain decoding per unit, shared
+    base = pd.read_parquet(root / "runs" / "arm-a-baseline" / "prompts.parquet").set_index(
+        ["repeat", "prompt_index"]).sort_index()
+    assert (base["seconds"] == pa["base_seconds"]).all()
+    alone = run_bench(s2, name="arm-b-alone", data=data, progress=False)
+    cols = ["repeat", "prompt_id", "output_tokens", "accepted", "drafts", "output_hash"]
+    pd.testing.assert_frame_equal(pd.read_parquet(b.path / "prompts.parquet")[cols].sort_values(cols[:2])
+                                  .reset_index(drop=True),
+                                  pd.read_parquet(alone.path / "prompts.parquet")[cols].sort_values(cols[:2])
+                                  .reset_index(drop=True))
+
+    s3, s4 = (settings(target, prompts, d, repeats=2, max_new_tokens=12) for d in (drafter, other))
+    cut = run_benches([s3, s4], ["cut-a", "cut-b"], data=data, progress=False, stop_after=2)
+    assert [r.status for r in cut] == ["failed", "failed"]
+    for r in cut:
+        m = json.loads((r.path / "manifest.json").read_text())
+        assert m["status"] != "complete" and "resume" in m["error"] and m["progress"]["done"] == 2
+    resumed = run_benches([s3, s4], ["cut-a", "cut-b"], data=data, progress=False)
+    whole = run_benches([s3, s4], ["whole-a", "whole-b"], data=data, progress=False)
+    assert [r.status for r in resumed] == ["complete"] * 2 and resumed[1].baseline_run == "cut-a-baseline"
+    for r, w in zip(resumed, whole):
+        pd.testing.assert_frame_equal(pd.read_parquet(r.path / "steps.parquet").drop(columns="run_id"),
+                                      pd.read_parquet(w.path / "steps.parquet").drop(columns="run_id"))
+
+    with pytest.raises(SpecLensError, match="differs from .* in more than its drafter"):
+        run_benches([s1, settings(target, prompts, other, repeats=1)], ["x-a", "x-b"], data=data, progress=False)
