@@ -17,7 +17,34 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
     version = a.producer_version or coords.DEFAULT_VERSIONS.get(a.producer)
     s = from_args(BenchSettings, a, producer_version=version)
-    r = run_bench(s, name=a.name, progress=not a.quiet)
+    if a.also_drafter:
+        for r in _bench_several(s, a):
+            _print_result(r)
+        return 0
+    _print_result(run_bench(s, name=a.name, progress=not a.quiet))
+    return 0
+
+
+def _bench_several(s: BenchSettings, a: argparse.Namespace) -> list:
+    """--also-drafter: the drafters in one loop (bench.run_benches), one plain half per prompt shared by all; runs
+    named `<name>` and `<name>-<drafter directory name>` (or fresh ids without --name)."""
+    import dataclasses
+    from pathlib import Path
+
+    from backend.bench import run_benches
+    from backend.errors import SpecLensError
+
+    if not s.drafter:
+        raise SpecLensError("--also-drafter benches more drafters beside --drafter; pass --drafter too")
+    if s.engine != "hf":
+        raise SpecLensError(f"--also-drafter shares plain decoding in one HF loop; bench each drafter on its own "
+                            f"with --engine {s.engine}")
+    others = [dataclasses.replace(s, drafter=d) for d in a.also_drafter]
+    names = [a.name] + [f"{a.name}-{Path(d).name}" if a.name else None for d in a.also_drafter]
+    return run_benches([s, *others], names, progress=not a.quiet)
+
+
+def _print_result(r) -> None:
     line = f"bench {r.run_id}: {r.tokens_per_s:.1f} tok/s"
     if r.baseline_run:
         sp = r.speedup or {}
@@ -27,7 +54,6 @@ def cmd_bench(a: argparse.Namespace) -> int:
         if r.lossless is not None:
             line += ", lossless" if r.lossless else f", NOT lossless ({r.mismatched_prompts} prompts differ)"
     print(f"{line} -> {r.path}")
-    return 0
 
 
 def cmd_load(a: argparse.Namespace) -> int:
@@ -123,6 +149,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     add_options(b, BenchSettings)             # every field of the settings: --target, --num-spec-tokens, ...
     add_options(b, LoadSettings, only=LOAD_ONLY, defaults={"concurrency": None})   # bench --concurrency: load
     b.add_argument("--name", help="run id; the same name resumes an interrupted bench")
+    b.add_argument("--also-drafter", action="append", default=[], metavar="DIR",
+                   help="another drafter for the same target, benched in the same loop as --drafter: each prompt "
+                        "decodes plain once and then every drafter, so all pair with the same plain timings "
+                        "(repeatable; runs named NAME-<directory name>)")
     b.add_argument("--quiet", action="store_true")
     b.set_defaults(fn=cmd_bench)
     return b

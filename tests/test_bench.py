@@ -507,3 +507,28 @@ def test_several_drafters_share_one_plain_half(target, drafter, prompts, greedy,
 
     with pytest.raises(SpecLensError, match="differs from .* in more than its drafter"):
         run_benches([s1, settings(target, prompts, other, repeats=1)], ["x-a", "x-b"], data=data, progress=False)
+
+
+def test_cli_also_drafter(target, drafter, prompts, capsys, monkeypatch, tmp_path):
+    """`bench --drafter A --also-drafter B --name n`: runs n and n-<B's directory>, one loop, the same plain half."""
+    import argparse
+
+    from backend.bench_cli import add_parser
+
+    other = init_random(Eagle3Drafter(drafter_cfg()), 2).save(tmp_path / "second", "eagle")
+    p = argparse.ArgumentParser()
+    add_parser(p.add_subparsers(dest="cmd"))
+    args = ["bench", "--engine", "hf", "--target", str(target), "--drafter", str(drafter), "--prompts", str(prompts),
+            "--num-spec-tokens", "2", "--repeats", "1", "--limit", "2", "--max-new-tokens", "6", "--device", "cpu",
+            "--quiet", "--runner", "v1", "--name", "two", "--also-drafter", str(other)]
+    monkeypatch.setenv("SPECLENS_DATA", str(tmp_path / "data"))
+    a = p.parse_args(args)
+    assert a.fn(a) == 0
+    out = capsys.readouterr().out
+    assert "bench two:" in out and "bench two-second:" in out and out.count("vs two-baseline") == 2
+    pa, pb = (pd.read_parquet(tmp_path / "data" / "runs" / r / "prompts.parquet").sort_values("prompt_index")
+              for r in ("two", "two-second"))
+    assert list(pa["base_seconds"]) == list(pb["base_seconds"])
+    a = p.parse_args([x for x in args if x != str(drafter) and x != "--drafter"])
+    with pytest.raises(SpecLensError, match="pass --drafter too"):
+        a.fn(a)
