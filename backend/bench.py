@@ -2,16 +2,17 @@
 
 Spec-Bench methodology (speedup and acceptance: backend/metrics.py) with the baseline timed beside the drafter: a
 drafter bench decodes every (repeat, prompt) unit twice, back to back in this one process, plain decoding and the
-drafter, alternating which goes first from one unit to the next, in an order shuffled within each repeat (seeded),
-so that a slow or fast moment of the machine hits both sides. speedup = mean per-prompt tokens/s of the drafter /
-the same of plain decoding per repeat, from those interleaved pairs only, reported as mean +- std over repeats with
-a 95% CI; greedy outputs must equal plain decoding's token for token (`lossless`). The pairs are stored in the
-drafter run's prompts.parquet (`base_*` columns). The run also links a paired baseline run (`baseline_run`, what
-Compare and the run page show as plain decoding): a complete one with identical settings from this host when there
-is one, else one written here from the plain half of the pairs. Every unit records the machine's load (1-minute load
-average, CPU utilisation, the cores other processes and other SpecLens processes used); `bench.speed_noise` says
-when the speed figures are no verdict (backend/metrics.py: speed_noise). Numbers come from backend/metrics.py; the
-loops from backend/engines/hf_spec.py.
+drafter, alternating which goes first from one unit to the next, in an order shuffled within each repeat (seeded), so
+that a slow or fast moment of the machine hits both sides (`run_benches`: several drafters of the same settings in
+one loop, each unit decoding plain once and then every drafter, all paired with that same plain half). speedup = mean
+per-prompt tokens/s of the drafter / the same of plain decoding per repeat, from those interleaved pairs only,
+reported as mean +- std over repeats with a 95% CI; greedy outputs must equal plain decoding's token for token
+(`lossless`). The pairs are stored in the drafter run's prompts.parquet (`base_*` columns). The run also links a
+paired baseline run (`baseline_run`, what Compare and the run page show as plain decoding): a complete one with
+identical settings from this host when there is one, else one written here from the plain half of the pairs. Every
+unit records the machine's load (1-minute load average, CPU utilisation, the cores other processes and other SpecLens
+processes used); `bench.speed_noise` says when the speed figures are no verdict (backend/metrics.py: speed_noise).
+Numbers come from backend/metrics.py; the loops from backend/engines/hf_spec.py.
 
 Engine benches (vLLM, SGLang) still run their baseline engine before the drafter engine (two engines rarely fit one
 GPU): `pairing` "separate", and the noise check compares the two moments' prefill (metrics.moment_ratio).
