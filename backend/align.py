@@ -153,7 +153,7 @@ _ST_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "fl
 def _map_states(f: Path, labels: list[str]) -> dict[str, torch.Tensor] | None:
     """The labels' [n, H] tensors as views of one private memory map of the file: nothing is copied and no fresh
     memory is touched (the pages stay the page cache's; a write to one would copy that page, never reach the file).
-    None when one is not a 2-D tensor of a float dtype (then they are read one by one)."""
+    None when one is not a 2-D tensor of a float dtype or the file cannot be mapped (then they are read one by one)."""
     import mmap
     import os
 
@@ -166,7 +166,10 @@ def _map_states(f: Path, labels: list[str]) -> dict[str, torch.Tensor] | None:
         if any(len(x["shape"]) != 2 or x["dtype"] not in _ST_DTYPES for x in metas):
             return None
         total = os.fstat(fh.fileno()).st_size
-        mm = mmap.mmap(fh.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            mm = mmap.mmap(fh.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except (OSError, ValueError):               # a file system without memory maps: read them instead
+            return None
     if hasattr(mm, "madvise") and hasattr(mmap, "MADV_WILLNEED"):
         mm.madvise(mmap.MADV_WILLNEED)              # read ahead what is not in the page cache yet
     out = {}

@@ -88,9 +88,10 @@ def test_hidden_size_mismatch_and_no_shared_tokens():
         align_samples(a, _sample("b", ["S_0"], [torch.randn(20, 8)], ids + 100))
 
 
-def test_a_loaded_sample_maps_its_file_and_never_writes_it(demo_root, tmp_path):
+def test_a_loaded_sample_maps_its_file_and_never_writes_it(demo_root, tmp_path, monkeypatch):
     """load_sample maps the file instead of copying it: the states equal what safetensors reads, an in-place write to
-    one changes neither the file nor the next load, and a file cut short is a corrupt file, not a crash."""
+    one changes neither the file nor the next load, a file system that cannot map files is read instead, and a file
+    cut short is a corrupt file, not a crash."""
     import hashlib
     import shutil
 
@@ -111,6 +112,14 @@ def test_a_loaded_sample_maps_its_file_and_never_writes_it(demo_root, tmp_path):
     s.states[s.labels[0]].fill_(7.0)                  # a private mapping: the write copies the page
     assert hashlib.sha256(f.read_bytes()).hexdigest() == digest
     assert torch.equal(load_sample("x", DataRoot(root)).states[s.labels[0]], want[s.labels[0]])
+    import mmap as mmap_module
+
+    def no_maps(*a, **k):
+        raise OSError(19, "No such device")
+    monkeypatch.setattr(mmap_module, "mmap", no_maps)     # a file system that cannot map files: read instead
+    read = load_sample("x", DataRoot(root))
+    assert all(torch.equal(read.states[lbl], want[lbl]) for lbl in s.labels)
+    monkeypatch.undo()
     f.write_bytes(f.read_bytes()[:-64])
     with pytest.raises(SpecLensError, match=r"runs/x/sample.safetensors: corrupt safetensors file"):
         load_sample("x", DataRoot(root))
