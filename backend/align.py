@@ -563,9 +563,10 @@ def final_norm_fits(A: Sample, B: Sample, X: list[torch.Tensor], Y: list[torch.T
 
     One dict per fit: side (the side of y), y, x (labels), the figures of norm_fit, and is_final_norm."""
     n = A.n_layers or B.n_layers
+    xs, ys = _parts(X), _parts(Y)
     jobs = []          # (side of y, y label, x label, y tensor, x tensor)
-    for side, P, Q, PX, QX, pick in (("B", A, B, X, Y, lambda i, j: (cos[i, j], rel[i, j])),
-                                     ("A", B, A, Y, X, lambda i, j: (cos[j, i], rel[j, i]))):
+    for side, P, Q, PX, QX, pick in (("B", A, B, xs, ys, lambda i, j: (cos[i, j], rel[i, j])),
+                                     ("A", B, A, ys, xs, lambda i, j: (cos[j, i], rel[j, i]))):
         xl = _top_s(P.labels, n)
         if xl is None:
             continue
@@ -576,7 +577,7 @@ def final_norm_fits(A: Sample, B: Sample, X: list[torch.Tensor], Y: list[torch.T
                 c, r = pick(P.labels.index(yl), j)
                 if not (np.isfinite(c) and np.isfinite(r)) or (c >= ALIGNED_COS and r <= DRIFT_REL_L2):
                     continue      # matches its namesake closely: never a final-norm question
-            jobs.append((side, yl, xl, _parts(QX)[j], _parts(PX)[P.labels.index(xl)]))
+            jobs.append((side, yl, xl, QX[j], PX[P.labels.index(xl)]))
     if not jobs:
         return []
     tn = target_final_norm(A.model_path, A.hidden) or target_final_norm(B.model_path, B.hidden)

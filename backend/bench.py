@@ -81,24 +81,13 @@ def run_bench(settings: BenchSettings, name: str | None = None, data: DataRoot |
     speedup comes from); the paired baseline run is reused or written from the plain half (`_pair_baseline`).
     `stop_after` stops this run after that many (repeat, prompt) units as an interruption would (tests);
     `proposer` replaces the drafter's proposals (tests of the bookkeeping; needs settings.drafter)."""
-    from backend.engines import hf
 
     s = settings
     data = DataRoot.of(data)
     _validate(s)
     if s.engine != "hf":
         return _run_engine_bench(s, name, data, progress, stop_after)
-    prompts = load_prompts(s.prompts, s.limit)
-    lm = hf.load(s.target, s.device, s.dtype)
-    seqs = _encode_all(lm, prompts, s)
-    spec = _load_spec(lm, s, proposer) if s.drafter else None
-    run_id = new_run_id("bench", name)
-    if spec is None:
-        rd, done = _open_or_resume(run_id, s, lm, None, None, data, len(prompts))
-        return _run(rd, lm, s, prompts, seqs, None, None, done, data, progress, stop_after)
-    base, writer = _pair_baseline(run_id, s, lm, len(prompts), name, data)
-    rd, done = _open_or_resume(run_id, s, lm, spec, base, data, len(prompts), pairing=INTERLEAVED)
-    return _run(rd, lm, s, prompts, seqs, spec, base, done, data, progress, stop_after, writer=writer)
+    return _hf_runs([s], [name], data, progress, stop_after, proposer)[0]
 
 
 def run_benches(settings: list[BenchSettings], names: list[str | None], data: DataRoot | None = None,
@@ -108,7 +97,6 @@ def run_benches(settings: list[BenchSettings], names: list[str | None], data: Da
     shared plain half and all of them linking one baseline run. Each run is the run `run_bench` would write (its own
     directory, journal, resume and figures); the plain half is decoded once per unit instead of once per drafter.
     Other engines, or one drafter: `run_bench` one after another."""
-    from backend.engines import hf
 
     data = DataRoot.of(data)
     if len(settings) != len(names):
@@ -123,17 +111,28 @@ def run_benches(settings: list[BenchSettings], names: list[str | None], data: Da
     if odd:
         raise SpecLensError(f"bench {odd[0]} differs from {names[0] or settings[0].drafter} in more than its drafter "
                             f"(target, prompts or decoding settings); bench it on its own")
+    return _hf_runs(settings, names, data, progress, stop_after)
+
+
+def _hf_runs(settings: list[BenchSettings], names: list[str | None], data: DataRoot, progress: bool,
+             stop_after: int | None, proposer=None) -> list[BenchResult]:
+    """Runs of one target, prompts and decoding settings on the HF engine, in one loop (`_run_arms`): the target
+    loaded and the prompts encoded once; drafter runs link the first one's paired baseline (reused, or written from
+    the shared plain halves); a run without a drafter is a plain-decoding baseline run."""
+    from backend.engines import hf
+
     s0 = settings[0]
     prompts = load_prompts(s0.prompts, s0.limit)
     lm = hf.load(s0.target, s0.device, s0.dtype)
     seqs = _encode_all(lm, prompts, s0)
     arms, base, writer = [], None, None
     for k, (s, name) in enumerate(zip(settings, names)):
-        spec = _load_spec(lm, s, None)
+        spec = _load_spec(lm, s, proposer) if s.drafter else None
         run_id = new_run_id("bench", name)
-        if k == 0:                  # the first run's baseline (reused, or written from the shared plain halves)
+        if spec is not None and k == 0:
             base, writer = _pair_baseline(run_id, s, lm, len(prompts), name, data)
-        rd, done = _open_or_resume(run_id, s, lm, spec, base, data, len(prompts), pairing=INTERLEAVED)
+        rd, done = _open_or_resume(run_id, s, lm, spec, base, data, len(prompts),
+                                   pairing=INTERLEAVED if spec is not None else None)
         arms.append(_Arm(rd, s, spec, done))
     return _run_arms(arms, lm, prompts, seqs, base, data, progress, stop_after, writer)
 
