@@ -125,6 +125,25 @@ def open_view(page, server: str, path: str, charts: int = 1) -> None:
         page.locator('[data-testid="stException"]').inner_text())
 
 
+def choose(page, label: str, option: str) -> None:
+    """Pick `option` in the selectbox labelled `label` once the page has stopped moving. A rerun still drawing (its
+    charts from the last view stay in the DOM until replaced) shifts a box after it was scrolled to, and its list then
+    opens outside the viewport where no click lands: wait for the script, then for the box to hold still."""
+    page.wait_for_function("document.querySelector('[data-testid=\"stApp\"]')?.dataset.testScriptState"
+                           " === 'notRunning'", timeout=TIMEOUT_MS)
+    box = page.locator('[data-testid="stSelectbox"]').filter(has_text=label)
+    last = None
+    for _ in range(50):
+        box.scroll_into_view_if_needed()
+        now = box.bounding_box()
+        if now == last:
+            break
+        last = now
+        page.wait_for_timeout(100)
+    box.click()
+    page.get_by_role("option", name=option).click()
+
+
 def alerts(page) -> str:
     return "\n".join(page.locator('[data-testid="stAlert"]').all_inner_texts())
 
@@ -165,8 +184,7 @@ def test_stats_page(page, server: str, shots: Path) -> None:
 
 def test_widget_change_updates_url(page, server: str) -> None:
     open_view(page, server, "/alignment?a=a1&b=a2&metric=cosine")
-    page.locator('[data-testid="stSelectbox"]').filter(has_text="Metric").click()
-    page.get_by_role("option", name="linear CKA").click()
+    choose(page, "Metric", "linear CKA")
     page.wait_for_url("**metric=cka**")
     page.wait_for_function(f"document.querySelectorAll('{CHART}').length >= 1")
 

@@ -19,7 +19,7 @@ from backend.demo import PAIR_TARBALL
 from backend.store.data_root import DataRoot
 from tests import test_browser
 from tests.conftest import PROMPTS
-from tests.test_browser import CHART, CHROMIUM, alerts, open_view, streamlit_server
+from tests.test_browser import CHART, CHROMIUM, alerts, choose, open_view, streamlit_server
 
 pytestmark = [pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chromium at /usr/bin/chromium"),
               pytest.mark.usefixtures("one_torch_thread")]
@@ -173,8 +173,7 @@ def test_drafter_check_axes_from_zero_and_rank_by_metric(page, server: str, char
     assert y == by_acc and rng == [0, 1]
     page.screenshot(path=str(shots / "charts-drafter-accuracy.png"), full_page=True)
 
-    page.locator('[data-testid="stSelectbox"]').filter(has_text="Rank chart by").click()
-    page.get_by_role("option", name="cross-entropy vs the target (nats, mean over steps)").click()
+    choose(page, "Rank chart by", "cross-entropy vs the target (nats, mean over steps)")
     page.wait_for_url("**metric=cross_entropy**")
     page.wait_for_function(f"document.querySelectorAll('{CHART}').length >= 2")
     page.wait_for_function("() => { const g = document.querySelector('.js-plotly-plot');"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests import test_browser
-from tests.test_browser import CHART, CHROMIUM, TIMEOUT_MS, alerts, open_view, streamlit_server
+from tests.test_browser import CHART, CHROMIUM, TIMEOUT_MS, alerts, choose, open_view, streamlit_server
 from tests.test_load_page import load_root  # noqa: F401 - the session fixture this module's server reads
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chromium at /usr/bin/chromium")
@@ -100,14 +100,10 @@ def test_load_chart_csv_and_report_downloads(page, server: str) -> None:
 def test_run_link_reproduces_the_view(page, server: str) -> None:
     open_load(page, server, f"/load?run={PAIR}")
     assert "K=4 \u00b7 0.79x" in tiles(page)[0]
-    page.locator('[data-testid="stSelectbox"]').filter(has_text="Load run").click()
-    page.get_by_role("option", name=SWEEP).click()
+    choose(page, "Load run", SWEEP)
     page.wait_for_url(f"**run={SWEEP}**")
     page.wait_for_function(f"document.querySelectorAll('{CHART} .gtitle').length >= 4", timeout=TIMEOUT_MS)
-    pct = page.locator('[data-testid="stSelectbox"]').filter(has_text="Latency percentile")
-    pct.scroll_into_view_if_needed()
-    pct.click()
-    page.get_by_role("option", name="p99").click()      # the option itself: typed keys can land before the list opens
+    choose(page, "Latency percentile", "p99")
     page.wait_for_url("**pct=p99**")
     page.wait_for_function("[...document.querySelectorAll('.gtitle')].some(t => t.textContent.startsWith("
                            "'Latency per level, p99'))", timeout=TIMEOUT_MS)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests import test_browser
-from tests.test_browser import CHART, CHROMIUM, TIMEOUT_MS, alerts, open_view, streamlit_server
+from tests.test_browser import CHART, CHROMIUM, TIMEOUT_MS, alerts, choose, open_view, streamlit_server
 from tests.test_watch import watch_root  # noqa: F401 - the session fixture this module's server reads
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chromium at /usr/bin/chromium")
@@ -57,8 +57,7 @@ def test_watch_page_steady_sglang_and_lost(page, server: str, shots: Path) -> No
 
 def test_watch_page_picker_writes_the_url(page, server: str) -> None:
     open_view(page, server, "/watch?run=watch-ok", charts=3)
-    page.locator('[data-testid="stSelectbox"]').filter(has_text="Watch run").click()
-    page.get_by_role("option", name="watch-drift").click()
+    choose(page, "Watch run", "watch-drift")
     page.wait_for_url("**run=watch-drift**")
     page.wait_for_function(f"document.querySelectorAll('{CHART}').length >= 3", timeout=TIMEOUT_MS)
 
