@@ -43,5 +43,7 @@ def home() -> None:
 
 HOME = st.Page(home, title="SpecLens", url_path="home", default=True, visibility="hidden")
 
-st.navigation([HOME, RUNS, COMPARE, ALIGNMENT, STATS, DRAFTER, FEEDS, REGRESSION, WATCH, LOAD, NEW_RUN, RUN],
-              position="top").run()
+page = st.navigation([HOME, RUNS, COMPARE, ALIGNMENT, STATS, DRAFTER, FEEDS, REGRESSION, WATCH, LOAD, NEW_RUN, RUN],
+                     position="top")
+with ui.shared_catalog_reads():       # the page's catalog queries share one connection (docs/PERFORMANCE.md)
+    page.run()

@@ -76,3 +76,38 @@ def test_stored_alignment_reads_what_the_write_side_stored(data_root):
             cat.read.stored_alignment(bad, "b1")
         with pytest.raises(SpecLensError, match="not a run id"):
             cat.write.store_alignment("a1", bad, {})
+
+
+def test_shared_reads_open_the_file_once_and_see_this_process_reindex(data_root, monkeypatch):
+    """What app.py wraps every page in: the page's queries share one connection (not one open per query), a rescan or
+    a run's re-index by this process is seen by the next query, snapshots inside reuse it, and nothing stays open
+    after the scope."""
+    from backend.store import catalog as store
+
+    data = DataRoot(data_root)
+    data.new_run_dir("a", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    data.catalog.write.refresh()
+    opened = []
+    real = store._open
+    monkeypatch.setattr(store, "_open", lambda path: opened.append(path) or real(path))
+    read = data.catalog.read
+    with store.shared_reads():
+        held = store._SHARED.get()
+        for _ in range(4):
+            assert read.list_runs()["run_id"].tolist() == ["a"]
+        assert len(opened) == 1
+        with read.snapshot():
+            read.run_states(["a"])
+        assert len(opened) == 1
+        data.new_run_dir("b", {"kind": "capture", "engine": "hf"}).update(status="complete")
+        data.catalog.write.refresh()                                # a rescan that wrote: the next query sees it
+        n = len(opened)
+        assert sorted(read.list_runs()["run_id"]) == ["a", "b"] and len(opened) == n + 1
+        data.run_dir("a").update(status="failed", error="x")
+        data.catalog.write.refresh_runs(["a"])                      # one run's state change, through the delta
+        assert read.run_states(["a"]).loc[0, "status"] == "failed"
+    assert held.cons == {} and store._SHARED.get() is None
+    n = len(opened)
+    read.list_runs()
+    read.list_runs()
+    assert len(opened) == n + 2                                     # outside a scope: one open per query, as before

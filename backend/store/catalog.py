@@ -279,6 +279,7 @@ def _refresh(p: Paths, full: bool = False) -> Path:
                                                                            * len(plan.entries)):
             plan = None                          # cheaper to rebuild than to patch
         _write_base(p, plan)
+    _drop_shared(p.catalog)
     return p.catalog
 
 
@@ -365,6 +366,7 @@ def _refresh_runs(p: Paths, run_ids: list[str]) -> Path:
             stamp = _stamp(p.catalog)
         except OSError:
             _write_base(p, None)
+            _drop_shared(p.catalog)
             return p.catalog
         tmp = _fresh_tmp(delta)
         con = None
@@ -383,6 +385,7 @@ def _refresh_runs(p: Paths, run_ids: list[str]) -> Path:
             gen = _base_generation(p.catalog)
             if gen is None:
                 _write_base(p, None)
+                _drop_shared(p.catalog)
                 return p.catalog
             con = duckdb.connect(str(tmp))
             _create_tables(con, {"base_generation": gen, "base_stamp": stamp})
@@ -402,6 +405,7 @@ def _refresh_runs(p: Paths, run_ids: list[str]) -> Path:
         os.replace(tmp, delta)
         if touched > DELTA_MAX_RUNS:
             _write_base(p, _Plan([], [], []))
+    _drop_shared(p.catalog)
     return p.catalog
 
 
@@ -783,6 +787,49 @@ class _Snap:
 
 # the innermost `snapshot` of this thread/context, if any
 _SNAPSHOT: ContextVar[_Snap | None] = ContextVar("catalog_snapshot", default=None)
+
+
+class _Shared:
+    """The connection the queries of one `shared_reads` scope go through: opened at the first query, per catalog
+    file; dropped when this process re-indexes that catalog (the next query then opens the new version)."""
+
+    def __init__(self):
+        self.cons: dict[Path, duckdb.DuckDBPyConnection] = {}
+
+    def con(self, catalog: Path) -> duckdb.DuckDBPyConnection:
+        if catalog not in self.cons:
+            self.cons[catalog] = _open(catalog)
+        return self.cons[catalog]
+
+    def drop(self, catalog: Path) -> None:
+        con = self.cons.pop(catalog, None)
+        if con is not None:
+            con.close()
+
+
+_SHARED: ContextVar[_Shared | None] = ContextVar("catalog_shared_reads", default=None)
+
+
+@contextmanager
+def shared_reads() -> Iterator[None]:
+    """Inside this scope (a dashboard page's script run) the catalog's queries share one connection, opened at the
+    first query, instead of opening the file once per query (15-25 ms each on a 10,000-run catalog). A re-index by
+    this process drops it, so a query after a rescan sees the rescan; another process's swap is seen at the next
+    scope, as a snapshot would. Per thread."""
+    shared = _Shared()
+    token = _SHARED.set(shared)
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+        for catalog in list(shared.cons):
+            shared.drop(catalog)
+
+
+def _drop_shared(catalog: Path) -> None:
+    shared = _SHARED.get()
+    if shared is not None:
+        shared.drop(catalog)
 _READ_ATTEMPTS = 4
 
 
@@ -833,6 +880,9 @@ class CatalogReader:
             return
         if not p.catalog.exists():
             _refresh(p)
+        if _SHARED.get() is not None:        # its one connection already reads one version
+            yield
+            return
         snap = _with_retry(lambda: _Snap(p.catalog))
         token = _SNAPSHOT.set(snap)
         try:
@@ -854,6 +904,15 @@ class CatalogReader:
             return _with_retry(in_snapshot)
         if not p.catalog.exists():
             _refresh(p)
+        shared = _SHARED.get()
+        if shared is not None:
+            def through_shared() -> pd.DataFrame:
+                try:
+                    return shared.con(p.catalog).execute(sql, params or []).df()
+                except duckdb.IOException:
+                    shared.drop(p.catalog)           # a swap broke it: the retry opens the new file
+                    raise
+            return _with_retry(through_shared)
 
         def once() -> pd.DataFrame:
             con = _open(p.catalog)
