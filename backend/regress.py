@@ -134,6 +134,13 @@ def history(data: DataRoot | None = None):
     return out
 
 
+def group_labels(data: DataRoot | None = None) -> list[str]:
+    """The labels of `history`'s groups in its order (the Regression page's ?group=N), without building the groups: a
+    run page needs only where its own group is."""
+    keys = DataRoot.of(data).catalog.read.bench_group_keys().drop_duplicates()  # first appearance: groupby's order
+    return [f"{drafter} on {model} (K={int(k)})" for model, drafter, k in keys.itertuples(index=False)]
+
+
 def with_release(g, data: DataRoot | None = None):
     """The runs of `g` with their release label (engine release; for HF benches also the engine reading applied),
     ordered by release, then date."""

@@ -10,10 +10,12 @@ runs recorded on the H200 (tests/data/recorded/load/: the Serving load view).
 3. Per page view: the first server-side render with streamlit's AppTest, in a fresh process each (cold: the
    process imports the app's modules) and a second fresh AppTest in the same process (warm: a running server
    has imported them), and a one-line script for AppTest's own fixed cost; then in a real browser (`streamlit
-   run` without file watcher + Playwright with Debian chromium, a fresh browser context per try, 3 tries) the
-   time from navigation until the first chart is in the page (Runs has no chart: its runs table), and the same
-   for a bare streamlit app holding one plotly chart (this machine's floor).
-4. Prints JSON: sizes, build and query times, timings per view, peak memory (this process, the AppTest
+   run` without file watcher + Playwright with Debian chromium, a fresh browser context per try, --repeats
+   rounds) the time from navigation until the first chart is in the page (Runs has no chart: its runs table), and
+   at the start of every round the same for a bare streamlit app holding one plotly chart, served beside it (this
+   machine's floor, interleaved so that a drift of the machine moves both).
+4. Prints JSON: sizes, build and query times, timings per view with each view's median minus the floor's median
+   (the bar: <= 0.5 s) and the median of its per-round differences, peak memory (this process, the AppTest
    processes, the streamlit server), load average before and after.
 
     python bench/pages_bench.py [--runs 10000] [--steps 10000000] [--root DIR] [--keep] [--out FILE]
@@ -26,6 +28,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -289,31 +292,6 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def browser_floor(work: Path, n: int = 3) -> list[float]:
-    """First chart paint of a bare streamlit app holding one plotly chart, fresh browser context each time: what
-    this machine's browser and streamlit cost before any SpecLens code runs."""
-    from playwright.sync_api import sync_playwright
-
-    (work / "floor_app.py").write_text(FLOOR_APP)
-    proc, url = _serve(work / "floor_app.py", work, dict(os.environ), work / "floor.log")
-    times = []
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
-            for _ in range(n):
-                ctx = browser.new_context(viewport={"width": 1440, "height": 1000})
-                pg = ctx.new_page()
-                t = time.perf_counter()
-                pg.goto(url + "/")
-                pg.wait_for_selector(CHART, state="attached", timeout=120_000)
-                times.append(round(time.perf_counter() - t, 3))
-                ctx.close()
-            browser.close()
-    finally:
-        _stop(proc)
-    return times
-
-
 def time_view(browser, url: str, selector: str, height: int = 1000, shot: Path | None = None,
               settle_ms: int = 1000, full_page: bool = False) -> tuple[float, float, int]:
     """One view in a fresh browser context (cold cache): seconds to the first `selector`, seconds until the script
@@ -335,14 +313,20 @@ def time_view(browser, url: str, selector: str, height: int = 1000, shot: Path |
     return first, done, exc
 
 
-def browser_views(root: Path, shots: Path | None, repeats: int = 3) -> dict:
+def browser_views(root: Path, shots: Path | None, repeats: int = 3) -> tuple[dict, list[float]]:
     """Each view `repeats` times, in rounds over the views, each time in a fresh browser context (cold cache):
     seconds from navigation to the first chart (Runs: the runs table) attached, and to the script's end; the
-    median first paint."""
+    median first paint. Each round starts with the floor: a bare streamlit app holding one plotly chart, served
+    beside the dashboard (what this machine's browser and streamlit cost before any SpecLens code runs), so a
+    drift of the machine's speed during the run moves the floor with the views. Returns (views, floor tries)."""
     from playwright.sync_api import sync_playwright
 
+    work = root.parent
+    (work / "floor_app.py").write_text(FLOOR_APP)
+    floor_proc, floor_url = _serve(work / "floor_app.py", work, dict(os.environ), work / "floor.log")
     proc, url = _serve(REPO / "app.py", REPO, {**os.environ, "SPECLENS_DATA": str(root)}, root.parent / "streamlit.log")
     out: dict = {}
+    floor: list[float] = []
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
@@ -353,8 +337,12 @@ def browser_views(root: Path, shots: Path | None, repeats: int = 3) -> dict:
             warm.close()
             # rounds over the views (view 1..n, then again), not one view's tries in a row: load that drifts during
             # the run (another process, the catalog's first reads) then spreads over every view instead of one
+            floor_warm = browser.new_context()
+            floor_warm.new_page().goto(floor_url + "/")
+            floor_warm.close()
             res = {name: {"first_paint_s": [], "script_done_s": [], "exceptions": 0} for name, _, _ in VIEWS}
             for rep in range(repeats):
+                floor.append(time_view(browser, floor_url + "/", CHART)[0])
                 for name, _, params in VIEWS:
                     query = "&".join(f"{k}={v}" for k, v in params.items())
                     path = "/" + name.split("?")[0] + (f"?{query}" if query else "")
@@ -365,15 +353,21 @@ def browser_views(root: Path, shots: Path | None, repeats: int = 3) -> dict:
                     res[name]["first_paint_s"].append(first)
                     res[name]["script_done_s"].append(done)
                     res[name]["exceptions"] += exc
+            floor_median = statistics.median(floor)
             for name, r in res.items():
                 firsts = r["first_paint_s"]
-                out[name] = {**r, "median_s": sorted(firsts)[len(firsts) // 2],
-                             "painted": "table" if name.startswith("run") else "chart"}
+                median = statistics.median(firsts)
+                out[name] = {**r, "median_s": round(median, 3),
+                             "painted": "table" if name.startswith("run") else "chart",
+                             "minus_floor_s": round(median - floor_median, 3),      # the bar: <= 0.5 s
+                             "minus_floor_paired_s": round(statistics.median(            # the same round's floor
+                                 [v - f for v, f in zip(firsts, floor)]), 3)}
             browser.close()
         out["server_peak_rss_mb"] = _peak_rss_mb(proc.pid)
     finally:
         _stop(proc)
-    return out
+        _stop(floor_proc)
+    return out, floor
 
 
 # ---------------------------------------------------------------------- main
@@ -430,11 +424,15 @@ def main() -> None:
         if not a.no_browser:
             if a.shots:
                 a.shots.mkdir(parents=True, exist_ok=True)
-            result["browser_first_paint"] = browser_views(root, a.shots, a.repeats)
-            result["browser_floor_one_chart_s"] = browser_floor(root.parent)
+            views, floor = browser_views(root, a.shots, a.repeats)
+            result["browser_first_paint"] = views
+            result["browser_floor_one_chart_s"] = floor
+            gaps = [v["minus_floor_s"] for k, v in views.items() if isinstance(v, dict)]
+            result["max_minus_floor_s"] = max(gaps)
         result["bench_process_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         result["load_avg_after"] = list(os.getloadavg())
-        result["bar"] = {"apptest_first_render_max_s": 1.0, "browser_first_paint_max_s": 4.0}
+        result["bar"] = {"apptest_first_render_max_s": 1.0, "browser_first_paint_max_s": 4.0,
+                         "max_minus_floor_s": 0.5}
     finally:
         if tmp and not a.keep:
             shutil.rmtree(root.parent, ignore_errors=True)

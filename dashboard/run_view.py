@@ -298,7 +298,7 @@ def links(run: dict, bench: pd.DataFrame | None = None, captures: pd.DataFrame |
     catalog.get_run row (its manifest parsed); `bench`: catalog.bench_index (bench runs and their baselines);
     `captures`: complete captures (catalog.list_runs) for an alignment partner of the same target; `checks`:
     complete drafter checks (drafter and target names); `groups`: the Regression page's group labels
-    (regress.history), in its order. Views need a complete run; the Runs page always lists it."""
+    (regress.group_labels, `regress.history`'s order). Views need a complete run; the Runs page always lists it."""
     rid, kind, m = run["run_id"], run.get("kind"), StoredManifest.indexed(run.get("manifest"))
     out = [Link("runs", "Runs (this run's row ticked)", {"ticked": rid})]
     if kind == "watch":                 # the Watch page shows a running, failed or interrupted watch too

@@ -78,7 +78,7 @@ for i, f in enumerate(found):       # the run's problems first (notes: in the he
 bench = ui.guarded(cat.bench_index) if kind == "bench" else None
 captures = ui.guarded(cat.list_runs, "capture", "complete") if kind == "capture" else None
 checks = ui.guarded(cat.list_runs, "check", "complete") if kind == "bench" and run.get("drafter") else None
-groups = list(ui.guarded(regress.history)) if kind == "bench" and run.get("drafter") else None
+groups = ui.guarded(regress.group_labels) if kind == "bench" and run.get("drafter") else None
 links = run_view.links(run, bench, captures, checks, groups)
 row = st.container(horizontal=True, gap="small", key="run_links")
 for link in links:

@@ -128,3 +128,20 @@ def test_history_groups_by_release(benches) -> None:
     g = regress.with_release(next(iter(groups.values())), data=DataRoot(benches["root"]))
     assert set(g["run_id"]) == {benches["baseline"], benches["rerun"], benches["dropped"], benches["planted"]}
     assert any("sglang 0.5.15 reading" in r for r in g["release"])
+
+
+def test_group_labels_are_the_history_groups_in_order(tmp_path, monkeypatch) -> None:
+    """The run page links its Regression group by index from group_labels (one narrow query) instead of building
+    every group: same labels, same order as `history`, on a catalog of many targets, drafters and K."""
+    from backend import regress
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "bench"))
+    from pages_bench import build_root
+
+    root = tmp_path / "data"
+    build_root(root, 120, 20_000)
+    data = DataRoot(root)
+    data.catalog.write.refresh(full=True)
+    labels = regress.group_labels(data=data)
+    assert len(labels) > 5
+    assert labels == list(regress.history(data=data))

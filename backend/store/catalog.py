@@ -1049,6 +1049,13 @@ class CatalogReader:
                       WHERE (?::VARCHAR[] IS NULL OR list_contains(?::VARCHAR[], b.run_id))
                       ORDER BY b.created, b.run_id""", [ids, ids])
 
+    def bench_group_keys(self) -> pd.DataFrame:
+        """model, drafter, num_spec_tokens of the complete bench runs with drafts, oldest first (bench_history's
+        order): what the Regression page's group labels are made of, without the rest of each row."""
+        return self._df("""SELECT model, drafter, num_spec_tokens FROM bench_runs
+                      WHERE status = 'complete' AND coalesce(num_spec_tokens, 0) > 0
+                      ORDER BY created, run_id""", [])
+
     def bench_index(self) -> pd.DataFrame:
         """Every bench run, newest first, with what a run picker needs: run_id, status, num_spec_tokens, model_path,
         model_key, baseline_run."""
