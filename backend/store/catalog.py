@@ -830,6 +830,8 @@ def _drop_shared(catalog: Path) -> None:
     shared = _SHARED.get()
     if shared is not None:
         shared.drop(catalog)
+
+
 _READ_ATTEMPTS = 4
 
 
