@@ -17,37 +17,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from pages_bench import CHART, CHROMIUM_ARGS, FLOOR_APP, TABLE, _stop, time_view  # noqa: E402
-
-from backend.netutil import free_port  # noqa: E402
-
-
-def serve(cwd: Path, launcher: list[str], env: dict, log: Path) -> tuple[subprocess.Popen, str]:
-    """A streamlit server on a free port, started in `cwd` (a variant imports its own backend/ and dashboard/)."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, *launcher, "--server.headless", "true", "--server.port", str(port),
-                             "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-                             "--server.fileWatcherType", "none"], cwd=cwd, env=env, stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT)
-    for _ in range(300):
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.read().strip() == b"ok":
-                    break
-        except OSError:
-            time.sleep(0.3)
-    return proc, url
+from pages_bench import CHART, CHROMIUM_ARGS, FLOOR_APP, TABLE, _serve, _stop, time_view  # noqa: E402
 
 
 def main() -> None:
@@ -64,9 +42,9 @@ def main() -> None:
     (a.work / "floor_app.py").write_text(FLOOR_APP)
     env = {**os.environ, "SPECLENS_DATA": str(a.root)}
     load_before = os.getloadavg()
-    servers = {"floor": serve(a.work, ["-m", "streamlit", "run", "floor_app.py"], env, a.work / "floor.log")}
+    servers = {"floor": _serve(a.work / "floor_app.py", a.work, env, a.work / "floor.log")}
     for i, v in enumerate(a.variant):
-        servers[f"{i}:{v}"] = serve(v, ["-m", "dashboard.serve"], env, a.work / f"variant{i}.log")
+        servers[f"{i}:{v}"] = _serve(v.resolve() / "app.py", v.resolve(), env, a.work / f"variant{i}.log")
     times: dict[str, list[float]] = {}
     try:
         with sync_playwright() as p:

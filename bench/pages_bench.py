@@ -266,10 +266,12 @@ st.plotly_chart(go.Figure(go.Bar(x=[0, 1, 2, 3], y=[0.4, 0.2, 0.2, 0.2])))
 
 
 def _serve(app: Path, cwd: Path, env: dict, log: Path) -> tuple[subprocess.Popen, str]:
-    """`streamlit run` on a free port (no file watcher: on a big tree its inotify reconciling costs seconds)."""
+    """`streamlit run` on a free port (no file watcher: on a big tree its inotify reconciling costs seconds). A
+    dashboard tree's app.py (this repository's, or a copy's for bench/pages_ab.py) is served as `make serve` serves
+    it, `python -m dashboard.serve` run in `cwd` = the tree, so that it imports that tree's modules."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    launcher = ["-m", "dashboard.serve"] if app == REPO / "app.py" else ["-m", "streamlit", "run", str(app)]
+    launcher = ["-m", "dashboard.serve"] if app.name == "app.py" else ["-m", "streamlit", "run", str(app)]
     proc = subprocess.Popen([sys.executable, *launcher, "--server.headless", "true",
                              "--server.port", str(port), "--server.address", "127.0.0.1",
                              "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
@@ -427,7 +429,7 @@ def main() -> None:
             views, floor = browser_views(root, a.shots, a.repeats)
             result["browser_first_paint"] = views
             result["browser_floor_one_chart_s"] = floor
-            gaps = [v["minus_floor_s"] for k, v in views.items() if isinstance(v, dict)]
+            gaps = [v["minus_floor_s"] for v in views.values() if isinstance(v, dict)]
             result["max_minus_floor_s"] = max(gaps)
         result["bench_process_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         result["load_avg_after"] = list(os.getloadavg())
