@@ -21,6 +21,9 @@ its own:
        bit (stats.parquet without run_id, sample.safetensors, headline, progress, no checkpoint left), a bench unit for
        unit (prompts.parquet: outputs, accepted, drafts; steps.parquet; tau, acceptance, lossless);
     e. the GPU memory free again after every finished run.
+  load trial (vLLM, SGLang): the same for a serving-load sweep (`python -m backend sweep`, K x concurrency, its own
+    baseline and drafter servers): killed after a random share of its cells; the resume is compared cell by cell
+    (same cells, requests, errors and output tokens; tau from the server's counters side by side);
   OOM at engine start (vLLM, SGLang): commands with settings too large for the memory given (vLLM: context far too
     long for the KV budget, almost no memory, a batch too large for the budget; SGLang: almost no memory); recorded:
     exit code, seconds, the `error:` line and the log's last lines, whether that line is the only error line and which
@@ -28,10 +31,11 @@ its own:
 
 DIR/fault_results.json is rewritten (atomic replace) after every step and every phase of a trial, so a run cut short
 keeps what it measured; DIR/fault_logs.tar.gz holds each command's output (the last MiB of each) and the SGLang
-servers' logs. Order: E's capture and bench for each engine listed, then E's OOM cases; `--steps` picks some
-(vllm-capture, vllm-bench, vllm-oom, sglang-capture, ...); a step starts only while its estimated time fits the
-rest of --budget-s, and every command's time limit is cut to the budget left. Needs vLLM 0.24 / SGLang 0.5.15 and a
-CUDA GPU for those engines; `--engines hf` runs the same logic on CPU (no GPU memory checks without nvidia-smi).
+servers' logs. Order: E's capture and bench for each engine listed, then E's load and OOM cases; `--steps` picks
+some (vllm-capture, vllm-bench, vllm-load, vllm-oom, sglang-capture, ...); a step starts only while its estimated time
+fits the rest of --budget-s, and every command's time limit is cut to the budget left. Needs vLLM 0.24 / SGLang
+0.5.15 and a CUDA GPU for those engines; `--engines hf` runs the same logic on CPU (no GPU memory checks without
+nvidia-smi).
 
 `python gpu/fault_suite.py --cli capture|bench ...` is the CLI (`backend.__main__.main`) with extra flags for the
 SGLang servers a capture starts, from SPECLENS_FAULT_SGLANG_FLAGS (JSON): `capture --engine sglang` passes no
@@ -64,6 +68,7 @@ if str(REPO) not in sys.path:
 
 ENGINES = ("vllm", "sglang", "hf")
 START_ESTIMATE_S = {"hf": 10.0, "vllm": 55.0, "sglang": 100.0}     # one engine start (or, for hf, one interpreter)
+SHORT = {"capture": "cap", "bench": "ben", "load": "load"}
 SGLANG_FLAGS_ENV = "SPECLENS_FAULT_SGLANG_FLAGS"
 PROMPT_COLS = ["repeat", "prompt_index", "prompt_id", "category", "prompt_tokens", "output_tokens", "accepted",
                "drafts", "output_hash"]
@@ -270,7 +275,7 @@ def progress(root: Path, rid: str) -> dict:
         return {"exists": False}
     pr = m.get("progress") or {}
     done = int(pr.get("done") or 0)
-    if m.get("kind") == "bench":
+    if m.get("kind") in ("bench", "load"):
         done = max(done, _journal_units(root, rid))
     total = pr.get("total")
     out = {"exists": True, "status": m.get("status"), "done": done, "total": total,
@@ -296,7 +301,12 @@ def catalog_rows(root: Path, rid: str, kind: str) -> dict:
     row = read.get_run(rid)
     out = {"status": row and row["status"]}
     try:
-        out["rows"] = len(read.boundary_stats([rid]) if kind == "capture" else read.bench_prompts([rid]))
+        if kind == "load":
+            import pandas as pd
+
+            out["rows"] = len(pd.read_parquet(root / "runs" / rid / "levels.parquet"))
+        else:
+            out["rows"] = len(read.boundary_stats([rid]) if kind == "capture" else read.bench_prompts([rid]))
     except Exception as e:  # noqa: BLE001 - recorded
         out["rows_error"] = f"{type(e).__name__}: {e}"
     return out
@@ -392,6 +402,44 @@ def compare_bench(ref: Path, got: Path, spec: bool) -> tuple[list[str], dict]:
         if x != y:
             diffs.append(f"bench.{k}: {x} vs {y}")
     return diffs, figures
+
+
+LOAD_KEY = ["config", "concurrency", "repeat", "side"]
+
+
+def compare_load(ref: Path, got: Path) -> tuple[list[str], dict]:
+    """What differs between a serving-load run (resumed after a kill) and its uninterrupted reference: the same cells
+    (config x concurrency x repeat x side), each with the same requests, errors and output tokens; acceptance per
+    drafter cell from the server's counters side by side (batching on a GPU in bf16 may move it a little, so it is
+    reported, with its largest difference, and counted as a difference only beyond 0.05 of tau)."""
+    import pandas as pd
+
+    a, b = pd.read_parquet(ref / "levels.parquet"), pd.read_parquet(got / "levels.parquet")
+    diffs = []
+    if b.duplicated(LOAD_KEY).any():
+        diffs.append("levels: a cell recorded twice")
+    ka, kb = set(map(tuple, a[LOAD_KEY].to_numpy())), set(map(tuple, b[LOAD_KEY].to_numpy()))
+    if ka != kb:
+        diffs.append(f"levels: cells {sorted(ka ^ kb)[:6]} in one run only")
+    m = a.merge(b, on=LOAD_KEY, suffixes=("_ref", "_got"))
+    for c in ("requests", "errors", "output_tokens"):
+        n = int((m[f"{c}_ref"] != m[f"{c}_got"]).sum())
+        if n:
+            diffs.append(f"levels.{c}: {n} cells differ")
+    d = m[m["side"] == "drafter"]
+    taus = {f"{r.config} c={r.concurrency}": {"reference": r.tau_server_ref, "resumed": r.tau_server_got}
+            for r in d.itertuples()}
+    gap = (d["tau_server_ref"] - d["tau_server_got"]).abs().max() if len(d) else None
+    if gap is not None and gap > 0.05:
+        diffs.append(f"levels.tau_server: largest difference {gap:.3f}")
+    ma, mb = json.loads((ref / "manifest.json").read_text()), json.loads((got / "manifest.json").read_text())
+    if not (got / "summary.json").exists():
+        diffs.append("summary.json missing after the resume")
+    pr = mb.get("progress") or {}
+    if pr.get("done") != pr.get("total") or pr.get("total") != (ma.get("progress") or {}).get("total"):
+        diffs.append(f"progress {pr} (reference {ma.get('progress')})")
+    return diffs, {"tau_server": taus, "tau_max_abs_difference": None if gap is None else round(float(gap), 4),
+                   "cells": len(m)}
 
 
 def cli_flags(command: str) -> set[str]:
@@ -530,6 +578,13 @@ class Suite:
                    "--limit", str(self.cap_limit(engine)), "--sample-tokens", str(a.sample_tokens), *common]
             if engine == "vllm":
                 cli += self.engine_options(engine)
+        elif kind == "load":                            # a serving-load sweep: its own servers, K x concurrency
+            cli = ["sweep", "--target", str(pair / "target"), "--drafter", str(pair / "drafter-matched"),
+                   "--prompts", str(self.bench_prompts), "--num-spec-tokens", a.load_ks, "--concurrency",
+                   a.load_concurrency, "--requests", str(a.load_requests), "--max-new-tokens", str(a.max_new_tokens),
+                   "--memory", str(a.load_mem), "--engine", engine, "--name", name, "--quiet", "--dtype", "bf16"]
+            for k, v in self.load_server_options(engine).items():
+                cli += ["--engine-option", f"{k}={v}"]
         else:
             cli = ["bench", "--target", str(pair / "target"), "--drafter", str(pair / "drafter-matched"),
                    "--prompts", str(self.bench_prompts), "--num-spec-tokens", str(a.k), "--temperature", "0",
@@ -541,6 +596,11 @@ class Suite:
         if engine == "sglang" and kind == "capture":    # its server takes no --engine-option: the shim adds them
             return [str(Path(__file__).resolve()), "--cli", *cli], "gpu/fault_suite.py --cli (backend.__main__.main)"
         return ["-m", "backend", *cli], "python -m backend"
+
+    def load_server_options(self, engine: str) -> dict:
+        """Server flags of the load step's servers: --vllm-option / --sglang-option as flags (memory: --load-mem)."""
+        opts = dict(self.a.vllm_option) if engine == "vllm" else dict(self.a.sglang_option)
+        return {k.replace("_", "-"): (json.dumps(v) if isinstance(v, bool) else v) for k, v in opts.items()}
 
     def cap_limit(self, engine: str) -> int:
         return {"vllm": self.a.vllm_cap_limit, "sglang": self.a.sglang_cap_limit, "hf": self.a.hf_cap_limit}[engine]
@@ -637,7 +697,7 @@ class Suite:
             w["left_running_killed"] = not kill_pids(left)
         w["gpu_after"] = wait_gpu_free(pre, self.a.free_wait_s)
         log(f"{phase} {name}: exit {w['exit']} in {w['seconds']} s; GPU {w['gpu_after']}")
-        if w["exit"] == 0:
+        if w["exit"] == 0 and kind != "load":
             self.learn(engine, kind, w["timeline"], engines_started=2 if kind == "bench" and phase == "reference"
                        else 1)
         return w
@@ -671,7 +731,7 @@ class Suite:
     def reference(self, engine: str, kind: str) -> dict:
         """The uninterrupted reference run of (engine, kind): an earlier one of this root when it ended whole with
         the same command, else run now."""
-        short = "cap" if kind == "capture" else "ben"
+        short = SHORT[kind]
         base = f"ref-{engine}-{short}"
         known = self.refs().get(base)
         if known and (_manifest(self.root, known["name"]) or {}).get("status") == "complete" and \
@@ -679,7 +739,7 @@ class Suite:
             log(f"reference {known['name']}: reused (complete, uninterrupted, same command)")
             return {**known["record"], "reused": True, "name": known["name"]}
         name = base if not (self.root / "runs" / base).exists() else f"{base}-{self.stamp}"
-        ids = [name] if kind == "capture" else [f"{name}-baseline", name]
+        ids = [f"{name}-baseline", name] if kind == "bench" else [name]
         w = self.run_to_end(engine, kind, name, ids, self.a.run_timeout_s, "reference")
         w["name"] = name
         status = (_manifest(self.root, name) or {}).get("status")
@@ -722,7 +782,7 @@ class Suite:
         return 2 * START_ESTIMATE_S[engine] + 20
 
     def trial(self, engine: str, kind: str, ref: dict, t: dict) -> None:
-        short = "cap" if kind == "capture" else "ben"
+        short = SHORT[kind]
         name = f"kill-{engine}-{short}-{self.stamp}-{t['trial']}"
         ids = [name]
         t["name"] = name
@@ -816,6 +876,8 @@ class Suite:
                 runs = self.root / "runs"
                 if kind == "capture":
                     diffs, figures = compare_capture(runs / ref["name"], runs / name), None
+                elif kind == "load":
+                    diffs, figures = compare_load(runs / ref["name"], runs / name)
                 else:
                     diffs, figures = compare_bench(runs / ref["name"], runs / name, spec=True)
                     rb = (_manifest(self.root, ref["name"]) or {}).get("baseline_run")
@@ -995,11 +1057,12 @@ class Suite:
             return 1
         engines = [e for e in a.engines.split(",") if e]
         plan = [(f"{e}-{k}", e, k) for e in engines for k in ("capture", "bench")] + \
-               [(f"{e}-oom", e, "oom") for e in engines if e != "hf"]
+               [(f"{e}-{k}", e, k) for e in engines if e != "hf" for k in ("load", "oom")]
         wanted = set(a.steps.split(",")) if a.steps else None
         if a.steps:  # the order given (e.g. one bench trial per engine before any capture)
             plan = [p for s in a.steps.split(",") for p in plan if p[0] == s]
         estimates = {"capture": lambda e: 3 * START_ESTIMATE_S[e] + 30, "bench": lambda e: 4 * START_ESTIMATE_S[e] + 40,
+                     "load": lambda e: 3 * START_ESTIMATE_S[e] + 60,
                      "oom": lambda e: START_ESTIMATE_S[e]}
         for step, engine, kind in plan:
             if wanted is not None and step not in wanted:
@@ -1058,7 +1121,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="data root (default: a fresh /tmp/speclens-fault/<time>); never the default data root")
     p.add_argument("--engines", default="vllm,sglang", help="comma-separated: vllm, sglang, hf (the CPU dry run)")
     p.add_argument("--steps", default=None,
-                   help="only these steps, comma-separated: ENGINE-capture, ENGINE-bench, ENGINE-oom")
+                   help="only these steps, comma-separated: ENGINE-capture, ENGINE-bench, ENGINE-load, ENGINE-oom")
     p.add_argument("--budget-s", type=float, default=540.0, help="start no step after this (0: no limit)")
     p.add_argument("--trials", type=int, default=1, help="kill trials per step (each against the same reference)")
     p.add_argument("--seed", type=int, default=20261205, help="for the kill points")
@@ -1091,6 +1154,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    metavar="ENGINE=DIR", help="put DIR first on PYTHONPATH for that engine's commands, e.g. "
                    "vllm=/tmp/site_vllm sglang=/tmp/site_sgl (one invocation for both engines)")
     p.add_argument("--oom-cases", default="context,memory,batch")
+    p.add_argument("--load-ks", default="2,4", help="the load step's K values (a sweep: K x concurrency)")
+    p.add_argument("--load-concurrency", default="1,8")
+    p.add_argument("--load-requests", type=int, default=32, help="requests per level and side")
+    p.add_argument("--load-mem", type=float, default=0.06, help="GPU memory fraction of each server it starts")
     p.add_argument("--run-timeout-s", type=float, default=300.0, help="one command's limit")
     p.add_argument("--oom-timeout-s", type=float, default=240.0)
     p.add_argument("--free-wait-s", type=float, default=60.0, help="wait at most this for the GPU memory")

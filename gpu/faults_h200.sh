@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One warm stretch on the lent GPU node, issue 24 item 5 and issue 23's open vLLM start:
+#   bash gpu/faults_h200.sh start BUDGET_S   run the chain below in the background (its own session), then return
+#   bash gpu/faults_h200.sh poll SECONDS     wait for it (at most SECONDS), show its log, copy its results to $OUT
+# The chain, one thing on the GPU at a time (the fault suite checks that the GPU memory is free again by the total
+# in use, so nothing may run beside it):
+#   1. the toy DFlash drafter as trained (dflash_config.target_layer_ids only) through vLLM 0.24.0 alone: on
+#      2026-12-05 its engine did not start while an SGLang server came up on the same GPU (gpu/dflash_vllm_alone.sh);
+#   2. gpu/fault_suite.py, vLLM: kill -9 mid-capture and mid serving-load sweep (the vLLM bench trial ran on
+#      2026-12-05), enforce_eager to shorten each engine start;
+#   3. once SGLang is installed (/tmp/site_sgl/.done, by `bash gpu/load_h200.sh install-sgl SHA`): the fault suite on
+#      SGLang: capture, OOM at start, bench, serving-load sweep, while the budget lasts.
+# Needs /tmp/site_vllm (bash gpu/load_h200.sh install-vllm SHA) and /tmp/site_duck (duckdb for the suite itself).
+set -u
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+d=/tmp/out_chain
+case $1 in
+  start)
+    mkdir -p $d
+    setsid nohup bash "$0" chain "$2" > $d/suite.log 2>&1 < /dev/null & echo $! > $d/pid
+    sleep 3; tail -3 $d/suite.log ;;
+  chain)
+    budget=$2 t0=$(date +%s)
+    left() { echo $(( budget - ($(date +%s) - t0) )); }
+    echo "chain start $(date -u +%FT%TZ), budget $budget s"
+    PYTHONPATH=/tmp/site_vllm timeout 300 bash gpu/dflash_vllm_alone.sh $d/dflash
+    echo "dflash done at $(( $(date +%s) - t0 )) s"
+    PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out $d/fault_v --root /tmp/fault_root --engines vllm \
+      --engine-path vllm=/tmp/site_vllm --steps vllm-capture,vllm-load --vllm-option enforce_eager=true --load-ks 4 \
+      --budget-s "$(left)" 2>&1 | grep -v "^\s*$" | tail -40
+    echo "vllm faults done at $(( $(date +%s) - t0 )) s"
+    while [ ! -f /tmp/site_sgl/.done ] && [ "$(left)" -gt 200 ]; do sleep 5; done
+    PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out $d/fault_s --root /tmp/fault_root --engines sglang \
+      --engine-path sglang=/tmp/site_sgl --steps sglang-capture,sglang-oom,sglang-bench,sglang-load \
+      --budget-s "$(left)" 2>&1 | grep -v "^\s*$" | tail -60
+    echo "chain done at $(( $(date +%s) - t0 )) s" ;;
+  poll)
+    end=$(( $(date +%s) + ${2:-500} ))
+    while kill -0 "$(cat $d/pid)" 2>/dev/null && [ "$(date +%s)" -lt $end ]; do sleep 5; done
+    tail -40 $d/suite.log; kill -0 "$(cat $d/pid)" 2>/dev/null && echo "STILL RUNNING" || echo "FINISHED"
+    cp $d/suite.log "$OUT/" 2>/dev/null
+    for s in dflash fault_v fault_s; do
+      [ -d $d/$s ] && (cd $d && tar czf "$OUT/$s.tar.gz" $s)
+    done
+    nvidia-smi --query-gpu=name,memory.used --format=csv,noheader; ls -la "$OUT" ;;
+esac
