@@ -68,6 +68,7 @@ if str(REPO) not in sys.path:
 
 ENGINES = ("vllm", "sglang", "hf")
 START_ESTIMATE_S = {"hf": 10.0, "vllm": 55.0, "sglang": 100.0}     # one engine start (or, for hf, one interpreter)
+REAPER_LINGER_S = 5.0      # backend/engines/lifeline.py: a reaper keeps signalling a dead group at most this long
 SHORT = {"capture": "cap", "bench": "ben", "load": "load"}
 SGLANG_FLAGS_ENV = "SPECLENS_FAULT_SGLANG_FLAGS"
 PROMPT_COLS = ["repeat", "prompt_index", "prompt_id", "category", "prompt_tokens", "output_tokens", "accepted",
@@ -192,6 +193,11 @@ def proc_info(pid: int) -> dict:
     except (OSError, ProcessLookupError):
         pass
     return info
+
+
+def is_reaper(info: dict) -> bool:
+    """A reaper of backend/engines/lifeline.py (its command line is its own code)."""
+    return "pgid = int(sys.argv[1])" in (info.get("cmd") or "")
 
 
 def gpu_used_mib() -> float | None:
@@ -836,6 +842,9 @@ class Suite:
             log(f"trial {name}: killed ({kill['reason']}) after {kill['seconds_since_start']} s")
         # what outlived the kill of the process group, and the GPU memory
         survivors = [d["pid"] for d in w["processes"] if ours(d["pid"])]
+        reapers = [x for x in survivors if is_reaper(proc_info(x))]   # SpecLens's own watchdogs: they outlive the
+        survivors = [x for x in survivors if x not in reapers]         # kill by design, kill the servers, then exit
+        t["reapers"] = [proc_info(x) for x in reapers]
         t["outlived_kill"] = [proc_info(x) for x in survivors]
         t_kill = time.monotonic()
         t["gpu_after_kill"] = wait_gpu_free(
@@ -849,6 +858,10 @@ class Suite:
         if still:
             t["cleanup"] = {"killed": still, "not_dying": kill_pids(still),
                             "gpu": wait_gpu_free(pre, self.a.free_wait_s)}
+        end = time.monotonic() + REAPER_LINGER_S + 2
+        while reapers and any(ours(x) for x in reapers) and time.monotonic() < end:
+            time.sleep(0.1)
+        t["reapers_left"] = [proc_info(x) for x in reapers if ours(x)]    # past their linger: a finding
         if shm_before is not None:
             new_shm = sorted(set(_shm() or []) - set(shm_before))
             t["dev_shm_left"] = {"count": len(new_shm), "names": new_shm[:20]}

@@ -16,7 +16,12 @@ export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 d=/tmp/out_chain
 case $1 in
   start)
-    mkdir -p $d
+    mkdir -p $d /tmp/out_align
+    # the suite's own process needs duckdb and pydantic (the image has neither): from the vLLM bundle's wheels
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_duck /tmp/stage_v/w/pydantic*.whl \
+      /tmp/stage_v/w/annotated_types*.whl /tmp/stage_v/w/typing_inspection*.whl 2>&1 | tail -2
+    PYTHONPATH=/tmp/site_duck timeout 120 python3 bench/align_bench.py --device cuda --out /tmp/out_align/align.json \
+      > /tmp/out_align/log 2>&1; tail -2 /tmp/out_align/log; cp /tmp/out_align/align.json "$OUT/" 2>/dev/null
     setsid nohup bash "$0" chain "$2" > $d/suite.log 2>&1 < /dev/null & echo $! > $d/pid
     sleep 3; tail -3 $d/suite.log ;;
   chain)

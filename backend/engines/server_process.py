@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backend.engines.lifeline import die_with_parent_in_new_session
+from backend.engines.lifeline import Reaper, die_with_parent_in_new_session, start_reaper
 from backend.errors import SpecLensError
 from backend.netutil import free_port
 
@@ -112,7 +112,8 @@ def log_tail(path: Path | str, n: int = 6, sep: str = " | ") -> str:
 
 class ServerProcess:
     """One server process (`vllm serve`, SGLang's launch_server) in its own process group, SIGKILLed by the kernel
-    if the command that started it dies (backend/engines/lifeline.py): started with the
+    if the command that started it dies, and its whole group SIGKILLed then by a reaper process (vLLM's EngineCore
+    outlived its API server without it; backend/engines/lifeline.py): started with the
     repository on its PYTHONPATH (the hooks it may load live here) and its output in `log`; `healthy()` polls
     `/health`; `stop()` always tears the whole group down (SIGTERM, then SIGKILL, then waits until it is gone: the
     engine cores and schedulers hold the GPU until then). `label` names it in messages ("SGLang", "vllm K=4")."""
@@ -134,6 +135,11 @@ class ServerProcess:
         except BaseException:
             self._fh.close()
             raise
+        self._reaper: Reaper | None = None
+        try:     # the server leads a session of its own: its process group id is its pid
+            self._reaper = start_reaper(self.proc.pid)
+        except OSError:     # the server still dies with this process (PR_SET_PDEATHSIG), only its children may not
+            pass
         self.start_seconds: float | None = None
         _LIVE.append(self)
 
@@ -193,6 +199,9 @@ class ServerProcess:
             except (ProcessLookupError, PermissionError):
                 break
             time.sleep(0.2)
+        reaper, self._reaper = getattr(self, "_reaper", None), None
+        if reaper is not None:       # the group is gone: the reaper exits without killing anything
+            reaper.release()
         self._fh.close()
         if self in _LIVE:
             _LIVE.remove(self)
