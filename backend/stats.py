@@ -82,17 +82,40 @@ def batch_moments(x: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, ...
     return moments, max_abs, scalars, nmin, fin.amax(-1), logn
 
 
+WARM_TOKENS = 8192     # the one batch shape every process compiles the statistics kernel for (see below)
+
+
+def compile_options() -> dict:
+    """Inductor settings for the statistics kernel: its deterministic mode where this torch has it (no timing-based
+    choice of a reduction's kernel, which changes the order of the fp32 sums from one process to the next)."""
+    import torch._inductor.config as inductor_config
+
+    return {"deterministic": True} if hasattr(inductor_config, "deterministic") else {}
+
+
 @lru_cache(maxsize=1)
 def _compiled_moments():
-    """batch_moments fused into a few kernels by torch.compile (CUDA); eager if compiling is unavailable."""
+    """batch_moments fused into a few kernels by torch.compile (CUDA); eager if compiling is unavailable.
+
+    A resumed capture must give the same statistics, bit for bit, as one that ran through. A compiled reduction's
+    kernel is chosen from the first batch it is compiled for (a dynamic-shape kernel takes its size hints from that
+    example: whether and how the sum over tokens is split) and, unless inductor is deterministic, by timing on the
+    device. So every process compiles it first for the same zero batch of WARM_TOKENS tokens (per dtype, hidden size
+    and device), with inductor's deterministic mode: a run resumed at another prompt then sums each batch in the same
+    order as the run it continues."""
     try:
-        compiled = torch.compile(batch_moments, dynamic=True)
+        compiled = torch.compile(batch_moments, dynamic=True, options=compile_options() or None)
     except Exception:  # pragma: no cover - depends on the GPU node's toolchain
         return batch_moments
     state = {"fn": compiled}
+    warmed: set = set()
 
     def moments(x: torch.Tensor, ref: torch.Tensor):
         try:
+            key = (x.dtype, x.dim(), x.shape[-1], x.device)
+            if key not in warmed:
+                warmed.add(key)
+                state["fn"](torch.zeros(*x.shape[:-2], WARM_TOKENS, x.shape[-1], dtype=x.dtype, device=x.device), ref)
             return state["fn"](x, ref)
         except Exception:  # pragma: no cover - a host process (e.g. an engine worker) whose compiler setup fails
             state["fn"] = batch_moments
