@@ -197,3 +197,22 @@ def test_a_released_reaper_kills_nothing_and_an_unreleased_one_kills_the_group()
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_a_server_that_fails_to_start_says_its_own_last_error(tmp_path):
+    """A server that exits while starting is reported by its last exception line, not its log's last lines: SGLang
+    0.5.15's log when mem-fraction-static is too small (RECORDED on the lent GPU node, an H100 80GB, 2026-12-06,
+    gpu/fault_suite.py sglang-oom), replayed by a real process that prints it and exits."""
+    from backend.errors import SpecLensError
+
+    rec = Path(__file__).parent / "data" / "recorded" / "sglang_start" / "server_mem_fraction_0.001.log"
+    code = f"import sys; sys.stdout.write(open({str(rec)!r}).read()); sys.stdout.flush(); sys.exit(1)"
+    sp = ServerProcess([sys.executable, "-c", code], tmp_path / "server.log", "SGLang", "127.0.0.1", 1)
+    with pytest.raises(SpecLensError) as e:
+        sp.wait_healthy(30)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "SGLang server exited with code 1 while starting: ValueError: Loaded weights leave no GPU memory for the " \
+           "KV cache under --mem-fraction-static=0.001. Raise --mem-fraction-static above 0.002" in msg
+    assert "^^^" not in msg and "kill_process_tree" not in msg
+    assert str(tmp_path / "server.log") in msg

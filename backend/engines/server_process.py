@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backend.engines.lifeline import Reaper, die_with_parent_in_new_session, start_reaper
+from backend.engines.stderr_tail import root_cause
 from backend.errors import SpecLensError
 from backend.netutil import free_port
 
@@ -146,11 +147,23 @@ class ServerProcess:
     def tail(self, n: int | None = None) -> str:
         return log_tail(self.log, n or self.tail_lines)
 
+    def why(self) -> str:
+        """The server's last exception line (e.g. SGLang's "ValueError: ... Raise --mem-fraction-static above
+        0.002"), else its log's last lines."""
+        try:
+            with open(self.log, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, fh.tell() - 64 * 1024))
+                cause = root_cause(fh.read().decode("utf-8", errors="replace"))
+        except OSError:
+            cause = None
+        return cause[:400] if cause else self.tail()
+
     def healthy(self) -> bool:
         """Whether `/health` answers 200; a one-line error with the log's tail when the process has exited."""
         if self.proc.poll() is not None:
-            raise SpecLensError(f"{self.label} server exited with code {self.proc.returncode} while starting "
-                                f"(log {self.log}): {self.tail()}")
+            raise SpecLensError(f"{self.label} server exited with code {self.proc.returncode} while starting: "
+                                f"{self.why()} (log {self.log})")
         try:
             with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
                 ok = r.status == 200
@@ -180,7 +193,7 @@ class ServerProcess:
         """' (the server exited with code C; log L: tail)' when the server process is gone, else ''."""
         if self.alive():
             return ""
-        return f" (the {self.label} server exited with code {self.proc.returncode}; log {self.log}: {self.tail()})"
+        return f" (the {self.label} server exited with code {self.proc.returncode}: {self.why()}; log {self.log})"
 
     def stop(self) -> None:
         for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
