@@ -129,3 +129,37 @@ def test_the_table_says_seen_for_what_ran_only() -> None:
     assert rows[("sglang", ">=0.5.17,<0.5.18", ("glm4_moe_lite",))].status == "inferred"    # not run
     assert rows[("sglang", ">=0.5.16,<0.5.17", ("*",))].status == "inferred"
     assert "vllm_toy_0.25.1_h200.json" in rows[("vllm", ">=0.25,<0.26", ("*",))].seen
+
+
+def test_the_dflash_drafter_through_vllm_alone_reads_what_the_table_says(toy: Path) -> None:
+    """The toy DFlash drafter as trained, through vLLM 0.24.0 alone on the GPU node (2026-12-06, an H100,
+    docs/results/dflash_vllm_alone_h100.json): the aux layers read from the running engine are what the table
+    predicts for its dflash_config.target_layer_ids on that release, and the bench is lossless."""
+    rec = json.loads((RESULTS / "dflash_vllm_alone_h100.json").read_text())
+    run = rec["runs"]["dflash-vllm-original-alone"]
+    assert run["status"] == "complete" and run["engine_version"] == "vllm 0.24.0"
+    aux = run["aux"]
+    m = feeds.matrix(REPO / "tests" / "data" / "dflash_toy", toy / "target", look_up_check=False)
+    row = _row(m, "vllm", "0.24.0", aux["runner"])
+    assert row["feeds"] == [f"S_{i}" for i in aux["engine_ids"]] == aux["predicted"] == ["S_1", "S_4", "S_7"]
+    assert run["bench"]["lossless"] and 1.2 < run["bench"]["tau"] < 1.4
+
+
+def test_the_gpu_kill_trials_say_what_reliability_md_says() -> None:
+    """docs/RELIABILITY.md's 2026-12-06 GPU kill -9 rows against the suite's own records."""
+    def trial(name: str, step: str) -> dict:
+        rec = json.loads((RESULTS / f"fault_suite_h100_2026-12-06_{name}.json").read_text())
+        return rec["steps"][step]["trials"][0]
+
+    cap, load, reaped = trial("vllm", "vllm-capture"), trial("vllm", "vllm-load"), trial("vllm_reaper", "vllm-load")
+    sgl = trial("sglang", "sglang-capture")
+    for t in (cap, load, reaped, sgl):
+        assert t["killed"] and t["interrupted_ok"] and t["never_complete_while_unfinished"]
+    assert cap["resumed_ok"] and cap["equal"] is False and all(d.startswith("stats.") for d in cap["differences"])
+    assert sgl["resumed_ok"] and sgl["equal"] is True and sgl["gpu_after_kill"]["freed"]
+    assert load["resumed_ok"] and load["equal"] is True and load["figures"]["tau_max_abs_difference"] == 0.0
+    engine_cores = [p for p in load["outlived_kill"] if "EngineCore" in p.get("cmd", "")]
+    assert len(engine_cores) == 2 and not load["gpu_after_kill"]["freed"]            # before the reaper
+    assert not any("EngineCore" in p.get("cmd", "") for p in reaped["outlived_kill"])  # with it: reapers only
+    assert all("pgid = int(sys.argv[1])" in p["cmd"] for p in reaped["outlived_kill"])
+    assert reaped["gpu_after_kill"]["freed"] and reaped["gpu_after_kill"]["seconds"] < 1
