@@ -82,7 +82,8 @@ def batch_moments(x: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, ...
     return moments, max_abs, scalars, nmin, fin.amax(-1), logn
 
 
-WARM_TOKENS = 8192     # the one batch shape every process compiles the statistics kernel for (see below)
+WARM_TOKENS = 1024     # the one batch shape every process compiles the statistics kernel for (see below); small, so
+                       # that it never needs more memory than a real batch in an engine worker with little to spare
 
 
 def compile_options() -> dict:

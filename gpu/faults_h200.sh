@@ -10,7 +10,9 @@
 #      2026-12-05), enforce_eager to shorten each engine start;
 #   3. once SGLang is installed (/tmp/site_sgl/.done, by `bash gpu/load_h200.sh install-sgl SHA`): the fault suite on
 #      SGLang: capture, OOM at start, bench, serving-load sweep, while the budget lasts.
-# Needs /tmp/site_vllm (bash gpu/load_h200.sh install-vllm SHA) and /tmp/site_duck (duckdb for the suite itself).
+# Needs /tmp/site_vllm (bash gpu/load_h200.sh install-vllm SHA) and /tmp/site_duck (duckdb for the suite itself;
+# `start` adds pydantic from the vLLM bundle). Seen on 2026-12-06: an SGLang server takes 150-170 s to come up, so an
+# SGLang kill trial (reference, trial, resume) needs about 500 s; the suite's output goes to fault_v.log / fault_s.log.
 set -u
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 d=/tmp/out_chain
@@ -32,18 +34,18 @@ case $1 in
     echo "dflash done at $(( $(date +%s) - t0 )) s"
     PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out $d/fault_v --root /tmp/fault_root --engines vllm \
       --engine-path vllm=/tmp/site_vllm --steps vllm-capture,vllm-load --vllm-option enforce_eager=true --load-ks 4 \
-      --budget-s "$(left)" 2>&1 | grep -v "^\s*$" | tail -40
+      --budget-s "$(left)" > $d/fault_v.log 2>&1; tail -5 $d/fault_v.log
     echo "vllm faults done at $(( $(date +%s) - t0 )) s"
     while [ ! -f /tmp/site_sgl/.done ] && [ "$(left)" -gt 200 ]; do sleep 5; done
     PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out $d/fault_s --root /tmp/fault_root --engines sglang \
       --engine-path sglang=/tmp/site_sgl --steps sglang-capture,sglang-oom,sglang-bench,sglang-load \
-      --budget-s "$(left)" 2>&1 | grep -v "^\s*$" | tail -60
+      --budget-s "$(left)" > $d/fault_s.log 2>&1; tail -5 $d/fault_s.log
     echo "chain done at $(( $(date +%s) - t0 )) s" ;;
   poll)
     end=$(( $(date +%s) + ${2:-500} ))
     while kill -0 "$(cat $d/pid)" 2>/dev/null && [ "$(date +%s)" -lt $end ]; do sleep 5; done
     tail -40 $d/suite.log; kill -0 "$(cat $d/pid)" 2>/dev/null && echo "STILL RUNNING" || echo "FINISHED"
-    cp $d/suite.log "$OUT/" 2>/dev/null
+    cp $d/suite.log $d/fault_v.log $d/fault_s.log "$OUT/" 2>/dev/null
     for s in dflash fault_v fault_s; do
       [ -d $d/$s ] && (cd $d && tar czf "$OUT/$s.tar.gz" $s)
     done
