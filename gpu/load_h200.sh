@@ -5,7 +5,8 @@
 # prove-start / prove-collect: issue 22's proof through vLLM 0.24 (gpu/prove_vllm.sh, in the background).
 # bg-sglang | bg-synthetic | bg-vsweep start a step in the background (no 600 s call limit); `poll DIR SECONDS` waits
 # for it (or SECONDS), shows its log and copies its results to $OUT.
-# Wheel-bundle parts lie in /tmp/stage_v (vLLM 0.24.0) and /tmp/stage_s (SGLang 0.5.15, sgl_kernel without its FA3
+# Wheel-bundle parts (built here by `bash gpu/bundles.sh`, moved one part per call) lie in /tmp/stage_v (vLLM
+# 0.24.0) and /tmp/stage_s (SGLang 0.5.15, sgl_kernel without its FA3
 # library: SGLang servers run --attention-backend triton); /tmp/whl holds duckdb, /tmp/whl2 SGLang's own
 # transformers 5.12.1 + tokenizers 0.22.2. Each step's results go to $OUT (at most 8 files).
 set -u
