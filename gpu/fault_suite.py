@@ -68,7 +68,6 @@ if str(REPO) not in sys.path:
 
 ENGINES = ("vllm", "sglang", "hf")
 START_ESTIMATE_S = {"hf": 10.0, "vllm": 55.0, "sglang": 100.0}     # one engine start (or, for hf, one interpreter)
-REAPER_LINGER_S = 5.0      # backend/engines/lifeline.py: a reaper keeps signalling a dead group at most this long
 SHORT = {"capture": "cap", "bench": "ben", "load": "load"}
 SGLANG_FLAGS_ENV = "SPECLENS_FAULT_SGLANG_FLAGS"
 PROMPT_COLS = ["repeat", "prompt_index", "prompt_id", "category", "prompt_tokens", "output_tokens", "accepted",
@@ -197,7 +196,9 @@ def proc_info(pid: int) -> dict:
 
 def is_reaper(info: dict) -> bool:
     """A reaper of backend/engines/lifeline.py (its command line is its own code)."""
-    return "pgid = int(sys.argv[1])" in (info.get("cmd") or "")
+    from backend.engines.lifeline import REAPER_CODE
+
+    return REAPER_CODE.strip()[:60] in (info.get("cmd") or "")
 
 
 def gpu_used_mib() -> float | None:
@@ -858,7 +859,9 @@ class Suite:
         if still:
             t["cleanup"] = {"killed": still, "not_dying": kill_pids(still),
                             "gpu": wait_gpu_free(pre, self.a.free_wait_s)}
-        end = time.monotonic() + REAPER_LINGER_S + 2
+        from backend.engines.lifeline import LINGER_S
+
+        end = time.monotonic() + LINGER_S + 2
         while reapers and any(ours(x) for x in reapers) and time.monotonic() < end:
             time.sleep(0.1)
         t["reapers_left"] = [proc_info(x) for x in reapers if ours(x)]    # past their linger: a finding

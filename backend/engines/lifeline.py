@@ -51,7 +51,7 @@ def die_with_parent_in_new_session() -> None:
     die_with_parent()
 
 
-# Run as `python -I -S -c REAPER_CODE PGID`: standard library only, no site-packages, no backend imports.
+# Run as `python -I -S -c REAPER_CODE PGID LINGER`: standard library only, no site-packages, no backend imports.
 REAPER_CODE = """
 import os, signal, sys, time
 pgid = int(sys.argv[1])
@@ -72,12 +72,13 @@ sys.exit(3)
 """
 
 RELEASED, REAPED = 0, 3          # the reaper's exit codes
+LINGER_S = 5.0                   # how long an unreleased reaper goes on signalling its group
 
 
 class Reaper:
     """A started reaper for process group `pgid` (see the module docstring); `release()` when the group is gone."""
 
-    def __init__(self, pgid: int, linger: float = 5.0):
+    def __init__(self, pgid: int, linger: float = LINGER_S):
         self.pgid = pgid
         self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", REAPER_CODE, str(pgid), str(linger)],
                                      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -103,7 +104,7 @@ class Reaper:
             self.proc.wait()
 
 
-def start_reaper(pgid: int, linger: float = 5.0) -> Reaper:
+def start_reaper(pgid: int, linger: float = LINGER_S) -> Reaper:
     """A reaper that SIGKILLs process group `pgid` when this process dies (for `linger` seconds, until the group is
     empty), unless released first. Raises OSError when the reaper cannot be started."""
     return Reaper(pgid, linger)
