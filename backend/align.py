@@ -811,9 +811,41 @@ def _on(sample: Sample, device: torch.device) -> Sample:
     """The sample's states moved to the device once (a no-op on CPU)."""
     if device.type == "cpu" or next(iter(sample.states.values())).device == device:
         return sample
-    states = {k: v.to(device, non_blocking=True) for k, v in sample.states.items()}
+    labels = list(sample.states)
+    states = dict(zip(labels, to_device([sample.states[k] for k in labels], device)))
     return Sample(sample.run_id, sample.labels, states, sample.ctx_hash, sample.n_layers, sample.hidden, sample.dtype,
                   sample.model_path)
+
+
+def to_device(tensors: list[torch.Tensor], device: torch.device, buffers: int = 2) -> list[torch.Tensor]:
+    """CPU tensors (e.g. views of a memory-mapped sample) copied to a CUDA device through pinned staging buffers:
+    while the GPU copies one tensor from its buffer, the CPU (every intra-op thread) copies the next one into another
+    buffer. A copy straight from pageable memory is staged by the driver one piece at a time on one thread; on the
+    H100 that left 33 x 4096 x 4096 bf16 at about 7.4 GB/s. Same bytes, same order, same dtypes as `.to(device)`."""
+    import torch
+
+    if device.type != "cuda" or not tensors:
+        return [t.to(device) for t in tensors]
+    size = max(t.numel() * t.element_size() for t in tensors)
+    stage = [torch.empty(size, dtype=torch.uint8, pin_memory=True) for _ in range(buffers)]
+    done: list[torch.cuda.Event | None] = [None] * buffers
+    stream = torch.cuda.Stream(device)
+    out = []
+    for i, src in enumerate(tensors):
+        j = i % buffers
+        if done[j] is not None:
+            done[j].synchronize()                       # the GPU has read this buffer: refill it
+        n = src.numel() * src.element_size()
+        buf = stage[j][:n].view(src.dtype).view(src.shape)
+        buf.copy_(src)
+        dst = torch.empty(src.shape, dtype=src.dtype, device=device)
+        with torch.cuda.stream(stream):
+            dst.copy_(buf, non_blocking=True)
+            done[j] = torch.cuda.Event()
+            done[j].record(stream)
+        out.append(dst)
+    torch.cuda.current_stream(device).wait_stream(stream)
+    return out
 
 
 def default_device() -> torch.device:

@@ -249,7 +249,8 @@ def _server_specs(s: LoadSettings, configs: list[Config]) -> list:
 
 def _serve_and_measure(run: Run, s: LoadSettings, prompts, seqs, cells, done, finished, progress) -> None:
     """Measure every configuration that has unfinished levels: against the given URLs, or on servers started here
-    (all at once by default: one start-up for the whole sweep; else the baseline with one drafter server at a time)."""
+    (all at once by default: one start-up for the whole sweep; else one baseline server kept for the whole run
+    beside one drafter server at a time, for targets of which the GPU holds only two servers)."""
     from backend.engines.server_process import ServerGroup
 
     todo = [cfg for cfg in s.configs() if any((cfg.label, c, r, side) not in finished for c in s.concurrency
@@ -261,14 +262,22 @@ def _serve_and_measure(run: Run, s: LoadSettings, prompts, seqs, cells, done, fi
         run.record(engine_version=server_version(s.engine, urls["baseline"]), servers={"urls": urls})
         _measure_configs(run, s, seqs, todo, urls, done, finished, cells, progress)
         return
-    for group in ([todo] if s.start_together else [[cfg] for cfg in todo]):
-        with ServerGroup(_server_specs(s, group), run.path / "servers") as servers:
-            urls = {"baseline": servers[0].url, **{cfg.label: srv.url for cfg, srv in zip(group, servers[1:])}}
-            starts = {"baseline": servers[0].start_seconds,
-                      **{cfg.label: srv.start_seconds for cfg, srv in zip(group, servers[1:])}}
-            run.record(engine_version=server_version(s.engine, servers[0].url),
-                       servers={"urls": urls, "start_seconds": starts})
-            _measure_configs(run, s, seqs, group, urls, done, finished, cells, progress)
+    specs = _server_specs(s, todo)
+
+    def measure(base, pairs: list) -> None:
+        urls = {"baseline": base.url, **{cfg.label: srv.url for cfg, srv in pairs}}
+        starts = {"baseline": base.start_seconds, **{cfg.label: srv.start_seconds for cfg, srv in pairs}}
+        run.record(engine_version=server_version(s.engine, base.url), servers={"urls": urls, "start_seconds": starts})
+        _measure_configs(run, s, seqs, [cfg for cfg, _ in pairs], urls, done, finished, cells, progress)
+
+    if s.start_together:
+        with ServerGroup(specs, run.path / "servers") as servers:
+            measure(servers[0], list(zip(todo, servers[1:])))
+        return
+    with ServerGroup(specs[:1], run.path / "servers") as (base,):
+        for cfg, spec in zip(todo, specs[1:]):
+            with ServerGroup([spec], run.path / "servers") as (srv,):
+                measure(base, [(cfg, srv)])
 
 
 def _measure_configs(run: Run, s: LoadSettings, seqs, configs: list[Config], urls: dict, done: list[dict],

@@ -396,8 +396,8 @@ class LoadSettings(BaseModel):
         default_factory=dict, flag="--engine-option", action="append", metavar="KEY=VALUE",
         parse=parse_engine_options, help="a server flag, e.g. max-model-len=4096")
     start_together: bool = model_option(      # start every server at once (one start-up for the sweep)
-        True, flag="--one-server-at-a-time", help="start the baseline and one drafter server at a time (default: "
-        "all at once)")
+        True, flag="--one-server-at-a-time", help="keep one baseline server and start one drafter server at a time "
+        "(default: all at once)")
 
     @field_validator("concurrency", "num_spec_tokens")
     @classmethod

@@ -70,8 +70,14 @@ def main() -> None:
 
     dev = torch.device(a.device)
     if dev.type == "cuda":
-        align_runs("A", "B", data, device=dev)        # warm-up (CUDA context, kernels)
+        align_runs("A", "B", data, device=dev)        # warm-up (CUDA context, kernels, pinned staging buffers)
+        from backend.align import to_device
+        plain = load_sample("A", data).states
+        staged = to_device(list(plain.values()), dev)
+        staged_equal = all(torch.equal(x.cpu(), y) for x, y in zip(staged, plain.values()))
+        del staged
         torch.cuda.reset_peak_memory_stats()
+    staged_equal = None
     times, compute, load = [], [], []
     for _ in range(a.repeats):
         t0 = time.perf_counter()
@@ -96,6 +102,7 @@ def main() -> None:
         "load1_before": os.getloadavg()[0], "seconds_total_best": round(min(times), 3),
         "seconds_compute_best": round(min(compute), 3), "seconds_load_best": round(min(load), 3),
         "seconds_total_all": [round(t, 3) for t in times],
+        "staged_copy_equal": staged_equal if dev.type == "cuda" else None,
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "rss_before_gib": round(rss0 / 2**20, 2),
         "gpu_peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if a.device.startswith("cuda") else None,

@@ -7,8 +7,9 @@ STEPs (each writes DIR/<step>.json and leaves its runs under the data root):
              (spec_bench dataset, ignore_eos, the same output length), and recordings for the CPU tests: /metrics
              texts before and after a level, a few raw streamed responses (DIR/recorded/).
   sweep      the toy pair, K x concurrency (`python -m backend sweep`), every server started at once.
-  synthetic  a Llama-3.1-8B-shaped target and EAGLE-3 drafter with random bf16 weights (load_format dummy), vLLM's
-             synthetic acceptance at --taus x --concurrency: the speedup ceiling for a better drafter.
+  synthetic  a target of a real model's --shape (Llama-3.1-8B; gpt-oss-20b, an MoE) and an EAGLE-3 drafter for it,
+             weights random (load_format dummy), vLLM's synthetic acceptance at --taus x --concurrency: the speedup
+             ceiling for a better drafter.
   watch      a K=4 toy-pair vLLM server under a load generator for --minutes; `python -m backend watch` on it (and
              the raw /metrics text every --interval s, for the CPU tests); after --switch-after minutes the load
              changes to prompts the drafter was not trained on (token soup), a real drop of acceptance.
@@ -102,7 +103,7 @@ def pair(a, out: Path, root: Path) -> dict:
                          num_spec_tokens=[4], concurrency=a.concurrency, max_tokens=a.max_tokens, repeats=a.repeats,
                          server_url=spec.url, baseline_url=base.url, requests=a.requests)
         t0 = time.time()
-        r = run_load(s, name=f"h200-{a.engine}-pair", data=DataRoot(root), progress=False)
+        r = run_load(s, name=f"{gpu_tag()}-{a.engine}-pair", data=DataRoot(root), progress=False)
         res["speclens"] = {"run_id": r.run_id, "seconds": time.time() - t0, "summary": r.summary}
         (rec / f"{a.engine}_metrics_after_bench.txt").write_text(_get(spec.url + "/metrics"))
         _record_streams(a.engine, spec.url, target, rec)
@@ -183,27 +184,69 @@ def sweep(a, out: Path, root: Path) -> dict:
                      prompts=str(PROMPTS), num_spec_tokens=a.ks, concurrency=a.concurrency, max_tokens=a.max_tokens,
                      repeats=a.repeats, memory=a.memory, requests=a.requests, engine_options=a.opts)
     t0 = time.time()
-    r = run_load(s, name=f"h200-{a.engine}-sweep", data=DataRoot(root), progress=False)
+    r = run_load(s, name=f"{gpu_tag()}-{a.engine}-sweep", data=DataRoot(root), progress=False)
     return {"env": env_info(), "run_id": r.run_id, "seconds": time.time() - t0, "summary": r.summary}
 
 
-def llama8b(root: Path) -> tuple[Path, Path]:
-    """A Llama-3.1-8B-shaped target and an EAGLE-3 drafter for it (configs only: weights are vLLM's dummy ones); the
-    toy tokenizer goes beside them for SpecLens's own prompt encoding (the servers skip tokenizer init)."""
-    t, d = root / "models" / "llama-3.1-8b-shape", root / "models" / "llama-3.1-8b-shape-eagle3"
+# Real public configs of targets served with EAGLE-3 (weights: vLLM's dummy ones). gpt-oss-20b: the MoE shape
+# (24 layers, 32 experts, 4 active, MXFP4 experts as published); deepseek-v2-lite: an MLA + MoE fallback.
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True, "attention_dropout": 0.0,
+    "eos_token_id": 200002, "pad_token_id": 199999, "experts_per_token": 4, "num_experts_per_tok": 4,
+    "num_local_experts": 32, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880, "intermediate_size": 2880,
+    "initial_context_length": 4096, "initializer_range": 0.02,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072, "num_attention_heads": 64, "num_hidden_layers": 24, "num_key_value_heads": 8,
+    "output_router_logits": False, "rms_norm_eps": 1e-5, "rope_theta": 150000, "sliding_window": 128,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                     "rope_type": "yarn", "truncate": False},
+    "router_aux_loss_coef": 0.9, "swiglu_limit": 7.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 201088,
+    "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                      "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"}}
+DEEPSEEK_V2_LITE = {
+    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 2048,
+    "intermediate_size": 10944, "moe_intermediate_size": 1408, "n_routed_experts": 64, "n_shared_experts": 2,
+    "num_experts_per_tok": 6, "first_k_dense_replace": 1, "moe_layer_freq": 1, "num_hidden_layers": 27,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "kv_lora_rank": 512, "q_lora_rank": None,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 102400, "n_group": 1,
+    "topk_group": 1, "topk_method": "greedy", "scoring_func": "softmax", "norm_topk_prob": False,
+    "routed_scaling_factor": 1.0, "aux_loss_alpha": 0.001, "max_position_embeddings": 163840, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+                                          "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+                                          "type": "yarn"},
+    "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 100000,
+    "eos_token_id": 100001}
+LLAMA_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 128256,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu",
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001}
+LLAMA_8B_EAGLE3 = {
+    "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 1,
+    "vocab_size": 128256, "draft_vocab_size": 32000, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0, "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "target_hidden_size": 4096}
+REAL_CONFIGS = REPO / "tests" / "data" / "real_configs"
+# shape -> (target config, drafter config: a dict or a committed public drafter config, run-name tag)
+SHAPES = {
+    "llama-3.1-8b": (LLAMA_8B, LLAMA_8B_EAGLE3, "8b"),
+    "gpt-oss-20b": (GPT_OSS_20B, REAL_CONFIGS / "specforge_gpt-oss-20b.json", "gptoss20b"),
+    "deepseek-v2-lite": (DEEPSEEK_V2_LITE, REAL_CONFIGS / "specforge_deepseek-v2-lite.json", "dsv2lite"),
+}
+
+
+def shaped_pair(root: Path, shape: str) -> tuple[Path, Path]:
+    """A target of a real model's shape and an EAGLE-3 drafter for it (configs only: weights are vLLM's dummy ones);
+    the toy tokenizer goes beside them for SpecLens's own prompt encoding (the servers skip tokenizer init)."""
+    target_cfg, drafter_cfg, _ = SHAPES[shape]
+    t, d = root / "models" / f"{shape}-shape", root / "models" / f"{shape}-shape-eagle3"
     for p in (t, d):
         p.mkdir(parents=True, exist_ok=True)
-    (t / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
-        "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 128256,
-        "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu",
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001}))
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 4096,
-        "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 1,
-        "vocab_size": 128256, "draft_vocab_size": 32000, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
-        "rope_theta": 500000.0, "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-        "target_hidden_size": 4096}))
+    (t / "config.json").write_text(json.dumps(target_cfg))
+    drafter = json.loads(drafter_cfg.read_text()) if isinstance(drafter_cfg, Path) else drafter_cfg
+    (d / "config.json").write_text(json.dumps(drafter))
     tp = toy_pair(root) / "target"
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (tp / f).exists():
@@ -211,18 +254,29 @@ def llama8b(root: Path) -> tuple[Path, Path]:
     return t, d
 
 
+def gpu_tag() -> str:
+    """"h100" / "h200" from the device name: the run names say which card measured them."""
+    try:
+        import torch
+        name = torch.cuda.get_device_name(0).lower()
+    except Exception:  # noqa: BLE001
+        return "gpu"
+    return next((t for t in ("h200", "h100", "a100", "l40s") if t in name), "gpu")
+
+
 def synthetic(a, out: Path, root: Path) -> dict:
     from backend.load_bench import LoadSettings, run_load
     from backend.store.data_root import DataRoot
 
-    t, d = llama8b(root)
+    t, d = shaped_pair(root, a.shape)
     s = LoadSettings(engine="vllm", target=str(t), drafter=str(d), prompts=str(PROMPTS), num_spec_tokens=[a.k],
                      synthetic_tau=a.taus, concurrency=a.concurrency, max_tokens=a.max_tokens, repeats=a.repeats,
-                     memory=a.memory, load_format="dummy", requests=a.requests,
-                     engine_options={"skip-tokenizer-init": True, "max-model-len": 4096})
+                     memory=a.memory, load_format="dummy", requests=a.requests, start_together=not a.one_at_a_time,
+                     engine_options={"skip-tokenizer-init": True, "max-model-len": 4096, **a.opts})
     t0 = time.time()
-    r = run_load(s, name="h200-vllm-synthetic-8b", data=DataRoot(root), progress=False)
-    return {"env": env_info(), "run_id": r.run_id, "seconds": time.time() - t0, "summary": r.summary}
+    r = run_load(s, name=f"{gpu_tag()}-vllm-synthetic-{SHAPES[a.shape][2]}", data=DataRoot(root), progress=False)
+    return {"env": env_info(), "shape": a.shape, "run_id": r.run_id, "seconds": time.time() - t0,
+            "summary": r.summary}
 
 
 def watch(a, out: Path, root: Path) -> dict:
@@ -313,6 +367,8 @@ def main() -> int:
     p.add_argument("--minutes", type=float, default=11)
     p.add_argument("--switch-after", type=float, default=7)
     p.add_argument("--interval", type=float, default=15)
+    p.add_argument("--shape", default="llama-3.1-8b", choices=sorted(SHAPES), help="synthetic: the target's shape")
+    p.add_argument("--one-at-a-time", action="store_true", help="one baseline kept beside one drafter server at a time")
     p.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help="a server flag (all servers)")
     a = p.parse_args()
     from backend.bench_cli import engine_options
@@ -323,7 +379,8 @@ def main() -> int:
     out, root = Path(a.out), Path(a.root)
     os.environ["SPECLENS_DATA"] = str(root)
     fn = {"pair": pair, "sweep": sweep, "synthetic": synthetic, "watch": watch}[a.step]
-    name = f"{a.step}_{a.engine}" if a.step in ("pair", "sweep") else a.step
+    name = {"pair": f"pair_{a.engine}", "sweep": f"sweep_{a.engine}", "synthetic": f"synthetic_{a.shape}"}.get(a.step,
+                                                                                                   a.step)
     t0 = time.time()
     try:
         res = fn(a, out, root)

@@ -233,6 +233,50 @@ def test_load_run_against_replayed_servers_resumes_after_a_failure(toy_target: P
                                                                <= c["speedup"]["ci_high"] for c in cells)
 
 
+@pytest.mark.parametrize("together", [True, False])
+def test_servers_started_for_a_sweep(toy_target: Path, data_root: Path, monkeypatch, together: bool) -> None:
+    """Servers SpecLens starts (replayed here): all at once, or one baseline kept for the whole run beside one drafter
+    server at a time, so that a target the GPU holds only twice (an MoE shape on 80 GB) still gets every pairing."""
+    from backend.engines import server_process
+    _, resp = _stream(1)
+    events: list[tuple[str, tuple[str, ...]]] = []
+    alive: set[str] = set()
+    most = [0]
+
+    class Group:
+        def __init__(self, specs, log_dir, **kw):
+            self.labels = tuple(s.label for s in specs)
+
+        def __enter__(self):
+            events.append(("start", self.labels))
+            alive.update(self.labels)
+            most[0] = max(most[0], len(alive))
+            self.servers = [Replay(resp, [_text("after_bench"), _text("end")]) for _ in self.labels]
+            for srv in self.servers:
+                srv.start_seconds = 0.1
+            return self.servers
+
+        def __exit__(self, *exc):
+            events.append(("stop", self.labels))
+            alive.difference_update(self.labels)
+            for srv in self.servers:
+                srv.close()
+
+    monkeypatch.setattr(server_process, "ServerGroup", Group)
+    s = LoadSettings(engine="vllm", target=str(toy_target), drafter=str(toy_target), prompts=str(PROMPTS), limit=4,
+                     num_spec_tokens=[1, 2], concurrency=[1, 2], requests=4, max_tokens=32, start_together=together)
+    r = run_load(s, name=f"sw{together}", data=DataRoot(data_root), progress=False)
+    assert r.status == "complete" and len(r.summary["cells"]) == 4
+    assert len(pd.read_parquet(r.path / "levels.parquet")) == 2 * 2 * 2
+    if together:
+        assert events == [("start", ("vllm baseline", "vllm K=1", "vllm K=2")),
+                          ("stop", ("vllm baseline", "vllm K=1", "vllm K=2"))] and most[0] == 3
+    else:                                   # the baseline starts once and outlives each drafter server
+        assert events == [("start", ("vllm baseline",)), ("start", ("vllm K=1",)), ("stop", ("vllm K=1",)),
+                          ("start", ("vllm K=2",)), ("stop", ("vllm K=2",)), ("stop", ("vllm baseline",))]
+        assert most[0] == 2
+
+
 def test_one_line_errors(toy_target: Path, data_root: Path) -> None:
     with pytest.raises(SpecLensError, match="needs --baseline-url"):
         run_load(_settings(toy_target, "http://127.0.0.1:9", None), data=DataRoot(data_root), progress=False)
