@@ -96,28 +96,22 @@ def add_sweep_parser(subparsers) -> argparse.ArgumentParser:
 
 def cmd_worth(a: argparse.Namespace) -> int:
     """What raising tau from A to B is worth, read on a speedup map (a load run with --synthetic-tau)."""
-    import json
-
-    from backend.drafter_worth import curves, find_map, worth_by_concurrency
+    from backend.drafter_worth import curves, find_map, shipped_maps, worth_by_concurrency
     from backend.errors import SpecLensError
     from backend.store.data_root import DataRoot
 
-    if a.map:
+    found = find_map(a.map, DataRoot().runs) if a.map else find_map()
+    if a.map and found is None:
         p = DataRoot().runs / a.map / "summary.json"
-        try:
-            cells = json.loads(p.read_text())["cells"]
-        except (OSError, json.JSONDecodeError, KeyError, TypeError):
-            raise SpecLensError(f"{p}: not a complete load run; pass the run id of a `sweep --synthetic-tau` run") \
-                from None
-        if not curves(cells):
-            raise SpecLensError(f"run '{a.map}' has no synthetic-acceptance configurations; run `python -m backend "
-                                "sweep ... --synthetic-tau 1,2,3,4` on the target's shape to make a map")
-    else:
-        found = find_map()
-        if found is None:
-            raise SpecLensError("no speedup map: pass --map RUN (a `sweep --synthetic-tau` run of your target's shape)")
-        cells = found.cells
-        print(f"reading {found.label}; pass --map RUN for a map of your own target's shape")
+        if not p.exists():
+            raise SpecLensError(f"{p}: not a complete load run; pass the run id of a `sweep --synthetic-tau` run or "
+                                f"a shipped map ({', '.join(m.run_id for m in shipped_maps()) or 'none'})")
+        raise SpecLensError(f"run '{a.map}' has no synthetic-acceptance configurations; run `python -m backend "
+                            "sweep ... --synthetic-tau 1,2,3,4` on the target's shape to make a map")
+    if found is None:
+        raise SpecLensError("no speedup map: pass --map RUN (a `sweep --synthetic-tau` run of your target's shape)")
+    cells = found.cells
+    print(f"reading {found.label}; pass --map RUN for a map of your own target's shape")
     ws = worth_by_concurrency(cells, a.tau_from, a.tau_to)
     if not ws:
         taus = sorted({round(t, 2) for pts in curves(cells).values() for t, _ in pts})
@@ -132,8 +126,8 @@ def cmd_worth(a: argparse.Namespace) -> int:
 def add_worth_parser(subparsers) -> argparse.ArgumentParser:
     w = subparsers.add_parser("worth", help="what a higher acceptance length is worth in tokens/s, read on a speedup "
                                             "map (a `sweep --synthetic-tau` run)")
-    w.add_argument("--map", help="run id of the map (default: the map shipped with SpecLens, a Llama-3.1-8B shape "
-                                 "served by vLLM 0.24.0 on an H200)")
+    w.add_argument("--map", help="run id of the map, or a shipped one: h200-vllm-synthetic-8b (a Llama-3.1-8B shape, "
+                                 "the default) or h100-vllm-synthetic-gptoss20b (gpt-oss-20b, an MoE)")
     w.add_argument("--tau-from", type=float, required=True, help="the drafter's measured tau today")
     w.add_argument("--tau-to", type=float, required=True, help="the tau after a fix or a better drafter")
     w.set_defaults(fn=cmd_worth)

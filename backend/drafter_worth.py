@@ -97,10 +97,13 @@ class SpeedMap:
     shape: str              # e.g. "llama, 32 layers x 4096"
     engine: str             # e.g. "vLLM 0.24.0"
     shipped: bool           # True: a map recorded by the project (datasets/maps), not one of this data root
+    model_type: str | None = None
 
     @property
     def label(self) -> str:
-        where = "recorded on an H200, shipped with SpecLens" if self.shipped else "this data root's run"
+        card = next((c.upper() for c in ("h100", "h200") if self.run_id.startswith(c + "-")), "a GPU")
+        card = card if card == "a GPU" else f"an {card}"
+        where = f"recorded on {card}, shipped with SpecLens" if self.shipped else "this data root's run"
         return f"map {self.run_id} ({self.shape}, {self.engine}; {where})"
 
 
@@ -109,24 +112,40 @@ def _read_map(d: Path, shipped: bool) -> SpeedMap | None:
 
     try:
         cells = json.loads((d / "summary.json").read_text())["cells"]
-        m = StoredManifest.parse(json.loads((d / "manifest.json").read_text()))
-    except (OSError, ValueError, KeyError, TypeError, SpecLensError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
     if not curves(cells):
         return None
-    model = m.model or ModelInfo()
+    try:
+        m = StoredManifest.parse(json.loads((d / "manifest.json").read_text()))
+    except (OSError, ValueError, KeyError, TypeError, SpecLensError):      # the cells alone still make a map
+        m = None
+    model = (m and m.model) or ModelInfo()
     shape = f"{model.model_type or '?'}, {model.n_layers or '?'} layers x {model.hidden_size or '?'}"
-    engine = {"vllm": "vLLM", "sglang": "SGLang"}.get(m.engine, m.engine or "?")
-    return SpeedMap(d.name, cells, shape, f"{engine} {m.engine_version or ''}".strip(), shipped)
+    engine = {"vllm": "vLLM", "sglang": "SGLang"}.get(m and m.engine, (m and m.engine) or "?")
+    version = (m and m.engine_version) or ""
+    return SpeedMap(d.name, cells, shape, f"{engine} {version}".strip(), shipped, model.model_type)
 
 
-def find_map(run_id: str | None = None, runs_dir: Path | None = None) -> SpeedMap | None:
-    """The speedup map to read a drafter's tau on: the data root's run `run_id` when one is named, else the newest map
-    shipped under datasets/maps (recorded on the H200). None when there is none."""
-    if run_id:
-        return _read_map(Path(runs_dir) / run_id, False) if runs_dir else None
+def shipped_maps() -> list[SpeedMap]:
+    """The maps recorded by the project (datasets/maps): a dense Llama-3.1-8B shape and an MoE shape (gpt-oss-20b)."""
     if not SHIPPED_MAPS.is_dir():
-        return None
+        return []
+    return [m for d in sorted(SHIPPED_MAPS.iterdir()) if d.is_dir() and (m := _read_map(d, True))]
+
+
+def find_map(run_id: str | None = None, runs_dir: Path | None = None, model_type: str | None = None) -> SpeedMap | None:
+    """The speedup map to read a drafter's tau on: the data root's run `run_id` when one is named, else a map shipped
+    under datasets/maps, or the shipped map's own id given as `run_id`: the one of the target's `model_type` where
+    there is one (a dense and an MoE target pay for drafts very differently), else the dense Llama one. None when
+    there is none."""
+    shipped = shipped_maps()
+    if run_id:
+        own = _read_map(Path(runs_dir) / run_id, False) if runs_dir else None
+        return own or next((m for m in shipped if m.run_id == run_id), None)
+    same = [m for m in shipped if model_type and m.model_type == model_type]
+    dense = [m for m in shipped if m.model_type == "llama"]
+    return (same or dense or shipped or [None])[0]
     for d in sorted(SHIPPED_MAPS.iterdir(), reverse=True):
         found = _read_map(d, True)
         if found:

@@ -288,7 +288,7 @@ def _measure_configs(run: Run, s: LoadSettings, seqs, configs: list[Config], url
     total = len(cells) * 2
     bar = tqdm(total=total, initial=len(done), desc=f"load {run.run_id}", unit="level", disable=not progress,
                file=sys.stderr)
-    warmed: set[str] = set()
+    warmed: set[tuple[str, int]] = set()
     with open(run.file(JOURNAL), "a") as journal:
         for cfg in configs:
             for ci, c in enumerate(s.concurrency):
@@ -300,10 +300,9 @@ def _measure_configs(run: Run, s: LoadSettings, seqs, configs: list[Config], url
                             continue
                         server = "baseline" if side == "baseline" else cfg.label
                         url = urls[server]
-                        if server not in warmed:                      # one untimed request per server
-                            run_level(s.engine, url, seqs, [0, 1 % len(seqs)], 2, min(16, s.max_tokens),
-                                      s.temperature, models[server])
-                            warmed.add(server)
+                        if (server, c) not in warmed:                 # untimed, once per server and concurrency
+                            _warm(s, url, seqs, c, models[server])
+                            warmed.add((server, c))
                         k = cfg.k if side == "drafter" else 0
                         keep = run.path / "scrapes" / f"{len(done):04d}-{side}"
                         row, reqs = _measure(s.engine, url, models[server], seqs, c, s.per_level(c), s, k, keep)
@@ -318,6 +317,14 @@ def _measure_configs(run: Run, s: LoadSettings, seqs, configs: list[Config], url
                         bar.set_postfix_str(f"{cfg.label} c={c} {side} {row['output_tps']:.0f} tok/s")
                         run.progress(len(done), total)
     bar.close()
+
+
+def _warm(s: LoadSettings, url: str, seqs, c: int, model) -> None:
+    """An untimed round of `c` short requests before a server's first timed level at concurrency `c`: kernels that an
+    engine compiles or tunes at the first sight of a batch shape (e.g. Triton MoE kernels) do not land in the timing
+    of whichever side happens to go first."""
+    run_level(s.engine, url, seqs, [i % len(seqs) for i in range(max(2, c))], max(2, c), min(16, s.max_tokens),
+              s.temperature, model)
 
 
 # ---------------------------------------------------------------------- results

@@ -69,6 +69,7 @@ def main() -> None:
     from backend.align import CKA_BUDGET, CKA_SE_BOUND, _on, align_samples
 
     dev = torch.device(a.device)
+    staged_equal = None
     if dev.type == "cuda":
         align_runs("A", "B", data, device=dev)        # warm-up (CUDA context, kernels, pinned staging buffers)
         from backend.align import to_device
@@ -77,7 +78,6 @@ def main() -> None:
         staged_equal = all(torch.equal(x.cpu(), y) for x, y in zip(staged, plain.values()))
         del staged
         torch.cuda.reset_peak_memory_stats()
-    staged_equal = None
     times, compute, load = [], [], []
     for _ in range(a.repeats):
         t0 = time.perf_counter()

@@ -776,15 +776,17 @@ def levels_table(levels: pd.DataFrame, multi: bool = False) -> pd.DataFrame:
     return out if multi else out.drop(columns=["run"])
 
 
-def worth_line(tau_from: float | None, tau_to: float | None, speed_map=None) -> str | None:
+def worth_line(tau_from: float | None, tau_to: float | None, speed_map=None,
+               model_type: str | None = None) -> str | None:
     """One sentence for the Drafter check and Compare pages where a fix (or a better drafter) is known: what raising
     tau from `tau_from` to `tau_to` is worth in output tokens/s at each concurrency of a speedup map
-    (backend/drafter_worth.py; the shipped H200 map when none is given). None when the map cannot say."""
+    (backend/drafter_worth.py; when none is given, the shipped map of the target's model type, else the dense one).
+    None when the map cannot say."""
     from backend.drafter_worth import find_map, worth_by_concurrency
 
     if tau_from is None or tau_to is None or tau_to <= tau_from:
         return None
-    m = speed_map or find_map()
+    m = speed_map or find_map(model_type=model_type)
     if m is None:
         return None
     ws = worth_by_concurrency(m.cells, tau_from, tau_to)
@@ -804,4 +806,4 @@ def worth_for_check(rep: dict) -> str | None:
     best = (rep.get("best_candidate") or {}).get("tau")
     if not (rep.get("fix") or {}).get("plan"):
         return None
-    return worth_line(fed, best)
+    return worth_line(fed, best, model_type=(rep.get("target_info") or {}).get("model_type"))
