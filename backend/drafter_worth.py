@@ -98,21 +98,26 @@ class SpeedMap:
     engine: str             # e.g. "vLLM 0.24.0"
     shipped: bool           # True: a map recorded by the project (datasets/maps), not one of this data root
     model_type: str | None = None
+    left_out: tuple[int, ...] = ()    # concurrency levels whose baseline was noisy: no reading there
 
     @property
     def label(self) -> str:
         card = next((c.upper() for c in ("h100", "h200") if self.run_id.startswith(c + "-")), "a GPU")
         card = card if card == "a GPU" else f"an {card}"
         where = f"recorded on {card}, shipped with SpecLens" if self.shipped else "this data root's run"
-        return f"map {self.run_id} ({self.shape}, {self.engine}; {where})"
+        out = (f"; concurrency {', '.join(map(str, self.left_out))} left out: its baseline was noisy"
+               if self.left_out else "")
+        return f"map {self.run_id} ({self.shape}, {self.engine}; {where}{out})"
 
 
 def _read_map(d: Path, shipped: bool) -> SpeedMap | None:
     import json
 
     try:
-        cells = json.loads((d / "summary.json").read_text())["cells"]
-    except (OSError, ValueError, KeyError, TypeError):
+        summary = json.loads((d / "summary.json").read_text())
+        noisy = {int(c) for c in summary.get("baseline_noise") or {}}
+        cells = [c for c in summary["cells"] if int(c["concurrency"]) not in noisy]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     if not curves(cells):
         return None
@@ -124,7 +129,8 @@ def _read_map(d: Path, shipped: bool) -> SpeedMap | None:
     shape = f"{model.model_type or '?'}, {model.n_layers or '?'} layers x {model.hidden_size or '?'}"
     engine = {"vllm": "vLLM", "sglang": "SGLang"}.get(m and m.engine, (m and m.engine) or "?")
     version = (m and m.engine_version) or ""
-    return SpeedMap(d.name, cells, shape, f"{engine} {version}".strip(), shipped, model.model_type)
+    return SpeedMap(d.name, cells, shape, f"{engine} {version}".strip(), shipped, model.model_type,
+                    tuple(sorted(noisy)))
 
 
 def shipped_maps() -> list[SpeedMap]:

@@ -353,7 +353,7 @@ def acceptance_figure(cells: pd.DataFrame, multi: bool = False) -> go.Figure:
 # ---------------------------------------------------------------------------- speedup ceiling map (synthetic tau*)
 
 CEILING_COLUMNS = ["run_id", "config", "k", "synthetic_tau", "concurrency", "speedup", "speedup_ci_low",
-                   "speedup_ci_high", "tau_server", "n_requests"]
+                   "speedup_ci_high", "tau_server", "n_requests", "baseline_noisy", "noise_spread"]
 
 
 def ceiling_frame(cells: pd.DataFrame) -> pd.DataFrame:
@@ -387,11 +387,14 @@ def ceiling_figure(cells: pd.DataFrame, measured: pd.DataFrame | None = None) ->
             g = d[(d["k"] == k) & (d["concurrency"] == c)]
             if g.empty:
                 continue
-            name = f"concurrency {c}" + (f", K={k}" if len(ks) > 1 else "")
+            noisy = any(_flag(v) for v in g["baseline_noisy"])
+            name = f"concurrency {c}" + (f", K={k}" if len(ks) > 1 else "") + (" (baseline noisy: no verdict)"
+                                                                                if noisy else "")
             y, lo, hi = g["speedup"], g["speedup_ci_low"], g["speedup_ci_high"]
             fig.add_trace(go.Scatter(
-                x=g[xcol], y=y, mode="lines+markers", name=name,
-                line=dict(color=colors[c], width=2, dash=dashes[ki % len(dashes)]), marker=dict(size=8),
+                x=g[xcol], y=y, mode="lines+markers", name=name, opacity=0.4 if noisy else 1.0,
+                line=dict(color=colors[c], width=2, dash="dot" if noisy else dashes[ki % len(dashes)]),
+                marker=dict(size=8, symbol="circle-open" if noisy else "circle"),
                 error_y=dict(type="data", symmetric=False, array=(hi - y).tolist(), arrayminus=(y - lo).tolist(),
                              thickness=1.2, width=4),
                 customdata=list(zip(lo, hi, g["synthetic_tau"], g["tau_server"].fillna(float("nan")))),
@@ -432,8 +435,13 @@ def ceiling_lines(cells: pd.DataFrame, measured: pd.DataFrame | None = None) -> 
                  f": {_x(lo.speedup)} {_ci(lo.speedup_ci_low, lo.speedup_ci_high)} at tau* {lo.synthetic_tau:g}, "
                  f"{_x(hi.speedup)} {_ci(hi.speedup_ci_low, hi.speedup_ci_high)} at tau* {hi.synthetic_tau:g}")
         pays = g[g["speedup_ci_low"] > 1.0]
-        words += (f"; it pays (interval above 1) from tau* {pays['synthetic_tau'].min():g}" if len(pays)
-                  else "; no tau* measured pays (no interval lies above 1)")
+        noisy = [float(v) if _ok(v) else 0.0 for n, v in zip(g["baseline_noisy"], g["noise_spread"]) if _flag(n)]
+        if noisy:
+            words += (f"; **no verdict**: the baseline's own tok/s moved {max(noisy):.0%} between its measurements "
+                      "at this concurrency (faded on the chart)")
+        else:
+            words += (f"; it pays (interval above 1) from tau* {pays['synthetic_tau'].min():g}" if len(pays)
+                      else "; no tau* measured pays (no interval lies above 1)")
         if measured is not None and len(measured):
             m = measured[(measured["k"] == k) & (measured["concurrency"] == c) & measured["tau_server"].notna()]
             for r in m.itertuples():

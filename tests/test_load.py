@@ -576,7 +576,9 @@ def test_the_map_follows_the_target(capsys) -> None:
     assert find_map().run_id == "h200-vllm-synthetic-8b" and "on an H200" in find_map().label
     moe = find_map(model_type="gpt_oss")
     assert moe.run_id == MAP_MOE.name and "on an H100" in moe.label and "gpt_oss, 24 layers x 2880" in moe.label
+    assert moe.left_out == (32, 64) and {c["concurrency"] for c in moe.cells} == {1, 8}    # noisy levels: no reading
     assert find_map(model_type="qwen3").run_id == "h200-vllm-synthetic-8b"
     assert main(["worth", "--map", MAP_MOE.name, "--tau-from", "1.5", "--tau-to", "3.5"]) == 0
     out = capsys.readouterr().out
     assert MAP_MOE.name in out and "concurrency    1: raising tau from 1.50 to 3.50" in out
+    assert "concurrency   32" not in out and "concurrency 32, 64 left out: its baseline was noisy" in out

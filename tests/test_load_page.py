@@ -302,6 +302,13 @@ def test_ceiling_map_on_a_frame_built_in_this_test() -> None:
     assert "the drafter's own acceptance (K=3) measured tau 2.00 and 0.78x" in lines[2]
     frame = lc.ceiling_frame(cells)
     assert len(frame) == 12 and frame["synthetic_tau"].notna().all()
+    # a level whose baseline moved: faded on the chart, no verdict in the words
+    noisy = syn.assign(baseline_noisy=syn["concurrency"] == 64, noise_spread=0.3)
+    fig = lc.ceiling_figure(noisy)
+    assert [t.name for t in fig.data][2] == "concurrency 64 (baseline noisy: no verdict)" and fig.data[2].opacity < 1
+    words = lc.ceiling_lines(noisy)
+    assert "**no verdict**: the baseline's own tok/s moved 30%" in words[2] and "it pays" not in words[2]
+    assert "no verdict" not in words[0]
     # without a measured tau the map falls back to the set tau* (and places no star on another axis)
     fig = lc.ceiling_figure(syn.assign(tau_server=None), own)
     assert fig.layout.xaxis.title.text.startswith("tau* (set") and not [t for t in fig.data if "measured" in t.name]
