@@ -13,7 +13,9 @@ Per level and side: output tokens/s over the level (the `vllm bench serve` figur
 ITL percentiles, and acceptance from the server's own counters (a delta of `/metrics` around the level,
 backend/server_metrics.py) next to SpecLens's own per-request count (backend/load_client.py), with their relative
 difference. The two sides of a level run back to back, their order alternating from level to level, and the
-machine's load is recorded beside each. Cells are journalled as they finish: the same command resumes.
+machine's load is recorded beside each; with every server up, a sweep goes level by level (all configurations at one
+concurrency, then the next), so the baseline's pairings at one level lie minutes apart, not a whole sweep apart.
+Cells are journalled as they finish: the same command resumes.
 
 Files (docs/SCHEMA.md): manifest.json (kind "load"), levels.parquet (one row per config x concurrency x repeat x
 side), requests.parquet (one row per request), summary.json (per config x concurrency: speedup with its interval,
@@ -289,33 +291,35 @@ def _measure_configs(run: Run, s: LoadSettings, seqs, configs: list[Config], url
     bar = tqdm(total=total, initial=len(done), desc=f"load {run.run_id}", unit="level", disable=not progress,
                file=sys.stderr)
     warmed: set[tuple[str, int]] = set()
+    # level by level when several configs' servers are up: every pairing of one concurrency runs within minutes of
+    # the others, so the baseline's drift between them stays small (config by config it spans the whole sweep)
+    slots = [(i, cfg, ci, c, r) for ci, c in enumerate(s.concurrency) for r in range(s.repeats)
+             for i, cfg in enumerate(configs)]
     with open(run.file(JOURNAL), "a") as journal:
-        for cfg in configs:
-            for ci, c in enumerate(s.concurrency):
-                for r in range(s.repeats):
-                    sides = SIDES if (ci + r) % 2 == 0 else SIDES[::-1]      # alternate who goes first
-                    for side in sides:
-                        key = (cfg.label, c, r, side)
-                        if key in finished:
-                            continue
-                        server = "baseline" if side == "baseline" else cfg.label
-                        url = urls[server]
-                        if (server, c) not in warmed:                 # untimed, once per server and concurrency
-                            _warm(s, url, seqs, c, models[server])
-                            warmed.add((server, c))
-                        k = cfg.k if side == "drafter" else 0
-                        keep = run.path / "scrapes" / f"{len(done):04d}-{side}"
-                        row, reqs = _measure(s.engine, url, models[server], seqs, c, s.per_level(c), s, k, keep)
-                        cell = {"config": cfg.label, "k": k, "synthetic_tau": cfg.synthetic_tau, "concurrency": c,
-                                "repeat": r, "side": side, "order": len(done), "started": time.time(),
-                                "level": row, "requests": reqs}
-                        journal.write(json.dumps(cell) + "\n")
-                        journal.flush()
-                        done.append(cell)
-                        finished.add(key)
-                        bar.update(1)
-                        bar.set_postfix_str(f"{cfg.label} c={c} {side} {row['output_tps']:.0f} tok/s")
-                        run.progress(len(done), total)
+        for i, cfg, ci, c, r in slots:
+            sides = SIDES if (ci + r + i) % 2 == 0 else SIDES[::-1]      # alternate who goes first
+            for side in sides:
+                key = (cfg.label, c, r, side)
+                if key in finished:
+                    continue
+                server = "baseline" if side == "baseline" else cfg.label
+                url = urls[server]
+                if (server, c) not in warmed:                 # untimed, once per server and concurrency
+                    _warm(s, url, seqs, c, models[server])
+                    warmed.add((server, c))
+                k = cfg.k if side == "drafter" else 0
+                keep = run.path / "scrapes" / f"{len(done):04d}-{side}"
+                row, reqs = _measure(s.engine, url, models[server], seqs, c, s.per_level(c), s, k, keep)
+                cell = {"config": cfg.label, "k": k, "synthetic_tau": cfg.synthetic_tau, "concurrency": c,
+                        "repeat": r, "side": side, "order": len(done), "started": time.time(),
+                        "level": row, "requests": reqs}
+                journal.write(json.dumps(cell) + "\n")
+                journal.flush()
+                done.append(cell)
+                finished.add(key)
+                bar.update(1)
+                bar.set_postfix_str(f"{cfg.label} c={c} {side} {row['output_tps']:.0f} tok/s")
+                run.progress(len(done), total)
     bar.close()
 
 

@@ -267,7 +267,13 @@ def test_servers_started_for_a_sweep(toy_target: Path, data_root: Path, monkeypa
                      num_spec_tokens=[1, 2], concurrency=[1, 2], requests=4, max_tokens=32, start_together=together)
     r = run_load(s, name=f"sw{together}", data=DataRoot(data_root), progress=False)
     assert r.status == "complete" and len(r.summary["cells"]) == 4
-    assert len(pd.read_parquet(r.path / "levels.parquet")) == 2 * 2 * 2
+    lv = pd.read_parquet(r.path / "levels.parquet").sort_values("order")
+    assert len(lv) == 2 * 2 * 2
+    if together:    # level by level: every pairing at concurrency 1 before any at 2, so the baseline drifts less
+        assert list(lv.concurrency) == [1, 1, 1, 1, 2, 2, 2, 2] and list(lv.config[:4]) == ["K=1", "K=1", "K=2", "K=2"]
+        assert list(lv.side[:4]) == ["baseline", "drafter", "drafter", "baseline"]     # who goes first alternates
+    else:
+        assert list(lv.config) == ["K=1"] * 4 + ["K=2"] * 4
     if together:
         assert events == [("start", ("vllm baseline", "vllm K=1", "vllm K=2")),
                           ("stop", ("vllm baseline", "vllm K=1", "vllm K=2"))] and most[0] == 3
