@@ -14,7 +14,7 @@ ITL percentiles, and acceptance from the server's own counters (a delta of `/met
 backend/server_metrics.py) next to SpecLens's own per-request count (backend/load_client.py), with their relative
 difference. The two sides of a level run back to back, their order alternating from level to level, and the
 machine's load is recorded beside each; with every server up, a sweep goes level by level (all configurations at one
-concurrency, then the next), so the baseline's pairings at one level lie minutes apart, not a whole sweep apart.
+concurrency, then the next), so the baseline's pairings at one level lie close together in time.
 Cells are journalled as they finish: the same command resumes.
 
 Files (docs/SCHEMA.md): manifest.json (kind "load"), levels.parquet (one row per config x concurrency x repeat x
