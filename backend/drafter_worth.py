@@ -152,8 +152,3 @@ def find_map(run_id: str | None = None, runs_dir: Path | None = None, model_type
     same = [m for m in shipped if model_type and m.model_type == model_type]
     dense = [m for m in shipped if m.model_type == "llama"]
     return (same or dense or shipped or [None])[0]
-    for d in sorted(SHIPPED_MAPS.iterdir(), reverse=True):
-        found = _read_map(d, True)
-        if found:
-            return found
-    return None

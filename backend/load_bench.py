@@ -291,7 +291,7 @@ def _measure_configs(run: Run, s: LoadSettings, seqs, configs: list[Config], url
     bar = tqdm(total=total, initial=len(done), desc=f"load {run.run_id}", unit="level", disable=not progress,
                file=sys.stderr)
     warmed: set[tuple[str, int]] = set()
-    # level by level when several configs' servers are up: every pairing of one concurrency runs within minutes of
+    # level by level when several configs' servers are up: every pairing of one concurrency runs close in time to
     # the others, so the baseline's drift between them stays small (config by config it spans the whole sweep)
     slots = [(i, cfg, ci, c, r) for ci, c in enumerate(s.concurrency) for r in range(s.repeats)
              for i, cfg in enumerate(configs)]
