@@ -105,8 +105,8 @@ class View:
 def view(c: Comparison) -> View:
     """Word a Comparison (backend/compare.py)."""
     diag = {m.run: mismatch_line(m) for m in c.mismatches}
-    return View(data=c, figures=worded_figures(c.figures), headline=headline(c.figures, loss_gap(c.loss),
-                                                                             c.categories),
+    return View(data=c, figures=worded_figures(c.figures),
+                headline=headline(c.figures, loss_gap(c.loss), noise=category_noise_line(c.category_noise)),
                 tiles=tiles(c.figures), warnings=[note_line(n) for n in c.notes], diagnoses=diag)
 
 
@@ -346,13 +346,15 @@ def category_noise(cats: pd.DataFrame | None) -> str | None:
     return category_noise_line(data.category_noise(cats))
 
 
-def headline(fig: pd.DataFrame, gap=None, cats: pd.DataFrame | None = None) -> str:
+def headline(fig: pd.DataFrame, gap=None, cats: pd.DataFrame | None = None, noise: str | None = None) -> str:
     """A few short sentences (the tiles above it carry each run's figures): whether the drafters are faster or
     slower than decoding without one, under both throughput definitions; what the weakest drafter run loses in tau
     against the strongest, e.g. "`b` loses 1.26 in tau against `a` (95% CI 1.10 to 1.41 over 80 shared prompts; 48%
     of its tau); its speedup: \u221280 pp (1.10x against 1.90x)"; the repeats and prompts the figures rest on; and
     per-category noise when categories disagree (category_noise).
-    gap(best_id, worst_id) -> (ci_low, ci_high, shared prompts) or None: the paired interval of the loss."""
+    gap(best_id, worst_id) -> (ci_low, ci_high, shared prompts) or None: the paired interval of the loss.
+    noise: that sentence when the caller has it (category_noise_line of the Comparison's own category_noise), else
+    it is computed from cats."""
     recs = fig.to_dict("records")
     parts = []
     sped = [r for r in recs if _ok(r.get("speedup")) and _k(r) > 0]
@@ -420,7 +422,7 @@ def headline(fig: pd.DataFrame, gap=None, cats: pd.DataFrame | None = None) -> s
                      if timed and all(t == INTERLEAVED for t in timed)
                      else " (one repeat: run-to-run timing noise is not measured)")
         parts.append(rest + ".")
-    noise = category_noise(cats)
+    noise = noise if noise is not None else category_noise(cats)
     if noise:
         parts.append(noise)
     return " ".join(parts)

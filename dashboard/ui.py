@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -137,17 +138,34 @@ def select(label: str, options: Sequence[str], param: str, default: str, *, wher
     default value out of the URL (it appears once the user picks one). none_instead=True: a URL value that cannot be
     shown leaves the picker empty (None, the page shows nothing for it) instead of holding a substitute, so that
     picking any run, the newest included, shows it."""
+    return select_later(label, options, param, default, where=where, sticky=sticky, none_instead=none_instead,
+                        **kw).draw()
+
+
+@dataclass
+class Later:
+    """A picker whose value is known now (read from the URL, checked against its options, written back as
+    `select`/`multiselect` do) and drawn later by draw(where=...) (its notices, then the widget; returns the value): a
+    page draws its first chart before its pickers, into a `slot` that holds their place above it."""
+
+    value: Any
+    draw: Callable[[], Any]
+
+
+def select_later(label: str, options: Sequence[str], param: str, default: str, *, where: Any = st,
+                 sticky: bool = True, none_instead: bool = False, **kw: Any) -> Later:
+    """`select`'s value now, its notices and selectbox on draw() (Later)."""
     key = f"qp_{param}"
     asked = qp_get(param)
     value = asked
+    notices: list[str] = []
     if none_instead and asked is not None and asked not in options:
         fmt = kw.get("format_func", str)
-        link_notice(f"{_head(param, asked, label, options, fmt)}; nothing is shown in its place: pick one above.")
+        notices.append(f"{_head(param, asked, label, options, fmt)}; nothing is shown in its place: pick one above.")
         _notes()["substituted"].append(param)
         _notes()["instead"].append(param)
-        st.session_state[key] = None
-        return where.selectbox(label, list(options), key=key, on_change=_writer(param, key),
-                               placeholder=f"pick a {label.lower()}", **kw)
+        kw = {"placeholder": f"pick a {label.lower()}", **kw}
+        return Later(None, partial(_draw_select, label, options, key, param, None, notices, kw, where=where))
     if value not in options:
         value = default if default in options else options[0]
         partner = _partner(param, options)
@@ -155,14 +173,39 @@ def select(label: str, options: Sequence[str], param: str, default: str, *, wher
             value = next((o for o in options if o != partner), value)
         if asked is not None:
             fmt = kw.get("format_func", str)
-            link_notice(f"{_head(param, asked, label, options, fmt)}; showing `{cut(fmt(value))}` instead.")
+            notices.append(f"{_head(param, asked, label, options, fmt)}; showing `{cut(fmt(value))}` instead.")
             _notes()["substituted"].append(param)
             _notes()["instead"].append(param)
-    _pair_check(param, label, value)
-    st.session_state[key] = value
+    notices += _pair_check(param, label, value)
     if (sticky or param in st.query_params) and param not in _notes()["substituted"]:
         qp_set(param, value)             # a substitute is never written to the URL: the link keeps what it asked
+    return Later(value, partial(_draw_select, label, options, key, param, value, notices, kw, where=where))
+
+
+def _draw_select(label: str, options: Sequence[str], key: str, param: str, value: str | None, notices: list[str],
+                 kw: dict, where: Any = st) -> str | None:
+    for text in notices:
+        link_notice(text)
+    st.session_state[key] = value
     return where.selectbox(label, list(options), key=key, on_change=_writer(param, key), **kw)
+
+
+def slot(height: int, *params: str) -> Any:
+    """A place in the layout for the pickers of these URL params, which the page draws last (draw_last): `height`
+    pixels of blank space until `with slot.container():` fills it, so that what is below does not move when it
+    does. No blank space on a rerun of the page whose pickers are already on it (shown): they are drawn into it at
+    once, where they are, and keep their focus and state."""
+    spot = st.empty()
+    if not shown(*params):
+        spot.container(height=height, border=False)
+    return spot
+
+
+def shown(*params: str) -> bool:
+    """Whether the pickers of these URL params were on the page in this session's last run (a rerun after the user
+    changed one of them): then they are drawn in place at once (draw_last) instead of last, so that they are not
+    replaced while the user works in them."""
+    return any(f"qp_{p}" in st.session_state for p in params)
 
 
 def _partner(param: str, options: Sequence[str]) -> str | None:
@@ -177,8 +220,8 @@ def _partner(param: str, options: Sequence[str]) -> str | None:
     return None
 
 
-def _pair_check(param: str, label: str, value: str) -> None:
-    """Two single pickers of one unknown_runs pair (Alignment's A and B) on the same run: say so."""
+def _pair_check(param: str, label: str, value: str) -> list[str]:
+    """Two single pickers of one unknown_runs pair (Alignment's A and B) on the same run: the notice that says so."""
     notes = _notes()
     notes["picked"][param] = (label, value)
     for group in notes["groups"]:
@@ -186,9 +229,10 @@ def _pair_check(param: str, label: str, value: str) -> None:
             other = group[1 - group.index(param)]
             if other in notes["picked"] and notes["picked"][other][1] == value:
                 notes["same"] = (notes["picked"][other][0], label, value)
-                link_notice(f"\u201c{notes['picked'][other][0]}\u201d and \u201c{label}\u201d are both `{cut(value)}`"
-                            f"{' (the link asks for it twice)' if qp_get(other) == qp_get(param) == value else ''}: "
-                            "a run compared with itself matches trivially, so no verdict is shown. Pick another run.")
+                return [f"\u201c{notes['picked'][other][0]}\u201d and \u201c{label}\u201d are both `{cut(value)}`"
+                        f"{' (the link asks for it twice)' if qp_get(other) == qp_get(param) == value else ''}: "
+                        "a run compared with itself matches trivially, so no verdict is shown. Pick another run."]
+    return []
 
 
 def multiselect(label: str, options: Sequence[str], param: str, default: Sequence[str], *, where: Any = st,
@@ -196,8 +240,15 @@ def multiselect(label: str, options: Sequence[str], param: str, default: Sequenc
     """A multiselect whose values live in the URL (`?param=a,b`); absent or empty means default. Values the
     options lack are left out and a value named twice is kept once (a run is never compared with itself), each
     with a notice; when none is left, the default is shown, and the notice says so."""
+    return multiselect_later(label, options, param, default, where=where, **kw).draw()
+
+
+def multiselect_later(label: str, options: Sequence[str], param: str, default: Sequence[str], *, where: Any = st,
+                      **kw: Any) -> Later:
+    """`multiselect`'s value now, its notice and widget on draw() (Later)."""
     key = f"qp_{param}"
     fmt = kw.get("format_func", str)
+    lines: list[str] = []
     if qp_list(param):
         asked = qp_list(param)
         wanted = list(dict.fromkeys(asked))
@@ -217,29 +268,48 @@ def multiselect(label: str, options: Sequence[str], param: str, default: Sequenc
                          f"{', '.join(f'`{cut(fmt(v))}`' for v in value) or 'nothing'} instead, without a verdict.")
             _notes()["instead"].append(param)
         if lines:
-            link_notice("  \n".join(lines))
             _notes()["substituted"].append(param)
     else:
         value = [v for v in default if v in options]
-    st.session_state[key] = value
     if param not in _notes()["substituted"]:
         qp_set(param, value)             # the link keeps what it asked (see the notice)
+    return Later(value, partial(_draw_multiselect, label, options, key, param, value, lines, kw, where=where))
+
+
+def _draw_multiselect(label: str, options: Sequence[str], key: str, param: str, value: list[str], lines: list[str],
+                      kw: dict, where: Any = st) -> list[str]:
+    if lines:
+        link_notice("  \n".join(lines))
+    st.session_state[key] = value
     return where.multiselect(label, list(options), key=key, on_change=_writer(param, key), **kw)
 
 
 def text(label: str, param: str, *, where: Any = st, max_chars: int = 200, **kw: Any) -> str:
     """A text input whose value lives in the URL (`?param=text`); a longer value is cut, with a notice."""
+    return text_later(label, param, where=where, max_chars=max_chars, **kw).draw()
+
+
+def text_later(label: str, param: str, *, where: Any = st, max_chars: int = 200, **kw: Any) -> Later:
+    """`text`'s value now, its notice and text input on draw() (Later)."""
     key = f"qp_{param}"
     value = qp_get(param) or ""
+    notices = []
     if len(value) > max_chars:
-        link_notice(f"`{param}={cut(value)}` (from the URL) is longer than {max_chars} characters; "
-                    f"using its first {max_chars}.")
+        notices.append(f"`{param}={cut(value)}` (from the URL) is longer than {max_chars} characters; "
+                       f"using its first {max_chars}.")
         value = value[:max_chars]
         _notes()["substituted"].append(param)
-    st.session_state[key] = value
     if param not in _notes()["substituted"]:
         qp_set(param, value)
-    return where.text_input(label, key=key, on_change=_writer(param, key), max_chars=max_chars, **kw)
+    return Later(value, partial(_draw_text, label, key, param, value, notices, {"max_chars": max_chars, **kw},
+                                where=where))
+
+
+def _draw_text(label: str, key: str, param: str, value: str, notices: list[str], kw: dict, where: Any = st) -> str:
+    for line in notices:
+        link_notice(line)
+    st.session_state[key] = value
+    return where.text_input(label, key=key, on_change=_writer(param, key), **kw)
 
 
 def ticked(ids: pd.Series, param: str = "ticked") -> list[int]:
@@ -315,8 +385,43 @@ def guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         _log.exception("dashboard: %s failed", getattr(fn, "__name__", fn))
         first = str(e).splitlines()[0] if str(e) else ""
         st.error(f"{type(e).__name__}: {first}")
-    st.stop()
+    stop()
     raise AssertionError("unreachable")  # st.stop() raises
+
+
+_LAST = "_draw_last"     # session_state: this script run's token and what it draws last (draw_last)
+
+
+def draw_last(fn: Callable[[], Any], *params: str) -> None:
+    """Draw `fn` (the pickers of these URL params, into their slot) once the page is done: at `finish()`, or before
+    `stop()` (guarded's error line, an empty view) so that a page that stops early still shows its pickers. At once
+    when they are already on the page (`shown`: a rerun after the user changed one)."""
+    if shown(*params):
+        fn()
+    else:
+        _pending().append(fn)
+
+
+def _pending() -> list:
+    token = _notes()["token"]
+    held = st.session_state.get(_LAST)
+    if not isinstance(held, tuple) or held[0] != token:
+        held = (token, [])
+        st.session_state[_LAST] = held
+    return held[1]
+
+
+def finish() -> None:
+    """Draw what the page left for last (draw_last), in the order given."""
+    pending = _pending()
+    while pending:
+        pending.pop(0)()
+
+
+def stop() -> None:
+    """st.stop(), after drawing what the page left for last (draw_last)."""
+    finish()
+    st.stop()
 
 
 def data() -> DataRoot:

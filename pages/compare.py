@@ -2,13 +2,18 @@
 headline, then accepted-length histograms, per-position acceptance, throughput under both definitions (mean
 per-prompt tokens/s; total tokens / total time), speedups, TTFT and TPOT with 95% CIs, per-category figures and the
 settings that differ. Numbers and verdicts: backend/compare.py (from backend/metrics.py); their words, tiles and
-links: dashboard/compare_words.py; data: catalog aggregates."""
+links: dashboard/compare_words.py; how each part is drawn: dashboard/compare_view.py; data: catalog aggregates. The
+pickers are drawn last, into the place held for them above the charts (their widgets' code, sent with the first
+chart, delays its paint: docs/PERFORMANCE.md)."""
 
 import streamlit as st
 
-from backend import compare, metrics
-from dashboard import charts, load_charts, severity, ui
+from backend import compare
+from dashboard import compare_view as parts
 from dashboard import compare_words as words
+from dashboard import ui
+
+PICKERS_PX = 68           # the height of the pickers' row, held for them until they are drawn
 
 st.title("Compare bench runs")
 cat = ui.catalog()
@@ -17,124 +22,60 @@ ids = ui.complete_bench(bench)
 ui.need_bench(ids, 2)
 ui.unknown_runs(["runs"], ids, ui.guarded(cat.run_states, ui.qp_list("runs")), what="bench run")
 
-c1, c2 = st.columns([3, 1])
+# the pickers' values come from the URL now; the pickers themselves are drawn last, into this slot above the charts:
+# sent with the first chart, their widgets' code delays its first paint in the browser (docs/PERFORMANCE.md)
+pickers = ui.slot(PICKERS_PX, "runs", "baseline")
 default = compare.default_runs(bench)
-chosen = ui.multiselect("Bench runs", ui.capped(ids, ui.qp_list("runs") + default), "runs", default, where=c1,
-                        placeholder="pick two or more bench runs",
-                        help=f"lists the {ui.MAX_OPTIONS} newest bench runs and those in the URL; find older ones "
-                             "on the Runs page (filter, tick their rows, then Compare)" if len(ids) > ui.MAX_OPTIONS
-                        else None)
-against = ui.select("Speedup against", list(compare.BASELINES), "baseline", "paired", where=c2,
-                    format_func=words.BASELINE_LABELS.get)
+runs_pick = ui.multiselect_later(
+    "Bench runs", ui.capped(ids, ui.qp_list("runs") + default), "runs", default,
+    placeholder="pick two or more bench runs",
+    help=f"lists the {ui.MAX_OPTIONS} newest bench runs and those in the URL; find older ones on the Runs page "
+         "(filter, tick their rows, then Compare)" if len(ids) > ui.MAX_OPTIONS else None)
+against_pick = ui.select_later("Speedup against", list(compare.BASELINES), "baseline", "paired",
+                               format_func=words.BASELINE_LABELS.get)
+chosen, against = runs_pick.value, against_pick.value
+
+
+def draw_pickers() -> None:
+    with pickers.container():
+        c1, c2 = st.columns([3, 1])
+        runs_pick.draw(where=c1)
+        against_pick.draw(where=c2)
+
+
+ui.draw_last(draw_pickers, "runs", "baseline")
 if len(chosen) < 2:
     st.info("Pick at least two bench runs to compare.")
-    st.stop()
+    ui.stop()
 
-substitute = ui.instead("runs")      # runs the link did not ask for: charts only, no tiles, headline or banner
-tile_row, headline, warnings = st.empty(), st.empty(), st.empty()     # filled once the speed figures are in
-ui.tab_choice("view", words.VIEWS)
-# lazy tabs: only the open one runs and is sent (?view=Speed reproduces a view); the first paint stays light
-acc_tab, speed_tab, cat_tab, cfg_tab = st.tabs(list(words.VIEWS), key="view", on_change="rerun",
-                                               bind="query-params")
-acc = ui.guarded(compare.load_acceptance, chosen)     # the first charts need only the histograms: draw them first
-stem = "_".join(acc.run_ids)
-if acc_tab.open:
-    with acc_tab:
-        left, right = st.columns(2)
-        with left:
-            ui.chart_with_downloads(charts.accepted_histogram(acc.histogram, acc.run_ids), acc.histogram,
-                                    f"accepted_hist_{stem}")
-        with right:
-            ui.chart_with_downloads(charts.acceptance_curves(acc.positions, acc.run_ids), acc.positions,
-                                    f"acceptance_per_position_{stem}")
+def view() -> None:
+    """Everything below the pickers: tiles, headline and warnings (slots filled once the speed figures are in), the
+    tabs, and in the open tab its charts and tables (lazy tabs: only the open one runs and is sent)."""
+    substitute = ui.instead("runs")      # runs the link did not ask for: charts only, no tiles, headline or banner
+    tile_row, headline, warnings = st.empty(), st.empty(), st.empty()
+    ui.tab_choice("view", words.VIEWS)
+    acc_tab, speed_tab, cat_tab, cfg_tab = st.tabs(list(words.VIEWS), key="view", on_change="rerun",
+                                                   bind="query-params")
+    acc = ui.guarded(compare.load_acceptance, chosen)     # the first charts need only the histograms: draw them first
+    stem = "_".join(acc.run_ids)
+    if acc_tab.open:
+        with acc_tab:
+            parts.acceptance(acc, stem)
+    with st.spinner(f"Speedups of {len(acc.run_ids)} runs ..."):
+        cmp = ui.guarded(words.compare, chosen, against, acceptance=acc)
+    if substitute:
+        with tile_row.container():
+            ui.no_verdict_for_substitute(substitute, "speed tiles, headline or verdict")
+    else:
+        parts.tiles(cmp, tile_row)
+        parts.headline(cmp, headline)
+        parts.warnings(cmp, warnings)
+    for tab, draw in ((speed_tab, lambda: parts.speed(cmp, stem, against)),
+                      (cat_tab, lambda: parts.categories(cmp, stem)), (cfg_tab, lambda: parts.settings(cmp))):
+        if tab.open:
+            with tab:
+                draw()
 
-with st.spinner(f"Speedups of {len(acc.run_ids)} runs ..."):
-    cmp = ui.guarded(words.compare, chosen, against, acceptance=acc)
-# green/red only for a verdict; "noisy" (the speed figures are not comparable: timing noise, load, another moment)
-# is grey without an arrow, like "no clear difference"
-TONE = {"slower": "normal", "faster": "normal", "unclear": "off", "none": "off", "noisy": "off"}
-if substitute:
-    with tile_row.container():
-        ui.no_verdict_for_substitute(substitute, "speed tiles, headline or verdict")
-else:
-    with tile_row.container():
-        for start in range(0, len(cmp.tiles), 4):                        # four tiles a row
-            for col, tile in zip(st.columns(4), cmp.tiles[start:start + 4]):
-                with col.container(border=True, key=f"tile_{start + cmp.tiles[start:start + 4].index(tile)}"):
-                    st.metric(tile.run_id, tile.value, tile.delta, delta_color=TONE.get(tile.tone, "off"),
-                              delta_arrow="off" if tile.tone == "noisy" else "auto")
-                    st.caption("  \n".join(tile.lines))
-if not substitute:
-    with headline.container(border=True):
-        st.markdown(cmp.headline)
-        if cmp.loss:                     # the tau loss on the one severity scale (dashboard/severity.py)
-            lo = cmp.loss
-            cost = severity.tau_cost(lo.best_tau, lo.worst_tau, lo.ci_low, lo.ci_high)
-            ui.level_banner(cost.level, severity.headline(cost, f"`{lo.worst}` against `{lo.best}`, {cost.words}"
-                            + (f" over {lo.prompts} shared prompts" if lo.prompts else "") + "."))
-            st.caption(severity.scale_text())
-            if worth := load_charts.worth_line(lo.worst_tau, lo.best_tau):
-                st.markdown(worth)
-    ui.note_verdict(cmp.headline)        # above exported charts, in the report bundle
-    with warnings.container():
-        for run, line in cmp.diagnoses.items():     # each drafter diagnosis at the level of what it costs here
-            if cmp.loss and run == cmp.loss.worst and run != cmp.loss.best:
-                cost = severity.tau_cost(cmp.loss.best_tau, cmp.loss.worst_tau, cmp.loss.ci_low, cmp.loss.ci_high)
-            else:
-                cost = None
-            level = cost.level if cost else severity.LEVELS["note"]
-            ui.level_banner(level, (severity.headline(cost, line) if cost else
-                                    f"**{level.name}** (cost not measured in this comparison): {line}"), note=False)
-        ui.warning_list([w for w in cmp.warnings if w not in cmp.diagnoses.values()])
 
-if speed_tab.open:
-    with speed_tab:
-        st.caption("Two throughput figures, both with 95% bootstrap intervals over prompts; they differ when prompts "
-                   "of different lengths run at different speeds:")
-        for col, d in zip(st.columns(2), words.speed_definitions(cmp.figures)):
-            with col.container(border=True, key=f"definition_{d.key}"):
-                st.markdown(f"**{d.name.capitalize()}**: {d.definition}.")
-                st.markdown("\n".join(f"- {line}" for line in d.lines))
-        left, right = st.columns(2)
-        speed = charts.speed_frame(cmp.figures)
-        with left:
-            ui.chart_with_downloads(charts.throughput_bars(cmp.figures), speed, f"throughput_{stem}")
-        with right:
-            ui.chart_with_downloads(charts.speedup_chart(cmp.figures, words.BASELINE_LABELS[against]), speed,
-                                    f"speedup_{against}_{stem}")
-        left, right = st.columns(2)
-        with left:
-            ui.chart_with_downloads(charts.latency_chart(cmp.figures), speed, f"latency_{stem}")
-        with right.container(border=True, key="latency"):
-            st.markdown("**TTFT** (time to first token: the prompt's prefill) and **TPOT** (time per output token "
-                        "after the first), means over prompts with 95% intervals:")
-            st.markdown("\n".join(f"- {line}" for line in words.latency_lines(cmp.figures)))
-        two = {"format": "%.2f"}
-        st.dataframe(charts.summary_table(cmp.figures), hide_index=True, key="summary", column_config={
-            "tau": st.column_config.NumberColumn(**two),
-            "acceptance": st.column_config.NumberColumn(format="percent"),
-            **{c: st.column_config.NumberColumn(format="%.1f") for c in ("tok/s per-prompt mean", "tok/s total/time")},
-            **{c: st.column_config.NumberColumn(**two) for c in ("speedup (per-prompt)", "speedup (total)", "TTFT ms",
-                                                                 "TPOT ms")}})
-
-if cat_tab.open:
-    with cat_tab:
-        st.caption("Spec-Bench categories: tau (mean acceptance length), mean per-prompt tokens/s, and the speedup "
-                   "over the same baseline on that category's prompts, each with its 95% bootstrap interval over "
-                   f"the category's prompts; a category with fewer than {metrics.MIN_INTERVAL_PROMPTS} prompts "
-                   "shows its value without an interval (a bootstrap over so few prompts would look falsely tight).")
-        ui.chart_with_downloads(charts.category_chart(cmp.categories, cmp.run_ids),
-                                charts.category_frame(cmp.categories), f"per_category_{stem}")
-        categories = charts.category_table(cmp.categories, cmp.run_ids)
-        st.dataframe(categories, hide_index=True, key="categories",
-                     column_config={c: st.column_config.NumberColumn(format="%.2f") for c in categories.columns
-                                    if c.endswith(("tau", "tokens/s", "speedup"))})
-
-if cfg_tab.open:
-    with cfg_tab:
-        if cmp.config.empty:
-            st.caption("The manifests of these runs record the same settings.")
-        else:
-            st.caption("Manifest keys (flattened) whose values differ; results and bookkeeping (times, progress) "
-                       "left out.")
-            st.dataframe(cmp.config, hide_index=True, key="config_diff")
+view()
+ui.finish()             # the pickers (ui.draw_last; also drawn when the view stops early on an error line)

@@ -8,17 +8,15 @@ figures and words: dashboard/load_charts.py; data: catalog.load_cells and catalo
 
 import streamlit as st
 
-from backend import metrics
 from backend.runs.manifest import Progress, StoredManifest
 from dashboard import load_charts as lc
+from dashboard import load_view as parts
 from dashboard import ui
 
 HOW = ("`python -m backend bench --engine vllm --target T --drafter D --prompts P --concurrency 1,8,32,64` (one K) "
        "or `python -m backend sweep --engine vllm ... --num-spec-tokens 1,2,4 --concurrency 1,8,32,64` records a load "
        "run here; add `--synthetic-tau 1,2,3,4` for the speedup ceiling map.")
-# green/red only for a verdict; a noisy baseline (no verdict) and an interval covering 1 are grey without an arrow
-TONE = {"slower": "normal", "faster": "normal", "unclear": "off", "none": "off", "noisy": "off"}
-NOTE = {"warning": (st.warning, ":material/speed:"), "info": (st.info, ":material/info:")}
+PICKERS_PX = 68           # the height of a picker row, held for it until it is drawn
 
 st.title("Serving load")
 ui.rescan()
@@ -32,24 +30,42 @@ names = {r.run_id: f"{r.run_id}  ({r.engine or '?'}, {r.status})" for r in runs.
 status = dict(zip(runs["run_id"], runs["status"]))
 
 asked = ui.qp_list("runs") or ui.qp_list("run")      # what the link names (the pickers below may show others)
-if ui.qp_list("runs"):                      # several runs: ?runs=a,b
+# the pickers' values come from the URL now; the pickers are drawn last, into this slot above the charts (sent with
+# the first chart, their widgets' code delays its first paint: docs/PERFORMANCE.md)
+pickers = ui.slot(PICKERS_PX, "runs", "run")
+several = bool(ui.qp_list("runs"))
+if several:                                 # several runs: ?runs=a,b
     ui.unknown_runs(["runs"], ids, ui.guarded(cat.run_states, ui.qp_list("runs")), what="load run")
-    if ui.qp_get("run"):
-        ui.link_notice(f"`run={ui.cut(ui.qp_get('run'))}` (from the URL) is not used: `runs=` names the runs shown.")
-    chosen = ui.multiselect("Load runs", ui.capped(ids, ui.qp_list("runs")), "runs", [ids[0]],
-                            format_func=lambda r: names.get(r, r), placeholder="pick one or more load runs")
+    ignored = ui.qp_get("run")
+    pick = ui.multiselect_later("Load runs", ui.capped(ids, ui.qp_list("runs")), "runs", [ids[0]],
+                                format_func=lambda r: names.get(r, r), placeholder="pick one or more load runs")
+    chosen = pick.value
 else:                                       # one run: ?run=
     ui.unknown_runs(["run"], ids, ui.guarded(cat.run_states, ui.qp_list("run")), what="load run")
-    pick, more = st.columns([3, 1], vertical_alignment="bottom")
-    run = ui.select("Load run", ui.capped(ids, [ui.qp_get("run") or "", ids[0]]), "run", ids[0], where=pick,
-                    format_func=lambda r: names.get(r, r))
-    chosen = [run]
-    if len(ids) > 1:
-        more.page_link("pages/load.py", label="Show beside other load runs", icon=":material/library_add:",
-                       query_params={"runs": run})
+    ignored = None
+    pick = ui.select_later("Load run", ui.capped(ids, [ui.qp_get("run") or "", ids[0]]), "run", ids[0],
+                           format_func=lambda r: names.get(r, r))
+    chosen = [pick.value]
+
+
+def draw_pickers() -> None:
+    with pickers.container():
+        if ignored:
+            ui.link_notice(f"`run={ui.cut(ignored)}` (from the URL) is not used: `runs=` names the runs shown.")
+        if several:
+            pick.draw()
+            return
+        left, more = st.columns([3, 1], vertical_alignment="bottom")
+        pick.draw(where=left)
+        if len(ids) > 1:
+            more.page_link("pages/load.py", label="Show beside other load runs", icon=":material/library_add:",
+                           query_params={"runs": pick.value})
+
+
+ui.draw_last(draw_pickers, "runs", "run")
 if not chosen:
     st.info("Pick at least one load run.")
-    st.stop()
+    ui.stop()
 # a run shown instead of the link's (its notice is above) gets its figures and charts, never tiles or verdict lines
 instead = [r for r in chosen if asked and r not in asked]
 
@@ -66,7 +82,7 @@ for rid in chosen:
                 icon=":material/hourglass_top:")
 done = [r for r in chosen if status.get(r) == "complete"]
 if not done:
-    st.stop()
+    ui.stop()
 with cat.snapshot():
     cells = ui.guarded(cat.load_cells, done)
     levels = ui.guarded(cat.load_levels, done)
@@ -77,48 +93,13 @@ if empty:
                icon=":material/warning:")
 done = [r for r in done if r not in empty]
 if not done:
-    st.stop()
+    ui.stop()
 
 # ---------------------------------------------------------------------------- per run: what ran, tiles, words
 
 for rid in done:
-    c, lv = lc.of_run(cells, rid), lc.of_run(levels, rid)
-    with st.container(key=f"load_run_{rid}"):
-        if multi:
-            st.subheader(rid)
-        st.caption(lc.run_caption(manifests.get(rid, StoredManifest()), lv, c))
-        if rid in instead:
-            text = (f"No verdict: `{rid}` is shown instead of the run the link names (see the notice above); its "
-                    "charts and tables are below, without tiles or verdict lines.")
-            st.info(text, icon=":material/info:")
-            ui.note_verdict(text)
-            continue
-        row_tiles = lc.tiles(c)
-        for start in range(0, len(row_tiles), 4):
-            for col, (i, tile) in zip(st.columns(4), enumerate(row_tiles[start:start + 4], start=start)):
-                with col.container(border=True, key=f"tile_{rid}_{i}"):
-                    st.metric(tile.label, tile.value, tile.delta, delta_color=TONE.get(tile.tone, "off"),
-                              delta_arrow="off" if tile.tone in ("noisy", "unclear") else "auto")
-                    st.caption("  \n".join(tile.lines))
-        words = lc.best_lines(c)
-        stops = lc.stops_lines(c)
-        if words or stops:
-            with st.container(border=True, key=f"verdict_{rid}"):
-                if words:
-                    st.markdown(("**Best K at each concurrency**" if lc.real(c)["config"].nunique() > 1
-                                 else "**Speedup at each concurrency**") + "  \n" + "  \n".join(words))
-                if stops:
-                    st.markdown("**Where speculative decoding stops paying**  \n" + "  \n".join(stops))
-        ui.note_verdict(lc.headline(rid, c))
-        for note in (lc.noise_note(c, lv), lc.agreement_note(c)):
-            if note is None:
-                continue
-            kind, text = note
-            if kind in NOTE:
-                show, icon = NOTE[kind]
-                show(text, icon=icon)
-            else:
-                st.caption(text)
+    parts.run_summary(rid, lc.of_run(cells, rid), lc.of_run(levels, rid), manifests.get(rid, StoredManifest()),
+                      multi, rid in instead)
 
 # ---------------------------------------------------------------------------- charts
 
@@ -139,20 +120,18 @@ if len(syn):
     ui.chart_with_downloads(lc.ceiling_figure(syn, own), lc.ceiling_frame(syn), f"load_ceiling_{stem}")
     st.markdown("  \n".join(lc.ceiling_lines(syn, own)))
 
-pick, _ = st.columns([1, 3])
-pct = ui.select("Latency percentile", list(lc.PERCENTILES), "pct", "p50", sticky=False, where=pick,
-                format_func=lc.PERCENTILES.get)
+pct_slot = ui.slot(PICKERS_PX, "pct")   # the percentile picker, drawn last like the run pickers
+pct_pick = ui.select_later("Latency percentile", list(lc.PERCENTILES), "pct", "p50", sticky=False,
+                           format_func=lc.PERCENTILES.get)
+ui.draw_last(lambda: pct_pick.draw(where=pct_slot.container().columns([1, 3])[0]), "pct")
+pct = pct_pick.value
 ui.chart_with_downloads(lc.latency_figure(levels, pct, multi), lc.latency_frame(levels), f"load_latency_{stem}")
 left, right = st.columns(2)
 with left:
-    ui.chart_with_downloads(lc.acceptance_figure(cells, multi), lc.acceptance_frame(cells), f"load_acceptance_{stem}")
+    ui.chart_with_downloads(lc.acceptance_figure(cells, multi), lc.acceptance_frame(cells),
+                            f"load_acceptance_{stem}")
 with right.container(border=True, key="acceptance_how"):
-    st.markdown("**Two counts of acceptance.** The server's counters (vLLM `spec_decode` drafts, draft tokens and "
-                "accepted tokens; SGLang's equivalents), read from `/metrics` before and after each level, are the "
-                "reference. SpecLens also counts each request's own verification steps from its stream (vLLM: one "
-                "chunk per step; SGLang: the request's `meta_info`); the two agree within 2% when every chunk is "
-                "read in time. Under load vLLM merges the chunks of steps that the client did not read in time, so "
-                "the requests' own count misses steps and reads tau too high (hollow red points).")
+    st.markdown(parts.ACCEPTANCE_HOW)
 
 # ---------------------------------------------------------------------------- tables and definitions
 
@@ -163,14 +142,7 @@ st.subheader("Per level")
 st.caption("Each measurement in the order it ran: TTFT, TPOT and ITL percentiles over the level's requests (ms), "
            "tau from the server's counters and from the requests' own count, and the machine's load.")
 st.dataframe(lc.levels_table(levels, multi), hide_index=True, key="load_levels")
-with st.expander("Definitions"):
-    st.markdown("\n".join(f"- **{name}**: {text}." for name, text in metrics.SERVING.values()) + "\n"
-                "- **tau**: 1 + accepted draft tokens / drafts, from the server's own counters (a delta of its "
-                "Prometheus `/metrics` around the level); the requests' own count is shown beside it.\n"
-                "- **95% interval** of a speedup: request pairs (same prompt, same position in the order) resampled; "
-                "it covers request-to-request variation, not a drift of the machine between measurements: that is "
-                "what the baseline-noise check looks for.\n"
-                "- **best K**: the highest speedup at a concurrency; the configs whose interval reaches its lower "
-                "bound are within its interval (not a clear winner). **Stops paying**: the lowest concurrency where "
-                "the speedup is below 1.")
+parts.definitions()
 st.caption(HOW)
+
+ui.finish()             # the pickers (ui.draw_last; also drawn when the page stops early: not complete, an error)

@@ -20,6 +20,7 @@ PAGES = {"runs": "pages/runs.py", "compare": "pages/compare.py", "stats": "pages
 ICONS = {"runs": ":material/list:", "compare": ":material/compare_arrows:", "stats": ":material/show_chart:",
          "alignment": ":material/grid_on:", "drafter": ":material/fact_check:", "feeds": ":material/alt_route:",
          "regression": ":material/trending_down:", "load": ":material/speed:", "watch": ":material/monitor_heart:"}
+PICKERS_PX = 68           # the height of the per-prompt filters' row, held for it until it is drawn
 STATUS = {"complete": "green", "running": "blue", "interrupted": "orange", "failed": "red", "quarantined": "red"}
 
 ui.rescan()
@@ -31,15 +32,27 @@ if choices.empty:
 ids = choices["run_id"].tolist()
 ui.unknown_runs(["id"], ids, choices, what="run")
 head, pick = st.columns([3, 1], vertical_alignment="bottom")
-rid = ui.select("Open another run", ui.capped(ids, [ui.qp_get("id") or "", ids[0]]), "id", ids[0], where=pick,
-                help=f"lists the {ui.MAX_OPTIONS} newest runs and the one in the URL" if len(ids) > ui.MAX_OPTIONS
-                else None, none_instead=True)
+# the pickers' values come from the URL now; the pickers are drawn last (ui.draw_last), each where it belongs: sent
+# with the first table and chart, their widgets' code delays their first paint (docs/PERFORMANCE.md)
+run_pick = ui.select_later("Open another run", ui.capped(ids, [ui.qp_get("id") or "", ids[0]]), "id", ids[0],
+                           where=pick, help=f"lists the {ui.MAX_OPTIONS} newest runs and the one in the URL"
+                           if len(ids) > ui.MAX_OPTIONS else None, none_instead=True)
+below_head = st.empty()               # the picker's notice, under the title row
+
+
+def draw_run_pick() -> None:
+    with below_head.container():
+        run_pick.draw()
+
+
+ui.draw_last(draw_run_pick, "id")
+rid = run_pick.value
 if rid is None:                       # the link's run cannot be shown: never another run's verdicts in its place
-    st.stop()
+    ui.stop()
 run = ui.guarded(cat.get_run, rid)
 if run is None:                       # gone between the two queries (a rescan removed it)
     st.info(f"Run `{ui.cut(rid)}` left the catalog; pick another.")
-    st.stop()
+    ui.stop()
 m = StoredManifest.indexed(run["manifest"])          # the catalog's manifest, typed; every key: m.to_json()
 kind, status = run.get("kind") or "?", run.get("status") or "?"
 head.title(f"Run {rid}")
@@ -172,12 +185,20 @@ if kind == "bench":
     else:
         greedy = not m.temperature
         table = run_view.prompt_table(agg, k, greedy, texts)
-        c1, c2, c3 = st.columns([2, 2, 1])
-        cats = ui.multiselect("Category", sorted(table["category"].unique()), "category", [], where=c1,
-                              placeholder="all")
-        needle = ui.text("Find", "q", where=c2, placeholder="prompt id, text, category or output hash")
-        sort = ui.select("Sort by", list(run_view.SORTS), "sort", "order", where=c3, sticky=False,
-                         format_func=run_view.SORT_LABELS.get)
+        filters = ui.slot(PICKERS_PX, "category", "q", "sort")
+        cats_pick = ui.multiselect_later("Category", sorted(table["category"].unique()), "category", [],
+                                         placeholder="all")
+        needle_pick = ui.text_later("Find", "q", placeholder="prompt id, text, category or output hash")
+        sort_pick = ui.select_later("Sort by", list(run_view.SORTS), "sort", "order", sticky=False,
+                                    format_func=run_view.SORT_LABELS.get)
+
+        def draw_filters() -> None:
+            with filters.container():
+                for p, col in zip((cats_pick, needle_pick, sort_pick), st.columns([2, 2, 1])):
+                    p.draw(where=col)
+
+        ui.draw_last(draw_filters, "category", "q", "sort")
+        cats, needle, sort = cats_pick.value, needle_pick.value, sort_pick.value
         shown = run_view.filter_prompts(table, cats, needle, sort)
         repeats = int(table["repeats"].max())
         cut_to = (f"texts cut to {run_view.PROMPT_TEXT_MAX} characters" if texts else
@@ -220,3 +241,5 @@ if log is not None:
     st.subheader("Log")
     st.caption(f"The last {len(log.lines)} lines of `{log.path}`.")
     st.code("\n".join(log.lines) or "(empty)", language=None)
+
+ui.finish()          # the pickers (ui.draw_last)
