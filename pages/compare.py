@@ -56,6 +56,8 @@ def view() -> None:
     ui.tab_choice("view", words.VIEWS)
     acc_tab, speed_tab, cat_tab, cfg_tab = st.tabs(list(words.VIEWS), key="view", on_change="rerun",
                                                    bind="query-params")
+    if not acc_tab.open:        # the other tabs' charts need the whole comparison: the pickers' code loads meanwhile
+        ui.finish()
     acc = ui.guarded(compare.load_acceptance, chosen)     # the first charts need only the histograms: draw them first
     stem = "_".join(acc.run_ids)
     if acc_tab.open:
