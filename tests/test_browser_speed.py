@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
 from backend import metrics
@@ -145,9 +146,17 @@ def test_speed_tab_names_both_definitions_with_the_metrics_values(page, server: 
         t, p = expected[r]["ttft"], expected[r]["tpot"]
         assert (f"{r}: TTFT {t.value * 1000:.2f} ms [{t.ci_low * 1000:.2f}, {t.ci_high * 1000:.2f}], "
                 f"TPOT {p.value * 1000:.2f} ms [{p.ci_low * 1000:.2f}, {p.ci_high * 1000:.2f}]") in latency
-    titles = " ".join(page.locator(f"{CHART} .gtitle, {CHART} .annotation-text").all_text_contents())
-    for words in ("mean per-prompt tokens/s", "total tokens / total time", "TTFT: time to first token",
-                  "TPOT: time per later token", "Speedup over each run's paired baseline"):
+    want = ("mean per-prompt tokens/s", "total tokens / total time", "TTFT: time to first token",
+            "TPOT: time per later token", "Speedup over each run's paired baseline")
+    sel = f"{CHART} .gtitle, {CHART} .annotation-text"
+    try:                  # every figure draws its own titles; on a loaded machine the last ones come seconds later
+        page.wait_for_function("([sel, want]) => { const t = [...document.querySelectorAll(sel)].map(e => "
+                               "e.textContent).join(' '); return want.every(w => t.includes(w)); }",
+                               arg=[sel, list(want)], timeout=TIMEOUT_MS)
+    except PlaywrightTimeout:
+        pass
+    titles = " ".join(page.locator(sel).all_text_contents())
+    for words in want:
         assert words in titles, words
     page.screenshot(path=str(shots / "compare-speed-definitions.png"), full_page=True)
 
