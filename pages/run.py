@@ -12,7 +12,7 @@ import streamlit as st
 from backend import compare, findings, regress, run_files
 from backend.config import data_root
 from backend.runs.manifest import StoredManifest
-from dashboard import charts, run_view, ui, watch_charts
+from dashboard import charts, compare_view, run_view, ui, watch_charts
 
 PAGES = {"runs": "pages/runs.py", "compare": "pages/compare.py", "stats": "pages/stats.py",
          "alignment": "pages/alignment.py", "drafter": "pages/drafter_check.py", "feeds": "pages/feeds.py",
@@ -163,16 +163,9 @@ if kind == "bench":
         both = ui.guarded(cat.bench_prompt_timings, [rid, base] if base else [rid])     # one query
         speeds = run_view.prompt_speeds(both[both["run_id"] == rid], both[both["run_id"] == base] if base else None,
                                         texts)
+        if k > 0:                     # the same two charts as Compare's Acceptance tab, for this run alone
+            compare_view.acceptance(ui.guarded(compare.load_acceptance, [rid]), rid)
         left, right = st.columns(2)
-        if k > 0:
-            acc = ui.guarded(compare.load_acceptance, [rid])
-            with left:
-                ui.chart_with_downloads(charts.accepted_histogram(acc.histogram, acc.run_ids), acc.histogram,
-                                        f"accepted_hist_{rid}")
-            with right:
-                ui.chart_with_downloads(charts.acceptance_curves(acc.positions, acc.run_ids), acc.positions,
-                                        f"acceptance_per_position_{rid}")
-            left, right = st.columns(2)
         if not speeds.empty:
             with left:
                 ui.chart_with_downloads(charts.prompt_speed_chart(speeds, rid), speeds,
