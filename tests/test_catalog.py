@@ -111,3 +111,36 @@ def test_shared_reads_open_the_file_once_and_see_this_process_reindex(data_root,
     read.list_runs()
     read.list_runs()
     assert len(opened) == n + 2                                     # outside a scope: one open per query, as before
+
+
+def test_a_rescan_that_finds_nothing_opens_no_file_and_still_sees_every_change(data_root, monkeypatch):
+    """What a page's rescan costs when nothing changed: the indexed signatures are kept per process for the catalog
+    files they came from, so the second rescan opens no DuckDB file; a change made through the delta (a run's state
+    change), a rebuilt base, or a manifest edited on disk is still found (each replaces a file, or changes a
+    signature the scan compares)."""
+    from backend.store import catalog as store
+
+    data = DataRoot(data_root)
+    data.new_run_dir("a", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    data.new_run_dir("b", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    data.catalog.write.refresh()
+    opened = []
+    real = store._open
+    monkeypatch.setattr(store, "_open", lambda path: opened.append(path) or real(path))
+    data.catalog.write.refresh()
+    n = len(opened)
+    for _ in range(3):
+        assert store._plan(data.catalog.paths).empty
+    assert len(opened) == n                                      # nothing changed: no file opened
+    data.run_dir("a").update(status="failed", error="x")         # a state change, indexed through the delta
+    data.catalog.write.refresh_runs(["a"])
+    assert store._plan(data.catalog.paths).empty and len(opened) > n   # the delta was replaced: read again
+    assert data.catalog.read.run_states(["a"]).loc[0, "status"] == "failed"
+    time.sleep(0.01)
+    data.run_dir("b").update(status="failed", error="edited on disk")   # not re-indexed by its writer
+    plan = store._plan(data.catalog.paths)
+    assert [e.run_id for e in plan.changed] == ["b"]
+    data.catalog.write.refresh(full=True)                        # a new base: the kept signatures are dropped
+    m = len(opened)
+    assert store._plan(data.catalog.paths).empty and len(opened) == m + 1
+    assert data.catalog.read.run_states(["b"]).loc[0, "status"] == "failed"

@@ -207,11 +207,22 @@ def _meta(con: duckdb.DuckDBPyConnection, db: str) -> dict[str, str]:
     return dict(con.execute(f"SELECT key, value FROM {db}.catalog_meta").fetchall())
 
 
-def _plan(p: Paths) -> _Plan | None:
-    """What changed since the catalog (base and delta) was written; None when it must be rebuilt (missing, older
-    schema)."""
-    if not p.catalog.exists():
+# catalog file -> (which files it was: base and delta stamps, {run_id: (sig, status)} read from them)
+_SIGS: dict[str, tuple[tuple[str, str], dict[str, tuple[str, str]]]] = {}
+
+
+def _indexed_sigs(p: Paths) -> dict[str, tuple[str, str]] | None:
+    """{run_id: (signature, status)} as the catalog holds them; None when it must be rebuilt (unreadable, older
+    schema). Kept per process for the files they were read from: the base and the delta are only ever replaced
+    whole (os.replace, a new inode), so while both stamps are unchanged so are their rows, and a page's rescan then
+    opens no DuckDB file at all (15-25 ms on a 10,000-run catalog)."""
+    try:
+        key = (_stamp(p.catalog), _stamp(_delta_path(p.catalog)) if _delta_path(p.catalog).exists() else "-")
+    except OSError:
         return None
+    hit = _SIGS.get(str(p.catalog))
+    if hit is not None and hit[0] == key:
+        return hit[1]
     try:
         con = _with_retry(lambda: _open(p.catalog))
         try:
@@ -222,6 +233,22 @@ def _plan(p: Paths) -> _Plan | None:
         finally:
             con.close()
     except duckdb.Error:
+        return None
+    try:
+        if key == (_stamp(p.catalog), _stamp(_delta_path(p.catalog)) if _delta_path(p.catalog).exists() else "-"):
+            _SIGS[str(p.catalog)] = (key, old)     # only when no swap happened while reading
+    except OSError:
+        pass
+    return old
+
+
+def _plan(p: Paths) -> _Plan | None:
+    """What changed since the catalog (base and delta) was written; None when it must be rebuilt (missing, older
+    schema)."""
+    if not p.catalog.exists():
+        return None
+    old = _indexed_sigs(p)
+    if old is None:
         return None
     entries = _scan(p)
     changed = []

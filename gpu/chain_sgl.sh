@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One warm stretch on the lent GPU node (2026-12-06, third session), one thing on the GPU at a time:
+#   bash gpu/chain_sgl.sh start            run the chain below in the background (its own session), then return
+#   bash gpu/chain_sgl.sh poll SECONDS     wait for it (at most SECONDS), show its log, copy its results to $OUT
+# The chain:
+#   1. the toy pair's serving-load sweep through SGLang 0.5.15, K 1, 2, 4, 6 x concurrency 1, 8, 32, 64 (issue 19
+#      item 6: the 2026-12-02 SGLang sweep had K 1, 2, 4), every cell paired with its baseline on the same card;
+#   2. gpu/fault_suite.py sglang-bench and sglang-load: kill -9 of an SGLang bench and of an SGLang serving-load
+#      sweep mid-run, resumed and compared with an uninterrupted run (issue 24 item 5);
+#   3. once /tmp/site_vllm is installed (moved in during step 2): gpu/vllm_suite.py speed, the capture overhead on
+#      the Llama-3.1-8B shape (issue 24 item 3), then gpu/fault_suite.py vllm-capture (kill -9 mid-capture, resumed:
+#      bit-equal with the deterministic statistics kernel?).
+# Needs /tmp/site_sgl (`bash gpu/load_h200.sh install-sgl SHA`, with /tmp/whl and /tmp/whl2 from the extras bundle).
+set -u
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+d=/tmp/out_chain3
+S="env PYTHONPATH=/tmp/site_sgl"
+V="env PYTHONPATH=/tmp/site_vllm"
+case $1 in
+  start)
+    mkdir -p $d
+    setsid nohup bash "$0" chain "${2:-1,2,4,6}" > $d/suite.log 2>&1 < /dev/null & echo $! > $d/pid
+    sleep 3; tail -3 $d/suite.log ;;
+  chain)
+    t0=$(date +%s)
+    el() { echo $(( $(date +%s) - t0 )); }
+    echo "chain start $(date -u +%FT%TZ)"
+    $S SPECLENS_SERVER_START_TIMEOUT=500 timeout 1000 python3 gpu/load_suite.py sweep --engine sglang --ks "$2" \
+      --out $d/sweep --root /tmp/root_sgl --memory 0.12 --opt attention-backend=triton > $d/sweep.log 2>&1
+    tail -3 $d/sweep.log; echo "sweep done at $(el) s"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_duck /tmp/whl/*.whl 2>&1 | tail -2
+    PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out $d/fault_s --root /tmp/fault_root_s --engines sglang \
+      --engine-path sglang=/tmp/site_sgl --steps sglang-bench,sglang-load --load-ks 4 --load-concurrency 1,8 \
+      --budget-s "${FAULT_BUDGET_S:-700}" > $d/fault_s.log 2>&1; tail -5 $d/fault_s.log
+    echo "sglang faults done at $(el) s"
+    for _ in $(seq 60); do [ -f /tmp/site_vllm/.done ] && break; sleep 5; done
+    if [ -f /tmp/site_vllm/.done ]; then
+      $V timeout 420 python3 gpu/vllm_suite.py speed --out $d/speed --root /tmp/root_speed > $d/speed.log 2>&1
+      tail -8 $d/speed.log; echo "speed done at $(el) s"
+      PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out $d/fault_v --root /tmp/fault_root_v --engines vllm \
+        --engine-path vllm=/tmp/site_vllm --steps vllm-capture --budget-s 300 > $d/fault_v.log 2>&1
+      tail -5 $d/fault_v.log
+    else
+      echo "no /tmp/site_vllm: vLLM steps skipped"
+    fi
+    echo "chain done at $(el) s" ;;
+  poll)
+    end=$(( $(date +%s) + ${2:-500} ))
+    while kill -0 "$(cat $d/pid)" 2>/dev/null && [ "$(date +%s)" -lt $end ]; do sleep 5; done
+    tail -30 $d/suite.log; kill -0 "$(cat $d/pid)" 2>/dev/null && echo "STILL RUNNING" || echo "FINISHED"
+    cp $d/*.log "$OUT/" 2>/dev/null
+    for s in sweep fault_s speed fault_v; do
+      [ -d $d/$s ] && (cd $d && tar czf "$OUT/$s.tar.gz" --exclude='*.safetensors' $s)
+    done
+    nvidia-smi --query-gpu=name,memory.used --format=csv,noheader; ls -la "$OUT" ;;
+esac
