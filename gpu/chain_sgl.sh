@@ -7,9 +7,10 @@
 #      item 6: the 2026-12-02 SGLang sweep had K 1, 2, 4), every cell paired with its baseline on the same card;
 #   2. gpu/fault_suite.py sglang-bench and sglang-load: kill -9 of an SGLang bench and of an SGLang serving-load
 #      sweep mid-run, resumed and compared with an uninterrupted run (issue 24 item 5);
-#   3. once /tmp/site_vllm is installed (moved in during step 2): gpu/vllm_suite.py speed, the capture overhead on
-#      the Llama-3.1-8B shape (issue 24 item 3), then gpu/fault_suite.py vllm-capture (kill -9 mid-capture, resumed:
-#      bit-equal with the deterministic statistics kernel?).
+#   3. once /tmp/site_vllm is installed (its parts moved in while step 1 runs) and /tmp/go_vllm is there:
+#      gpu/vllm_suite.py speed, the capture overhead on the Llama-3.1-8B shape (issue 24 item 3), then
+#      gpu/fault_suite.py vllm-capture (kill -9 mid-capture, resumed: bit-equal with the fused statistics kernel?);
+#      before step 2 when both are ready by the end of step 1. /tmp/fault_budget: step 2's --budget-s (550).
 # Needs /tmp/site_sgl (`bash gpu/load_h200.sh install-sgl SHA`, with /tmp/whl and /tmp/whl2 from the extras bundle).
 set -u
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
@@ -29,19 +30,25 @@ case $1 in
       --out $d/sweep --root /tmp/root_sgl --memory 0.12 --opt attention-backend=triton > $d/sweep.log 2>&1
     tail -3 $d/sweep.log; echo "sweep done at $(el) s"
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_duck /tmp/whl/*.whl 2>&1 | tail -2
-    PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out $d/fault_s --root /tmp/fault_root_s --engines sglang \
-      --engine-path sglang=/tmp/site_sgl --steps sglang-bench,sglang-load --load-ks 4 --load-concurrency 1,8 \
-      --budget-s "${FAULT_BUDGET_S:-700}" > $d/fault_s.log 2>&1; tail -5 $d/fault_s.log
-    echo "sglang faults done at $(el) s"
-    for _ in $(seq 60); do [ -f /tmp/site_vllm/.done ] && break; sleep 5; done
-    if [ -f /tmp/site_vllm/.done ]; then
-      $V timeout 420 python3 gpu/vllm_suite.py speed --out $d/speed --root /tmp/root_speed > $d/speed.log 2>&1
-      tail -8 $d/speed.log; echo "speed done at $(el) s"
+    vllm_steps() {
+      $V timeout 480 python3 gpu/vllm_suite.py speed --out $d/speed --root /tmp/root_speed --budget-s 450 \
+        > $d/speed.log 2>&1; tail -12 $d/speed.log; echo "speed done at $(el) s"
       PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out $d/fault_v --root /tmp/fault_root_v --engines vllm \
-        --engine-path vllm=/tmp/site_vllm --steps vllm-capture --budget-s 300 > $d/fault_v.log 2>&1
-      tail -5 $d/fault_v.log
+        --engine-path vllm=/tmp/site_vllm --steps vllm-capture --budget-s "${VLLM_FAULT_BUDGET_S:-300}" \
+        > $d/fault_v.log 2>&1; tail -5 $d/fault_v.log; echo "vllm fault done at $(el) s"
+    }
+    sglang_faults() {
+      PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out $d/fault_s --root /tmp/fault_root_s --engines sglang \
+        --engine-path sglang=/tmp/site_sgl --steps sglang-bench,sglang-load --load-ks 4 --load-concurrency 1,8 \
+        --budget-s "$(cat /tmp/fault_budget 2>/dev/null || echo 550)" > $d/fault_s.log 2>&1; tail -5 $d/fault_s.log
+      echo "sglang faults done at $(el) s"
+    }
+    # the vLLM steps go first once /tmp/site_vllm is installed and /tmp/go_vllm says the code to measure is there
+    if [ -f /tmp/site_vllm/.done ] && [ -f /tmp/go_vllm ]; then vllm_steps; sglang_faults
     else
-      echo "no /tmp/site_vllm: vLLM steps skipped"
+      sglang_faults
+      for _ in $(seq 120); do [ -f /tmp/site_vllm/.done ] && [ -f /tmp/go_vllm ] && break; sleep 5; done
+      if [ -f /tmp/site_vllm/.done ]; then vllm_steps; else echo "no /tmp/site_vllm: vLLM steps skipped"; fi
     fi
     echo "chain done at $(el) s" ;;
   poll)
