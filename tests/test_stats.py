@@ -191,3 +191,149 @@ def test_compiled_statistics_resumed_in_a_new_process_equal_a_run_through(tmp_pa
     import torch._inductor.config as inductor_config
 
     assert compile_options() == ({"deterministic": True} if hasattr(inductor_config, "deterministic") else {})
+
+
+# ---------------------------------------------------------------------------- fused (compiled) boundary update
+
+def _bf16_bits(n, generator):
+    """n bf16 values from uniformly random bit patterns: every exponent, subnormals, +-0, +-inf and NaNs."""
+    bits = torch.randint(-32768, 32768, (n,), generator=generator, dtype=torch.int32)
+    return bits.to(torch.int16).view(torch.bfloat16)
+
+
+def test_bf16_sum_is_the_eager_bf16_add_bit_for_bit():
+    """The written-out rounding that the compiled statistics use for hidden + residual equals eager torch's bf16 add on
+    every bit pattern (NaN stays NaN), also where the sum overflows to inf, cancels, or is subnormal."""
+    from backend.stats import _bf16_sum
+
+    g = torch.Generator().manual_seed(1)
+    h = _bf16_bits(1 << 18, g)
+    near = (h.float() * (1 + torch.rand(h.shape, generator=g) * 0.02)).to(torch.bfloat16)   # same exponents
+    big = torch.full_like(h, 3.3895e38)                                                   # bf16 max: overflows
+    for r in (_bf16_bits(1 << 18, g), near, -near, big):
+        want, got = (h + r).float(), _bf16_sum(h, r)
+        nan = torch.isnan(want)
+        assert torch.equal(nan, torch.isnan(got))
+        assert torch.equal(want[~nan].view(torch.int32), got[~nan].view(torch.int32))
+    assert torch.isinf((big + big).float()).all()
+
+
+def _edge_values():
+    """Every histogram edge and 4 fp32 steps either side of it, the range's ends and beyond, inf, NaN."""
+    from backend.stats import histc_edges
+
+    e = torch.from_numpy(histc_edges())
+    vals = [e]
+    for direction in (float("inf"), float("-inf")):
+        x = e.clone()
+        for _ in range(4):
+            x = torch.nextafter(x, torch.full_like(x, direction))
+            vals.append(x)
+    six, up, down = torch.tensor(6.0), torch.tensor(7.0), torch.tensor(5.0)
+    vals.append(torch.tensor([6.0, -3.0, torch.nextafter(six, up), torch.nextafter(six, down), -3.0000002, 1e9, -1e9,
+                              float("inf"), float("-inf"), float("nan"), 0.0, -0.0]))
+    return torch.cat(vals)
+
+
+def test_norm_histogram_counts_as_histc():
+    """The histogram by comparisons (what the compiled update fuses) gives torch.histc's counts: values on each edge
+    and one fp32 step below it (where histc's own rounding moves the edge, e.g. log10 = 0), the top edge in the last
+    bin, values outside the range, inf and NaN left out."""
+    from backend.stats import NORM_BINS, NORM_HI, NORM_LO, histc_edges, norm_histogram
+
+    edges = torch.from_numpy(histc_edges())
+    assert float(edges[60]) == -1.1920928955078125e-07      # not 0.0: (v + 3) * 180 / 9 in fp32 rounds up to 60
+    g = torch.Generator().manual_seed(2)
+    v = torch.cat([_edge_values(), torch.rand(20000, generator=g) * 11 - 4])
+    want = torch.histc(v, bins=NORM_BINS, min=NORM_LO, max=NORM_HI)
+    got = norm_histogram(v, edges)
+    assert got.dtype == torch.int64 and torch.equal(got.double(), want.double())
+    assert want.sum() < v.numel() and want[-1] > 0 and want[0] > 0
+    two = torch.stack([v, v.flip(0)])                         # batched over boundaries, like update_all's [B, T]
+    assert torch.equal(norm_histogram(two, edges)[1], got)
+
+
+def _boundary_batches(hidden=64):
+    """bf16 (hidden, residual) batches: offset means, a heavy-tailed dimension, a NaN token, a token whose sum
+    overflows to inf, an all-zero token (norm 0: below the histogram), tokens scaled to norms near 10^k edges."""
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for n in (300, 1000, 77, 513):
+        h = torch.randn(n, hidden, generator=g) * torch.linspace(0.5, 3, hidden) + 2.0
+        h[:, 3] += torch.randn(n, generator=g) ** 3 * 4
+        r = torch.randn(n, hidden, generator=g) * 5
+        h[10, 7] = float("nan")
+        h[11], r[11] = 3.3895e38, 3.3895e38
+        h[12], r[12] = 0.0, 0.0
+        scale = 10.0 ** torch.randint(-2, 6, (n,), generator=g).float()      # norms spread over the histogram
+        out.append(((h * scale[:, None]).to(torch.bfloat16), (r * scale[:, None]).to(torch.bfloat16)))
+    return out
+
+
+def _unfused_update(s, x, moments_fn):
+    """Boundary 0's update before the fusion: statistics of the materialised boundary tensor x, then the eager
+    accumulation and torch.histc."""
+    from backend.stats import NORM_BINS, NORM_HI, NORM_LO
+
+    moments, max_abs, scalars, nmin, nmax, logn = moments_fn(x.reshape(-1, x.shape[-1]), s.ref[0])
+    s.moments[0] += moments
+    s.scalars[0] += scalars
+    s.max_abs[0].clamp_min_(max_abs)
+    s.norm_min[0:1].clamp_max_(nmin)
+    s.norm_max[0:1].clamp_min_(nmax)
+    s.norm_hist[0] += torch.histc(logn, bins=NORM_BINS, min=NORM_LO, max=NORM_HI)
+
+
+def _state_with_ref(ref):
+    from backend.stats import StatsState
+
+    st = StatsState.zeros(1, ref.shape[-1])
+    st.ref[0], st.has_ref[0] = ref, True
+    return st
+
+
+def test_fused_update_equals_the_unfused_path_bit_for_bit():
+    """fused_update (the residual add inside the statistics, accumulation and histogram by comparisons) gives, eagerly,
+    exactly the state of the eager path on the materialised hidden + residual, NaN, overflow and zero tokens too."""
+    from backend.stats import StatsState, fused_update, histc_edges
+
+    batches = _boundary_batches()
+    ref = StreamingStats(["S_1"], 64, compile=False)
+    for h, r in batches:
+        ref.update(0, h + r)
+    st = StatsState.zeros(1, 64)
+    st.ref[0], st.has_ref[0] = ref.state.ref[0], True
+    edges = torch.from_numpy(histc_edges())
+    for h, r in batches:
+        fused_update(h, r, st.ref[0], st.moments[0], st.scalars[0], st.max_abs[0], st.norm_min[0:1],
+                     st.norm_max[0:1], st.norm_hist[0], edges)
+    for k, v in ref.state.tensors().items():
+        assert torch.equal(getattr(st, k), v), k
+    assert ref.state.nonfinite[0] == 2 * len(batches) and ref.state.norm_hist.sum() < ref.state.count[0]
+
+
+def test_compiled_fused_update_equals_the_compiled_unfused_path():
+    """StreamingStats' compiled path (hidden and residual passed apart, one compiled function per boundary update;
+    CPU inductor here, Triton on the GPU node, where bench/hook_overhead.py checks the same) against the path before
+    the fusion (the compiled statistics of the materialised sum, eager accumulation and histc): the same state bit for
+    bit. Also a boundary without residual (the final norm's output), fp32 residuals (added without rounding) and fp16
+    ones (added eagerly: that rounding is not written out)."""
+    from backend.stats import WARM_TOKENS, batch_moments, compile_options
+
+    batches = _boundary_batches()
+    boundary_ref = (batches[0][0] + batches[0][1]).float().nan_to_num(0, 0, 0).mean(0)
+    old_moments = torch.compile(batch_moments, dynamic=True, options=compile_options() or None)
+    for dtype, with_residual in ((torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True),
+                                 (torch.float16, True)):
+        if with_residual:             # compiled first for the same shape as the new path (per dtype, as it was)
+            old_moments(torch.zeros(WARM_TOKENS, 64, dtype=dtype), boundary_ref)
+        old, new = _state_with_ref(boundary_ref), _state_with_ref(boundary_ref)
+        fused = StreamingStats(["S_1"], 64, state=new, compile=True)
+        for h, r in batches:
+            h, r = h.to(dtype), r.to(dtype)
+            _unfused_update(old, h + r if with_residual else h, old_moments)
+            fused.update(0, h, r if with_residual else None)
+        for k, v in old.tensors().items():
+            assert torch.equal(new.tensors()[k], v), (dtype, with_residual, k)
+        if dtype == torch.bfloat16 and with_residual:        # a NaN and an overflowing token per batch, left out
+            assert int(new.scalars[0, 1]) == 2 * len(batches) and 0 < new.norm_hist.sum() < new.scalars[0, 0]

@@ -103,6 +103,78 @@ def test_reducer_splits_a_flat_batch_into_sequences():
     assert aux_layers_of(m) is None
 
 
+def test_reducer_adds_hidden_and_residual_inside_the_statistics(monkeypatch):
+    """vLLM layers return (hidden, residual): the reducer hands both to the statistics (compiled here, as on the GPU,
+    where the add is fused into the statistics kernel) and adds up only the sampled rows. The sample equals the rows of
+    the materialised bf16 hidden + residual exactly, the statistics equal those of the materialised sums (eager here:
+    compiled and eager sums differ in the last bits on this CPU; tests/test_stats.py has the bit-for-bit checks)."""
+    import functools
+
+    from backend.engines import vllm_worker
+    from backend.stats import StreamingStats
+
+    H = 16
+
+    class Layer(torch.nn.Module):
+        def __init__(self, i):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(H, H, generator=torch.Generator().manual_seed(i)).bfloat16())
+
+        def forward(self, positions, hidden_states, residual):
+            res = hidden_states if residual is None else hidden_states + residual
+            return torch.tanh(hidden_states @ self.w) * 3, res
+
+    class Inner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(50, H, dtype=torch.bfloat16)
+            self.layers = torch.nn.ModuleList([Layer(1), Layer(2)])
+
+        def forward(self, input_ids, positions):
+            h, r = self.embed(input_ids), None
+            for layer in self.layers:
+                h, r = layer(positions, h, r)
+            return h + r
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = Inner()
+
+        def forward(self, input_ids, positions):
+            return self.model(input_ids=input_ids, positions=positions)
+
+    torch.manual_seed(0)
+    m = Outer()
+    labels = ["S_0", "S_1", "S_2"]
+    seen = {}
+    for i, layer in enumerate(m.model.layers):     # the materialised boundary values, as the hooks did before
+        layer.register_forward_hook(lambda mod, a, out, i=i: seen.setdefault(i + 1, []).append(out[0] + out[1]))
+    monkeypatch.setattr(vllm_worker, "StreamingStats", functools.partial(StreamingStats, compile=True))
+    red = BoundaryReducer(m, labels, sample_tokens=100, sample_per_prompt=4)
+    assert red.stats._fused is not None
+    batches = [(torch.tensor([7, 8, 9, 10, 11, 1, 2, 3]), torch.tensor([0, 1, 2, 3, 4, 0, 1, 2])),
+               (torch.tensor([4, 5, 6, 30, 31, 32]), torch.tensor([0, 1, 2, 0, 1, 2]))]
+    with torch.no_grad():
+        for ids, pos in batches:
+            m(ids, pos)
+    got = red.collect()
+    ref = StreamingStats(labels, H, "cpu", compile=False)
+    with torch.no_grad():
+        for b, (ids, _) in enumerate(batches):
+            ref.update(0, m.model.embed(ids))
+            for k in (1, 2):
+                ref.update(k, seen[k][b])
+    for key, v in ref.state.tensors().items():
+        assert torch.allclose(got["state"][key], v, rtol=1e-5, atol=1e-4), key
+    assert torch.equal(got["state"]["norm_hist"], ref.state.norm_hist)
+    rows = [0, 1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13]          # the first 4 tokens of each sequence, flat
+    assert got["sample"]["token_ids"].tolist() == [7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 30, 31, 32]
+    for k in (1, 2):
+        want = torch.cat(seen[k])[rows]
+        assert got["sample"][labels[k]].dtype == torch.bfloat16 and torch.equal(got["sample"][labels[k]], want), k
+
+
 def test_accepted_lengths_from_per_position_counts():
     st = metrics.AcceptanceStats(drafts=10, draft_tokens=40, accepted=17, per_pos=[7, 5, 3, 2])
     lens = V.accepted_lengths(st, 4)
