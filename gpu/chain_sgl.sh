@@ -29,7 +29,9 @@ case $1 in
     $S SPECLENS_SERVER_START_TIMEOUT=500 timeout 1000 python3 gpu/load_suite.py sweep --engine sglang --ks "$2" \
       --out $d/sweep --root /tmp/root_sgl --memory 0.12 --opt attention-backend=triton > $d/sweep.log 2>&1
     tail -3 $d/sweep.log; echo "sweep done at $(el) s"
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_duck /tmp/whl/*.whl 2>&1 | tail -2
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_duck /tmp/whl/*.whl \
+      /tmp/stage_s/w/pydantic-2*.whl /tmp/stage_s/w/pydantic_core*.whl /tmp/stage_s/w/annotated_types*.whl \
+      /tmp/stage_s/w/typing_inspection*.whl 2>&1 | tail -2
     vllm_steps() {
       $V timeout 480 python3 gpu/vllm_suite.py speed --out $d/speed --root /tmp/root_speed --budget-s 450 \
         > $d/speed.log 2>&1; tail -12 $d/speed.log; echo "speed done at $(el) s"
