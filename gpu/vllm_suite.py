@@ -317,6 +317,14 @@ def toy(sec: Section, out: Path, root: Path, n_capture: int, n_bench: int, max_n
 
 # ---------------------------------------------------------------------------------------------------- speed
 
+def _card() -> str:
+    """"h100" / "h200" from the device name: run names say which card measured them."""
+    import torch
+
+    name = torch.cuda.get_device_name(0).lower() if torch.cuda.is_available() else "cpu"
+    return next((c for c in ("h100", "h200", "b200", "a100") if c in name), "gpu")
+
+
 def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: int) -> None:
     import torch
 
@@ -408,7 +416,7 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
                 print("speclens_remove failed:", e, flush=True)
         seen = int(got["tokens_seen"])
         # one run's worth of files, written as a capture run writes them: bytes per token
-        rd = Run.create(f"h200-speed-{name}-{int(time.time())}",        # finish() completes a lifecycle Run
+        rd = Run.create(f"{_card()}-speed-{name}-{int(time.time())}",        # finish() completes a lifecycle Run
                         {"kind": "capture", "engine": "vllm", "boundaries": labels,
                          "model": {"path": str(mdir), "n_layers": 32, "hidden_size": 4096},
                          "progress": {"done": 0, "total": n_prompts * repeats + len(warm)}}, DataRoot(root))
@@ -456,7 +464,7 @@ def pack(out: Path, root: Path, what: str, run_ids: list[str]) -> dict:
                 for f in sorted(d.rglob("*")):
                     if not f.is_file() or f.name.endswith(".lock"):
                         continue
-                    if f.name == "sample.safetensors" and (skip_samples or d.name.startswith("h200-speed-")):
+                    if f.name == "sample.safetensors" and (skip_samples or "-speed-" in d.name):
                         left.append(str(f.relative_to(root)))
                         continue
                     tf.add(f, arcname=str(f.relative_to(root)))
