@@ -53,6 +53,18 @@ case $1 in
       if [ -f /tmp/site_vllm/.done ]; then vllm_steps; else echo "no /tmp/site_vllm: vLLM steps skipped"; fi
     fi
     echo "chain done at $(el) s" ;;
+  sweep2)  # the sweep again in the background, with gpu/stubs first on PYTHONPATH (an image without `cutlass`)
+    mkdir -p $d/sweep2; rm -rf /tmp/root_sgl2
+    setsid nohup env PYTHONPATH="$(pwd)/gpu/stubs:/tmp/site_sgl" SPECLENS_SERVER_START_TIMEOUT=500 timeout 900 \
+      python3 gpu/load_suite.py sweep --engine sglang --ks "${2:-2,4,6}" --out $d/sweep2 --root /tmp/root_sgl2 \
+      --memory 0.12 --opt attention-backend=triton > $d/sweep2.log 2>&1 < /dev/null & echo $! > $d/pid2
+    sleep 20; tail -3 $d/sweep2.log; ls /tmp/root_sgl2/runs/*/servers/ 2>/dev/null ;;
+  poll2)
+    end=$(( $(date +%s) + ${2:-500} ))
+    while kill -0 "$(cat $d/pid2)" 2>/dev/null && [ "$(date +%s)" -lt $end ]; do sleep 5; done
+    tail -5 $d/sweep2.log; kill -0 "$(cat $d/pid2)" 2>/dev/null && echo "STILL RUNNING" || echo "FINISHED"
+    tail -3 /tmp/root_sgl2/runs/*/servers/*.log 2>/dev/null | grep -iE "error|ready|fired" | tail -5
+    [ -d $d/sweep2 ] && (cd $d && tar czf "$OUT/sweep2.tar.gz" sweep2); cp $d/sweep2.log "$OUT/" ;;
   poll)
     end=$(( $(date +%s) + ${2:-500} ))
     while kill -0 "$(cat $d/pid)" 2>/dev/null && [ "$(date +%s)" -lt $end ]; do sleep 5; done
