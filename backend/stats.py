@@ -62,37 +62,11 @@ class StatsState:
         return cls(**{k: t[k].to(device) for k in cls.__dataclass_fields__})
 
 
-def boundary_value(x: torch.Tensor, r: torch.Tensor | None = None) -> torch.Tensor:
-    """The boundary's values in fp32: x, or x + r (a fused-residual layer's hidden and residual) added in their own
-    dtype as eager torch adds them, so the statistics are those of the `x + r` tensor the engines would hand over.
-
-    Inside torch.compile a bf16 sum is written out: fp32 sum rounded to the nearest even bf16 by integer arithmetic,
-    because inductor keeps a fused bf16 intermediate in fp32 (it drops the rounding, and an explicit `.bfloat16()`
-    too, unless its emulate_precision_casts mode is on). Eager torch adds two bf16 tensors the same way (fp32 sum,
-    round to nearest even): equal bit for bit on every input but NaN, which stays NaN (its payload may differ; a
-    NaN token is left out of every figure). Callers pass r only for bf16 and fp32 (StreamingStats.update)."""
-    if r is None:
-        return x.float()
-    if x.dtype == torch.bfloat16 and torch.compiler.is_compiling():
-        return _bf16_sum(x, r)
-    return (x + r).float()
-
-
-def _bf16_sum(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    """bf16 x + r as eager torch rounds it (c10::BFloat16's round_to_nearest_even), in fp32."""
-    s = x.float() + r.float()
-    nan = torch.isnan(s)
-    b = torch.where(nan, 0.0, s).view(torch.int32)          # NaN left out: no integer overflow below
-    b = (b + (0x7FFF + ((b >> 16) & 1))) & -65536            # round to nearest even, drop the low 16 bits
-    return torch.where(nan, s, b.view(torch.float32))
-
-
-def batch_moments(x: torch.Tensor, ref: torch.Tensor, r: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-    """One batch x [..., T, H] (plus r, the residual, when given: see boundary_value) around ref [..., H] ->
-    (moments [..., 4, H], max_abs [..., H], scalars [..., 4] (finite tokens, non-finite tokens, sum and sum of squares
-    of norms), norm min [...], norm max [...], histogram input [..., T]). A token is non-finite when its norm is; it
-    is left out of every figure."""
-    x = boundary_value(x, r)
+def batch_moments(x: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """One batch x [..., T, H] around ref [..., H] -> (moments [..., 4, H], max_abs [..., H], scalars [..., 4]
+    (finite tokens, non-finite tokens, sum and sum of squares of norms), norm min [...], norm max [...],
+    histogram input [..., T]). A token is non-finite when its norm is; it is left out of every figure."""
+    x = x.float()
     norms = torch.linalg.vector_norm(x, dim=-1)                      # [..., T]
     good = torch.isfinite(norms)                                     # [..., T]
     g = good[..., None]
@@ -108,59 +82,6 @@ def batch_moments(x: torch.Tensor, ref: torch.Tensor, r: torch.Tensor | None = N
     return moments, max_abs, scalars, nmin, fin.amax(-1), logn
 
 
-@lru_cache(maxsize=1)
-def histc_edges() -> np.ndarray:
-    """[NORM_BINS] fp32: edges[k] is the smallest fp32 value that torch.histc(bins=NORM_BINS, min=NORM_LO,
-    max=NORM_HI) puts in bin k or above (edges[0] = NORM_LO). histc's bin is trunc((v - lo) * bins / (hi - lo)) in
-    fp32 (CPU: ATen's HistogramKernel.cpp, CUDA: SummaryOps.cu getBin), so a value's bin is the number of edges[1:]
-    at or below it, and the rounding of that formula moves some edges off lo + k * (hi - lo) / bins (e.g. the edge of
-    log10 = 0 is -1.19e-7). Found by bisection over the ordered fp32 values, with numpy's IEEE fp32 arithmetic."""
-    lo, hi, bins = np.float32(NORM_LO), np.float32(NORM_HI), NORM_BINS
-
-    def pos(v):
-        return np.trunc((v - lo) * np.float32(bins) / (hi - lo)).astype(np.int64)
-
-    def key(v):                      # fp32 -> int64 in the same order
-        b = np.asarray(v, np.float32).view(np.int32).astype(np.int64)
-        return np.where(b < 0, -(b & 0x7FFFFFFF), b)
-
-    def val(k):
-        return np.where(k < 0, (-k) | 0x80000000, k).astype(np.uint32).view(np.float32)
-
-    k = np.arange(1, bins)
-    a, b = np.full(k.shape, key(lo)), np.full(k.shape, key(hi))      # pos(val(a)) < k <= pos(val(b))
-    while (b - a > 1).any():
-        m = (a + b) // 2
-        ok = pos(val(m)) >= k
-        a, b = np.where(ok, a, m), np.where(ok, m, b)
-    return np.concatenate([[lo], val(b)]).astype(np.float32)
-
-
-def norm_histogram(logn: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
-    """torch.histc(logn, NORM_BINS, NORM_LO, NORM_HI) over the last dim, as comparisons that torch.compile fuses
-    (edges: histc_edges() on logn's device). Same counts: values outside [NORM_LO, NORM_HI] and NaN are left out,
-    NORM_HI itself falls in the last bin. Returns int64 counts [..., NORM_BINS]."""
-    inside = (logn >= NORM_LO) & (logn <= NORM_HI)
-    at_or_above = ((logn.unsqueeze(-1) >= edges) & inside.unsqueeze(-1)).sum(-2)    # tokens in bin k or above
-    return at_or_above - torch.nn.functional.pad(at_or_above[..., 1:], (0, 1))
-
-
-def fused_update(x: torch.Tensor, r: torch.Tensor | None, ref: torch.Tensor, moments: torch.Tensor,
-                 scalars: torch.Tensor, max_abs: torch.Tensor, norm_min: torch.Tensor, norm_max: torch.Tensor,
-                 norm_hist: torch.Tensor, edges: torch.Tensor) -> None:
-    """Add one batch x [T, H] (+ r) to one boundary's accumulators (views of its row of StatsState), in place: what
-    StreamingStats.update does eagerly, as one function that torch.compile turns into a few kernels (the residual
-    add, the statistics, the accumulation and the histogram fused) instead of one add, the statistics and ~7 small
-    kernels per boundary and forward pass."""
-    m, ma, sc, nmin, nmax, logn = batch_moments(x, ref, r)
-    moments.add_(m)
-    scalars.add_(sc)
-    max_abs.clamp_min_(ma)
-    norm_min.clamp_max_(nmin)
-    norm_max.clamp_min_(nmax)
-    norm_hist.add_(norm_histogram(logn, edges))
-
-
 WARM_TOKENS = 1024     # the one batch shape every process compiles the statistics kernel for (see below); small, so
                        # that it never needs more memory than a real batch in an engine worker with little to spare
 
@@ -174,35 +95,33 @@ def compile_options() -> dict:
 
 
 @lru_cache(maxsize=1)
-def _compiled_update():
-    """fused_update compiled by torch.compile (CUDA); eager if compiling is unavailable.
+def _compiled_moments():
+    """batch_moments fused into a few kernels by torch.compile (CUDA); eager if compiling is unavailable.
 
     A resumed capture must give the same statistics, bit for bit, as one that ran through. A compiled reduction's
     kernel is chosen from the first batch it is compiled for (a dynamic-shape kernel takes its size hints from that
     example: whether and how the sum over tokens is split) and, unless inductor is deterministic, by timing on the
-    device. So every process compiles it first for the same zero batch of WARM_TOKENS tokens (per dtype, hidden size,
-    device and with or without a residual: each is its own graph), into scratch accumulators, with inductor's
-    deterministic mode: a run resumed at another prompt then sums each batch in the same order as the run it
-    continues. (Views of the state rows as inputs cost no recompilation: their offsets are not guarded.)"""
+    device. So every process compiles it first for the same zero batch of WARM_TOKENS tokens (per dtype, hidden size
+    and device), with inductor's deterministic mode: a run resumed at another prompt then sums each batch in the same
+    order as the run it continues."""
     try:
-        compiled = torch.compile(fused_update, dynamic=True, options=compile_options() or None)
+        compiled = torch.compile(batch_moments, dynamic=True, options=compile_options() or None)
     except Exception:  # pragma: no cover - depends on the GPU node's toolchain
-        return fused_update
+        return batch_moments
     state = {"fn": compiled}
     warmed: set = set()
 
-    def update(x: torch.Tensor, r: torch.Tensor | None, ref: torch.Tensor, *acc: torch.Tensor) -> None:
+    def moments(x: torch.Tensor, ref: torch.Tensor):
         try:
-            key = (x.dtype, x.shape[-1], x.device, r is None)
+            key = (x.dtype, x.dim(), x.shape[-1], x.device)
             if key not in warmed:
                 warmed.add(key)
-                z = torch.zeros(WARM_TOKENS, x.shape[-1], dtype=x.dtype, device=x.device)
-                state["fn"](z, None if r is None else z.clone(), ref, *(a.clone() for a in acc))
-            return state["fn"](x, r, ref, *acc)
+                state["fn"](torch.zeros(*x.shape[:-2], WARM_TOKENS, x.shape[-1], dtype=x.dtype, device=x.device), ref)
+            return state["fn"](x, ref)
         except Exception:  # pragma: no cover - a host process (e.g. an engine worker) whose compiler setup fails
-            state["fn"] = fused_update
-            return fused_update(x, r, ref, *acc)
-    return update
+            state["fn"] = batch_moments
+            return batch_moments(x, ref)
+    return moments
 
 
 class StreamingStats:
@@ -216,35 +135,22 @@ class StreamingStats:
         self._ref_set = self.state.has_ref.cpu().tolist()
         if compile is None:
             compile = torch.device(device).type == "cuda" and os.environ.get("SPECLENS_COMPILE", "1") != "0"
-        self._fused = _compiled_update() if compile else None
-        self._edges: torch.Tensor | None = None
+        self._moments = _compiled_moments() if compile else batch_moments
 
-    def update(self, i: int, x: torch.Tensor, r: torch.Tensor | None = None) -> None:
-        """Add tokens x [T, H] (any dtype) to boundary i; with r (a fused-residual layer's residual, x's shape), the
-        tokens are x + r added in x's dtype, which the compiled path never materialises. No host synchronisation."""
+    def update(self, i: int, x: torch.Tensor) -> None:
+        """Add tokens x [T, H] (any dtype) to boundary i. No host synchronisation."""
         s = self.state
-        if r is not None and (self._fused is None or r.shape != x.shape or r.dtype != x.dtype
-                              or x.dtype not in (torch.bfloat16, torch.float32)):
-            x, r = x + r, None           # eager path, or a dtype whose rounding the compiled sum does not write out
         x = x.reshape(-1, x.shape[-1])
-        if r is not None:
-            r = r.reshape(x.shape)
         if x.shape[0] == 0:
             return
         if not self._ref_set[i]:
             # the first batch fixes the shift of the moments (its mean over finite tokens)
-            xf = boundary_value(x, r)
+            xf = x.float()
             ok = torch.isfinite(xf).all(-1, keepdim=True)
             s.ref[i] = torch.where(ok, xf, 0.0).sum(0) / ok.sum().clamp_min(1)
             s.has_ref[i] = True
             self._ref_set[i] = True
-        if self._fused is not None:
-            if self._edges is None:
-                self._edges = torch.from_numpy(histc_edges()).to(s.norm_hist.device)
-            self._fused(x, r, s.ref[i], s.moments[i], s.scalars[i], s.max_abs[i], s.norm_min[i:i + 1],
-                        s.norm_max[i:i + 1], s.norm_hist[i], self._edges)
-            return
-        moments, max_abs, scalars, nmin, nmax, logn = batch_moments(x, s.ref[i])
+        moments, max_abs, scalars, nmin, nmax, logn = self._moments(x, s.ref[i])
         s.moments[i] += moments
         s.scalars[i] += scalars
         s.max_abs[i].clamp_min_(max_abs)

@@ -9,14 +9,13 @@ import torch
 from backend.stats import TokenSample
 
 
-def layer_parts(out) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A decoder layer's output as (hidden, residual): its boundary value is `hidden + residual` for a fused-residual
-    layer's `(hidden, residual)` (vLLM, SGLang), the hidden itself (residual None) when there is no residual (the
-    first layer's input, HF). StreamingStats.update takes the two apart, so that the compiled statistics add them
-    without writing the sum out."""
+def layer_out(out) -> torch.Tensor:
+    """A decoder layer's boundary value: `hidden + residual` of a fused-residual layer's `(hidden, residual)`
+    (vLLM, SGLang), the hidden itself when there is no residual (the first layer's input, HF)."""
     if isinstance(out, tuple):
-        return out[0], out[1] if len(out) > 1 else None
-    return out, None
+        h, r = out[0], out[1] if len(out) > 1 else None
+        return h if r is None else h + r
+    return out
 
 
 def plan_sample(pos: torch.Tensor, ids: torch.Tensor, sample: TokenSample) -> tuple[torch.Tensor | None, list]:
@@ -39,10 +38,7 @@ def plan_sample(pos: torch.Tensor, ids: torch.Tensor, sample: TokenSample) -> tu
     return (torch.cat(take) if take else None), segs
 
 
-def stage_rows(sample: TokenSample, k: int, x: torch.Tensor, take: torch.Tensor, r: torch.Tensor | None = None) -> None:
-    """Copy rows `take` of boundary k's [.., H] (x, or x + r: only those rows are added up) into the sample's next
-    free slots (asynchronous from a GPU)."""
+def stage_rows(sample: TokenSample, k: int, x: torch.Tensor, take: torch.Tensor) -> None:
+    """Copy rows `take` of boundary k's [.., H] into the sample's next free slots (asynchronous from a GPU)."""
     rows = x.reshape(-1, x.shape[-1]).index_select(0, take)
-    if r is not None:
-        rows = rows + r.reshape(-1, r.shape[-1]).index_select(0, take)
     sample.data[k, sample.n:sample.n + rows.shape[0]].copy_(rows, non_blocking=sample.pinned)

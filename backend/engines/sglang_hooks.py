@@ -37,7 +37,8 @@ from pathlib import Path
 import torch
 
 from backend import coords
-from backend.engines.hook_reduce import layer_parts, plan_sample, stage_rows
+from backend.engines.hook_reduce import layer_out as _layer_out
+from backend.engines.hook_reduce import plan_sample, stage_rows
 from backend.stats import StreamingStats, TokenSample
 
 _REDUCERS: dict[str, ServerReducer] = {}
@@ -125,10 +126,10 @@ class ServerReducer:
                 self._stage(self.slot[0], self._emb)
             self._emb = None
         if i + 1 in self.slot:
-            x, r = layer_parts(out)
-            self.stats.update(self.slot[i + 1], x, r)
+            x = _layer_out(out)
+            self.stats.update(self.slot[i + 1], x)
             if self._take is not None:
-                self._stage(self.slot[i + 1], x, r)
+                self._stage(self.slot[i + 1], x)
 
     def norm_out(self, out) -> None:
         if self.skip or self.stats is None or "F" not in self.slot:
@@ -159,8 +160,8 @@ class ServerReducer:
         if take is not None:
             self._take = take.to(positions.device)
 
-    def _stage(self, k: int, x: torch.Tensor, r: torch.Tensor | None = None) -> None:
-        stage_rows(self.sample, k, x, self._take, r)
+    def _stage(self, k: int, x: torch.Tensor) -> None:
+        stage_rows(self.sample, k, x, self._take)
 
     _ids: torch.Tensor | None = None
 

@@ -10,9 +10,8 @@ residual add fused into the next norm):
   S_0      input of decoder layer 0 (the embeddings; residual is None there)
   S_{b+1}  `hidden + residual` of decoder layer b's output (what vLLM's own aux capture adds up)
   F        first output of the final norm (`norm(hidden, residual)` returns `(normed, residual_sum)`)
-Each boundary value is reduced inside the hook, before the next layer's fused add-norm overwrites `hidden` and
-`residual` in place (vLLM's `fused_add_rms_norm` is in-place); the compiled statistics kernel adds `hidden + residual`
-itself (bf16 rounding written out, backend/stats.py boundary_value), and only the sampled rows are added up eagerly.
+Each boundary value is computed inside the hook (`hidden + residual` is a new tensor), before the next layer's
+fused add-norm overwrites `hidden` and `residual` in place (vLLM's `fused_add_rms_norm` is in-place).
 
 Forward passes are bracketed (token count, sample plan) by hooks on the inner decoder stack for HF, but on the
 outer `*ForCausalLM` for vLLM: vLLM 0.24's `@support_torch_compile` replaces the inner stack's `__call__` with one
@@ -29,7 +28,8 @@ from __future__ import annotations
 import torch
 
 from backend import coords
-from backend.engines.hook_reduce import layer_parts, plan_sample, stage_rows
+from backend.engines.hook_reduce import layer_out as _layer_out
+from backend.engines.hook_reduce import plan_sample, stage_rows
 from backend.stats import StatsState, StreamingStats, TokenSample
 
 
@@ -186,18 +186,16 @@ class BoundaryReducer:
             self.sample.commit(ids, k)
         self._take, self._segs = None, []
 
-    def _sink(self, k: int, x: torch.Tensor, r: torch.Tensor | None = None) -> None:
-        """Boundary k's tokens are x, or x + r (hidden and residual, added inside the statistics kernel)."""
-        self.stats.update(k, x, r)
+    def _sink(self, k: int, x: torch.Tensor) -> None:
+        x = x.reshape(-1, x.shape[-1])
+        self.stats.update(k, x)
         if self._take is not None:
-            stage_rows(self.sample, k, x, self._take, r)
+            stage_rows(self.sample, k, x, self._take)
 
     def _post(self, k: int):
         def hook(module, args, out):
-            if self.bounds[k].final and isinstance(out, tuple):
-                self._sink(k, out[0])
-            else:
-                self._sink(k, *layer_parts(out))
+            x = out[0] if (self.bounds[k].final and isinstance(out, tuple)) else _layer_out(out)
+            self._sink(k, x)
         return hook
 
     def _pre0(self, k: int):
@@ -206,7 +204,7 @@ class BoundaryReducer:
             floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
             h = kwargs.get("hidden_states", floats[0] if floats else None)
             r = kwargs.get("residual", floats[1] if len(floats) > 1 else None)
-            self._sink(k, h, r)
+            self._sink(k, h if r is None else h + r)
         return hook
 
     # -------------------------------------------------------------- results
