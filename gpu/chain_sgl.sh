@@ -53,7 +53,8 @@ case $1 in
       if [ -f /tmp/site_vllm/.done ]; then vllm_steps; else echo "no /tmp/site_vllm: vLLM steps skipped"; fi
     fi
     echo "chain done at $(el) s" ;;
-  sweep2)  # the sweep again in the background, with gpu/stubs first on PYTHONPATH (an image without `cutlass`)
+  sweep2)  # the sweep again in the background, gpu/stubs first on PYTHONPATH (an image without `cutlass`: its
+           # sitecustomize stands in for the DSA backend module the EAGLE worker imports)
     mkdir -p $d/sweep2; rm -rf /tmp/root_sgl2
     setsid nohup env PYTHONPATH="$(pwd)/gpu/stubs:/tmp/site_sgl" SPECLENS_SERVER_START_TIMEOUT=500 timeout 900 \
       python3 gpu/load_suite.py sweep --engine sglang --ks "${2:-2,4,6}" --out $d/sweep2 --root /tmp/root_sgl2 \
