@@ -163,3 +163,27 @@ def test_the_gpu_kill_trials_say_what_reliability_md_says() -> None:
     assert not any("EngineCore" in p.get("cmd", "") for p in reaped["outlived_kill"])  # with it: reapers only
     assert all("pgid = int(sys.argv[1])" in p["cmd"] for p in reaped["outlived_kill"])
     assert reaped["gpu_after_kill"]["freed"] and reaped["gpu_after_kill"]["seconds"] < 1
+
+
+def test_the_sglang_bench_kill_trial_and_its_control_say_what_reliability_md_says() -> None:
+    """The SGLang bench kill -9 of 2026-12-06 13:41 UTC: shown interrupted, resumed to complete, GPU freed, nothing
+    outlived the kill; the resumed run differs from its reference in two prompts, while a second uninterrupted run
+    (the control, recorded prompts tables beside it) equals the reference in every prompt."""
+    import pandas as pd
+
+    rec = json.loads((RESULTS / "fault_suite_h100_2026-12-06_sglang_bench.json").read_text())
+    t = rec["steps"]["sglang-bench"]["trials"][0]
+    assert t["killed"] and t["kill"]["done"] == 7 and t["kill"]["total"] == 24
+    assert t["interrupted_ok"] and t["never_complete_while_unfinished"] and t["resumed_ok"]
+    assert t["outlived_kill"] == [] and t["gpu_after_kill"]["freed"] and t["gpu_after_kill"]["seconds"] < 1
+    assert t["equal"] is False and t["figures"]["tau"]["reference"] > t["figures"]["tau"]["resumed"]
+    rec_dir = REPO / "tests" / "data" / "recorded" / "sglang_bench_resume"
+    cols = ["prompt_index", "output_tokens", "accepted", "drafts", "output_hash"]
+    ref, ref2, resumed = (pd.read_parquet(rec_dir / f"{n}.prompts.parquet")[cols].set_index("prompt_index").sort_index()
+                          for n in ("ref-sglang-ben", "ref2-sglang-ben", "kill-sglang-ben-134108-0"))
+    assert ref.equals(ref2)                                              # the engine repeats itself from a fresh start
+    differ = (ref != resumed).any(axis=1)
+    assert sorted(differ[differ].index) == [19, 21]                     # after the resume point only
+    order = pd.read_parquet(rec_dir / "kill-sglang-ben-134108-0.prompts.parquet").set_index("prompt_index")
+    order = order["unit_order"]
+    assert (order[[19, 21]] >= t["kill"]["done"]).all()
