@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from backend.runs.manifest import StoredManifest
 from dashboard.charts import _template
 from dashboard.compare_words import speed_words
+from dashboard.figure_spec import FigureSpec, subplots
 
 # plotly_white with the defaults of the trace types used here only (charts._template: the full template costs ~20 ms
 # a figure)
@@ -135,15 +135,16 @@ def speedup_figure(cells: pd.DataFrame, multi: bool = False) -> go.Figure:
     d = cells.sort_values("concurrency")
     names = _order(d, multi)
     colors = _colors(names)
-    fig = go.Figure()
+    fig = FigureSpec()
     d = d.assign(_s=series(d, multi))
     for name in names:
         g = d[d["_s"] == name]
         noisy = [_flag(v) for v in g["baseline_noisy"]]
         y, lo, hi = g["speedup"], g["speedup_ci_low"], g["speedup_ci_high"]
         note = ["<br>no verdict here: the baseline was noisy at this concurrency" if n else "" for n in noisy]
-        fig.add_trace(go.Scatter(
-            x=g["concurrency"], y=y, mode="lines+markers", name=name, line=dict(color=colors[name], width=2),
+        fig.add_trace(dict(
+            type="scatter", x=g["concurrency"], y=y, mode="lines+markers", name=name,
+            line=dict(color=colors[name], width=2),
             marker=dict(size=10, color=colors[name], symbol=["circle-open" if n else "circle" for n in noisy],
                         line=dict(width=2, color=colors[name])),
             error_y=dict(type="data", symmetric=False, array=(hi - y).tolist(), arrayminus=(y - lo).tolist(),
@@ -154,12 +155,11 @@ def speedup_figure(cells: pd.DataFrame, multi: bool = False) -> go.Figure:
     if not multi:
         noisy_c = sorted({int(c) for c, n in zip(d["concurrency"], d["baseline_noisy"]) if _flag(n)})
         for c in noisy_c:
-            fig.add_vrect(x0=c / 1.25, x1=c * 1.25, fillcolor=NOISY_FILL, line_width=0, layer="below")
+            fig.add_vrect(x0=c / 1.25, x1=c * 1.25, fillcolor=NOISY_FILL)
         if noisy_c:
-            fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="baseline noisy: no verdict",
-                                     marker=dict(symbol="square", size=14, color=NOISY_FILL)))
-    fig.add_hline(y=1.0, line=dict(color="#555", dash="dash"), annotation_text="1.0x: no gain",
-                  annotation_position="bottom left")
+            fig.add_trace(dict(type="scatter", x=[None], y=[None], mode="markers", name="baseline noisy: no verdict",
+                               marker=dict(symbol="square", size=14, color=NOISY_FILL)))
+    fig.add_hline(y=1.0, line=dict(color="#555", dash="dash"), annotation_text="1.0x: no gain")
     top = max([1.0, *[float(v) for v in pd.concat([d["speedup_ci_high"], d["speedup"]]) if _ok(v)]])
     fig.update_layout(**_LAYOUT, height=440,
                       title=dict(text="Speedup vs concurrency (95% interval)<br><sup>drafter output tokens/s over the "
@@ -167,7 +167,7 @@ def speedup_figure(cells: pd.DataFrame, multi: bool = False) -> go.Figure:
                       xaxis=_conc_axis(d["concurrency"]),
                       yaxis=dict(title="speedup (x; below 1 = slower)", range=[0, top * 1.12]),
                       legend=dict(orientation="h", yanchor="top", y=-0.18), hovermode="closest")
-    return fig
+    return fig.figure()
 
 
 # ---------------------------------------------------------------------------- throughput vs per-user speed
@@ -209,11 +209,11 @@ def pareto_figure(cells: pd.DataFrame, multi: bool = False) -> go.Figure:
     names = _order(d, multi)
     colors = _colors(names)
     pts = pts.assign(_s=series(pts, multi))
-    fig = go.Figure()
+    fig = FigureSpec()
     f = pts[pts["on_front"]].sort_values("per_user_tps")
     if len(f):                       # drawn first: a soft band under the points it joins
-        fig.add_trace(go.Scatter(
-            x=f["per_user_tps"], y=f["output_tps"], mode="lines+markers", name="Pareto front",
+        fig.add_trace(dict(
+            type="scatter", x=f["per_user_tps"], y=f["output_tps"], mode="lines+markers", name="Pareto front",
             line=dict(color="rgba(255,160,0,0.45)", width=12), marker=dict(size=18, color="rgba(255,160,0,0.45)"),
             customdata=list(zip(f["_s"], f["side"], f["concurrency"])),
             hovertemplate="on the front: %{customdata[0]} (%{customdata[1]}), concurrency %{customdata[2]}"
@@ -221,8 +221,9 @@ def pareto_figure(cells: pd.DataFrame, multi: bool = False) -> go.Figure:
     first_base = True
     for name in names:
         b = pts[(pts["_s"] == name) & (pts["side"] == "baseline")].sort_values("concurrency")
-        fig.add_trace(go.Scatter(
-            x=b["per_user_tps"], y=b["output_tps"], mode="lines+markers", name="baseline (paired, per config)",
+        fig.add_trace(dict(
+            type="scatter", x=b["per_user_tps"], y=b["output_tps"], mode="lines+markers",
+            name="baseline (paired, per config)",
             legendgroup="baseline", showlegend=first_base, line=dict(color=BASELINE, width=1, dash="dot"),
             marker=dict(color=BASELINE, size=8, symbol="x"), customdata=b["concurrency"],
             hovertemplate=f"baseline paired with {name}, concurrency %{{customdata}}: %{{y:,.0f}} tok/s, "
@@ -230,8 +231,8 @@ def pareto_figure(cells: pd.DataFrame, multi: bool = False) -> go.Figure:
         first_base = False
     for name in names:
         g = pts[(pts["_s"] == name) & (pts["side"] == "drafter")].sort_values("concurrency")
-        fig.add_trace(go.Scatter(
-            x=g["per_user_tps"], y=g["output_tps"], mode="lines+markers+text", name=name,
+        fig.add_trace(dict(
+            type="scatter", x=g["per_user_tps"], y=g["output_tps"], mode="lines+markers+text", name=name,
             line=dict(color=colors[name], width=2), marker=dict(color=colors[name], size=9),
             text=[f"c={c}" for c in g["concurrency"]], textposition="top center",
             textfont=dict(size=10, color=colors[name]), customdata=g["concurrency"],
@@ -243,7 +244,7 @@ def pareto_figure(cells: pd.DataFrame, multi: bool = False) -> go.Figure:
                       xaxis=dict(title="per-user tokens/s (median over requests)", rangemode="tozero"),
                       yaxis=dict(title="output tokens/s (whole level)", rangemode="tozero"),
                       legend=dict(orientation="h", yanchor="top", y=-0.16), hovermode="closest")
-    return fig
+    return fig.figure()
 
 
 # ---------------------------------------------------------------------------- latency percentiles
@@ -269,19 +270,21 @@ def latency_figure(levels: pd.DataFrame, pct: str = "p50", multi: bool = False) 
     names = list(dict.fromkeys(series(levels.sort_values(["run_id", "k"]), multi))) if len(levels) else []
     names = [n for n in names if n in set(lat["_s"])]
     colors = _colors(names)
-    fig = make_subplots(rows=1, cols=3, subplot_titles=list(LATENCY.values()), horizontal_spacing=0.07)
+    fig = subplots(3, list(LATENCY.values()), 0.07)
+    cols = [f"{m}_{pct}_ms" for m in LATENCY]
+    med = {key: g for key, g in lat.groupby(["_s", "side", "concurrency"], as_index=False)[cols].median()
+           .groupby(["_s", "side"])} if len(lat) else {}           # repeats of a level: their median, per series
     first_base = True
     for i, m in enumerate(LATENCY, start=1):
         col = f"{m}_{pct}_ms"
         for name in names:
             for side in ("baseline", "drafter"):
-                g = lat[(lat["_s"] == name) & (lat["side"] == side)]
-                g = g.groupby("concurrency", as_index=False)[col].median()
-                if g.empty:
+                g = med.get((name, side))
+                if g is None or g.empty:
                     continue
                 base = side == "baseline"
-                fig.add_trace(go.Scatter(
-                    x=g["concurrency"], y=g[col], mode="lines+markers",
+                fig.add_trace(dict(
+                    type="scatter", x=g["concurrency"].to_numpy(), y=g[col].to_numpy(), mode="lines+markers",
                     name="baseline (paired, per config)" if base else name,
                     legendgroup="baseline" if base else name,
                     showlegend=(i == 1 and (not base or first_base)),
@@ -293,15 +296,15 @@ def latency_figure(levels: pd.DataFrame, pct: str = "p50", multi: bool = False) 
                                   f"{m.upper()} {pct} %{{y:.2f}} ms<extra></extra>"), row=1, col=i)
                 if base and i == 1:
                     first_base = False
-        fig.update_xaxes(**_conc_axis(lat["concurrency"]), row=1, col=i)
-        fig.update_yaxes(title_text="ms" if i == 1 else None, rangemode="tozero", row=1, col=i)
-    fig.update_xaxes(title_text=None)
-    fig.update_xaxes(title_text="concurrency", row=1, col=2)
+        sub = "" if i == 1 else str(i)
+        fig.axis(f"xaxis{sub}", **{**_conc_axis(lat["concurrency"]), "title": dict(text="concurrency" if i == 2
+                                                                                    else None)})
+        fig.axis(f"yaxis{sub}", title=dict(text="ms" if i == 1 else None), rangemode="tozero")
     fig.update_layout(**_LAYOUT, height=420,
                       title=dict(text=f"Latency per level, {PERCENTILES.get(pct, pct)}<br><sup>percentiles over a "
                                       "level's requests (ITL: over every gap between stream chunks)</sup>"),
                       legend=dict(orientation="h", yanchor="top", y=-0.2), hovermode="closest")
-    return fig
+    return fig.figure()
 
 
 # ---------------------------------------------------------------------------- acceptance: server vs own count
@@ -321,19 +324,20 @@ def acceptance_figure(cells: pd.DataFrame, multi: bool = False) -> go.Figure:
     names = _order(d, multi) if len(d) else []
     colors = _colors(names)
     d = d.assign(_s=series(d, multi))
-    fig = go.Figure()
+    fig = FigureSpec()
     for name in names:
         g = d[d["_s"] == name]
         agree = [f"{a:.1%}" if _ok(a) else DASH for a in g["tau_agreement"]]
-        fig.add_trace(go.Scatter(
-            x=g["concurrency"], y=g["tau_server"], mode="lines+markers", name=f"{name}: server's counters",
+        fig.add_trace(dict(
+            type="scatter", x=g["concurrency"], y=g["tau_server"], mode="lines+markers",
+            name=f"{name}: server's counters",
             legendgroup=name, line=dict(color=colors[name], width=2), marker=dict(size=9, color=colors[name]),
             customdata=list(zip(g["tau_client"], agree)),
             hovertemplate=f"{name}, concurrency %{{x}}: tau %{{y:.3f}} (server), %{{customdata[0]:.3f}} (own count), "
                           "apart %{customdata[1]}<extra></extra>"))
         bad = [_ok(a) and a > AGREEMENT_BAR for a in g["tau_agreement"]]
-        fig.add_trace(go.Scatter(
-            x=g["concurrency"], y=g["tau_client"], mode="lines+markers", name=f"{name}: own count",
+        fig.add_trace(dict(
+            type="scatter", x=g["concurrency"], y=g["tau_client"], mode="lines+markers", name=f"{name}: own count",
             legendgroup=name, line=dict(color=colors[name], width=1.5, dash="dot"),
             marker=dict(size=11, symbol="circle-open", color=["#d62728" if b else colors[name] for b in bad],
                         line=dict(width=2)),
@@ -347,7 +351,7 @@ def acceptance_figure(cells: pd.DataFrame, multi: bool = False) -> go.Figure:
                       xaxis=_conc_axis(d["concurrency"] if len(d) else []),
                       yaxis=dict(title="tau (mean acceptance length)", range=[1.0, max([2.0, *vals]) * 1.08]),
                       legend=dict(orientation="h", yanchor="top", y=-0.18), hovermode="closest")
-    return fig
+    return fig.figure()
 
 
 # ---------------------------------------------------------------------------- speedup ceiling map (synthetic tau*)
