@@ -13,6 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from backend import coords, metrics, stats_compare
+from dashboard.figure_spec import FigureSpec, axis_names, subplots
 
 if TYPE_CHECKING:  # the alignment module imports torch; the statistics page need not
     from backend.align import Alignment
@@ -454,13 +455,14 @@ def run_colors(run_ids: list[str]) -> dict[str, str]:
 
 def accepted_histogram(hist: pd.DataFrame, run_ids: list[str]) -> go.Figure:
     """Share of verify steps per accepted length (0..K), one bar series per run on shared axes."""
-    colors, fig = run_colors(run_ids), go.Figure()
+    colors, fig = run_colors(run_ids), FigureSpec()
     for r in run_ids:
         g = hist[hist["run_id"] == r]
         if len(g):
-            fig.add_trace(go.Bar(x=g["accepted"], y=g["share"], name=r, marker_color=colors[r], customdata=g["steps"],
-                                 hovertemplate=f"{r}: %{{y:.1%}} of verify steps accepted %{{x}} drafts "
-                                               "(%{customdata} steps)<extra></extra>"))
+            fig.add_trace(dict(type="bar", x=g["accepted"].to_numpy(), y=g["share"].to_numpy(), name=r,
+                               marker=dict(color=colors[r]), customdata=g["steps"].to_numpy(),
+                               hovertemplate=f"{r}: %{{y:.1%}} of verify steps accepted %{{x}} drafts "
+                                             "(%{customdata} steps)<extra></extra>"))
     k = int(hist["accepted"].max()) if len(hist) else 0
     fig.update_layout(**_LAYOUT, height=420, barmode="group", bargap=0.15,
                       title=dict(text="Accepted draft tokens per verify step (share of each run's steps)"),
@@ -468,44 +470,47 @@ def accepted_histogram(hist: pd.DataFrame, run_ids: list[str]) -> go.Figure:
                                  tickvals=list(range(k + 1)), dtick=1),
                       yaxis=dict(title="share of verify steps", tickformat=".0%", rangemode="tozero"),
                       legend=dict(title="run"))
-    return fig
+    return fig.figure()
 
 
 def acceptance_curves(pos: pd.DataFrame, run_ids: list[str]) -> go.Figure:
     """Per-position acceptance: the share of verify steps that accepted draft position i (1..K)."""
-    colors, fig = run_colors(run_ids), go.Figure()
+    colors, fig = run_colors(run_ids), FigureSpec()
     for k, r in enumerate(run_ids):
         g = pos[pos["run_id"] == r].sort_values("position")
         if len(g):
-            fig.add_trace(go.Scatter(x=g["position"], y=g["rate"], mode="lines+markers", name=r,
-                                     line=dict(color=colors[r], width=2.5, dash=_DASHES[k % len(_DASHES)]),
-                                     marker=dict(symbol=_SYMBOLS[k % len(_SYMBOLS)], size=9),
-                                     hovertemplate=f"{r}: position %{{x}} accepted in %{{y:.1%}} of steps"
-                                                   "<extra></extra>"))
+            fig.add_trace(dict(type="scatter", x=g["position"].to_numpy(), y=g["rate"].to_numpy(),
+                               mode="lines+markers", name=r,
+                               line=dict(color=colors[r], width=2.5, dash=_DASHES[k % len(_DASHES)]),
+                               marker=dict(symbol=_SYMBOLS[k % len(_SYMBOLS)], size=9),
+                               hovertemplate=f"{r}: position %{{x}} accepted in %{{y:.1%}} of steps"
+                                             "<extra></extra>"))
     fig.update_layout(**_LAYOUT, height=420, title=dict(text="Per-position acceptance rate"),
                       xaxis=dict(title="draft position", dtick=1),
                       yaxis=dict(title="steps that accepted this position", tickformat=".0%", range=[0, 1.02]),
                       legend=dict(title="run"))
-    return fig
+    return fig.figure()
 
 
 def prompt_speed_chart(frame: pd.DataFrame, run_id: str) -> go.Figure:
     """One bench run's tokens/s per prompt (dashboard/run_view.prompt_speeds: repeats averaged), beside plain decoding's
     on the same prompt when the run has a paired baseline: the prompts where drafting pays and where it does not."""
-    fig = go.Figure()
+    fig = FigureSpec()
     text = frame["text"] if "text" in frame else frame["prompt"]
     hover = "prompt %{customdata[0]} (%{customdata[1]}): %{y:.1f} tokens/s<br>%{customdata[2]}<extra>%{fullData.name}"
     data = list(zip(frame["prompt"], frame["category"], text))
     if frame["plain tokens/s"].notna().any():
-        fig.add_trace(go.Scatter(x=frame["#"], y=frame["plain tokens/s"], mode="markers", name="plain decoding",
-                                 marker=dict(color="#7f7f7f", symbol="circle-open", size=8), customdata=data,
-                                 hovertemplate=hover + "</extra>"))
-    fig.add_trace(go.Scatter(x=frame["#"], y=frame["tokens/s"], mode="markers", name=run_id,
-                             marker=dict(color=_PALETTE[0], size=8), customdata=data, hovertemplate=hover + "</extra>"))
+        fig.add_trace(dict(type="scatter", x=frame["#"].to_numpy(), y=frame["plain tokens/s"].to_numpy(),
+                           mode="markers", name="plain decoding",
+                           marker=dict(color="#7f7f7f", symbol="circle-open", size=8), customdata=data,
+                           hovertemplate=hover + "</extra>"))
+    fig.add_trace(dict(type="scatter", x=frame["#"].to_numpy(), y=frame["tokens/s"].to_numpy(), mode="markers",
+                       name=run_id, marker=dict(color=_PALETTE[0], size=8), customdata=data,
+                       hovertemplate=hover + "</extra>"))
     fig.update_layout(**_LAYOUT, height=420, title=dict(text="Tokens/s per prompt (mean over repeats)"),
                       xaxis=dict(title="prompt (# in the prompts file's order)"),
                       yaxis=dict(title="tokens/s", rangemode="tozero"), legend=dict(title="run"))
-    return fig
+    return fig.figure()
 
 
 def _ci_arrays(values, lo, hi) -> dict:
@@ -527,10 +532,14 @@ THROUGHPUT_NAMES = {"tokens_per_s": "mean per-prompt tokens/s (Spec-Bench)",
                     "throughput_total": "total tokens / total time (vLLM, SGLang benches)"}
 
 
-def _side_by_side(titles: list[str], **kw) -> go.Figure:
-    from plotly.subplots import make_subplots
+def _side_by_side(titles: list[str], shared_yaxes: bool = False) -> FigureSpec:
+    return subplots(len(titles), titles, 0.08, shared_yaxes=shared_yaxes)
 
-    return make_subplots(rows=1, cols=len(titles), subplot_titles=titles, horizontal_spacing=0.08, **kw)
+
+def _categories(fig: FigureSpec, runs: list[str]) -> None:
+    """Every x axis a category axis in the runs' order."""
+    for ax in axis_names(fig, "x"):
+        fig.axis(ax, type="category", categoryorder="array", categoryarray=runs)
 
 
 def throughput_bars(fig_df: pd.DataFrame) -> go.Figure:
@@ -540,25 +549,26 @@ def throughput_bars(fig_df: pd.DataFrame) -> go.Figure:
     colors = run_colors(runs)
     fig = _side_by_side(["mean per-prompt tokens/s", "total tokens / total time"], shared_yaxes=True)
     for i, key in enumerate(THROUGHPUT_NAMES, start=1):
-        fig.add_trace(go.Bar(x=runs, y=_col(fig_df, key), name="run", legendgroup="run", showlegend=i == 1,
-                             marker_color=[colors[r] for r in runs],
-                             error_y=_ci_arrays(_col(fig_df, key), _col(fig_df, f"{key}_ci_low"),
-                                                _col(fig_df, f"{key}_ci_high")),
-                             hovertemplate=f"%{{x}}: %{{y:.1f}} tokens/s ({THROUGHPUT_NAMES[key]})<extra></extra>"),
+        fig.add_trace(dict(type="bar", x=runs, y=_col(fig_df, key).to_numpy(), name="run", legendgroup="run",
+                           showlegend=i == 1, marker=dict(color=[colors[r] for r in runs]),
+                           error_y=_ci_arrays(_col(fig_df, key), _col(fig_df, f"{key}_ci_low"),
+                                              _col(fig_df, f"{key}_ci_high")),
+                           hovertemplate=f"%{{x}}: %{{y:.1f}} tokens/s ({THROUGHPUT_NAMES[key]})<extra></extra>"),
                       row=1, col=i)
         base = _col(fig_df, f"baseline_{key}")
         if base.notna().any():
-            fig.add_trace(go.Bar(x=runs, y=base, name="its baseline", legendgroup="base", showlegend=i == 1,
-                                 marker_color="#b0b0b0", customdata=fig_df["baseline_run"].fillna("-"),
-                                 error_y=_ci_arrays(base, _col(fig_df, f"baseline_{key}_ci_low"),
-                                                    _col(fig_df, f"baseline_{key}_ci_high")),
-                                 hovertemplate="baseline %{customdata}: %{y:.1f} tokens/s<extra></extra>"),
+            fig.add_trace(dict(type="bar", x=runs, y=base.to_numpy(), name="its baseline", legendgroup="base",
+                               showlegend=i == 1, marker=dict(color="#b0b0b0"),
+                               customdata=fig_df["baseline_run"].fillna("-").to_numpy(),
+                               error_y=_ci_arrays(base, _col(fig_df, f"baseline_{key}_ci_low"),
+                                                  _col(fig_df, f"baseline_{key}_ci_high")),
+                               hovertemplate="baseline %{customdata}: %{y:.1f} tokens/s<extra></extra>"),
                           row=1, col=i)
     fig.update_layout(**_LAYOUT, height=440, barmode="group", title=dict(text="Throughput, two definitions (95% CI)"),
                       legend=dict(orientation="h", yanchor="bottom", y=1.08, xanchor="right", x=1.0))
-    fig.update_xaxes(type="category", categoryorder="array", categoryarray=runs)
-    fig.update_yaxes(title_text="tokens/s", rangemode="tozero", row=1, col=1)
-    return fig
+    _categories(fig, runs)
+    fig.axis("yaxis", title=dict(text="tokens/s"), rangemode="tozero")
+    return fig.figure()
 
 
 def speedup_chart(fig_df: pd.DataFrame, against: str) -> go.Figure:
@@ -570,14 +580,16 @@ def speedup_chart(fig_df: pd.DataFrame, against: str) -> go.Figure:
     # a run whose speed figures are no verdict (backend/compare.py speed_noise) is drawn faint, its hover says why
     noisy = [isinstance(v, str) and bool(v) for v in _col(d, "speed_noise")]
     note = ["<br>no verdict: timing noise" if n else "" for n in noisy]
-    fig = go.Figure()
+    fig = FigureSpec()
     for key, name, pattern in (("speedup", THROUGHPUT_NAMES["tokens_per_s"], None),
                                ("speedup_total", THROUGHPUT_NAMES["throughput_total"], _TOTAL_PATTERN)):
         y = pd.to_numeric(_col(d, key), errors="coerce")
         lo, hi = _col(d, f"{key}_ci_low"), _col(d, f"{key}_ci_high")
-        fig.add_trace(go.Bar(
-            x=d["run_id"], y=y, name=name, marker=dict(color=[colors[r] for r in d["run_id"]], pattern=pattern,
-                                                       opacity=[0.35 if n else 1.0 for n in noisy]),
+        marker = dict(color=[colors[r] for r in d["run_id"]], opacity=[0.35 if n else 1.0 for n in noisy])
+        if pattern is not None:
+            marker["pattern"] = pattern
+        fig.add_trace(dict(
+            type="bar", x=d["run_id"].to_numpy(), y=y.to_numpy(), name=name, marker=marker,
             customdata=list(zip(lo, hi, d["baseline_run"].fillna("-"), note)),
             error_y=_ci_arrays(y, lo, hi),
             hovertemplate=f"%{{x}}: %{{y:.2f}}x [%{{customdata[0]:.2f}}, %{{customdata[1]:.2f}}] over "
@@ -592,7 +604,7 @@ def speedup_chart(fig_df: pd.DataFrame, against: str) -> go.Figure:
                       xaxis=dict(title="run", type="category", categoryorder="array", categoryarray=runs),
                       yaxis=dict(title="speedup (x; below 1 = slower)", range=[0, top * 1.15]),
                       legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0))
-    return fig
+    return fig.figure()
 
 
 def latency_chart(fig_df: pd.DataFrame) -> go.Figure:
@@ -607,14 +619,14 @@ def latency_chart(fig_df: pd.DataFrame) -> go.Figure:
                 continue
             lo = pd.to_numeric(_col(fig_df, f"{prefix}{key}_ci_low"), errors="coerce") * 1000
             hi = pd.to_numeric(_col(fig_df, f"{prefix}{key}_ci_high"), errors="coerce") * 1000
-            fig.add_trace(go.Bar(x=runs, y=ms, name=name, legendgroup=name, showlegend=i == 1, marker_color=col,
-                                 error_y=_ci_arrays(ms, lo, hi),
-                                 hovertemplate=f"%{{x}} ({name}): %{{y:.2f}} ms<extra></extra>"), row=1, col=i)
-        fig.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=i)
+            fig.add_trace(dict(type="bar", x=runs, y=ms.to_numpy(), name=name, legendgroup=name,
+                               showlegend=i == 1, marker=dict(color=col), error_y=_ci_arrays(ms, lo, hi),
+                               hovertemplate=f"%{{x}} ({name}): %{{y:.2f}} ms<extra></extra>"), row=1, col=i)
+        fig.axis("yaxis" if i == 1 else f"yaxis{i}", title=dict(text="ms"), rangemode="tozero")
     fig.update_layout(**_LAYOUT, height=400, barmode="group", title=dict(text="Latency (95% CI)"),
                       legend=dict(orientation="h", yanchor="bottom", y=1.08, xanchor="right", x=1.0))
-    fig.update_xaxes(type="category", categoryorder="array", categoryarray=runs)
-    return fig
+    _categories(fig, runs)
+    return fig.figure()
 
 
 SPEED_COLUMNS = ["run_id", "repeats", "prompts", "tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high",
@@ -687,19 +699,19 @@ def category_chart(cats: pd.DataFrame, run_ids: list[str]) -> go.Figure:
         x = [labels[c] for c in cat_order]
         for i, (key, fmt) in enumerate((("tau", ".2f"), ("speedup", ".2f")), start=1):
             y = pd.to_numeric(g[key], errors="coerce")
-            fig.add_trace(go.Bar(x=x, y=y, name=r, legendgroup=r, showlegend=i == 1, marker_color=colors[r],
-                                 error_y=_ci_arrays(y, g[f"{key}_ci_low"], g[f"{key}_ci_high"]),
-                                 hovertemplate=f"{r}, %{{x}}: {key} %{{y:{fmt}}}<extra></extra>"), row=1, col=i)
-    fig.add_hline(y=1.0, line=dict(color="#555", dash="dash"), row=1, col=2)
+            fig.add_trace(dict(type="bar", x=x, y=y.to_numpy(), name=r, legendgroup=r, showlegend=i == 1,
+                               marker=dict(color=colors[r]),
+                               error_y=_ci_arrays(y, g[f"{key}_ci_low"], g[f"{key}_ci_high"]),
+                               hovertemplate=f"{r}, %{{x}}: {key} %{{y:{fmt}}}<extra></extra>"), row=1, col=i)
+    fig.add_hline(y=1.0, line=dict(color="#555", dash="dash"), col=2)
     fig.update_layout(**_LAYOUT, height=440, barmode="group",
                       title=dict(text="Per category (prompts in brackets; 95% CI over the category's prompts, none "
                                       f"under {metrics.MIN_INTERVAL_PROMPTS} prompts)"),
                       legend=dict(title="run", orientation="h", yanchor="bottom", y=1.08, xanchor="right", x=1.0))
-    fig.update_xaxes(type="category", categoryorder="array", categoryarray=[labels[c] for c in cat_order])
-    fig.update_yaxes(rangemode="tozero")
-    fig.update_yaxes(title_text="tau", row=1, col=1)
-    fig.update_yaxes(title_text="speedup (x)", row=1, col=2)
-    return fig
+    _categories(fig, [labels[c] for c in cat_order])
+    fig.axis("yaxis", rangemode="tozero", title=dict(text="tau"))
+    fig.axis("yaxis2", rangemode="tozero", title=dict(text="speedup (x)"))
+    return fig.figure()
 
 
 def _ci_text(lo, hi, digits: int = 2) -> str:

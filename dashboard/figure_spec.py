@@ -51,15 +51,19 @@ class FigureSpec:
         merge(self.layout.setdefault(name, {}), props)
         return self
 
-    def add_hline(self, y: float, line: dict, annotation_text: str | None = None) -> FigureSpec:
-        """A horizontal line across the plot at y, its label at the bottom left (as go.Figure.add_hline with
-        annotation_position="bottom left")."""
-        self.layout.setdefault("shapes", []).append(dict(type="line", xref="x domain", x0=0, x1=1, yref="y", y0=y,
-                                                         y1=y, line=line))
+    def add_hline(self, y: float, line: dict, annotation_text: str | None = None,
+                  annotation_position: str = "bottom left", col: int = 1) -> FigureSpec:
+        """A horizontal line across the plot (subplot `col` of a grid) at y, its label at its left end below ("bottom
+        left") or above it ("top left"), as go.Figure.add_hline draws them."""
+        if annotation_position not in ("bottom left", "top left"):
+            raise ValueError(f"annotation_position {annotation_position!r}: 'bottom left' or 'top left'")
+        n = "" if col == 1 else str(col)
+        self.layout.setdefault("shapes", []).append(dict(type="line", xref=f"x{n} domain", x0=0, x1=1, yref=f"y{n}",
+                                                         y0=y, y1=y, line=line))
         if annotation_text:
             self.layout.setdefault("annotations", []).append(dict(
-                text=annotation_text, xref="x domain", x=0, xanchor="left", yref="y", y=y, yanchor="top",
-                showarrow=False))
+                text=annotation_text, xref=f"x{n} domain", x=0, xanchor="left", yref=f"y{n}", y=y,
+                yanchor="top" if annotation_position == "bottom left" else "bottom", showarrow=False))
         return self
 
     def add_vrect(self, x0: float, x1: float, fillcolor: str) -> FigureSpec:
@@ -73,16 +77,22 @@ class FigureSpec:
 
 
 @lru_cache(maxsize=16)
-def _grid(cols: int, titles: tuple[str, ...], spacing: float) -> dict:
+def _grid(cols: int, titles: tuple[str, ...], spacing: float, shared_yaxes: bool) -> dict:
     from plotly.subplots import make_subplots
 
-    return make_subplots(rows=1, cols=cols, subplot_titles=list(titles),
-                         horizontal_spacing=spacing).layout.to_plotly_json()
+    return make_subplots(rows=1, cols=cols, subplot_titles=list(titles), horizontal_spacing=spacing,
+                         shared_yaxes=shared_yaxes).layout.to_plotly_json()
 
 
-def subplots(cols: int, titles: list[str], spacing: float) -> FigureSpec:
+def subplots(cols: int, titles: list[str], spacing: float, shared_yaxes: bool = False) -> FigureSpec:
     """One row of `cols` subplots with titles, the axes and title annotations plotly's make_subplots lays out
     (computed once per shape and kept)."""
     import copy
 
-    return FigureSpec(copy.deepcopy(_grid(cols, tuple(titles), spacing)))
+    return FigureSpec(copy.deepcopy(_grid(cols, tuple(titles), spacing, shared_yaxes)))
+
+
+def axis_names(spec: FigureSpec, letter: str) -> list[str]:
+    """The layout's axes of one letter ("x" -> ["xaxis", "xaxis2", ...]), what update_xaxes() without row/col
+    reaches."""
+    return sorted((k for k in spec.layout if k.startswith(f"{letter}axis")), key=lambda k: int(k[5:] or 1))

@@ -45,3 +45,17 @@ def test_a_row_of_subplots_equals_make_subplots():
     assert _json(spec.figure()) == _json(ref)
     spec.update_layout(height=300)
     assert subplots(3, titles, 0.07).layout.get("height") is None      # the kept grid is never changed by a user
+
+
+def test_a_line_on_the_second_subplot_and_a_label_above_it_equal_plotly_s():
+    ref = make_subplots(rows=1, cols=2, subplot_titles=["a", "b"], horizontal_spacing=0.08)
+    spec = subplots(2, ["a", "b"], 0.08)
+    for col in (1, 2):                 # plotly leaves a line off a subplot that holds no trace yet
+        ref.add_trace(go.Bar(x=["u", "v"], y=[1, 2]), row=1, col=col)
+        spec.add_trace(dict(type="bar", x=["u", "v"], y=[1, 2]), row=1, col=col)
+    ref.add_hline(y=1.0, line=dict(color="#555", dash="dash"), row=1, col=2)
+    ref.add_hline(y=2.0, line=dict(color="#555"), annotation_text="as fast", annotation_position="top left",
+                  row=1, col=1)
+    spec.add_hline(y=1.0, line=dict(color="#555", dash="dash"), col=2)
+    spec.add_hline(y=2.0, line=dict(color="#555"), annotation_text="as fast", annotation_position="top left")
+    assert _json(spec.figure()) == _json(ref)
