@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from backend import coords, metrics, stats_compare
-from dashboard.figure_spec import FigureSpec, axis_names, subplots
+from dashboard.figure_spec import FigureSpec, axis_name, axis_names, subplots
 
 if TYPE_CHECKING:  # the alignment module imports torch; the statistics page need not
     from backend.align import Alignment
@@ -622,7 +622,7 @@ def latency_chart(fig_df: pd.DataFrame) -> go.Figure:
             fig.add_trace(dict(type="bar", x=runs, y=ms.to_numpy(), name=name, legendgroup=name,
                                showlegend=i == 1, marker=dict(color=col), error_y=_ci_arrays(ms, lo, hi),
                                hovertemplate=f"%{{x}} ({name}): %{{y:.2f}} ms<extra></extra>"), row=1, col=i)
-        fig.axis("yaxis" if i == 1 else f"yaxis{i}", title=dict(text="ms"), rangemode="tozero")
+        fig.axis(axis_name("y", i), title=dict(text="ms"), rangemode="tozero")
     fig.update_layout(**_LAYOUT, height=400, barmode="group", title=dict(text="Latency (95% CI)"),
                       legend=dict(orientation="h", yanchor="bottom", y=1.08, xanchor="right", x=1.0))
     _categories(fig, runs)

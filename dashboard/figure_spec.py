@@ -24,6 +24,16 @@ def merge(into: dict, new: dict) -> dict:
     return into
 
 
+def axis_ref(letter: str, col: int = 1) -> str:
+    """How a trace or shape names subplot `col`'s axis: "x" for the first, "x2", "x3", ... after it."""
+    return letter if col == 1 else f"{letter}{col}"
+
+
+def axis_name(letter: str, col: int = 1) -> str:
+    """The layout key of subplot `col`'s axis: "xaxis", "xaxis2", ..."""
+    return f"{letter}axis" if col == 1 else f"{letter}axis{col}"
+
+
 class FigureSpec:
     """Traces and layout as plotly dicts; `figure()` builds the go.Figure once."""
 
@@ -38,7 +48,7 @@ class FigureSpec:
         if col is not None:
             if (row or 1) != 1:
                 raise ValueError("FigureSpec grids have one row")
-            t["xaxis"], t["yaxis"] = ("x", "y") if col == 1 else (f"x{col}", f"y{col}")
+            t["xaxis"], t["yaxis"] = axis_ref("x", col), axis_ref("y", col)
         self.data.append(t)
         return self
 
@@ -57,12 +67,12 @@ class FigureSpec:
         left") or above it ("top left"), as go.Figure.add_hline draws them."""
         if annotation_position not in ("bottom left", "top left"):
             raise ValueError(f"annotation_position {annotation_position!r}: 'bottom left' or 'top left'")
-        n = "" if col == 1 else str(col)
-        self.layout.setdefault("shapes", []).append(dict(type="line", xref=f"x{n} domain", x0=0, x1=1, yref=f"y{n}",
-                                                         y0=y, y1=y, line=line))
+        x, yref = f"{axis_ref('x', col)} domain", axis_ref("y", col)
+        self.layout.setdefault("shapes", []).append(dict(type="line", xref=x, x0=0, x1=1, yref=yref, y0=y, y1=y,
+                                                         line=line))
         if annotation_text:
             self.layout.setdefault("annotations", []).append(dict(
-                text=annotation_text, xref=f"x{n} domain", x=0, xanchor="left", yref=f"y{n}", y=y,
+                text=annotation_text, xref=x, x=0, xanchor="left", yref=yref, y=y,
                 yanchor="top" if annotation_position == "bottom left" else "bottom", showarrow=False))
         return self
 

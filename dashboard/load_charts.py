@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from backend.runs.manifest import StoredManifest
 from dashboard.charts import _template
 from dashboard.compare_words import speed_words
-from dashboard.figure_spec import FigureSpec, subplots
+from dashboard.figure_spec import FigureSpec, axis_name, subplots
 
 # plotly_white with the defaults of the trace types used here only (charts._template: the full template costs ~20 ms
 # a figure)
@@ -296,10 +296,9 @@ def latency_figure(levels: pd.DataFrame, pct: str = "p50", multi: bool = False) 
                                   f"{m.upper()} {pct} %{{y:.2f}} ms<extra></extra>"), row=1, col=i)
                 if base and i == 1:
                     first_base = False
-        sub = "" if i == 1 else str(i)
-        fig.axis(f"xaxis{sub}", **{**_conc_axis(lat["concurrency"]), "title": dict(text="concurrency" if i == 2
-                                                                                    else None)})
-        fig.axis(f"yaxis{sub}", title=dict(text="ms" if i == 1 else None), rangemode="tozero")
+        fig.axis(axis_name("x", i), **{**_conc_axis(lat["concurrency"]), "title": dict(text="concurrency" if i == 2
+                                                                                        else None)})
+        fig.axis(axis_name("y", i), title=dict(text="ms" if i == 1 else None), rangemode="tozero")
     fig.update_layout(**_LAYOUT, height=420,
                       title=dict(text=f"Latency per level, {PERCENTILES.get(pct, pct)}<br><sup>percentiles over a "
                                       "level's requests (ITL: over every gap between stream chunks)</sup>"),

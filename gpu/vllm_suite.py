@@ -317,16 +317,9 @@ def toy(sec: Section, out: Path, root: Path, n_capture: int, n_bench: int, max_n
 
 # ---------------------------------------------------------------------------------------------------- speed
 
-def _card() -> str:
-    """"h100" / "h200" from the device name: run names say which card measured them."""
-    import torch
-
-    name = torch.cuda.get_device_name(0).lower() if torch.cuda.is_available() else "cpu"
-    return next((c for c in ("h100", "h200", "b200", "a100") if c in name), "gpu")
-
-
 def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: int) -> None:
     import torch
+    from load_suite import gpu_tag  # gpu/load_suite.py: the card tag its load runs are named with
 
     from backend.engines import vllm as V
     from backend.engines.base import rebuild_capture
@@ -416,7 +409,7 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
                 print("speclens_remove failed:", e, flush=True)
         seen = int(got["tokens_seen"])
         # one run's worth of files, written as a capture run writes them: bytes per token
-        rd = Run.create(f"{_card()}-speed-{name}-{int(time.time())}",        # finish() completes a lifecycle Run
+        rd = Run.create(f"{gpu_tag()}-speed-{name}-{int(time.time())}",      # finish() completes a lifecycle Run
                         {"kind": "capture", "engine": "vllm", "boundaries": labels,
                          "model": {"path": str(mdir), "n_layers": 32, "hidden_size": 4096},
                          "progress": {"done": 0, "total": n_prompts * repeats + len(warm)}}, DataRoot(root))
