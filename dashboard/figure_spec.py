@@ -1,8 +1,8 @@
 """A plotly figure written as plotly's own JSON spec (traces and layout as dicts) and validated once at the end.
 
-plotly's object API validates every property again on each `add_trace`, `update_layout` and `go.Scatter(...)`; a
-page's figures built that way took most of its server time (the Serving-load view: 205 ms for four figures, its
-latency figure alone 119 ms; the same figures from finished dicts: 6-12 ms each, docs/PERFORMANCE.md). The charts
+plotly's object API validates every property again on each `add_trace`, `update_layout` and `go.Scatter(...)`; the
+Serving-load view's four figures built that way took 172 ms, built here 64 ms (bench/page_server_bench.py,
+docs/PERFORMANCE.md). The charts
 build a FigureSpec with the few calls they use and hand `figure()` (a real go.Figure, validated by plotly in one pass)
 to Streamlit and the exports, so nothing downstream changes.
 """
