@@ -48,7 +48,62 @@ APPS = {
     "markdown_tabs": HEAD + CHART_LINE + "for i in range(8):\n    st.markdown(f'**Paragraph {i}**: some `code` "
                      "and words ' * 6)\nst.tabs(['Acceptance', 'Speed', 'Per category', 'Settings that differ'])\n"
                      "st.info('a notice')\n",
+    # a SpecLens-like page: navigation, a headline, tiles, pickers, buttons, a table and the chart, in three orders
+    "kitchen_before": HEAD + "import kitchen\nkitchen.page('before')\n",
+    "kitchen_after": HEAD + "import kitchen\nkitchen.page('after')\n",
+    "kitchen_slot": HEAD + "import kitchen\nkitchen.page('slot')\n",
+    **{f"kitchen_no_{part}": HEAD + f"import kitchen\nkitchen.page('before', drop='{part}')\n"
+       for part in ("nav", "title", "markdown", "tiles", "pickers", "buttons", "table")},
+    "kitchen_popover": HEAD + "import kitchen\nkitchen.page('before', pickers_in='popover')\n",
 }
+# kitchen_before: everything above the chart and sent before it (how the pages are written); kitchen_after: the chart
+# first on screen and on the wire; kitchen_slot: the same screen as kitchen_before, but the chart is written into an
+# empty slot (st.container) made above the rest before anything else is sent, so it goes out first
+KITCHEN = """import numpy as np, pandas as pd, plotly.graph_objects as go, streamlit as st
+def _chart():
+    st.plotly_chart(go.Figure(go.Bar(x=[0, 1, 2, 3], y=[0.4, 0.2, 0.2, 0.2])))
+def _rest(drop, pickers_in):
+    if drop != 'title':
+        st.title('Compare')
+    if drop != 'markdown':
+        st.markdown('**Headline**: the drafter is fed S_3, S_5, S_6; it was trained on S_2, S_4, S_5 ' * 3)
+    if drop != 'tiles':
+        for i, c in enumerate(st.columns(4)):
+            c.metric(f'tile {i}', f'{i * 1.1:.2f}', f'{i - 1.5:+.2f}')
+    if drop != 'pickers':
+        opts = [f'bench-{i:05d}-d{i % 20:02d}' for i in range(500)]
+        with (st.popover('Runs') if pickers_in == 'popover' else st.container()):
+            st.selectbox('Open another run', opts)
+            st.multiselect('Bench runs', opts, default=opts[:3])
+    if drop != 'buttons':
+        row = st.container(horizontal=True, gap='small')
+        for f in ('PNG', 'SVG', 'HTML', 'CSV'):
+            row.download_button(f, data=b'x', file_name=f'x.{f.lower()}', on_click='ignore', width='content')
+    if drop != 'table':
+        st.dataframe(pd.DataFrame(np.random.default_rng(0).random((24, 15)), columns=[f'col {i}' for i in range(15)]))
+def _main(order, drop, pickers_in):
+    if order == 'after':
+        _chart(); _rest(drop, pickers_in)
+    elif order == 'slot':
+        top, slot = st.container(), st.container()
+        with slot:
+            _chart()
+        with top:
+            _rest(drop, pickers_in)
+    else:
+        _rest(drop, pickers_in); _chart()
+def page(order, drop=None, pickers_in=None):
+    def main():
+        _main(order, drop, pickers_in)
+    if drop == 'nav':
+        main()
+        return
+    def other():
+        st.write('other')
+    pages = [st.Page(main, title='Main', url_path='main', default=True)] + [st.Page(other, title=f'Page {i}',
+             url_path=f'p{i}', icon=':material/description:') for i in range(11)]
+    st.navigation(pages, position='top').run()
+"""
 
 
 def main() -> None:
@@ -68,6 +123,7 @@ def main() -> None:
     env = {**os.environ, **({"FIGURES": str(a.figures.resolve())} if a.figures else {})}
     servers = {}
     try:
+        (work / "kitchen.py").write_text(KITCHEN)
         for n in names:
             (work / f"{n}.py").write_text(APPS[n])
             servers[n] = _serve(work / f"{n}.py", work, env, work / f"{n}.log")

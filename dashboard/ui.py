@@ -201,6 +201,13 @@ def slot(height: int, *params: str) -> Any:
     return spot
 
 
+def pickers_popover(label: str, where: Any = st) -> Any:
+    """A button that opens the page's pickers (the runs shown, the baseline, ...) in a popover: what they hold is on
+    the button and in the URL. Their widgets are not on the page until it is opened, and a page with pickers on it
+    paints its first chart 0.2-0.5 s later in a cold browser (docs/PERFORMANCE.md). Changing a picker keeps it open."""
+    return where.popover(label, icon=":material/tune:", width="content")
+
+
 def shown(*params: str) -> bool:
     """Whether the pickers of these URL params were on the page in this session's last run (a rerun after the user
     changed one of them): then they are drawn in place at once (draw_last) instead of last, so that they are not

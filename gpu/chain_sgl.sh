@@ -33,7 +33,7 @@ case $1 in
     tail -3 $d/sweep.log; echo "sglang sweep done at $(el) s $(date -u +%FT%TZ)"
     if [ "$(ls /tmp/stage_v/part* 2>/dev/null | wc -l)" = 20 ]; then
       bash gpu/load_h200.sh install-vllm "$(cat /tmp/vllm_sha)" 2>&1 | tail -4
-      env PYTHONPATH=/tmp/site_vllm timeout 900 python3 gpu/load_suite.py sweep --engine vllm --ks "$2" \
+      env PYTHONPATH=/tmp/site_vllm timeout 900 python3 gpu/load_suite.py sweep --engine vllm --ks "$(cat /tmp/vks 2>/dev/null || echo $2)" \
         --out $d/vsweep --root /tmp/root_vs --memory 0.06 > $d/vsweep.log 2>&1
       tail -3 $d/vsweep.log; echo "vllm sweep done at $(el) s $(date -u +%FT%TZ)"
     else

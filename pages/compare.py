@@ -3,8 +3,8 @@ headline, then accepted-length histograms, per-position acceptance, throughput u
 per-prompt tokens/s; total tokens / total time), speedups, TTFT and TPOT with 95% CIs, per-category figures and the
 settings that differ. Numbers and verdicts: backend/compare.py (from backend/metrics.py); their words, tiles and
 links: dashboard/compare_words.py; how each part is drawn: dashboard/compare_view.py; data: catalog aggregates. The
-pickers are drawn last, into the place held for them above the charts (their widgets' code, sent with the first
-chart, delays its paint: docs/PERFORMANCE.md)."""
+pickers sit in a popover above the charts, drawn last into the place held for them (on the page, their widgets
+delay its first chart: docs/PERFORMANCE.md)."""
 
 import streamlit as st
 
@@ -37,10 +37,10 @@ chosen, against = runs_pick.value, against_pick.value
 
 
 def draw_pickers() -> None:
-    with pickers.container():
-        c1, c2 = st.columns([3, 1])
-        runs_pick.draw(where=c1)
-        against_pick.draw(where=c2)
+    with pickers.container():            # notices about the link here; the pickers in a popover
+        pop = ui.pickers_popover(f"{len(chosen)} runs, speedups against {words.BASELINE_LABELS[against]}")
+        runs_pick.draw(where=pop)
+        against_pick.draw(where=pop)
 
 
 ui.draw_last(draw_pickers, "runs", "baseline")

@@ -52,13 +52,13 @@ def draw_pickers() -> None:
     with pickers.container():
         if ignored:
             ui.link_notice(f"`run={ui.cut(ignored)}` (from the URL) is not used: `runs=` names the runs shown.")
+        row = st.container(horizontal=True, gap="small", vertical_alignment="center")
         if several:
-            pick.draw()
+            pick.draw(where=ui.pickers_popover(f"{len(chosen)} load runs", where=row))
             return
-        left, more = st.columns([3, 1], vertical_alignment="bottom")
-        pick.draw(where=left)
+        pick.draw(where=ui.pickers_popover(f"Load run {ui.cut(pick.value)}", where=row))
         if len(ids) > 1:
-            more.page_link("pages/load.py", label="Show beside other load runs", icon=":material/library_add:",
+            row.page_link("pages/load.py", label="Show beside other load runs", icon=":material/library_add:",
                            query_params={"runs": pick.value})
 
 

@@ -41,8 +41,8 @@ below_head = st.empty()               # the picker's notice, under the title row
 
 
 def draw_run_pick() -> None:
-    with below_head.container():
-        run_pick.draw()
+    with below_head.container():         # the picker's notices under the title row, the picker in a popover beside it
+        run_pick.draw(where=ui.pickers_popover("Open another run", where=pick))
 
 
 ui.draw_last(draw_run_pick, "id")
