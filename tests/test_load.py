@@ -313,8 +313,8 @@ MAP_8B = REPO_ROOT / "datasets" / "maps" / "h200-vllm-synthetic-8b"
 MAP_MOE = REPO_ROOT / "datasets" / "maps" / "h100-vllm-synthetic-gptoss20b"
 
 
-@pytest.mark.parametrize("run", ["h200-vllm-sweep", "h200-vllm-pair", "h200-sglang-sweep", "h100-vllm-sweep", "map",
-                                 "moe-map"])
+@pytest.mark.parametrize("run", ["h200-vllm-sweep", "h200-vllm-pair", "h200-sglang-sweep", "h100-vllm-sweep",
+                                 "h100-sglang-sweep", "map", "moe-map"])
 def test_recorded_summary_is_what_summarize_computes(run: str) -> None:
     d = {"map": MAP_8B, "moe-map": MAP_MOE}.get(run) or DATA / "load" / run
     s = summarize(pd.read_parquet(d / "levels.parquet"), pd.read_parquet(d / "requests.parquet"))
@@ -551,6 +551,26 @@ def test_h100_sweep_with_k6() -> None:
     assert all(cells[(k, 64)]["tau_agreement"] is None for k in (1, 2, 6))     # merged streams: counters only
     assert set(s["baseline_noise"]) == {"1", "8", "32", "64"}
     assert all(b["noisy"] for b in s["best"].values())
+
+
+def test_h100_sglang_sweep_with_k6() -> None:
+    """SGLang 0.5.15 serving the toy pair on the H100 (2026-12-06, the DSA stand-in of gpu/stubs on the path), K 1, 2,
+    4, 6 x concurrency 1, 8, 32, 64, each cell with its paired baseline: tau from the server's counters rises with K
+    at every level; SGLang returns each request's verify steps, so every cell has the requests' own count, within 2%
+    of the counters; the baseline moved at 8, 32 and 64 beyond the intervals (no verdict there); at concurrency 1 the
+    best K (K=6, K=4 within its interval) is a verdict, and the drafter does not pay there on this engine."""
+    s = json.loads((DATA / "load" / "h100-sglang-sweep" / "summary.json").read_text())
+    cells = {(c["k"], c["concurrency"]): c for c in s["cells"]}
+    assert set(cells) == {(k, c) for k in (1, 2, 4, 6) for c in (1, 8, 32, 64)}
+    for c in (1, 8, 32, 64):
+        taus = [cells[(k, c)]["tau_server"] for k in (1, 2, 4, 6)]
+        assert taus == sorted(taus) and len(set(taus)) == 4
+    assert all(c["tau_agreement"] is not None and c["tau_agreement"] < 0.02 for c in cells.values())
+    assert all(c["errors"] == 0 and c["merged_requests"] == 0 for c in cells.values())
+    assert set(s["baseline_noise"]) == {"8", "32", "64"}
+    best = s["best"]["1"]
+    assert (best["config"], best["noisy"], best["within_interval"]) == ("K=6", False, ["K=4"])
+    assert cells[(6, 1)]["speedup"]["ci_high"] < 1.0
 
 
 def test_h100_synthetic_map_on_an_moe_shape() -> None:
