@@ -546,8 +546,11 @@ def best_lines(cells: pd.DataFrame) -> list[str]:
 
 
 def _short(r) -> str:
+    """`concurrency: speedup [interval] (its word)`; a level whose baseline was noisy gets no faster/slower word."""
     tone, _ = speed_words(r.speedup, r.speedup_ci_low, r.speedup_ci_high)
     word = {"faster": "faster", "slower": "slower", "unclear": "no clear difference"}.get(tone, "")
+    if word and _flag(getattr(r, "baseline_noisy", False)):
+        word = "no verdict: baseline noisy"
     return f"{int(r.concurrency)}: {_x(r.speedup)} {_ci(r.speedup_ci_low, r.speedup_ci_high)}" + (
         f" ({word})" if word else "")
 

@@ -135,6 +135,23 @@ def test_sweep_stops_paying_words(load: Path) -> None:
     assert "Where speculative decoding stops paying" in verdict
 
 
+def test_no_faster_or_slower_word_at_a_noisy_level(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's H100 sweep (K 1, 2, 4, 6; its baseline noisy at 8, 32 and 64): K=2 does not pay at concurrency 1 (a
+    verdict: the baseline held there) and measured 1.05x [1.01, 1.11] at 64, where the baseline moved 47%; that
+    figure is listed without "faster", as its tile says "no verdict"."""
+    shutil.copytree(RECORDED / "h100-sglang-sweep", tmp_path / "runs" / "h100-sglang-sweep")
+    DataRoot(tmp_path).catalog.write.refresh(full=True)
+    monkeypatch.setenv("SPECLENS_DATA", str(tmp_path))
+    at = open_page("pages/load.py", run="h100-sglang-sweep")
+    words = texts(at.markdown)
+    assert summary("h100-sglang-sweep")["stops_paying"] == {"K=1": 1, "K=2": 1, "K=4": 1, "K=6": 1}
+    assert ("**K=2** does not pay at concurrency 1, the lowest measured: 0.63x [0.57, 0.69], slower than without a "
+            "drafter; at higher concurrency 8: 0.54x [0.51, 0.59] (no verdict: baseline noisy), 32: 0.61x [0.59, "
+            "0.63] (no verdict: baseline noisy), 64: 1.05x [1.01, 1.11] (no verdict: baseline noisy)") in words
+    assert "(faster)" not in words
+    assert [m.delta for m in at.metric][1:] == ["no verdict: baseline noisy"] * 3
+
+
 def test_sweep_noise_flag(load: Path) -> None:
     """The baseline at c=64 measured 15,216, 13,245 and 9,108 tok/s beside K=1, K=2 and K=4: flagged in words, with
     8 and 32 (summary.json's baseline_noise); those tiles grey."""
