@@ -265,7 +265,13 @@ def norm_bin_edges() -> np.ndarray:
 class TokenSample:
     """The first `capacity` tokens (at most `per_seq` from one sequence), all boundaries, kept raw.
 
-    Deterministic, so two captures of the same prompts keep the same tokens and can be compared.
+    Deterministic, so two captures of the same prompts keep the same tokens and can be compared. The HF engine
+    adds prompts in their order (`add`, or `stage` + `commit`). An engine that batches prompts itself (vLLM) runs
+    them in an order and composition that depend on scheduling timing, so it first `plan`s the prompts it is about
+    to run, in their order: prompt p gets the slots the in-order fill would give it, whatever order its tokens
+    arrive in (backend/engines/hook_reduce.py plan_rows matches a flat batch's tokens to those slots by position
+    and context hash). Slots are filled in any order; `n` is the number of leading filled slots, which is what a
+    checkpoint keeps (every planned prompt before a checkpoint has run, so the filled slots are a prefix).
     """
 
     def __init__(self, labels: list[str], hidden: int, capacity: int, per_seq: int,
@@ -280,6 +286,17 @@ class TokenSample:
         self.ctx_hash = torch.zeros(capacity, dtype=torch.int64)
         self.position = torch.zeros(capacity, dtype=torch.int64)
         self.n = 0
+        # planned fill (see plan): slot -> filled, (position, context hash) -> slots, the end of the planned slots,
+        # and sequences seen up to a position whose planned tokens go on in a later chunk of prefill:
+        # {next position: {context hash so far: count}}
+        self.planning = False
+        self.filled = bytearray(capacity)
+        self.keys: dict[tuple[int, int], list[int]] = {}
+        self.follows: set[tuple[int, int]] = set()   # (position, hash) of planned tokens that have a planned successor
+        self.ends: set[tuple[int, int]] = set()      # (position, hash) of a planned prompt's last planned token
+        self.planned_end = 0
+        self.open: dict[int, dict[int, int]] = {}
+        self.unfilled = 0
 
     def room(self, seq_len: int) -> int:
         return max(0, min(seq_len, self.per_seq, self.capacity - self.n))
@@ -295,7 +312,7 @@ class TokenSample:
         self.token_ids[sl] = token_ids[:k].cpu()
         self.ctx_hash[sl] = context_hashes(token_ids[:k])
         self.position[sl] = torch.arange(k)
-        self.n += k
+        self._advance_to(self.n + k)
 
     def stage(self, i: int, x: torch.Tensor, k: int) -> None:
         """Copy the first k tokens of boundary i's [T, H] into the next free slots (asynchronous on GPU)."""
@@ -309,7 +326,58 @@ class TokenSample:
         self.token_ids[sl] = token_ids[:k].cpu()
         self.ctx_hash[sl] = context_hashes(token_ids[:k])
         self.position[sl] = torch.arange(k)
-        self.n += k
+        self._advance_to(self.n + k)
+
+    def _advance_to(self, n: int) -> None:
+        self.filled[self.n:n] = b"\x01" * (n - self.n)
+        self.n = n
+        self.planned_end = max(self.planned_end, n)
+
+    # ------------------------------------------------------------------ planned fill (engines that batch prompts)
+    def plan(self, seqs: list[list[int]]) -> int:
+        """The prompts about to run, in their order: each gets the next min(len, per_seq) free slots (fewer at
+        the end of capacity), recorded with its token ids, positions and context hashes; the rows themselves
+        come later, in any order (fill). Returns the room left after them."""
+        self.planning = True
+        self.open.clear()        # every sequence of the prompts planned before has run to its end
+        off = self.planned_end
+        for seq in seqs:
+            k = max(0, min(len(seq), self.per_seq, self.capacity - off))
+            if k == 0:
+                continue
+            ids = [int(t) for t in seq[:k]]
+            hs = context_hashes(ids).tolist()
+            self.token_ids[off:off + k] = torch.tensor(ids, dtype=torch.int64)
+            self.ctx_hash[off:off + k] = torch.tensor(hs, dtype=torch.int64)
+            self.position[off:off + k] = torch.arange(k)
+            for t, h in enumerate(hs):
+                self.keys.setdefault((t, h), []).append(off + t)
+                if t + 1 < k:
+                    self.follows.add((t, h))
+            self.ends.add((k - 1, hs[-1]))
+            off += k
+            self.unfilled += k
+        self.planned_end = off
+        return self.capacity - off
+
+    def wants(self) -> bool:
+        """Whether a forward pass may still hold tokens for the sample (False: no host work is needed)."""
+        return self.unfilled > 0 if self.planning else self.n < self.capacity
+
+    def fill(self, key: tuple[int, int]) -> list[int]:
+        """The free slots planned for the token at (position, context hash), now taken."""
+        slots = [j for j in self.keys.get(key, ()) if not self.filled[j]]
+        for j in slots:
+            self.filled[j] = 1
+        self.unfilled -= len(slots)
+        if slots:
+            n = self.n
+            while n < self.planned_end and self.filled[n]:
+                n += 1
+            self.n = n
+        if self.unfilled == 0:
+            self.open.clear()
+        return slots
 
     def tensors(self) -> dict[str, torch.Tensor]:
         if self.pinned:
@@ -324,7 +392,8 @@ class TokenSample:
         for i, lbl in enumerate(self.labels):
             self.data[i, :n] = t[lbl].to(self.data.dtype)
         self.token_ids[:n], self.ctx_hash[:n], self.position[:n] = t["token_ids"], t["ctx_hash"], t["position"]
-        self.n = n
+        self.n = 0
+        self._advance_to(n)
 
 
 _MOD, _MUL = (1 << 61) - 1, 1_000_003

@@ -408,6 +408,12 @@ def install(llm, labels: list[str], sample_tokens: int = 4096, sample_per_prompt
                                                  _tensors_to_bytes(state), _tensors_to_bytes(sample)))
 
 
+def plan(llm, seqs: list[list[int]], per_prompt: int) -> int:
+    """Give the workers' samples the prompts about to run, in their order (vllm_worker.SpecLensWorker.speclens_plan):
+    which tokens the sample keeps then depends on the prompts only, not on how vLLM batches them. Room left."""
+    return int(llm.collective_rpc("speclens_plan", args=([list(s[:per_prompt]) for s in seqs],))[0])
+
+
 def collect(llm) -> dict:
     """Rank 0's statistics and sample (after the all-reduce every rank holds the full hidden state)."""
     return llm.collective_rpc("speclens_collect")[0]
@@ -426,6 +432,7 @@ class VllmCapture:
         self.chunk = max(1, settings.checkpoint_every) * 4
         self.llm = None
         self.res: dict | None = None
+        self.room: int | None = None           # the sample's room after the prompts planned so far
 
     def target(self):
         from backend.engines.base import target_info
@@ -449,6 +456,8 @@ class VllmCapture:
                 self.sample)
 
     def run(self, seqs: list[list[int]]) -> None:
+        if self.room is None or self.room > 0:
+            self.room = plan(self.llm, seqs, self.settings.sample_per_prompt)
         prefill(self.llm, seqs)
 
     def checkpoint_due(self, done: int) -> bool:

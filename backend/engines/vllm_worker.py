@@ -19,8 +19,11 @@ that calls `forward` directly (vllm/compilation/decorators.py), so hooks on `Lla
 on its layers and final norm do (`entry_module`).
 
 Memory: one StatsState (boundaries x 4 x hidden floats) plus the bounded raw sample; never per token.
-The sample keeps the first tokens of sequences that start (position 0) inside a forward pass, with their
-context hashes, so captures by different engines of the same prompts line up token by token.
+The sample keeps the first tokens of the prompts in their order (at most per_seq each), with their context hashes,
+so captures by different engines of the same prompts line up token by token. vLLM batches the prompts of one
+`generate` as its scheduler finds them (its engine core starts stepping as soon as the first request has arrived),
+so the client plans the prompts of each chunk first (`speclens_plan`, TokenSample.plan) and every row goes to the
+slot of its prompt, whatever forward pass, order or prefill chunk it comes in (hook_reduce.plan_rows).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import torch
 
 from backend import coords
 from backend.engines.hook_reduce import layer_out as _layer_out
-from backend.engines.hook_reduce import plan_sample, stage_rows
+from backend.engines.hook_reduce import plan_rows, plan_sample, stage_rows, stage_runs
 from backend.stats import StatsState, StreamingStats, TokenSample
 
 
@@ -100,6 +103,7 @@ class BoundaryReducer:
         self.tokens = 0
         self.forwards = 0
         self._take: torch.Tensor | None = None   # rows of this forward that go to the sample
+        self._runs: list[tuple[int, int, int]] = []   # planned sample: (row, slot, count) of this forward
         self._segs: list[tuple[torch.Tensor, int]] = []
         self._pending_ids: torch.Tensor | None = None
         self._handles = []
@@ -167,12 +171,15 @@ class BoundaryReducer:
             self.tokens += int(ids.numel())
         elif isinstance(embeds, torch.Tensor):   # prompt embeddings instead of ids: count their rows
             self.tokens += int(embeds.reshape(-1, embeds.shape[-1]).shape[0])
-        self._take, self._segs = None, []
-        if ids is None or pos is None or self.sample.n >= self.sample.capacity:
+        self._take, self._segs, self._runs = None, [], []
+        if ids is None or pos is None or not self.sample.wants():
             return
         if pos.dim() > 1 and pos.shape[0] != ids.reshape(-1).shape[0]:
             pos = pos[0]                          # M-RoPE [3, T]: the first row is the text position
         # a host sync, only while the sample has room
+        if self.sample.planning:
+            self._runs = plan_rows(pos.reshape(-1).cpu(), ids.reshape(-1).cpu(), self.sample)
+            return
         take, self._segs = plan_sample(pos.reshape(-1).cpu(), ids.reshape(-1).cpu(), self.sample)
         if take is not None:
             self._take = take.to(self.device, non_blocking=True)
@@ -184,13 +191,15 @@ class BoundaryReducer:
         """Commit this forward's staged sample rows (their token ids, context hashes, positions)."""
         for ids, k in self._segs:
             self.sample.commit(ids, k)
-        self._take, self._segs = None, []
+        self._take, self._segs, self._runs = None, [], []
 
     def _sink(self, k: int, x: torch.Tensor) -> None:
         x = x.reshape(-1, x.shape[-1])
         self.stats.update(k, x)
         if self._take is not None:
             stage_rows(self.sample, k, x, self._take)
+        elif self._runs:
+            stage_runs(self.sample, k, x, self._runs)
 
     def _post(self, k: int):
         def hook(module, args, out):
@@ -243,6 +252,14 @@ class SpecLensWorker:
         self._speclens = BoundaryReducer(self._speclens_model(), list(labels), int(sample_tokens),
                                          int(sample_per_prompt), _tensors(state), _tensors(sample))
         return len(self._speclens.layers)
+
+    def speclens_plan(self, seqs: list[list[int]]) -> int:
+        """The prompts the next `generate` runs, in their order (their first sample_per_prompt tokens are enough):
+        their sample slots (TokenSample.plan). Returns the room left in the sample."""
+        r = getattr(self, "_speclens", None)
+        if r is None:
+            raise RuntimeError("speclens_plan before speclens_install: no SpecLens hooks in this worker")
+        return r.sample.plan([list(map(int, s)) for s in seqs])
 
     def speclens_collect(self) -> dict:
         r = getattr(self, "_speclens", None)
