@@ -203,8 +203,9 @@ def slot(height: int, *params: str) -> Any:
 
 def pickers_popover(label: str, where: Any = st) -> Any:
     """A button that opens the page's pickers (the runs shown, the baseline, ...) in a popover: what they hold is on
-    the button and in the URL. Their widgets are not on the page until it is opened, and a page with pickers on it
-    paints its first chart 0.2-0.5 s later in a cold browser (docs/PERFORMANCE.md). Changing a picker keeps it open."""
+    the button and in the URL. Their widgets are not on the page until it is opened: pickers on the page delay its
+    first chart in a cold browser (0.45-0.55 s on a test page, 0.05-0.2 s measured on Compare and Serving load:
+    docs/PERFORMANCE.md). Changing a picker keeps the popover open."""
     return where.popover(label, icon=":material/tune:", width="content")
 
 

@@ -127,9 +127,9 @@ def open_view(page, server: str, path: str, charts: int = 1) -> None:
 
 def choose(page, label: str, option: str) -> None:
     """Pick `option` in the selectbox labelled `label` (in the page's pickers popover if it is not on the page) once
-    the page has stopped moving. A rerun still drawing (its
-    charts from the last view stay in the DOM until replaced) shifts a box after it was scrolled to, and its list then
-    opens outside the viewport where no click lands: wait for the script, then for the box to hold still."""
+    the page has stopped moving. A rerun still drawing (its charts from the last view stay in the DOM until replaced)
+    shifts a box after it was scrolled to, and its list then opens outside the viewport where no click lands: wait
+    for the script, then for the box to hold still."""
     page.wait_for_function("document.querySelector('[data-testid=\"stApp\"]')?.dataset.testScriptState"
                            " === 'notRunning'", timeout=TIMEOUT_MS)
     box = page.locator('[data-testid="stSelectbox"]').filter(has_text=label)
