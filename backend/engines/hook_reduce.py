@@ -44,8 +44,6 @@ def stage_rows(sample: TokenSample, k: int, x: torch.Tensor, take: torch.Tensor)
     sample.data[k, sample.n:sample.n + rows.shape[0]].copy_(rows, non_blocking=sample.pinned)
 
 
-
-
 def _walk(sample: TokenSample, h: int, P: list[int], Q: list[int], r: int, e: int) -> tuple[int, int, list]:
     """Rows r.. (to the end e of their run of positions) that go on a planned prefix with context hash h:
     (the row after the last one, the hash there, the (position, hash) key of each row)."""
@@ -129,6 +127,7 @@ def plan_rows(pos: torch.Tensor, ids: torch.Tensor, sample: TokenSample) -> list
         else:
             runs.append((row, slot, 1))
     return runs
+
 
 def stage_runs(sample: TokenSample, k: int, x: torch.Tensor, runs: list[tuple[int, int, int]]) -> None:
     """Copy boundary k's rows into their planned slots (plan_rows' runs; asynchronous from a GPU)."""
