@@ -186,9 +186,13 @@ if kind == "bench":
                                     format_func=run_view.SORT_LABELS.get)
 
         def draw_filters() -> None:
-            with filters.container():
-                for p, col in zip((cats_pick, needle_pick, sort_pick), st.columns([2, 2, 1])):
-                    p.draw(where=col)
+            with filters.container():        # notices about the link here; the filters in a popover
+                shown_cats = ui.cut(", ".join(cats_pick.value), 60) if cats_pick.value else "all categories"
+                found = f" · find `{ui.cut(needle_pick.value, 30)}`" if needle_pick.value else ""
+                pop = ui.pickers_popover(f"Prompts: {shown_cats}{found} · sorted by "
+                                         f"{run_view.SORT_LABELS.get(sort_pick.value, sort_pick.value)}")
+                for p in (cats_pick, needle_pick, sort_pick):
+                    p.draw(where=pop)
 
         ui.draw_last(draw_filters, "category", "q", "sort")
         cats, needle, sort = cats_pick.value, needle_pick.value, sort_pick.value

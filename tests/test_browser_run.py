@@ -111,6 +111,7 @@ def test_run_page_filter_from_the_url(page, server: str, shots: Path) -> None:
     assert "2 of 4 prompts" in captions(page)
     # the text filter: typed into the box, it goes to the URL, and the URL alone reproduces it
     prompt = rows[0][1]
+    page.locator('[data-testid="stPopover"] button').filter(has_text="Prompts:").click()   # the filters' popover
     box = page.locator('[data-testid="stTextInput"] input').first
     box.fill(prompt)
     box.press("Enter")
