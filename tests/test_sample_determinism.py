@@ -29,29 +29,31 @@ class Layer(torch.nn.Module):
 
 
 class Inner(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, positional: bool = True):
         super().__init__()
         g = torch.Generator().manual_seed(0)
         self.embed = torch.nn.Embedding(64, HIDDEN)
-        self.pos = torch.nn.Embedding(512, HIDDEN)
+        self.pos = torch.nn.Embedding(512, HIDDEN) if positional else None
         with torch.no_grad():
             self.embed.weight.copy_(torch.randn(64, HIDDEN, generator=g))
-            self.pos.weight.copy_(torch.randn(512, HIDDEN, generator=g))
+            if self.pos is not None:
+                self.pos.weight.copy_(torch.randn(512, HIDDEN, generator=g))
         self.layers = torch.nn.ModuleList([Layer(), Layer()])
 
     def forward(self, input_ids, positions):
-        h, r = self.embed(input_ids) + self.pos(positions), None
+        h, r = self.embed(input_ids) + (self.pos(positions) if self.pos is not None else 0), None
         for layer in self.layers:
             h, r = layer(positions, h, r)
         return h + r
 
 
 class Outer(torch.nn.Module):
-    """A vLLM-shaped model: flat batch of token ids and positions, (hidden, residual) layers."""
+    """A vLLM-shaped model: flat batch of token ids and positions, (hidden, residual) layers; `positional`: a
+    position embedding added to the token's (so that the same token at two positions has two states)."""
 
-    def __init__(self):
+    def __init__(self, positional: bool = True):
         super().__init__()
-        self.model = Inner()
+        self.model = Inner(positional)
 
     def forward(self, input_ids, positions):
         return self.model(input_ids=input_ids, positions=positions)

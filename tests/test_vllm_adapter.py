@@ -60,33 +60,9 @@ def test_reducer_splits_a_flat_batch_into_sequences():
     """vLLM runs several requests in one flat batch: the sample must keep only sequences that start in it
     (position 0), with their own context hashes, and the statistics must count every token."""
     from backend.stats import context_hashes
+    from tests.test_sample_determinism import Outer
 
-    class Layer(torch.nn.Module):
-        def forward(self, positions, hidden_states, residual):
-            res = hidden_states if residual is None else hidden_states + residual
-            return hidden_states * 0.5, res
-
-    class Inner(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = torch.nn.Embedding(50, 4)
-            self.layers = torch.nn.ModuleList([Layer(), Layer()])
-
-        def forward(self, input_ids, positions):
-            h, r = self.embed(input_ids), None
-            for layer in self.layers:
-                h, r = layer(positions, h, r)
-            return h + r
-
-    class Outer(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.model = Inner()
-
-        def forward(self, input_ids, positions):
-            return self.model(input_ids=input_ids, positions=positions)
-
-    m = Outer()
+    m = Outer(positional=False)      # vLLM-shaped: a flat batch, (hidden, residual) layers
     red = BoundaryReducer(m, ["S_0", "S_1", "S_2"], sample_tokens=100, sample_per_prompt=3)
     ids = torch.tensor([7, 8, 9, 10, 11, 1, 2, 3, 4, 20, 21])
     pos = torch.tensor([5, 6, 7, 8, 9, 0, 1, 2, 3, 0, 1])      # a continuing chunk, then two new sequences

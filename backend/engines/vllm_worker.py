@@ -177,10 +177,11 @@ class BoundaryReducer:
         if pos.dim() > 1 and pos.shape[0] != ids.reshape(-1).shape[0]:
             pos = pos[0]                          # M-RoPE [3, T]: the first row is the text position
         # a host sync, only while the sample has room
+        pos, ids = pos.reshape(-1).cpu(), ids.reshape(-1).cpu()
         if self.sample.planning:
-            self._runs = plan_rows(pos.reshape(-1).cpu(), ids.reshape(-1).cpu(), self.sample)
+            self._runs = plan_rows(pos, ids, self.sample)
             return
-        take, self._segs = plan_sample(pos.reshape(-1).cpu(), ids.reshape(-1).cpu(), self.sample)
+        take, self._segs = plan_sample(pos, ids, self.sample)
         if take is not None:
             self._take = take.to(self.device, non_blocking=True)
 
