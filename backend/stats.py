@@ -124,11 +124,20 @@ def _compiled_moments():
     return moments
 
 
+def _fused_update(device: torch.device | str):
+    """backend/stats_kernel's one-pass update where it runs on this device, else None."""
+    try:
+        from backend import stats_kernel
+    except ImportError:          # no Triton (the CPU build of torch)
+        return None
+    return stats_kernel.update if stats_kernel.available(device) else None
+
+
 class StreamingStats:
     """Per-boundary statistics over every token passed to `update`."""
 
     def __init__(self, labels: list[str], hidden: int, device: torch.device | str = "cpu",
-                 state: StatsState | None = None, compile: bool | None = None):
+                 state: StatsState | None = None, compile: bool | None = None, fused: bool | None = None):
         self.labels = list(labels)
         self.hidden = hidden
         self.state = state or StatsState.zeros(len(labels), hidden, device)
@@ -136,6 +145,7 @@ class StreamingStats:
         if compile is None:
             compile = torch.device(device).type == "cuda" and os.environ.get("SPECLENS_COMPILE", "1") != "0"
         self._moments = _compiled_moments() if compile else batch_moments
+        self._fused = _fused_update(device) if fused is None or fused else None
 
     def update(self, i: int, x: torch.Tensor) -> None:
         """Add tokens x [T, H] (any dtype) to boundary i. No host synchronisation."""
@@ -157,6 +167,14 @@ class StreamingStats:
         s.norm_min[i:i + 1].clamp_max_(nmin)
         s.norm_max[i:i + 1].clamp_min_(nmax)
         s.norm_hist[i] += torch.histc(logn, bins=NORM_BINS, min=NORM_LO, max=NORM_HI)
+
+    def update_pair(self, i: int, h: torch.Tensor, r: torch.Tensor | None = None) -> None:
+        """Add the tokens of a layer's `hidden + residual` (r None: h alone) to boundary i: in one pass over the pair
+        where backend/stats_kernel runs (a CUDA device with Triton), else through `update` on the rounded sum."""
+        if self._fused is not None and self._ref_set[i]:
+            self._fused(self.state, i, h, r)
+            return
+        self.update(i, h if r is None else h + r)
 
     def update_all(self, xs: list[torch.Tensor]) -> None:
         """Add one batch for every boundary at once (xs[i] [T, H], same T): one set of vectorised ops

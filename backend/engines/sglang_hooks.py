@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from backend import coords
-from backend.engines.hook_reduce import layer_out as _layer_out
+from backend.engines.hook_reduce import layer_pair
 from backend.engines.hook_reduce import plan_sample, stage_rows
 from backend.stats import StreamingStats, TokenSample
 
@@ -126,10 +126,10 @@ class ServerReducer:
                 self._stage(self.slot[0], self._emb)
             self._emb = None
         if i + 1 in self.slot:
-            x = _layer_out(out)
-            self.stats.update(self.slot[i + 1], x)
+            h, r = layer_pair(out)
+            self.stats.update_pair(self.slot[i + 1], h, r)
             if self._take is not None:
-                self._stage(self.slot[i + 1], x)
+                self._stage(self.slot[i + 1], h if r is None else h + r)
 
     def norm_out(self, out) -> None:
         if self.skip or self.stats is None or "F" not in self.slot:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from backend import coords
-from backend.engines.hook_reduce import layer_out as _layer_out
+from backend.engines.hook_reduce import layer_pair
 from backend.engines.hook_reduce import plan_rows, plan_sample, stage_rows, stage_runs
 from backend.stats import StatsState, StreamingStats, TokenSample
 
@@ -194,18 +194,26 @@ class BoundaryReducer:
             self.sample.commit(ids, k)
         self._take, self._segs, self._runs = None, [], []
 
-    def _sink(self, k: int, x: torch.Tensor) -> None:
-        x = x.reshape(-1, x.shape[-1])
-        self.stats.update(k, x)
+    def _sink(self, k: int, h: torch.Tensor, r: torch.Tensor | None = None) -> None:
+        """Boundary k's value is h + r (h alone when r is None): into the statistics in one pass over the pair, and
+        summed only while this forward stages sample rows."""
+        h = h.reshape(-1, h.shape[-1])
+        r = None if r is None else r.reshape(-1, r.shape[-1])
+        self.stats.update_pair(k, h, r)
+        if self._take is None and not self._runs:
+            return
+        x = h if r is None else h + r
         if self._take is not None:
             stage_rows(self.sample, k, x, self._take)
-        elif self._runs:
+        else:
             stage_runs(self.sample, k, x, self._runs)
 
     def _post(self, k: int):
         def hook(module, args, out):
-            x = out[0] if (self.bounds[k].final and isinstance(out, tuple)) else _layer_out(out)
-            self._sink(k, x)
+            if self.bounds[k].final:
+                self._sink(k, out[0] if isinstance(out, tuple) else out)
+            else:
+                self._sink(k, *layer_pair(out))
         return hook
 
     def _pre0(self, k: int):
@@ -214,7 +222,7 @@ class BoundaryReducer:
             floats = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
             h = kwargs.get("hidden_states", floats[0] if floats else None)
             r = kwargs.get("residual", floats[1] if len(floats) > 1 else None)
-            self._sink(k, h if r is None else h + r)
+            self._sink(k, h, r)
         return hook
 
     # -------------------------------------------------------------- results
