@@ -9,8 +9,8 @@ over a group of rows, and everything the statistics need comes out of that one r
    partial sum of squares of its column block;
 2. `_rows` (grid: row groups) adds each row's partial sums of squares in a fixed order into its norm, writes
    log10(norm) for the histogram (as log2(norm) x log10(2): a token within an ulp of a bin edge may fall in the
-   neighbouring bin, against torch.log10) and the group's token count, norm sums, minimum and maximum, and whether the group
-   holds a non-finite token;
+   neighbouring bin, against torch.log10) and the group's token count, norm sums, minimum and maximum, and whether
+   the group holds a non-finite token;
 3. `_fixup` (same grid as 1) redoes, for a group that holds a non-finite token only, its column sums without that
    token (every other group leaves at once), so a NaN never reaches the moments;
 4. `_reduce` (grid: column blocks, plus one program for the scalars) adds the groups' partial sums in a fixed order,
@@ -20,8 +20,9 @@ The norm histogram stays `torch.histc` on the [T] log-norms. Every sum is taken 
 the batch's shape, never on timing or atomics. Memory is the batch's column-block partial norms and the groups'
 partial sums: a few MiB for 16,384 tokens x 4096, bounded by the batch, not by the tokens captured.
 
-Triton comes with CUDA builds of torch; this module imports it at once, so callers import the module lazily and keep
-`StreamingStats.update` where it is missing (the CPU build). `TRITON_INTERPRET=1` runs the same kernels on CPU tensors (the tests do)."""
+Triton comes with CUDA builds of torch; this module imports it at once, so callers import the module lazily and
+keep `StreamingStats.update` where it is missing (the CPU build). `TRITON_INTERPRET=1` runs the same kernels on
+CPU tensors (the tests do)."""
 
 from __future__ import annotations
 

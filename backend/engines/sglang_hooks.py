@@ -37,8 +37,7 @@ from pathlib import Path
 import torch
 
 from backend import coords
-from backend.engines.hook_reduce import layer_pair
-from backend.engines.hook_reduce import plan_sample, stage_rows
+from backend.engines.hook_reduce import layer_pair, plan_sample, stage_rows
 from backend.stats import StreamingStats, TokenSample
 
 _REDUCERS: dict[str, ServerReducer] = {}

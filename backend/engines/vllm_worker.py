@@ -31,8 +31,7 @@ from __future__ import annotations
 import torch
 
 from backend import coords
-from backend.engines.hook_reduce import layer_pair
-from backend.engines.hook_reduce import plan_rows, plan_sample, stage_rows, stage_runs
+from backend.engines.hook_reduce import layer_pair, plan_rows, plan_sample, stage_rows, stage_runs
 from backend.stats import StatsState, StreamingStats, TokenSample
 
 
