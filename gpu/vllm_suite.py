@@ -51,7 +51,8 @@ os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
 STEPS = {
     "toy": ["capture_hf", "capture_vllm", "extract", "bench_hf_matched", "bench_hf_after_layer",
             "bench_vllm_matched", "bench_vllm_after_layer", "nested_v2", "nested_v1", "recorded"],
-    "speed": ["plain_prefill_compiled", "plain_prefill_eager", "capture_eagle_set", "capture_all_33"],
+    "speed": ["plain_prefill_compiled", "plain_prefill_eager", "capture_eagle_set", "capture_all_33",
+              "capture_eagle_set_compiled_stats", "capture_all_33_compiled_stats"],
 }
 PART_BYTES = 15 * 1024 * 1024          # files back from $OUT: at most 8, 16 MiB each, 64 MiB together
 MAX_OUT_FILES = 8
@@ -396,9 +397,10 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
         print("plain_prefill_eager", r, flush=True)
         return r
 
-    def capture_step(name: str, labels: list[str]):
+    def capture_step(name: str, labels: list[str], fused: bool = True):
         llm = eager_engine()
         V.install(llm, labels, sample_tokens=512, sample_per_prompt=64)
+        path = llm.collective_rpc("speclens_stats_path", args=(fused,))[0]
         try:
             r = timed(llm)
             got = V.collect(llm)
@@ -416,7 +418,7 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
         stats, sample = rebuild_capture(got, 4096, 512, 64)
         _finish(rd, stats, sample, labels, seen, n_prompts * repeats + len(warm), r["median_s"])
         size = sum(f.stat().st_size for f in rd.path.iterdir() if f.is_file())
-        r.update({"run": rd.run_id, "boundaries": len(labels), "tokens_seen_by_hooks": seen,
+        r.update({"run": rd.run_id, "boundaries": len(labels), "stats_update": path, "tokens_seen_by_hooks": seen,
                   "forwards_seen_by_hooks": int(got.get("forwards", 0)),
                   "tokens_expected": tokens * repeats + len(warm) * prompt_len,
                   "bytes_written": size, "bytes_per_token": round(size / seen, 3) if seen else None})
@@ -430,6 +432,8 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
         sets = {"eagle_set": ["S_2", "S_16", "S_29", "S_32"], "all_33": [f"S_{i}" for i in range(33)]}
         for name, labels in sets.items():
             sec.run(f"capture_{name}", capture_step, name, labels)
+        for name, labels in sets.items():     # the same, with the compiled statistics (the path before the kernel)
+            sec.run(f"capture_{name}_compiled_stats", capture_step, f"{name}-compiled-stats", labels, False)
     finally:
         if "llm" in holder:
             V.shutdown(holder.pop("llm"))

@@ -269,6 +269,17 @@ class SpecLensWorker:
             raise RuntimeError("speclens_plan before speclens_install: no SpecLens hooks in this worker")
         return r.sample.plan([list(map(int, s)) for s in seqs])
 
+    def speclens_stats_path(self, fused: bool) -> str:
+        """Which statistics update the installed hooks use: the one-pass kernel (fused, where it runs) or the compiled
+        StreamingStats.update (the side-by-side speed test, gpu/vllm_suite.py). Returns the one now in use."""
+        r = getattr(self, "_speclens", None)
+        if r is None:
+            raise RuntimeError("speclens_stats_path before speclens_install: no SpecLens hooks in this worker")
+        from backend.stats import _fused_update
+
+        r.stats._fused = _fused_update(r.device) if fused else None
+        return "one_pass" if r.stats._fused is not None else "compiled"
+
     def speclens_collect(self) -> dict:
         r = getattr(self, "_speclens", None)
         if r is None:
