@@ -32,8 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_T, BLOCK_H = 32, 128
-MAX_GROUPS = 16           # row groups per batch: enough programs to fill a GPU beside the column blocks
+BLOCK_T, BLOCK_H = 16, 128  # a tile of the batch: rows x columns
+ROW_BLOCK = 256             # rows per program when the row norms are finished
+MAX_GROUPS = 32             # row groups per batch: enough programs to fill a GPU beside the column blocks
 
 
 @triton.jit
@@ -48,140 +49,116 @@ def _load(h_ptr, r_ptr, rows, cols, m, sh, sr, HAS_R: tl.constexpr, ROUND: tl.co
             x = x.to(tl.float16).to(tl.float32)
     return x
 
+
+@triton.jit
+def _group_sums(h_ptr, r_ptr, ref_ptr, sq_ptr, norm_ptr, part_ptr, cols, cmask, cb, g, T, H, sh, sr, rows_per_group,
+                HAS_R: tl.constexpr, ROUND: tl.constexpr, MASKED: tl.constexpr, BT: tl.constexpr,
+                BH: tl.constexpr):
+    """Column sums of d, d^2, d^3, d^4 and max |x| over the rows of group g, elementwise in the tile and reduced once
+    at the end; the row partial squares too unless MASKED (then the rows whose norm is not finite are left out)."""
+    ref = tl.load(ref_ptr + cols, mask=cmask, other=0.0)
+    a1 = tl.zeros([BT, BH], dtype=tl.float32)
+    a2 = tl.zeros([BT, BH], dtype=tl.float32)
+    a3 = tl.zeros([BT, BH], dtype=tl.float32)
+    a4 = tl.zeros([BT, BH], dtype=tl.float32)
+    am = tl.zeros([BT, BH], dtype=tl.float32)
+    lo = g * rows_per_group
+    hi = tl.minimum(lo + rows_per_group, T)
+    for t0 in range(lo, hi, BT):
+        rows = t0 + tl.arange(0, BT)
+        rmask = rows < hi
+        if MASKED:
+            norm = tl.load(norm_ptr + rows, mask=rmask, other=float("nan"))
+            rmask = rmask & (norm == norm) & (norm < float("inf"))
+        m = rmask[:, None] & cmask[None, :]
+        x = _load(h_ptr, r_ptr, rows, cols, m, sh, sr, HAS_R, ROUND)
+        if not MASKED:
+            tl.store(sq_ptr + cb * T + rows, tl.sum(x * x, axis=1), mask=rmask)
+        d = tl.where(m, x - ref[None, :], 0.0)
+        d2 = d * d
+        a1 += d
+        a2 += d2
+        a3 += d2 * d
+        a4 += d2 * d2
+        am = tl.maximum(am, tl.where(m, tl.abs(x), 0.0))
+    base = part_ptr + g * 5 * H + cols
+    tl.store(base, tl.sum(a1, axis=0), mask=cmask)
+    tl.store(base + H, tl.sum(a2, axis=0), mask=cmask)
+    tl.store(base + 2 * H, tl.sum(a3, axis=0), mask=cmask)
+    tl.store(base + 3 * H, tl.sum(a4, axis=0), mask=cmask)
+    tl.store(base + 4 * H, tl.max(am, axis=0), mask=cmask)
+
+
 @triton.jit
 def _tile_moments(h_ptr, r_ptr, ref_ptr, sq_ptr, part_ptr, T, H, sh, sr, rows_per_group,
                   HAS_R: tl.constexpr, ROUND: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
     cb = tl.program_id(0)
     g = tl.program_id(1)
     cols = cb * BH + tl.arange(0, BH)
-    cmask = cols < H
-    ref = tl.load(ref_ptr + cols, mask=cmask, other=0.0)
-    s1 = tl.zeros([BH], dtype=tl.float32)
-    s2 = tl.zeros([BH], dtype=tl.float32)
-    s3 = tl.zeros([BH], dtype=tl.float32)
-    s4 = tl.zeros([BH], dtype=tl.float32)
-    mx = tl.zeros([BH], dtype=tl.float32)
-    lo = g * rows_per_group
-    hi = tl.minimum(lo + rows_per_group, T)
-    for t0 in range(lo, hi, BT):
-        rows = t0 + tl.arange(0, BT)
-        rmask = rows < hi
-        m = rmask[:, None] & cmask[None, :]
-        x = _load(h_ptr, r_ptr, rows, cols, m, sh, sr, HAS_R, ROUND)
-        tl.store(sq_ptr + cb * T + rows, tl.sum(x * x, axis=1), mask=rmask)
-        d = tl.where(m, x - ref[None, :], 0.0)
-        d2 = d * d
-        s1 += tl.sum(d, axis=0)
-        s2 += tl.sum(d2, axis=0)
-        s3 += tl.sum(d2 * d, axis=0)
-        s4 += tl.sum(d2 * d2, axis=0)
-        mx = tl.maximum(mx, tl.max(tl.where(m, tl.abs(x), 0.0), axis=0))
-    base = part_ptr + g * 5 * H + cols
-    tl.store(base, s1, mask=cmask)
-    tl.store(base + H, s2, mask=cmask)
-    tl.store(base + 2 * H, s3, mask=cmask)
-    tl.store(base + 3 * H, s4, mask=cmask)
-    tl.store(base + 4 * H, mx, mask=cmask)
+    _group_sums(h_ptr, r_ptr, ref_ptr, sq_ptr, sq_ptr, part_ptr, cols, cols < H, cb, g, T, H, sh, sr, rows_per_group,
+                HAS_R, ROUND, False, BT, BH)
+
 
 @triton.jit
-def _rows(sq_ptr, norm_ptr, logn_ptr, gs_ptr, T, n_cb, rows_per_group, BT: tl.constexpr):
-    g = tl.program_id(0)
-    lo = g * rows_per_group
-    hi = tl.minimum(lo + rows_per_group, T)
-    n_good = tl.zeros([BT], dtype=tl.float32)
-    n_bad = tl.zeros([BT], dtype=tl.float32)
-    s_n = tl.zeros([BT], dtype=tl.float32)
-    s_n2 = tl.zeros([BT], dtype=tl.float32)
-    n_min = tl.full([BT], float("inf"), dtype=tl.float32)
-    n_max = tl.zeros([BT], dtype=tl.float32)
-    for t0 in range(lo, hi, BT):
-        rows = t0 + tl.arange(0, BT)
-        rmask = rows < hi
-        acc = tl.zeros([BT], dtype=tl.float32)
-        for cb in range(0, n_cb):
-            acc += tl.load(sq_ptr + cb * T + rows, mask=rmask, other=0.0)
-        norm = tl.sqrt(acc)
-        good = rmask & (norm == norm) & (norm < float("inf"))
-        fin = tl.where(good, norm, 0.0)
-        tl.store(norm_ptr + rows, norm, mask=rmask)
-        logn = tl.where(good, tl.log2(tl.maximum(fin, 1e-30)) * 0.3010299956639812, -1e9)
-        tl.store(logn_ptr + rows, logn, mask=rmask)
-        n_good += good.to(tl.float32)
-        n_bad += (rmask & ~good).to(tl.float32)
-        s_n += fin
-        s_n2 += fin * fin
-        n_min = tl.minimum(n_min, tl.where(good, norm, float("inf")))
-        n_max = tl.maximum(n_max, fin)
-    base = gs_ptr + g * 6
-    tl.store(base, tl.sum(n_good, axis=0))
-    tl.store(base + 1, tl.sum(n_bad, axis=0))
-    tl.store(base + 2, tl.sum(s_n, axis=0))
-    tl.store(base + 3, tl.sum(s_n2, axis=0))
-    tl.store(base + 4, tl.min(n_min, axis=0))
-    tl.store(base + 5, tl.max(n_max, axis=0))
+def _rows(sq_ptr, norm_ptr, logn_ptr, rs_ptr, T, n_cb, RB: tl.constexpr, NCB: tl.constexpr):
+    rb = tl.program_id(0)
+    rows = rb * RB + tl.arange(0, RB)
+    rmask = rows < T
+    cbs = tl.arange(0, NCB)
+    sq = tl.load(sq_ptr + cbs[:, None] * T + rows[None, :], mask=(cbs[:, None] < n_cb) & rmask[None, :], other=0.0)
+    norm = tl.sqrt(tl.sum(sq, axis=0))
+    good = rmask & (norm == norm) & (norm < float("inf"))
+    fin = tl.where(good, norm, 0.0)
+    tl.store(norm_ptr + rows, norm, mask=rmask)
+    tl.store(logn_ptr + rows, tl.where(good, tl.log2(tl.maximum(fin, 1e-30)) * 0.3010299956639812, -1e9), mask=rmask)
+    base = rs_ptr + rb * 6
+    tl.store(base, tl.sum(good.to(tl.float32), axis=0))
+    tl.store(base + 1, tl.sum((rmask & ~good).to(tl.float32), axis=0))
+    tl.store(base + 2, tl.sum(fin, axis=0))
+    tl.store(base + 3, tl.sum(fin * fin, axis=0))
+    tl.store(base + 4, tl.min(tl.where(good, norm, float("inf")), axis=0))
+    tl.store(base + 5, tl.max(fin, axis=0))
+
 
 @triton.jit
-def _fixup(h_ptr, r_ptr, ref_ptr, norm_ptr, gs_ptr, part_ptr, T, H, sh, sr, rows_per_group,
-           HAS_R: tl.constexpr, ROUND: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
+def _fixup(h_ptr, r_ptr, ref_ptr, norm_ptr, rs_ptr, part_ptr, T, H, sh, sr, rows_per_group, n_rb,
+           HAS_R: tl.constexpr, ROUND: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, RB: tl.constexpr,
+           RBG: tl.constexpr):
     cb = tl.program_id(0)
     g = tl.program_id(1)
-    if tl.load(gs_ptr + g * 6 + 1) > 0:
+    rbs = g * (rows_per_group // RB) + tl.arange(0, RBG)
+    bad = tl.sum(tl.load(rs_ptr + rbs * 6 + 1, mask=(rbs < n_rb) & (tl.arange(0, RBG) < rows_per_group // RB),
+                         other=0.0), axis=0)
+    if bad > 0:
         cols = cb * BH + tl.arange(0, BH)
-        cmask = cols < H
-        ref = tl.load(ref_ptr + cols, mask=cmask, other=0.0)
-        s1 = tl.zeros([BH], dtype=tl.float32)
-        s2 = tl.zeros([BH], dtype=tl.float32)
-        s3 = tl.zeros([BH], dtype=tl.float32)
-        s4 = tl.zeros([BH], dtype=tl.float32)
-        mx = tl.zeros([BH], dtype=tl.float32)
-        lo = g * rows_per_group
-        hi = tl.minimum(lo + rows_per_group, T)
-        for t0 in range(lo, hi, BT):
-            rows = t0 + tl.arange(0, BT)
-            norm = tl.load(norm_ptr + rows, mask=rows < hi, other=float("nan"))
-            good = (rows < hi) & (norm == norm) & (norm < float("inf"))
-            m = good[:, None] & cmask[None, :]
-            x = _load(h_ptr, r_ptr, rows, cols, m, sh, sr, HAS_R, ROUND)
-            d = tl.where(m, x - ref[None, :], 0.0)
-            d2 = d * d
-            s1 += tl.sum(d, axis=0)
-            s2 += tl.sum(d2, axis=0)
-            s3 += tl.sum(d2 * d, axis=0)
-            s4 += tl.sum(d2 * d2, axis=0)
-            mx = tl.maximum(mx, tl.max(tl.where(m, tl.abs(x), 0.0), axis=0))
-        base = part_ptr + g * 5 * H + cols
-        tl.store(base, s1, mask=cmask)
-        tl.store(base + H, s2, mask=cmask)
-        tl.store(base + 2 * H, s3, mask=cmask)
-        tl.store(base + 3 * H, s4, mask=cmask)
-        tl.store(base + 4 * H, mx, mask=cmask)
+        _group_sums(h_ptr, r_ptr, ref_ptr, norm_ptr, norm_ptr, part_ptr, cols, cols < H, cb, g, T, H, sh, sr,
+                    rows_per_group, HAS_R, ROUND, True, BT, BH)
+
 
 @triton.jit
-def _reduce(part_ptr, gs_ptr, mom_ptr, maxabs_ptr, scal_ptr, nmin_ptr, nmax_ptr, H, n_g, n_cb,
-            BH: tl.constexpr, BG: tl.constexpr):
+def _reduce(part_ptr, rs_ptr, mom_ptr, maxabs_ptr, scal_ptr, nmin_ptr, nmax_ptr, H, n_g, n_cb, n_rb,
+            BH: tl.constexpr, NG: tl.constexpr, NRB: tl.constexpr):
     cb = tl.program_id(0)
     if cb < n_cb:
         cols = cb * BH + tl.arange(0, BH)
-        cmask = cols < H
-        for k in range(0, 4):
-            acc = tl.zeros([BH], dtype=tl.float64)
-            for g in range(0, n_g):
-                acc += tl.load(part_ptr + g * 5 * H + k * H + cols, mask=cmask, other=0.0).to(tl.float64)
-            old = tl.load(mom_ptr + k * H + cols, mask=cmask, other=0.0)
-            tl.store(mom_ptr + k * H + cols, old + acc, mask=cmask)
-        mx = tl.load(maxabs_ptr + cols, mask=cmask, other=0.0)
-        for g in range(0, n_g):
-            mx = tl.maximum(mx, tl.load(part_ptr + g * 5 * H + 4 * H + cols, mask=cmask, other=0.0))
-        tl.store(maxabs_ptr + cols, mx, mask=cmask)
+        gi = tl.arange(0, NG)
+        m = (gi[:, None] < n_g) & (cols[None, :] < H)
+        at = part_ptr + gi[:, None] * 5 * H + cols[None, :]
+        for k in tl.static_range(4):
+            p = tl.load(at + k * H, mask=m, other=0.0).to(tl.float64)
+            old = tl.load(mom_ptr + k * H + cols, mask=cols < H, other=0.0)
+            tl.store(mom_ptr + k * H + cols, old + tl.sum(p, axis=0), mask=cols < H)
+        mx = tl.max(tl.load(at + 4 * H, mask=m, other=0.0), axis=0)
+        old = tl.load(maxabs_ptr + cols, mask=cols < H, other=0.0)
+        tl.store(maxabs_ptr + cols, tl.maximum(old, mx), mask=cols < H)
     else:
-        gi = tl.arange(0, BG)
-        gm = gi < n_g
-        for k in range(0, 4):
-            acc = tl.zeros([BG], dtype=tl.float64)
-            acc += tl.load(gs_ptr + gi * 6 + k, mask=gm, other=0.0).to(tl.float64)
-            tl.store(scal_ptr + k, tl.load(scal_ptr + k) + tl.sum(acc, axis=0))
-        lo = tl.min(tl.load(gs_ptr + gi * 6 + 4, mask=gm, other=float("inf")), axis=0)
-        hi = tl.max(tl.load(gs_ptr + gi * 6 + 5, mask=gm, other=0.0), axis=0)
+        ri = tl.arange(0, NRB)
+        rm = ri < n_rb
+        for k in tl.static_range(4):
+            v = tl.load(rs_ptr + ri * 6 + k, mask=rm, other=0.0).to(tl.float64)
+            tl.store(scal_ptr + k, tl.load(scal_ptr + k) + tl.sum(v, axis=0))
+        lo = tl.min(tl.load(rs_ptr + ri * 6 + 4, mask=rm, other=float("inf")), axis=0)
+        hi = tl.max(tl.load(rs_ptr + ri * 6 + 5, mask=rm, other=0.0), axis=0)
         tl.store(nmin_ptr, tl.minimum(tl.load(nmin_ptr), lo))
         tl.store(nmax_ptr, tl.maximum(tl.load(nmax_ptr), hi))
 
@@ -202,9 +179,13 @@ def _round_code(dtype: torch.dtype) -> int:
 
 
 def rows_per_group(t: int) -> int:
-    """Rows per group for a batch of t tokens: at most MAX_GROUPS groups, each a whole number of row tiles."""
+    """Rows per group for a batch of t tokens: at most MAX_GROUPS groups, each a whole number of ROW_BLOCKs."""
     per = -(-t // MAX_GROUPS)
-    return max(BLOCK_T, -(-per // BLOCK_T) * BLOCK_T)
+    return max(ROW_BLOCK, -(-per // ROW_BLOCK) * ROW_BLOCK)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
 
 
 def update(state, i: int, h: torch.Tensor, r: torch.Tensor | None) -> None:
@@ -223,22 +204,21 @@ def update(state, i: int, h: torch.Tensor, r: torch.Tensor | None) -> None:
     if T == 0:
         return
     per = rows_per_group(T)
-    n_g = -(-T // per)
-    n_cb = -(-H // BLOCK_H)
+    n_g, n_cb, n_rb = -(-T // per), -(-H // BLOCK_H), -(-T // ROW_BLOCK)
     dev = h.device
     sq = torch.empty(n_cb, T, dtype=torch.float32, device=dev)
     part = torch.empty(n_g, 5, H, dtype=torch.float32, device=dev)
     norm = torch.empty(T, dtype=torch.float32, device=dev)
     logn = torch.empty(T, dtype=torch.float32, device=dev)
-    gs = torch.empty(n_g, 6, dtype=torch.float32, device=dev)
+    rs = torch.empty(n_rb, 6, dtype=torch.float32, device=dev)
     rr = h if r is None else r
     has_r, rnd = r is not None, _round_code(h.dtype)
     ref = state.ref[i]
     _tile_moments[(n_cb, n_g)](h, rr, ref, sq, part, T, H, h.stride(0), rr.stride(0), per,
-                      HAS_R=has_r, ROUND=rnd, BT=BLOCK_T, BH=BLOCK_H)
-    _rows[(n_g,)](sq, norm, logn, gs, T, n_cb, per, BT=256)
-    _fixup[(n_cb, n_g)](h, rr, ref, norm, gs, part, T, H, h.stride(0), rr.stride(0), per,
-                       HAS_R=has_r, ROUND=rnd, BT=BLOCK_T, BH=BLOCK_H)
-    _reduce[(n_cb + 1,)](part, gs, state.moments[i], state.max_abs[i], state.scalars[i], state.norm_min[i:i + 1],
-                        state.norm_max[i:i + 1], H, n_g, n_cb, BH=BLOCK_H, BG=MAX_GROUPS)
+                               HAS_R=has_r, ROUND=rnd, BT=BLOCK_T, BH=BLOCK_H)
+    _rows[(n_rb,)](sq, norm, logn, rs, T, n_cb, RB=ROW_BLOCK, NCB=_pow2(n_cb))
+    _fixup[(n_cb, n_g)](h, rr, ref, norm, rs, part, T, H, h.stride(0), rr.stride(0), per, n_rb,
+                        HAS_R=has_r, ROUND=rnd, BT=BLOCK_T, BH=BLOCK_H, RB=ROW_BLOCK, RBG=_pow2(per // ROW_BLOCK))
+    _reduce[(n_cb + 1,)](part, rs, state.moments[i], state.max_abs[i], state.scalars[i], state.norm_min[i:i + 1],
+                         state.norm_max[i:i + 1], H, n_g, n_cb, n_rb, BH=BLOCK_H, NG=_pow2(n_g), NRB=_pow2(n_rb))
     state.norm_hist[i] += torch.histc(logn, bins=NORM_BINS, min=NORM_LO, max=NORM_HI)
