@@ -172,7 +172,9 @@ class StreamingStats:
         """Add the tokens of a layer's `hidden + residual` (r None: h alone) to boundary i: in one pass over the pair
         where backend/stats_kernel runs (a CUDA device with Triton), else through `update` on the rounded sum."""
         if self._fused is not None and self._ref_set[i]:
-            self._fused(self.state, i, h, r)
+            logn = self._fused(self.state, i, h, r)
+            if logn is not None:
+                self.state.norm_hist[i] += torch.histc(logn, bins=NORM_BINS, min=NORM_LO, max=NORM_HI)
             return
         self.update(i, h if r is None else h + r)
 

@@ -16,9 +16,10 @@ over a group of rows, and everything the statistics need comes out of that one r
 4. `_reduce` (grid: column blocks, plus one program for the scalars) adds the groups' partial sums in a fixed order,
    in fp64, into the boundary's running state.
 
-The norm histogram stays `torch.histc` on the [T] log-norms. Every sum is taken in a fixed order that depends only on
-the batch's shape, never on timing or atomics. Memory is the batch's column-block partial norms and the groups'
-partial sums: a few MiB for 16,384 tokens x 4096, bounded by the batch, not by the tokens captured.
+The norm histogram stays `torch.histc` on the [T] log-norms (StreamingStats.update_pair). Every sum is taken in a
+fixed order that depends only on the batch's shape, never on timing or atomics. Memory is the batch's column-block
+partial norms and the groups' partial sums: a few MiB for 16,384 tokens x 4096, bounded by the batch, not by the
+tokens captured.
 
 Triton comes with CUDA builds of torch; this module imports it at once, so callers import the module lazily and
 keep `StreamingStats.update` where it is missing (the CPU build). `TRITON_INTERPRET=1` runs the same kernels on
@@ -89,7 +90,7 @@ def _group_sums(h_ptr, r_ptr, ref_ptr, sq_ptr, norm_ptr, part_ptr, cols, cmask, 
     tl.store(base + 4 * H, tl.max(am, axis=0), mask=cmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "rows_per_group"])
 def _tile_moments(h_ptr, r_ptr, ref_ptr, sq_ptr, part_ptr, T, H, sh, sr, rows_per_group,
                   HAS_R: tl.constexpr, ROUND: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr):
     cb = tl.program_id(0)
@@ -99,7 +100,7 @@ def _tile_moments(h_ptr, r_ptr, ref_ptr, sq_ptr, part_ptr, T, H, sh, sr, rows_pe
                 HAS_R, ROUND, False, BT, BH)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _rows(sq_ptr, norm_ptr, logn_ptr, rs_ptr, T, n_cb, RB: tl.constexpr, NCB: tl.constexpr):
     rb = tl.program_id(0)
     rows = rb * RB + tl.arange(0, RB)
@@ -120,22 +121,21 @@ def _rows(sq_ptr, norm_ptr, logn_ptr, rs_ptr, T, n_cb, RB: tl.constexpr, NCB: tl
     tl.store(base + 5, tl.max(fin, axis=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "rows_per_group", "n_rb"])
 def _fixup(h_ptr, r_ptr, ref_ptr, norm_ptr, rs_ptr, part_ptr, T, H, sh, sr, rows_per_group, n_rb,
-           HAS_R: tl.constexpr, ROUND: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, RB: tl.constexpr,
-           RBG: tl.constexpr):
+           HAS_R: tl.constexpr, ROUND: tl.constexpr, BT: tl.constexpr, BH: tl.constexpr, RB: tl.constexpr):
     cb = tl.program_id(0)
     g = tl.program_id(1)
-    rbs = g * (rows_per_group // RB) + tl.arange(0, RBG)
-    bad = tl.sum(tl.load(rs_ptr + rbs * 6 + 1, mask=(rbs < n_rb) & (tl.arange(0, RBG) < rows_per_group // RB),
-                         other=0.0), axis=0)
+    bad = 0.0
+    for rb in range(g * (rows_per_group // RB), tl.minimum((g + 1) * (rows_per_group // RB), n_rb)):
+        bad += tl.load(rs_ptr + rb * 6 + 1)
     if bad > 0:
         cols = cb * BH + tl.arange(0, BH)
         _group_sums(h_ptr, r_ptr, ref_ptr, norm_ptr, norm_ptr, part_ptr, cols, cols < H, cb, g, T, H, sh, sr,
                     rows_per_group, HAS_R, ROUND, True, BT, BH)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_g", "n_rb"])
 def _reduce(part_ptr, rs_ptr, mom_ptr, maxabs_ptr, scal_ptr, nmin_ptr, nmax_ptr, H, n_g, n_cb, n_rb,
             BH: tl.constexpr, NG: tl.constexpr, NRB: tl.constexpr):
     cb = tl.program_id(0)
@@ -188,11 +188,11 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def update(state, i: int, h: torch.Tensor, r: torch.Tensor | None) -> None:
-    """Add the tokens of `h + r` (or h) [T, H] to boundary i of a StatsState whose reference shift is set. The sum is
-    rounded to h's dtype before anything is read from it, as the engine's own `hidden + residual` is."""
-    from backend.stats import NORM_BINS, NORM_HI, NORM_LO
-
+def update(state, i: int, h: torch.Tensor, r: torch.Tensor | None) -> torch.Tensor | None:
+    """Add the tokens of `h + r` (or h) [T, H] to boundary i of a StatsState whose reference shift is set, all but the
+    norm histogram: returns the tokens' log10 norms (non-finite ones far below the histogram's range) for the caller
+    to bin, None for an empty batch. The sum is rounded to h's dtype before anything is read from it, as the engine's
+    own `hidden + residual` is."""
     h = h.reshape(-1, h.shape[-1])
     if h.stride(-1) != 1:
         h = h.contiguous()
@@ -202,7 +202,7 @@ def update(state, i: int, h: torch.Tensor, r: torch.Tensor | None) -> None:
             r = r.to(h.dtype).contiguous()
     T, H = h.shape
     if T == 0:
-        return
+        return None
     per = rows_per_group(T)
     n_g, n_cb, n_rb = -(-T // per), -(-H // BLOCK_H), -(-T // ROW_BLOCK)
     dev = h.device
@@ -218,7 +218,7 @@ def update(state, i: int, h: torch.Tensor, r: torch.Tensor | None) -> None:
                                HAS_R=has_r, ROUND=rnd, BT=BLOCK_T, BH=BLOCK_H)
     _rows[(n_rb,)](sq, norm, logn, rs, T, n_cb, RB=ROW_BLOCK, NCB=_pow2(n_cb))
     _fixup[(n_cb, n_g)](h, rr, ref, norm, rs, part, T, H, h.stride(0), rr.stride(0), per, n_rb,
-                        HAS_R=has_r, ROUND=rnd, BT=BLOCK_T, BH=BLOCK_H, RB=ROW_BLOCK, RBG=_pow2(per // ROW_BLOCK))
+                        HAS_R=has_r, ROUND=rnd, BT=BLOCK_T, BH=BLOCK_H, RB=ROW_BLOCK)
     _reduce[(n_cb + 1,)](part, rs, state.moments[i], state.max_abs[i], state.scalars[i], state.norm_min[i:i + 1],
                          state.norm_max[i:i + 1], H, n_g, n_cb, n_rb, BH=BLOCK_H, NG=_pow2(n_g), NRB=_pow2(n_rb))
-    state.norm_hist[i] += torch.histc(logn, bins=NORM_BINS, min=NORM_LO, max=NORM_HI)
+    return logn
