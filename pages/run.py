@@ -129,10 +129,9 @@ elif kind in ("load", "watch"):
             for label, value in figures:
                 st.metric(label, value, border=True, width="content")
     verdict = watch_charts.stored_verdict(m) if kind == "watch" else {}
-    if verdict.get("line"):             # the watch's verdict, with the Watch page's severity
-        show = {"error": st.error, "success": st.success, "info": st.info}.get(watch_charts.severity(verdict),
-                                                                                st.warning)
-        show(verdict["line"])
+    if verdict.get("line"):             # the watch's verdict at the Watch page's level (a drift: what it costs)
+        level, line = watch_charts.verdict_level(verdict, ui.guarded(cat.watch_windows, rid))
+        ui.level_banner(level, line, note=False)
     elif kind == "load" and status == "complete":
         st.caption("Speedups, the best K per concurrency, where speculative decoding stops paying and whether the "
                    "baseline was steady: on the Serving load page (link above).")
