@@ -570,7 +570,7 @@ def watch_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # ---------------------------------------------------------------------------- the page (AppTest)
 
 
-def open_watch(**params: str):
+def open_watch(page: str = "pages/watch.py", **params: str):
     from streamlit.testing.v1 import AppTest
 
     from backend.config import REPO_ROOT
@@ -578,7 +578,7 @@ def open_watch(**params: str):
     at = AppTest.from_file(str(REPO_ROOT / "app.py"), default_timeout=120)
     for k, v in params.items():
         at.query_params[k] = v
-    at.switch_page("pages/watch.py")
+    at.switch_page(page)
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
@@ -607,6 +607,8 @@ def test_watch_page(watch_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     note = at.info[0].value
     assert note.startswith("**Note** (tau cost ") and "DRIFT: window(s)" in note, note
     assert "Severity follows the tau cost" in "\n".join(c.value for c in at.caption)
+    at = open_watch(id="watch-small-drift", page="pages/run.py")     # the run page says it at the same level
+    assert not at.error and at.info[0].value.startswith("**Note** (tau cost "), [e.value for e in at.info]
 
     at = open_watch(run="watch-sglang")
     assert "no drift" in at.success[0].value and len(at.get("plotly_chart")) == 2
