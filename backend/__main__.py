@@ -92,8 +92,9 @@ def cmd_runs(a: argparse.Namespace) -> int:
         df = df[df["kind"] == a.kind]
     bench = df.loc[df["kind"] == "bench", "run_id"].tolist()
     found = findings.findings(cat.run_manifest_keys(bench, findings.MANIFEST_KEYS, findings.NEEDS),
-                             cat.check_manifests()) if bench else {}
-    # what a reader must know before trusting a run's figures (the run page and the Runs row say the same)
+                             cat.check_manifests(), cat) if bench else {}
+    # what a reader must know before trusting a run's figures (the run page and the Runs row say the same), a wrong
+    # feed graded by what it costs ("note: wrong feed ..., predicted tau 3% lower")
     df = df.assign(finding=df["run_id"].map({r: findings.finding_text(f) for r, f in found.items()}))
     if a.json:
         print(df.to_json(orient="records", date_format="iso"))

@@ -22,6 +22,7 @@ from backend import metrics
 from backend.compare import NOT_CONFIG, flatten
 from backend.findings import ENGINE_NAMES, Finding, reproduced_release
 from backend.runs.manifest import Bench, Headline, StoredManifest
+from dashboard import severity
 from dashboard.compare_words import mismatch_line
 from dashboard.watch_charts import stored_verdict, stored_watch
 
@@ -167,11 +168,39 @@ def engine_fact(manifest: StoredManifest | dict) -> str | None:
     return reproduced_release(manifest)
 
 
+def finding_level(f: Finding) -> severity.Level:
+    """The level a finding is drawn at (dashboard/severity.py): a wrong feed's is what it costs (backend/findings.py
+    grades it on the same scale; a note when its cost is not known), HF reproducing a reading is a note."""
+    return severity.LEVELS.get(f.severity, severity.LEVELS["note"])
+
+
+def finding_cost(f: Finding) -> severity.Cost | None:
+    """A wrong feed's cost on the severity scale: the check's predicted tau of the fed set against the trained set's,
+    or the run's measured tau against a reference bench fed the trained set (with its paired interval); None when
+    not known."""
+    c = f.cost
+    if c is None:
+        return None
+    if c.source == "predicted":
+        return severity.tau_cost(c.better, c.worse, sure=c.sure, what="predicted tau")
+    return severity.tau_cost(c.better, c.worse, c.lo, c.hi, sure=c.sure, what="measured tau")
+
+
 def finding_line(f: Finding, manifest: StoredManifest | dict) -> str:
-    """A finding as the run page writes it (markdown, one line, with the link that proves it): a wrong feed with the
-    drafter check's words (dashboard/compare_words.py, as Compare says it), HF reproducing a release's reading."""
+    """A finding as the run page writes it (markdown, one line, with the link that proves it): a wrong feed led by its
+    level and what it costs (severity.headline), then the drafter check's words (dashboard/compare_words.py, as
+    Compare says it); HF reproducing a release's reading."""
     if f.kind == "mismatch" and f.mismatch is not None:
-        return "**Fed the wrong boundaries.** " + mismatch_line(f.mismatch)
+        said = mismatch_line(f.mismatch)
+        cost = finding_cost(f)
+        if cost is None:
+            level = finding_level(f)
+            return (f"**{level.name}** (cost not measured: the check predicts no tau for the fed set and no bench of "
+                    f"this drafter fed the trained set): Fed the wrong boundaries. {said}")
+        c = f.cost
+        why = ("the check's prediction for the fed set against the trained set" if c.source == "predicted" else
+               f"against `{c.reference}`, the same drafter fed the trained set, over {c.prompts} shared prompts")
+        return severity.headline(cost, f"Fed the wrong boundaries, {cost.words} ({why}). {said}")
     return reading_note(manifest) or f.short
 
 

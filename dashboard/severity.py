@@ -14,8 +14,9 @@ interval) or predicted (a drafter check's candidates, told apart or not by their
 So a 2% tau cost, however certain, is a note; a 50% one is an error; statistical significance (a z or an interval
 that excludes 0) says only whether there is a cost, never how large: the words always give the size.
 
-The numbers come from the backend (verdict objects, intervals); the words and colours live here. Pure functions, no
-Streamlit (dashboard/ui.py draws a level as a banner).
+The numbers come from the backend (verdict objects, intervals); the words and colours live here. The thresholds and
+the level of a cost are backend/tau_scale.py's (the backend's own findings and the `runs` command grade by them too),
+read here, never restated. Pure functions, no Streamlit (dashboard/ui.py draws a level as a banner).
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-NEGLIGIBLE = 0.01        # a tau cost under 1% is no cost worth a word
-NOTE_BELOW = 0.05        # under 5%: a note (the toy after-layer drafter: 2% predicted, 4% measured)
-ERROR_FROM = 0.20        # 20% or more: an error (the slot-shift drafter: 50% predicted, 43% measured)
+from backend.tau_scale import ERROR_FROM, NEGLIGIBLE, NOTE_BELOW, level_key, relative_cost
+
 MATTERS_REL = 0.01       # a hidden-state statistic "changes" when it moves by 1% of the reference's value or more
 
 
@@ -62,12 +62,8 @@ class Cost:
 
 
 def level_of(rel: float, sure: bool = True) -> Level:
-    """The level of a relative tau cost (module docstring)."""
-    if rel is None or not math.isfinite(rel) or rel < NEGLIGIBLE:
-        return LEVELS["ok"]
-    if not sure or rel < NOTE_BELOW:
-        return LEVELS["note"]
-    return LEVELS["warning"] if rel < ERROR_FROM else LEVELS["error"]
+    """The level of a relative tau cost (module docstring; backend/tau_scale.py `level_key`)."""
+    return LEVELS[level_key(rel, sure)]
 
 
 def tau_cost(better: float, worse: float, lo: float | None = None, hi: float | None = None,
@@ -75,8 +71,7 @@ def tau_cost(better: float, worse: float, lo: float | None = None, hi: float | N
     """The cost of `worse` against `better` (two tau values). lo, hi: the 95% interval of better - worse (paired over
     prompts) when measured; `sure`: whether the sample tells them apart (default: lo > 0 when an interval is
     given, else True)."""
-    gap = better - worse
-    rel = gap / better if better else math.nan
+    rel = relative_cost(better, worse)
     has_ci = lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi)
     if sure is None:
         sure = lo > 0 if has_ci else True

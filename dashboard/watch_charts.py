@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from backend.runs.manifest import StoredManifest
+from dashboard import severity as scale
 
 _LAYOUT = dict(template="plotly_white", margin=dict(l=70, r=30, t=80, b=90), font=dict(size=13))
 _X = "x: the window's end (UTC)"
@@ -23,7 +24,9 @@ TAU, BAND, DRIFT, LOW, FEW, RESTART, FLOOR = ("#1f77b4", "rgba(44,160,44,0.18)",
                                               "#7f7f7f", "#9467bd")
 POSITIONS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
 DASH = "\u2014"
-SEVERITY = {"drift": "error", "below_min_tau": "error", "ok": "success", "no_baseline": "info", "no_traffic": "info"}
+# the verdict's level where no tau cost sizes it: a drift is as loud as what it costs (drift_cost); below the user's own
+# --min-tau floor is an error (the bar the user set, on which the watch exits 1); no baseline or no traffic: a note
+STATE_LEVEL = {"below_min_tau": "error", "ok": "ok", "no_baseline": "note", "no_traffic": "note"}
 
 
 def stored_watch(manifest: StoredManifest | dict) -> dict:
@@ -39,9 +42,40 @@ def stored_verdict(manifest: StoredManifest | dict) -> dict:
     return v if isinstance(v, dict) else {}
 
 
-def severity(verdict: dict | None) -> str:
-    """error | success | info | warning for the verdict banner."""
-    return SEVERITY.get((verdict or {}).get("state"), "warning")
+def drift_cost(df: pd.DataFrame) -> scale.Cost | None:
+    """The confirmed drift sized as a tau cost (dashboard/severity.py): the pooled tau of the drifted windows (1 +
+    accepted / drafts over them) against their baseline tau (each window's segment baseline, weighted by its drafts).
+    Confirmed by the watch's own test, so sure. None when no window drifted."""
+    if df is None or df.empty or "drift" not in df:
+        return None
+    d = df[df["drift"].fillna(False).astype(bool) & df["baseline_tau"].notna() & (df["drafts"] > 0)]
+    drafts = float(d["drafts"].sum()) if len(d) else 0.0
+    if not drafts:
+        return None
+    base = float((d["baseline_tau"] * d["drafts"]).sum() / drafts)
+    return scale.tau_cost(base, 1 + float(d["accepted"].sum()) / drafts, sure=True)
+
+
+def verdict_level(verdict: dict | None, df: pd.DataFrame | None = None) -> tuple[scale.Level, str]:
+    """The verdict banner's level on the one severity scale and its text: a drift led by its size (drift_cost: 3%
+    of tau a note, 50% an error); below --min-tau an error however small the drop (the user's own bar); a clean
+    watch ok; no baseline or no traffic a note."""
+    v = verdict or {}
+    line = v.get("line") or ""
+    below_min = bool(v.get("below_min_windows")) or "BELOW --min-tau" in line
+    if v.get("state") == "drift":
+        cost = drift_cost(df) if df is not None else None
+        if cost is None:
+            return scale.LEVELS["error" if below_min else "warning"], line
+        level = scale.LEVELS["error"] if below_min else cost.level
+        head = f"**{level.name}** (tau cost {cost.rel:.0%}" + (", below your --min-tau" if below_min else "") + ")"
+        return level, f"{head}: drift, {cost.words} (the drifted windows' tau against their baseline). {line}"
+    return scale.LEVELS[STATE_LEVEL.get(v.get("state"), "warning")], line
+
+
+def severity(verdict: dict | None, df: pd.DataFrame | None = None) -> str:
+    """ok | note | warning | error: the verdict banner's level (verdict_level)."""
+    return verdict_level(verdict, df)[0].key
 
 
 def with_time(df: pd.DataFrame) -> pd.DataFrame:

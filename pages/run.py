@@ -12,7 +12,7 @@ import streamlit as st
 from backend import compare, findings, regress, run_files
 from backend.config import data_root
 from backend.runs.manifest import StoredManifest
-from dashboard import charts, compare_view, run_view, ui, watch_charts
+from dashboard import charts, compare_view, run_view, severity, ui, watch_charts
 
 PAGES = {"runs": "pages/runs.py", "compare": "pages/compare.py", "stats": "pages/stats.py",
          "alignment": "pages/alignment.py", "drafter": "pages/drafter_check.py", "feeds": "pages/feeds.py",
@@ -78,13 +78,17 @@ elif status == "interrupted":
 elif status == "running":
     done, total = charts.progress(run.get("progress_done"), run.get("progress_total"))
     st.progress(done / total if total else 0.0, text=f"running: {done} / {total}")
-found = (ui.guarded(findings.findings, {rid: m}, ui.guarded(cat.check_manifests)).get(rid, [])
+found = (ui.guarded(findings.findings, {rid: m}, ui.guarded(cat.check_manifests), cat).get(rid, [])
          if kind == "bench" else [])
-for i, f in enumerate(found):       # the run's problems first (notes: in the header and the feed line); in exports too
+wrong = [f for f in found if f.kind == "mismatch"]
+for i, f in enumerate(wrong):       # a wrong feed first, as loud as what it costs (dashboard/severity.py)
     line = run_view.finding_line(f, m)
-    if f.severity == "error":
-        st.container(key=f"run_finding_{i}").error(line, icon=":material/error:")
-    ui.note_verdict(run_view.plain(line))
+    with st.container(key=f"run_finding_{i}"):
+        ui.level_banner(run_view.finding_level(f), line, note=False)
+if wrong:
+    st.caption(severity.scale_text())
+for f in found:                     # in exports too (the HF note: in the header and the feed line)
+    ui.note_verdict(run_view.plain(run_view.finding_line(f, m)))
 
 # ---------------------------------------------------------------------------- views that show this run
 
@@ -125,10 +129,9 @@ elif kind in ("load", "watch"):
             for label, value in figures:
                 st.metric(label, value, border=True, width="content")
     verdict = watch_charts.stored_verdict(m) if kind == "watch" else {}
-    if verdict.get("line"):             # the watch's verdict, with the Watch page's severity
-        show = {"error": st.error, "success": st.success, "info": st.info}.get(watch_charts.severity(verdict),
-                                                                                st.warning)
-        show(verdict["line"])
+    if verdict.get("line"):             # the watch's verdict at the Watch page's level (a drift: what it costs)
+        level, line = watch_charts.verdict_level(verdict, ui.guarded(cat.watch_windows, rid))
+        ui.level_banner(level, line, note=False)
     elif kind == "load" and status == "complete":
         st.caption("Speedups, the best K per concurrency, where speculative decoding stops paying and whether the "
                    "baseline was steady: on the Serving load page (link above).")

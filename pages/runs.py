@@ -95,11 +95,11 @@ table = charts.runs_frame(shown)
 bench_ids = shown.loc[shown["kind"] == "bench", "run_id"].tolist()
 found = ui.guarded(findings.findings,           # only the keys findings read, of runs that record a feed
                    ui.guarded(cat.run_manifest_keys, bench_ids, findings.MANIFEST_KEYS, findings.NEEDS),
-                   ui.guarded(cat.check_manifests)) if bench_ids else {}
-table.insert(table.columns.get_loc("speedup") + 1, "finding",      # errors here; the HF note in "fed as"
-             [findings.finding_text(found[r], "error") if r in found else "" for r in table["run_id"]])
+                   ui.guarded(cat.check_manifests), cat) if bench_ids else {}
+table.insert(table.columns.get_loc("speedup") + 1, "finding",      # a wrong feed at its level; the HF note in "fed as"
+             [findings.finding_text(found[r], "mismatch") if r in found else "" for r in table["run_id"]])
 table.insert(table.columns.get_loc("finding") + 1, "fed as",
-             [findings.finding_text(found[r], "note") if r in found else "" for r in table["run_id"]])
+             [findings.finding_text(found[r], "hf_reading") if r in found else "" for r in table["run_id"]])
 picked = st.dataframe(
     table, hide_index=True, key="runs_table", placeholder="-", on_select="rerun", selection_mode="multi-row",
     selection_default={"selection": {"rows": ui.ticked(table["run_id"])}},
@@ -115,7 +115,9 @@ picked = st.dataframe(
         "finding": st.column_config.TextColumn(
             "finding", width=charts.text_width(table["finding"], 560),
             help="what to know before trusting the figures: the drafter check's finding that the engine fed other "
-                 "boundaries than the drafter was trained on; whose reading of the drafter's ids HF reproduced"),
+                 "boundaries than the drafter was trained on, led by its level on the one severity scale (what the "
+                 "check predicts it costs in tau, else what a bench fed the trained set measured; a note when its "
+                 "cost is not measured)"),
         "fed as": st.column_config.TextColumn(
             "fed as", width=charts.text_width(table["fed as"]),
             help="a bench on the HF engine feeds the drafter what this serving engine's release would (its reading "

@@ -21,6 +21,9 @@ if not chosen:
     st.info("Pick at least one capture.")
     st.stop()
 ref = None
+if mode == "values" and ui.qp_get("ref"):      # the link's reference does nothing here: say so, as for any parameter
+    ui.link_notice(f"`ref={ui.cut(ui.qp_get('ref'))}` (from the URL) is not used: `Show: values` draws each capture's "
+                   "own curve; a reference applies to `mode=diff` and `mode=rel`.")
 if mode != "values":
     ref = ui.select("Reference", ui.capped(ids, [ui.qp_get("ref") or "", chosen[0]]), "ref", chosen[0], where=c4)
 

@@ -7,12 +7,10 @@ import streamlit as st
 
 from backend import metrics
 from backend.runs.manifest import StoredManifest
-from dashboard import ui, watch_charts
+from dashboard import severity, ui, watch_charts
 
 HOW = ("`python -m backend watch --server-url http://HOST:8000 [--interval 10] [--duration 3600] [--min-tau T]` "
        "records a watch here (exit 1 on drift or below --min-tau, for cron and CI).")
-BANNER = {"error": (st.error, ":material/error:"), "success": (st.success, ":material/check_circle:"),
-          "info": (st.info, ":material/info:"), "warning": (st.warning, ":material/warning:")}
 
 st.title("Watch a live server")
 ui.rescan()
@@ -42,10 +40,12 @@ elif status in ("failed", "interrupted", "quarantined"):
                icon=":material/warning:")
 if ui.instead("run"):        # the link's run is not shown: never this run's verdict in its place
     ui.no_verdict_for_substitute(["run"], "drift verdict")
-elif verdict:
-    show, icon = BANNER[watch_charts.severity(verdict)]
-    show(verdict["line"], icon=icon)
-    ui.note_verdict(verdict["line"])
+elif verdict:                # as loud as the drift costs in tau (dashboard/severity.py), the same scale as every page
+    level, line = watch_charts.verdict_level(verdict, df)
+    ui.level_banner(level, line)
+    if verdict.get("state") == "drift":
+        floor = " Below your --min-tau is an error whatever the size." if verdict.get("min_tau") is not None else ""
+        st.caption(severity.scale_text() + floor)
 else:
     st.info("No verdict: the watch recorded no window.", icon=":material/info:")
 if df.empty:

@@ -4,6 +4,9 @@ the `demo_root` captures plus the demo's own benches and checks built by backend
 translation of 8; the slot-shift drafter's check and its benches as SGLang 0.5.15 feeds it, on 8), and two
 `check-drafter --lint-only` runs against a config-only target `t`, as a team's own checks leave them.
 
+- Item 1 on the run page, the Runs row and `runs`: a wrong feed is as loud as what it costs (dashboard/severity.py):
+  the after-layer bench (fed S_2, S_4, S_5; its check, `demo-check-after-layer` here on 6 prompts, predicts a tau a
+  few % below the trained set's) reads a note, the slot-shift bench (about 50% lower) an error.
 - Item 2: the slot-shift run's problems travel with it: its page opens on the drafter check's finding (fed S_3, S_5,
   S_6, trained on S_0, S_3, S_5), says HF reproduced SGLang 0.5.15's reading, draws its charts, shows the prompts'
   text, and writes the finding into its exported charts; its Runs row and `runs --json` carry it too.
@@ -37,19 +40,25 @@ shots = test_browser.shots
 page = test_browser.page
 LINT_RUNS = ("lint-t-matched", "lint-t-after-layer")
 SLOT = "demo-bench-slot-shift"
+AFTER = "demo-bench-after-layer"
+AFTER_CHECK = "demo-check-after-layer"
 
 
 @pytest.fixture(scope="module")
 def truth_root(demo_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the demo data with the demo's benches, the slot-shift check and two lint-only checks."""
+    """A copy of the demo data with the demo's benches, the after-layer and slot-shift checks and two lint-only
+    checks."""
     from backend.check_drafter import CheckSettings, run_check
-    from backend.demo import build_bench_demo, build_slot_shift_demo, toy_pair
+    from backend.demo import CHECK_RUN, build_bench_demo, build_slot_shift_demo, heldout_prompts, toy_pair
 
     root = tmp_path_factory.mktemp("truth-a") / "data"
     shutil.copytree(demo_root, root, ignore=shutil.ignore_patterns("speclens.duckdb*"))
     build_bench_demo(DataRoot(root), progress=False, limit=24, max_new_tokens=16)
     build_slot_shift_demo(DataRoot(root), progress=False, limit=8, max_new_tokens=16)
     pair = toy_pair(DataRoot(root))
+    run_check(CheckSettings(drafter=str(pair / "drafter-after-layer"), target=str(pair / "target"), device="cpu",
+                            num_prompts=6, new_tokens=32, prompts=str(heldout_prompts(pair))), name=CHECK_RUN,
+              data=DataRoot(root), progress=False)          # the demo's after-layer check, beside its bench
     t = root / "models" / "t"                   # a config-only target, as a team lints against
     t.mkdir()
     shutil.copy(pair / "target" / "config.json", t / "config.json")
@@ -77,6 +86,52 @@ def row_of(rows: list[list[str]], rid: str) -> str:
     found = [r for r in rows if r and r[0] == rid]
     assert found, (rid, [r[0] for r in rows])
     return " | ".join(found[0])
+
+
+# ---------------------------------------------------------------------------- item 1 on the run page
+
+
+def finding_banner(page, i: int = 0) -> tuple[str, str]:
+    """(Info | Warning | Error | Success, text) of the run page's i-th finding banner."""
+    box = page.locator(f".st-key-run_finding_{i}")
+    box.wait_for()
+    kind = box.locator('[data-testid^="stAlertContent"]').first.get_attribute("data-testid") or ""
+    text = box.locator('[data-testid="stMarkdownContainer"]').first.inner_text()      # without the icon's name
+    return kind.removeprefix("stAlertContent"), text
+
+
+def test_item1_a_wrong_feed_is_as_loud_as_it_costs(page, server: str, truth_root: Path, shots: Path) -> None:
+    """The after-layer bench was fed S_2, S_4, S_5, its drafter trained on S_3, S_5, S_6: a mismatch whose predicted
+    cost is a few % of tau, a note on the Drafter check page, so a note on its run page too; the slot-shift bench
+    (about 50%) stays an error. Both name the check and the size."""
+    check = DataRoot(truth_root).catalog.read.drafter_check(AFTER_CHECK)
+    assert check["best_candidate"]["boundaries"] == ["S_3", "S_5", "S_6"]
+    open_run(page, server, f"/run?id={AFTER}", AFTER)
+    page.screenshot(path=str(shots / "truth-a-run-after-layer.png"), full_page=True)
+    kind, text = finding_banner(page)
+    assert kind == "Info" and text.startswith("Note"), (kind, text)
+    assert "S_2, S_4, S_5" in text and "S_3, S_5, S_6" in text and AFTER_CHECK in text, text
+    assert "predicted tau" in text and "% lower" in text, text
+    assert not page.locator('.st-key-run_finding_0 [data-testid="stAlertContentError"]').count()
+    open_run(page, server, f"/run?id={SLOT}", SLOT)
+    kind, text = finding_banner(page)
+    assert kind == "Error" and text.startswith("Error"), (kind, text)
+    assert "predicted tau" in text and "demo-check-slot-shift" in text, text
+
+
+def test_item1_runs_row_and_runs_text_grade_it_the_same(page, server: str, truth_root: Path) -> None:
+    open_view(page, server, "/runs?kind=bench", charts=0)
+    page.wait_for_selector(f"{GRID} canvas")
+    rows = grid_rows(page)
+    after, slot = row_of(rows, AFTER), row_of(rows, SLOT)
+    assert "note: wrong feed: S_2,S_4,S_5, trained on S_3,S_5,S_6" in after, after
+    assert "error: wrong feed: S_3,S_5,S_6, trained on S_0,S_3,S_5" in slot, slot
+    text = cli(truth_root, "runs")
+    line = next(x for x in text.splitlines() if x.startswith(AFTER + " "))
+    assert "note: wrong feed" in line and "error" not in line, line
+    runs = {r["run_id"]: r for r in json.loads(cli(truth_root, "runs", "--json"))}
+    assert runs[AFTER]["finding"].startswith("note: wrong feed"), runs[AFTER]["finding"]
+    assert runs[SLOT]["finding"].startswith("error: wrong feed"), runs[SLOT]["finding"]
 
 
 # ---------------------------------------------------------------------------- item 2

@@ -34,7 +34,7 @@ def titles(page) -> list[str]:
 def test_watch_page_shows_tau_chart_and_drift_verdict(page, server: str, shots: Path) -> None:
     open_view(page, server, "/watch?run=watch-drift", charts=3)
     error = page.locator('[data-testid="stAlertContentError"]').first.inner_text()
-    assert "watch watch-drift: 20 window(s)" in error
+    assert "watch watch-drift: 20 window(s)" in error and "Error (tau cost" in error, error
     verdict = alerts(page)
     assert "DRIFT: window(s) 17-20" in verdict and "restart" in verdict
     assert any(t.startswith("tau per window") for t in titles(page)), titles(page)
@@ -44,6 +44,15 @@ def test_watch_page_shows_tau_chart_and_drift_verdict(page, server: str, shots: 
     assert tau.locator(".annotation-text", has_text="restart").count() == 1
     page.wait_for_selector('[data-testid="stDataFrame"]')
     page.screenshot(path=str(shots / "watch-drift.png"), full_page=True)
+
+
+def test_watch_page_sizes_a_small_drift_as_a_note(page, server: str, shots: Path) -> None:
+    """A confirmed drop of about 3% of tau is a blue note on the one severity scale, not a red error."""
+    open_view(page, server, "/watch?run=watch-small-drift", charts=3)
+    assert not page.locator('[data-testid="stAlertContentError"]').count()
+    note = page.locator('[data-testid="stAlertContentInfo"]').first.inner_text()
+    assert "Note (tau cost" in note and "DRIFT: window(s)" in note, note
+    page.screenshot(path=str(shots / "watch-small-drift.png"), full_page=True)
 
 
 def test_watch_page_steady_sglang_and_lost(page, server: str, shots: Path) -> None:

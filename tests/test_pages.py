@@ -193,6 +193,16 @@ def test_stats_unknown_run_in_url(dash: Path) -> None:
     assert [t["name"] for t in figures(at)[0]["data"]] == ["a1"]
 
 
+def test_stats_values_mode_says_ref_is_not_used(dash: Path) -> None:
+    """Issue 20 item 3: `ref=` does nothing in values mode: a notice says so, as for any parameter not shown; the
+    difference modes use it without one."""
+    at = open_page("pages/stats.py", runs="a1,b16", stat="rms", ref="b16")
+    assert "`ref=b16` (from the URL) is not used" in texts(at.warning)
+    assert [t["name"] for t in figures(at)[0]["data"]] == ["a1", "b16"]
+    at = open_page("pages/stats.py", runs="a1,b16", stat="rms", mode="diff", ref="b16")
+    assert "is not used" not in texts(at.warning)
+
+
 def test_a_long_list_of_unknown_runs_is_named_five_at_a_time(dash: Path) -> None:
     """A pasted 10 KB `runs=` of ids the catalog lacks: the first five are named, the rest counted, in one notice."""
     ghosts = [f"ghost{i:03d}" + "x" * 40 for i in range(220)]

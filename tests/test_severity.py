@@ -61,3 +61,76 @@ def test_stat_headline_uses_the_charts_change() -> None:
     assert level.key == "ok" and "so no change here matters" in line
     level, _ = severity.stat_headline(_frame([("b", "S_2", math.nan, math.nan)]), "diff", "m", "a", "v")
     assert level.key == "ok"
+
+
+# ---------------------------------------------------------------------------- a bench's wrong feed (issue 20 item 1)
+
+def _feed_case(fed: list[str], k: int = 4) -> tuple[dict, dict]:
+    d, t = {"path": "/m/drafter", "fingerprint": "d1"}, {"path": "/m/target", "fingerprint": "t1"}
+    run = {"kind": "bench", "engine": "hf", "drafter": d, "model": t, "num_spec_tokens": k,
+           "aux": {"boundaries": fed, "producer": "vllm", "version": "0.24.0"}}
+    check = {"kind": "check", "drafter": d, "model": t, "check": {"best": ["S_3", "S_5", "S_6"]}}
+    return run, check
+
+
+class _Read:
+    """The catalog reads backend.findings makes: a check's stored result, complete benches, per-prompt counts."""
+
+    def __init__(self, rep: dict | None, benches: dict | None = None, speeds: pd.DataFrame | None = None):
+        self.rep, self.benches, self.speeds = rep, benches or {}, speeds
+
+    def drafter_check(self, run_id: str) -> dict:
+        if self.rep is None:
+            raise FileNotFoundError(run_id)
+        return self.rep
+
+    def bench_runs(self, status: str | None = None) -> pd.DataFrame:
+        return pd.DataFrame({"run_id": list(self.benches), "num_spec_tokens": [4] * len(self.benches)})
+
+    def run_manifest_keys(self, ids, keys, having=None) -> dict:
+        return {r: self.benches[r] for r in ids}
+
+    def bench_prompt_speeds(self, ids) -> pd.DataFrame:
+        return self.speeds[self.speeds["run_id"].isin(ids)]
+
+
+def test_a_wrong_feed_is_graded_by_what_it_costs() -> None:
+    """backend/findings.py: the check's predicted tau of the fed set against the trained set's sets the level (the
+    after-layer drafter's 3% a note, the slot-shift one's 50% an error); with no cost evidence a note that says so;
+    with a bench of the same drafter fed the trained set, the measured cost. The run page and `runs` word the same."""
+    from backend import findings
+    from dashboard import run_view
+
+    run, check = _feed_case(["S_2", "S_4", "S_5"])
+
+    def rep(fed_tau: float, z: float) -> dict:
+        return {"candidates": [{"boundaries": ["S_3", "S_5", "S_6"], "tau": 2.27, "z_vs_best": None},
+                               {"boundaries": ["S_2", "S_4", "S_5"], "tau": fed_tau, "z_vs_best": z}]}
+
+    small = findings.findings({"b": run}, {"chk": check}, _Read(rep(2.21, 9.0)))["b"]
+    f = next(x for x in small if x.kind == "mismatch")
+    assert f.severity == "note" and f.cost.source == "predicted" and round(f.cost.rel, 3) == 0.026
+    assert f.short.startswith("note: wrong feed: S_2,S_4,S_5, trained on S_3,S_5,S_6 (chk), predicted tau 3% lower")
+    line = run_view.finding_line(f, run)
+    assert line.startswith("**Note** (tau cost 3%): Fed the wrong boundaries, predicted tau 2.21 against 2.27")
+    assert run_view.finding_level(f).key == "note"
+    big = findings.findings({"b": run}, {"chk": check}, _Read(rep(1.13, 20.0)))["b"]
+    assert big[0].severity == "error" and big[0].short.startswith("error: wrong feed")
+    assert findings.finding_text(big).startswith("error: wrong feed") and "reading on HF" in findings.finding_text(big)
+    unsure = findings.findings({"b": run}, {"chk": check}, _Read(rep(1.13, 1.0)))["b"][0]
+    assert unsure.severity == "note" and "not told apart from none" in unsure.short     # at most a note
+
+    for read in (None, _Read(None)):                     # no cost evidence: a note that says so, never an error
+        f = findings.findings({"b": run}, {"chk": check}, read)["b"][0]
+        assert f.severity == "note" and f.cost is None and f.short.endswith("(chk), cost not measured")
+        assert run_view.finding_line(f, run).startswith("**Note** (cost not measured")
+
+    ref, _ = _feed_case(["S_3", "S_5", "S_6"])           # the same drafter benched fed the trained set
+    prompts = [f"p{i}" for i in range(8)]
+    speeds = pd.DataFrame({"run_id": ["ref"] * 8 + ["b"] * 8, "prompt_id": prompts * 2,
+                           "accepted": [12, 13, 11, 12, 12, 14, 12, 11] + [5, 6, 4, 5, 6, 5, 4, 5],
+                           "drafts": [10] * 16})
+    f = findings.findings({"b": run}, {"chk": check}, _Read(None, {"ref": ref}, speeds))["b"][0]
+    assert f.cost.source == "measured" and f.cost.reference == "ref" and f.cost.prompts == 8
+    assert f.severity == "error" and "tau against ref" in f.short and f.cost.lo > 0
+    assert "over 8 shared prompts" in run_view.finding_line(f, run)

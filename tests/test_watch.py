@@ -539,8 +539,9 @@ def test_recorded_metrics(path: Path, data_root: Path, capsys) -> None:
 
 def build_watch_data(root: Path) -> Path:
     """Watch runs made by backend/watch.py against the local server: `watch-drift` (vLLM: a planted drop after a
-    restart), `watch-ok` (vLLM, steady), `watch-sglang` (SGLang, steady) and `watch-lost` (the server went away:
-    failed, its windows kept)."""
+    restart, about 30% of tau), `watch-small-drift` (vLLM: a confirmed drop of about 3% of tau, heavy traffic),
+    `watch-ok` (vLLM, steady), `watch-sglang` (SGLang, steady) and `watch-lost` (the server went away: failed, its
+    windows kept)."""
     from backend.errors import SpecLensError
     from backend.watch import run_watch
 
@@ -554,6 +555,7 @@ def build_watch_data(root: Path) -> Path:
     vllm, sglang = ("vllm", None), ("sglang", None)
     one("watch-drift", texts(vllm, simulate([0.7] * 8 + [0.6] * 8 + [0.4] * 4, restart_at=9, seed=3)), 20,
         min_tau=1.6)
+    one("watch-small-drift", texts(vllm, simulate([0.7] * 8 + [0.68] * 6, drafts=20000, seed=7)), 14)
     one("watch-ok", texts(vllm, simulate([0.7] * 10, seed=4)), 10)
     one("watch-sglang", texts(sglang, simulate([0.6] * 10, seed=5)), 10)
     one("watch-lost", texts(vllm, simulate([0.7] * 4, seed=6)), 10, then="down")
@@ -568,7 +570,7 @@ def watch_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # ---------------------------------------------------------------------------- the page (AppTest)
 
 
-def open_watch(**params: str):
+def open_watch(page: str = "pages/watch.py", **params: str):
     from streamlit.testing.v1 import AppTest
 
     from backend.config import REPO_ROOT
@@ -576,7 +578,7 @@ def open_watch(**params: str):
     at = AppTest.from_file(str(REPO_ROOT / "app.py"), default_timeout=120)
     for k, v in params.items():
         at.query_params[k] = v
-    at.switch_page("pages/watch.py")
+    at.switch_page(page)
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
@@ -598,6 +600,16 @@ def test_watch_page(watch_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(table) == 20 and "None" not in table.astype(str).to_numpy().ravel().tolist()
     assert at.query_params["run"] == "watch-drift"
 
+    assert verdict.startswith("**Error** (tau cost") and "drift, tau " in verdict      # a large drop: an error
+
+    at = open_watch(run="watch-small-drift")           # a confirmed drop of a few % of tau: a note, not red
+    assert not at.error and not at.warning, [e.value for e in at.error]
+    note = at.info[0].value
+    assert note.startswith("**Note** (tau cost ") and "DRIFT: window(s)" in note, note
+    assert "Severity follows the tau cost" in "\n".join(c.value for c in at.caption)
+    at = open_watch(id="watch-small-drift", page="pages/run.py")     # the run page says it at the same level
+    assert not at.error and at.info[0].value.startswith("**Note** (tau cost "), [e.value for e in at.info]
+
     at = open_watch(run="watch-sglang")
     assert "no drift" in at.success[0].value and len(at.get("plotly_chart")) == 2
     assert "No per-position acceptance" in "\n".join(e.value for e in at.info)
@@ -613,6 +625,28 @@ def test_watch_page(watch_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     at = open_watch(run="x' OR 1=1; DROP TABLE runs; --" + "y" * 500)     # shown as text, cut; never SQL
     notice = "\n".join(e.value for e in at.warning)
     assert "OR 1=1" in notice and "\u2026" in notice and len(at.get("plotly_chart")) == 3
+
+
+def test_drift_is_sized_as_a_tau_cost() -> None:
+    """dashboard/watch_charts.verdict_level: a confirmed drift is as loud as what it costs against the baseline tau
+    (the one severity scale); below the user's --min-tau is an error; a clean watch ok, no traffic a note."""
+    import pandas as pd
+
+    from dashboard import watch_charts
+
+    def frame(drop: float) -> pd.DataFrame:
+        return pd.DataFrame({"drafts": [1000] * 6, "accepted": [1500] * 3 + [int(1000 * (1.5 - drop))] * 3,
+                             "baseline_tau": [2.5] * 6, "drift": [False] * 3 + [True] * 3})
+
+    drift = {"state": "drift", "line": "watch w: DRIFT: window(s) 4-6"}
+    for drop, key in ((0.07, "note"), (0.3, "warning"), (1.0, "error")):       # 3%, 12%, 40% of tau 2.5
+        level, text = watch_charts.verdict_level(drift, frame(drop))
+        assert level.key == key and text.endswith(drift["line"]) and "against 2.50" in text, (drop, level, text)
+    below = {**drift, "below_min_windows": [5, 6]}
+    assert watch_charts.verdict_level(below, frame(0.07))[0].key == "error"
+    assert watch_charts.verdict_level({"state": "below_min_tau", "line": "x"}, frame(0.0))[0].key == "error"
+    assert watch_charts.verdict_level({"state": "ok", "line": "x"})[0].key == "ok"
+    assert watch_charts.verdict_level({"state": "no_traffic", "line": "x"})[0].key == "note"
 
 
 def test_watch_page_without_watch_runs(data_root: Path) -> None:
