@@ -447,3 +447,67 @@ def test_dashboard_urls_are_built_in_one_backend_module() -> None:
     assert {f: v for f, v in found.items() if v} == {}
     assert _url_strings('"""/drafter?run=x in a docstring"""\nx = "/compare?runs=" + ids\n') == [
         (2, "/compare?runs=")]
+
+
+# ---------------------------------------------------------------------------- one page registry (issue 21 item 4)
+
+PAGE_HOME = "backend/links.py"        # the one page registry (PAGES); dashboard/page_registry.py builds st.Page
+NAV_HOME = "dashboard/page_registry.py"
+_SCRIPT = re.compile(r"^pages/\w+\.py$")
+
+
+def _page_lists(source: str, views: set[str]) -> list[tuple[int, str]]:
+    """(line, what) for each second registration of pages in `source`: an st.Page(...) call, or a literal list,
+    tuple, set or dict (its keys or its values) that names two page scripts ('pages/x.py'), two view URL paths
+    ('/compare') or three view names."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Page":
+            out.append((node.lineno, "st.Page"))
+        groups = []
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            groups.append(node.elts)
+        elif isinstance(node, ast.Dict):
+            groups += [[k for k in node.keys if k is not None], node.values]
+        for elts in groups:
+            s = [e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            scripts = [x for x in s if _SCRIPT.match(x)]
+            urls = [x for x in s if x.startswith("/") and x[1:] in views]
+            names = [x for x in s if x in views]
+            if len(scripts) >= 2 or len(urls) >= 2 or len(names) >= 3:
+                out.append((node.lineno, "pages listed"))
+    return sorted(set(out))
+
+
+def test_the_pages_are_registered_once() -> None:
+    """The pages are one table (backend/links.py PAGES, below the dashboard, so the CLI's links use it too): app.py's
+    navigation and the run page's links derive from it (dashboard/page_registry.py); no other module of the code
+    lists pages or builds an st.Page, and every page script a module names alone is registered and exists."""
+    from backend.links import PAGES
+
+    views = set(PAGES)
+    assert {p.script for p in PAGES.values()} == {str(f.relative_to(REPO)) for f in (REPO / "pages").glob("*.py")}
+    found, unregistered = [], []
+    files = [REPO / "app.py", *(f for d in (*CODE, "gpu") for f in sorted((REPO / d).rglob("*.py")))]
+    for f in files:
+        rel = str(f.relative_to(REPO))
+        src = f.read_text()
+        if rel != PAGE_HOME:
+            found += [f"{rel}:{n} {what}" for n, what in _page_lists(src, views)
+                      if not (rel == NAV_HOME and what == "st.Page")]
+        unregistered += [f"{rel}:{n.lineno} {n.value}" for n in ast.walk(ast.parse(src))
+                         if isinstance(n, ast.Constant) and isinstance(n.value, str) and _SCRIPT.match(n.value)
+                         and n.value not in {p.script for p in PAGES.values()}]
+    assert found == [], "register a page in backend/links.py PAGES, link with dashboard/page_registry.py"
+    assert unregistered == []
+
+
+def test_the_page_list_check_can_fail() -> None:
+    views = {"runs", "compare", "run", "stats"}
+    snippet = ('PAGES = {"runs": "pages/runs.py", "compare": "pages/compare.py"}\n'
+               'ICONS = {"runs": ":material/list:", "compare": "x", "stats": "y"}\n'
+               'P = st.Page("pages/runs.py", title="Runs")\n'
+               'NAV = ["/runs", "/compare"]\n'
+               'ok = {"runs": ids, "baseline": "paired"}\nst.page_link("pages/run.py", label="Open")\n')
+    assert _page_lists(snippet, views) == [(1, "pages listed"), (2, "pages listed"), (3, "st.Page"),
+                                           (4, "pages listed")]
