@@ -15,7 +15,7 @@ from pathlib import Path
 
 from backend import coords
 from backend.errors import SpecLensError
-from backend.options import SERVING_ENGINES, VLLM_RUNNERS
+from backend.options import RUNNER_ENGINE, SERVING_ENGINES, VLLM_RUNNERS
 from backend.runs.manifest import CheckInfo, DrafterInfo, ModelInfo, StoredManifest
 from backend.store.data_root import DataRoot
 
@@ -134,7 +134,8 @@ def changes(rows: list[FeedRow]) -> list[dict]:
     """Per engine (and per vLLM runner, and for the runner vLLM picks): each release where what is fed changed
     from the release before; `first` marks the first such change."""
     out = []
-    tracks = [("sglang", None), ("vllm", "picked"), ("vllm", "v1"), ("vllm", "v2")]
+    tracks = [*((e, None) for e in SERVING_ENGINES if e != RUNNER_ENGINE), (RUNNER_ENGINE, "picked"),
+              *((RUNNER_ENGINE, r) for r in VLLM_RUNNERS)]
     for engine, track in tracks:
         seq = [r for r in rows if r.engine == engine and
                (track is None or (r.picked if track == "picked" else r.runner == track))]
