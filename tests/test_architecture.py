@@ -166,7 +166,9 @@ def test_every_conventions_anchor_cited_exists() -> None:
 
 # ---------------------------------------------------------------------- every third-party import is declared
 
-CODE = ("backend", "dashboard", "pages", "bench", "tools")
+# gpu/: the GPU scripts run on the GPU image (Dockerfile.gpu: requirements.txt but torch, which the image brings), so
+# what they import is declared in requirements.txt like the runtime's
+CODE = ("backend", "dashboard", "pages", "bench", "tools", "gpu")
 FIRST_PARTY = {"backend", "dashboard", "pages", "bench", "tools", "gpu", "tests", "app"}
 # imported lazily, each only where that tool runs; never by the CPU path (the reason beside each)
 NOT_DECLARED = {
@@ -193,9 +195,17 @@ def _declared(path: Path) -> set[str]:
     return out
 
 
-def _third_party_imports() -> dict[str, set[str]]:
+def _sibling(f: Path, top: str) -> bool:
+    """`top` is a script module beside `f` (gpu/vllm_suite.py's `from load_suite import gpu_tag`, sglang_suite's
+    `import runner_check`, tools' and bench's helpers): a script runs with its own folder first on sys.path, so the
+    name is the repository's own file, never a distribution to declare."""
+    return (f.parent / f"{top}.py").is_file() or (f.parent / top / "__init__.py").is_file()
+
+
+def _third_party_imports(files: list[Path] | None = None) -> dict[str, set[str]]:
     """Top-level module -> files importing it, for every import (module level or inside a function) of the code."""
-    files = [REPO / "app.py", *(f for d in CODE for f in (REPO / d).rglob("*.py"))]
+    if files is None:
+        files = [REPO / "app.py", *(f for d in CODE for f in (REPO / d).rglob("*.py"))]
     out: dict[str, set[str]] = {}
     for f in files:
         tree = ast.parse(f.read_text(), filename=str(f))
@@ -208,9 +218,9 @@ def _third_party_imports() -> dict[str, set[str]]:
                 continue
             for n in names:
                 top = n.split(".")[0]
-                if top in sys.stdlib_module_names or top in FIRST_PARTY or (f.parent / f"{top}.py").exists():
+                if top in sys.stdlib_module_names or top in FIRST_PARTY or _sibling(f, top):
                     continue
-                out.setdefault(top, set()).add(str(f.relative_to(REPO)))
+                out.setdefault(top, set()).add(str(f.relative_to(REPO)) if f.is_relative_to(REPO) else str(f))
     return out
 
 
@@ -241,6 +251,18 @@ def test_every_third_party_import_is_declared_in_requirements() -> None:
 def test_the_requirements_check_can_fail(tmp_path: Path) -> None:
     (tmp_path / "r.txt").write_text("# c\ntorch==2.13.0\nPyYAML  # yaml\nAuthlib>=1.3.2\nprometheus_client==0.26.0\n")
     assert _declared(tmp_path / "r.txt") == {"torch", "pyyaml", "authlib", "prometheus-client"}
+    # a sibling script module is the repository's own; a name with no file beside the script is a distribution
+    (tmp_path / "suite.py").write_text("import torch\nfrom helper import f\nimport numpy as np\nimport missing_mod\n")
+    (tmp_path / "helper.py").write_text("def f(): ...\n")
+    tp = _third_party_imports([tmp_path / "suite.py"])
+    assert set(tp) == {"torch", "numpy", "missing_mod"}
+
+
+def test_the_gpu_scripts_are_checked() -> None:
+    """gpu/'s imports are in the requirements check: torch from the GPU scripts, and their sibling modules not."""
+    tp = _third_party_imports()
+    assert any(f.startswith("gpu/") for f in tp.get("torch", ()))
+    assert not {"load_suite", "runner_check"} & set(tp)
 
 
 # ---------------------------------------------------------------------- layers (docs/ARCHITECTURE.md)
