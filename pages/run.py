@@ -152,7 +152,7 @@ if kind == "capture" and status == "complete":
 if kind == "bench":
     k = int(m.num_spec_tokens or 0)
     base = run.get("baseline_run") if isinstance(run.get("baseline_run"), str) else None
-    texts = run_files.prompt_texts(m) if status == "complete" else {}
+    texts = run_files.prompt_texts(m, ui.data()) if status == "complete" else {}
     if status == "complete":
         st.subheader("Charts")
         both = ui.guarded(cat.bench_prompt_timings, [rid, base] if base else [rid])     # one query
@@ -228,7 +228,7 @@ with right:
     st.download_button("manifest.json", data=run_view.manifest_text(m.to_json()), file_name=f"{rid}.manifest.json",
                        mime="application/json", icon=":material/download:", key="dl_manifest")
 
-log = run_files.log_tail(run["path"], m)
+log = run_files.log_tail(run["path"], m, ui.data())
 if log is not None:
     st.subheader("Log")
     st.caption(f"The last {len(log.lines)} lines of `{log.path}`.")
