@@ -441,6 +441,25 @@ def test_compare_backend_returns_data_not_words() -> None:
         assert line == "**Fed the wrong boundaries.** " + compare_words.mismatch_line(m)
 
 
+def test_feeds_and_align_return_data_not_words() -> None:
+    """Issue 21 item 4: backend/feeds.py and backend/align.py build no markdown and import nothing of dashboard/;
+    they return data (feeds.summary a `Summary`, an `Alignment`'s CKA figures) and the pages word it:
+    dashboard/feeds_words.py the Feeds page's summary lines, dashboard/align_words.py the alignment's CKA words and
+    one-line verdict (the command line words them in backend/release_cli.py and backend/__main__.py)."""
+    from backend import align, feeds
+
+    for name in ("feeds.py", "align.py"):
+        f = REPO / "backend" / name
+        assert not _markdown_strings(f.read_text()), (name, _markdown_strings(f.read_text()))
+        assert not [m for m in _imports(f) if m.split(".")[0] == "dashboard"], name
+    assert not hasattr(align.Alignment, "cka_words") and not hasattr(align.Alignment, "headline")
+    assert not hasattr(feeds, "print_text")
+    assert feeds.summary.__annotations__["return"] in ("Summary", feeds.Summary)
+    pages = {p: (REPO / "pages" / p).read_text() for p in ("feeds.py", "alignment.py")}
+    assert "feeds_words.summary_lines(feeds.summary(m))" in pages["feeds.py"]
+    assert "align_words.cka_words(al)" in pages["alignment.py"]
+
+
 def test_the_markdown_check_can_fail() -> None:
     snippet = ('A = "**bold**"\nB = f"see [check](/drafter?run={x})"\n'
                '# --- compat (begin)\nC = "**ok**"\n# --- compat (end)\n')
