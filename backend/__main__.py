@@ -61,13 +61,16 @@ def cmd_import(a: argparse.Namespace) -> int:
 
 
 def cmd_align(a: argparse.Namespace) -> int:
-    from backend.align import get_alignment
+    from backend.align import CKA_SE_BOUND, get_alignment
 
     al = get_alignment(a.run_a, a.run_b)
     if a.json:
         print(json.dumps(al.to_json(), indent=None if a.compact else 1))
         return 0
-    print(f"A = {al.a}, B = {al.b}: {al.tokens} shared tokens ({al.cka_words})")
+    cka = ("CKA exact on all shared tokens" if al.cka_exact else
+           f"CKA estimated from {al.cka_tokens} Gram rows over all tokens, within {CKA_SE_BOUND:g} standard errors "
+           f"of the exact value (largest standard error {al.cka_se_max:.4f})")
+    print(f"A = {al.a}, B = {al.b}: {al.tokens} shared tokens ({cka})")
     for f in al.verdict:
         print(f"[{f.kind}] {f.text}")
     for w in al.warnings:

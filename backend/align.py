@@ -94,13 +94,11 @@ class Alignment:
     cka_definition: str = ""
 
     @property
-    def cka_words(self) -> str:
-        """How the CKA figures were computed, short: exact on all tokens, or estimated with its bound."""
-        if self.cka_exact:
-            return "CKA exact on all shared tokens"
-        se = max((v for row in self.cka_se for v in row if v is not None), default=0.0)
-        return (f"CKA estimated from {self.cka_tokens} Gram rows over all tokens, within {CKA_SE_BOUND:g} standard "
-                f"errors of the exact value (largest standard error {se:.4f})")
+    def cka_se_max(self) -> float:
+        """The largest standard error of an estimated CKA (0 when every CKA is exact): with `cka_exact`,
+        `cka_tokens` (the Gram rows) and CKA_SE_BOUND, how the CKA figures were computed (the page words it in
+        dashboard/align_words.py, the command line in backend/__main__.py)."""
+        return max((v for row in self.cka_se for v in row if v is not None), default=0.0)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -113,9 +111,6 @@ class Alignment:
         m = d.pop("matrices")
         d["verdict"] = [Finding(**f) for f in d["verdict"]]
         return cls(cosine=m["cosine"], rel_l2=m["rel_l2"], cka=m["cka"], **d)
-
-    def headline(self) -> str:
-        return " ".join(f.text for f in self.verdict)
 
 
 # ---------------------------------------------------------------------------- loading

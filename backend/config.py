@@ -71,13 +71,14 @@ def jobs_enabled() -> bool:
     return _flag("SPECLENS_ALLOW_JOBS")
 
 
-def model_roots() -> list[Path]:
+def model_roots(where: Paths | None = None) -> list[Path]:
     """Where job specs may read models, drafters and prompts from: SPECLENS_MODEL_ROOTS (paths separated by
-    os.pathsep), default the data root and <repo>/models. Prompts may also come from <repo>/datasets."""
+    os.pathsep), default the data root (`where`'s, else the environment's) and <repo>/models. Prompts may also come
+    from <repo>/datasets."""
     env = os.environ.get("SPECLENS_MODEL_ROOTS", "").strip()
     if env:
         return [Path(p).expanduser().resolve() for p in env.split(os.pathsep) if p.strip()]
-    return [data_root(), REPO_ROOT / "models"]
+    return [where.root if where is not None else data_root(), REPO_ROOT / "models"]
 
 
 DEFAULT_PORT = 8501          # Streamlit's default, what `make demo` and `make serve` use unless PORT= is given

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from backend import coords
 from backend.errors import SpecLensError
-from backend.options import SERVING_ENGINES, VLLM_RUNNERS
+from backend.options import ENGINE_LABELS, RUNNER_ENGINE, SERVING_ENGINES, VLLM_RUNNERS
 from backend.runs.manifest import CheckInfo, DrafterInfo, ModelInfo, StoredManifest
 from backend.store.data_root import DataRoot
 
@@ -23,7 +23,7 @@ ENGINES = SERVING_ENGINES
 
 
 def engine_name(engine: str) -> str:
-    return {"vllm": "vLLM", "sglang": "SGLang"}.get(engine, engine)
+    return ENGINE_LABELS.get(engine, engine)
 
 
 @dataclass
@@ -134,7 +134,8 @@ def changes(rows: list[FeedRow]) -> list[dict]:
     """Per engine (and per vLLM runner, and for the runner vLLM picks): each release where what is fed changed
     from the release before; `first` marks the first such change."""
     out = []
-    tracks = [("sglang", None), ("vllm", "picked"), ("vllm", "v1"), ("vllm", "v2")]
+    tracks = [*((e, None) for e in SERVING_ENGINES if e != RUNNER_ENGINE), (RUNNER_ENGINE, "picked"),
+              *((RUNNER_ENGINE, r) for r in VLLM_RUNNERS)]
     for engine, track in tracks:
         seq = [r for r in rows if r.engine == engine and
                (track is None or (r.picked if track == "picked" else r.runner == track))]
@@ -150,47 +151,38 @@ def changes(rows: list[FeedRow]) -> list[dict]:
     return out
 
 
-def summary(m: dict) -> list[str]:
-    """A few plain lines: what the newest release of each engine feeds, the first change, the training match."""
-    lines = []
+@dataclass
+class Newest:
+    """What the newest release of one engine feeds on the runner it picks (`row`), and each release where the
+    answer on that runner changed (`changes`: `changes()` rows of its picked track, oldest first)."""
+
+    engine: str
+    row: FeedRow
+    changes: list[dict]
+
+
+@dataclass
+class Summary:
+    """What a matrix says in short, as data (the Feeds page words it in dashboard/feeds_words.py, the command line
+    in backend/release_cli.py): the drafter's kind when it is not EAGLE-3, each serving engine's newest release,
+    and the drafter check the rows are marked against (`trained_on`: boundaries and run_id; None: no full check)."""
+
+    kind: str | None
+    newest: list[Newest]
+    trained_on: dict | None
+
+
+def summary(m: dict) -> Summary:
+    """The matrix `m` (matrix()) in short: see `Summary`."""
     kind = (m.get("drafter_ids") or {}).get("kind", "eagle3")
-    if kind != "eagle3":
-        from backend.drafter.kinds import KIND_NAMES
-        lines.append(f"a {KIND_NAMES.get(kind, kind)} drafter: ids and releases read from the kind rows of "
-                     f"backend/conventions.yaml (backend/drafter/kinds.py)")
     rows = [FeedRow(**r) for r in m["rows"]]
+    newest = []
     for engine in ENGINES:
         picked = [r for r in rows if r.engine == engine and r.picked]
-        if not picked:
-            continue
-        last = picked[-1]
-        run = f" ({last.runner.upper()})" if last.runner else ""
-        lines.append(f"{engine} {last.release}{run} feeds {_fed(last)}"
-                     + ({"matches": " - matches what the drafter was trained on",
-                         "differs": " - differs from what the drafter was trained on"}.get(last.trained or "", "")))
-        ch = [c for c in m["changes"] if c["engine"] == engine and c["track"] in ("picked", "-")]
-        if not ch:
-            lines.append(f"{engine}: the same over every release in the table")
-        for c in ch:
-            lines.append(f"{engine}: {'first change' if c['first'] else 'then'} at {c['release']} (from {c['from']}): "
-                         f"{c['change']}")
-    t = m.get("trained_on")
-    lines.append(f"trained on {', '.join(t['boundaries'])} (drafter check {t['run_id']})" if t else
-                 "no full drafter check of this pair is stored, so rows are not marked against training "
-                 "(run `python -m backend check-drafter` without --lint-only)")
-    return lines
-
-
-def print_text(m: dict) -> None:
-    print(f"drafter {m['drafter']}\ntarget  {m['target']} ({'/'.join(m['target_info']['architectures'])}, "
-          f"N={m['target_info']['n_layers']})")
-    for line in summary(m):
-        print("  " + line)
-    print(f"{'engine':7} {'release':8} {'runner':6} {'picked':6} {'feeds':24} {'trained':8} {'status':8} ids from")
-    for r in m["rows"]:
-        fed = ", ".join(r["feeds"]) if r["feeds"] else "cannot serve"
-        print(f"{r['engine']:7} {r['release']:8} {(r['runner'] or '-'):6} {('yes' if r['picked'] else ''):6} "
-              f"{fed:24} {(r['trained'] or '-'):8} {r['status']:8} {r['ids_from'] or '-'}")
+        if picked:
+            ch = [c for c in m["changes"] if c["engine"] == engine and c["track"] in ("picked", "-")]
+            newest.append(Newest(engine, picked[-1], ch))
+    return Summary(kind if kind != "eagle3" else None, newest, m.get("trained_on"))
 
 
 def page_pair(drafter: str | None, target: str | None, check: str | None,

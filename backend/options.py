@@ -4,11 +4,14 @@
   `adapter`); `ENGINE_NAMES` and `SERVING_ENGINES` (the engines with their own server, counters and id conventions)
   derive from it. Adding an engine is its module plus one line here (docs/ARCHITECTURE.md "Where to add").
 - `RUNNERS`: the vLLM model runners whose id reading SpecLens applies (backend/vllm_runner.py decides `auto`).
+- `ENGINE_LABELS` (how pages and reports name each engine), `RUNNER_ENGINE` (the engine whose model runner decides
+  what it reads) and `ENGINE_READINGS` (the engine and runner of each reading the lint reports), derived from them.
 - `DTYPES`, `DEFAULT_K` (draft tokens per step for benches and engines), `DRAFT_SAMPLING`.
 
 This module sits in the base layer (it imports nothing of backend/ but vllm_runner), so the engines, the settings
-models and the CLI below and above it all read the same lists. tests/test_settings.py checks that no second literal
-list of engine names or runner values, and no second K default, appears under backend/.
+models and the CLI below and above it all read the same lists; it imports only the standard library and `packaging`,
+so the GPU scripts (gpu/) and tools import it too. tests/test_settings.py checks that no second literal list of engine
+names or runner values, and no second K default, appears in backend/, dashboard/, pages/, gpu/, tools/ or bench/.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ ENGINES = {"hf": "backend.engines.hf", "vllm": "backend.engines.vllm", "sglang":
 IN_PROCESS_ENGINE = "hf"                                  # the reference engine: in this process, any device
 ENGINE_NAMES = tuple(ENGINES)
 SERVING_ENGINES = tuple(e for e in ENGINES if e != IN_PROCESS_ENGINE)
+ENGINE_LABELS = {"hf": "HF", "vllm": "vLLM", "sglang": "SGLang"}    # how the pages and reports name each engine
+RUNNER_ENGINE = "vllm"                                    # the engine whose model runner decides what it reads
 
 DTYPES = ("fp32", "bf16")
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}     # the engines' (and torch's) names of DTYPES
@@ -33,12 +38,15 @@ DEFAULT_K = 4                                              # K draft tokens per 
 CHECK_K = 3                                                # draft steps check-drafter scores by default
 DRAFT_SAMPLING = ("sample", "argmax")                      # T > 0: draft from q (Leviathan) or argmax (vLLM V1)
 VLLM_RUNNERS = tuple(sorted(r for r in RUNNERS if r != "auto"))   # what `auto` resolves to: v1, v2
+# (engine, runner) of each reading of a drafter's ids the lint reports: each vLLM runner (the newest first), then
+# every other serving engine's one reading (no runner)
+ENGINE_READINGS = tuple((e, r) for e in SERVING_ENGINES
+                        for r in (tuple(reversed(VLLM_RUNNERS)) if e == RUNNER_ENGINE else (None,)))
 
-__all__ = ["CHECK_K", "DEFAULT_K", "DRAFT_SAMPLING", "DTYPES", "ENGINES", "ENGINE_NAMES", "IN_PROCESS_ENGINE",
-           "RUNNERS", "SERVING_ENGINES", "TORCH_DTYPES", "VLLM_RUNNERS", "add_options", "build", "check_fields",
-           "field_choices",
-           "field_minimums", "field_types", "from_args", "option", "parse_engine_options", "required_fields",
-           "settings_fields"]
+__all__ = ["CHECK_K", "DEFAULT_K", "DRAFT_SAMPLING", "DTYPES", "ENGINES", "ENGINE_LABELS", "ENGINE_NAMES",
+           "ENGINE_READINGS", "IN_PROCESS_ENGINE", "RUNNERS", "RUNNER_ENGINE", "SERVING_ENGINES", "TORCH_DTYPES",
+           "VLLM_RUNNERS", "add_options", "build", "check_fields", "field_choices", "field_minimums", "field_types",
+           "from_args", "option", "parse_engine_options", "required_fields", "settings_fields"]
 
 
 # ---------------------------------------------------------------------------- options derived from settings fields

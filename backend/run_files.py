@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from backend.config import REPO_ROOT, model_roots, paths
+from backend.config import REPO_ROOT, model_roots
 from backend.prompts import load_prompts
 from backend.runs.manifest import StoredManifest
 from backend.store.data_root import DataRoot
@@ -102,16 +102,18 @@ def log_tail(run_dir: str | Path, manifest: dict | StoredManifest, data: DataRoo
 
 # ---------------------------------------------------------------------------- per-prompt table (bench runs)
 
-def prompt_texts(manifest: dict | StoredManifest) -> dict[str, str]:
+def prompt_texts(manifest: dict | StoredManifest, data: DataRoot | None = None) -> dict[str, str]:
     """prompt id -> its text, from the prompts file the bench read (`settings.prompts`, backend/prompts.py), for the
     per-prompt table; empty when the file is gone, unreadable, too large or outside the places job specs may read
-    prompts from (config.model_roots and <repo>/datasets: a manifest never makes the page show another file)."""
+    prompts from (config.model_roots of the run's data root `data` and <repo>/datasets: a manifest never makes the
+    page show another file)."""
     path = (StoredManifest.indexed(manifest).settings or {}).get("prompts")
     if not isinstance(path, str) or not path:
         return {}
     try:
-        allowed = [r.resolve() for r in (*model_roots(), REPO_ROOT / "datasets")]
-        f = _prompts_file(Path(path), allowed)
+        data = DataRoot.of(data)
+        allowed = [r.resolve() for r in (*model_roots(data.paths), REPO_ROOT / "datasets")]
+        f = _prompts_file(Path(path), allowed, data)
         if f is None or f.stat().st_size > PROMPT_FILE_MAX_BYTES:
             return {}
         return {p.id: p.text for p in load_prompts(f)}
@@ -119,11 +121,10 @@ def prompt_texts(manifest: dict | StoredManifest) -> dict[str, str]:
         return {}
 
 
-def _prompts_file(recorded: Path, allowed: list[Path]) -> Path | None:
+def _prompts_file(recorded: Path, allowed: list[Path], data: DataRoot) -> Path | None:
     """The prompts file a bench read: its recorded path when that is a file under an allowed root, else (a data root
-    moved or copied since) the same trailing path under the data root (`models/toy-pair/heldout.jsonl`)."""
-    tries = [recorded] + [paths().root / Path(*recorded.parts[-k:]) for k in range(min(6, len(recorded.parts) - 1), 0,
-                                                                                     -1)]
+    moved or copied since) the same trailing path under the run's data root `data` (`models/toy-pair/heldout.jsonl`)."""
+    tries = [recorded] + [data.path / Path(*recorded.parts[-k:]) for k in range(min(6, len(recorded.parts) - 1), 0, -1)]
     for t in tries:
         f = t.resolve()
         if any(f.is_relative_to(r) for r in allowed) and f.is_file():

@@ -10,11 +10,17 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from backend.options import ENGINE_LABELS, RUNNER_ENGINE, SERVING_ENGINES, VLLM_RUNNERS
+
 _LAYOUT = dict(template="plotly_white", margin=dict(l=150, r=30, t=60, b=70), font=dict(size=13))
 MATCH, DIFFER, CANNOT = "#2ca02c", "#d62728", "#b0b0b0"
 PALETTE = ["#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"]
-TRACKS = (("vllm", "picked", "vLLM (runner it picks)"), ("vllm", "v1", "vLLM V1 runner"),
-          ("vllm", "v2", "vLLM V2 runner"), ("sglang", None, "SGLang"))
+# (engine, track, name) of each line of the Feeds matrix: the runner vLLM picks, each vLLM runner, then every other
+# serving engine (backend/options.py)
+_RE = ENGINE_LABELS[RUNNER_ENGINE]
+TRACKS = ((RUNNER_ENGINE, "picked", f"{_RE} (runner it picks)"),
+          *((RUNNER_ENGINE, r, f"{_RE} {r.upper()} runner") for r in VLLM_RUNNERS),
+          *((e, None, ENGINE_LABELS[e]) for e in SERVING_ENGINES if e != RUNNER_ENGINE))
 
 
 def feeds_table(m: dict) -> pd.DataFrame:
@@ -57,9 +63,10 @@ def feeds_grid(m: dict) -> go.Figure:
     trained = m.get("trained_on")
     sets = sorted({", ".join(r["feeds"]) for r in m["rows"] if r["feeds"]})
     colour_of = {s: PALETTE[i % len(PALETTE)] for i, s in enumerate(sets)}
-    fig = make_subplots(rows=2, cols=1, row_heights=[0.75, 0.25], vertical_spacing=0.2,
-                        subplot_titles=("vLLM releases", "SGLang releases"))
-    for row, engine in ((1, "vllm"), (2, "sglang")):
+    lines = [sum(e == engine for e, _, _ in TRACKS) for engine in SERVING_ENGINES]     # a row's height: its lines
+    fig = make_subplots(rows=len(lines), cols=1, row_heights=[n / sum(lines) for n in lines], vertical_spacing=0.2,
+                        subplot_titles=tuple(f"{ENGINE_LABELS[e]} releases" for e in SERVING_ENGINES))
+    for row, engine in enumerate(SERVING_ENGINES, 1):
         for e, track, name in reversed(TRACKS):           # the first track drawn last: at the top
             if e != engine:
                 continue

@@ -66,7 +66,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-ENGINES = ("vllm", "sglang", "hf")
+from backend.options import ENGINE_NAMES, IN_PROCESS_ENGINE  # noqa: E402  (the repository is on sys.path now)
+
 START_ESTIMATE_S = {"hf": 10.0, "vllm": 55.0, "sglang": 100.0}     # one engine start (or, for hf, one interpreter)
 SHORT = {"capture": "cap", "bench": "ben", "load": "load"}
 SGLANG_FLAGS_ENV = "SPECLENS_FAULT_SGLANG_FLAGS"
@@ -1073,7 +1074,7 @@ class Suite:
             return 1
         engines = [e for e in a.engines.split(",") if e]
         plan = [(f"{e}-{k}", e, k) for e in engines for k in ("capture", "bench")] + \
-               [(f"{e}-{k}", e, k) for e in engines if e != "hf" for k in ("load", "oom")]
+               [(f"{e}-{k}", e, k) for e in engines if e != IN_PROCESS_ENGINE for k in ("load", "oom")]
         wanted = set(a.steps.split(",")) if a.steps else None
         if a.steps:  # the order given (e.g. one bench trial per engine before any capture)
             plan = [p for s in a.steps.split(",") for p in plan if p[0] == s]
@@ -1182,7 +1183,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.sglang_option is None:
         a.sglang_option = [("attention-backend", "triton"), ("disable-cuda-graph", True)]
-    bad = [e for e in a.engines.split(",") if e and e not in ENGINES]
+    bad = [e for e in a.engines.split(",") if e and e not in ENGINE_NAMES]
     if bad:
         p.error(f"--engines: unknown {bad}")
     if not 0 < a.kill_from <= a.kill_to < 1:

@@ -36,6 +36,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from backend.options import SERVING_ENGINES  # noqa: E402  (the repository is on sys.path now)
+
 os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                                                           if p and p != str(REPO)])
 os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
@@ -61,7 +63,7 @@ def env_info() -> dict:
         info.update(torch=torch.__version__, gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
     except Exception as e:  # noqa: BLE001
         info["torch"] = f"unavailable: {e}"
-    for mod in ("vllm", "sglang"):
+    for mod in SERVING_ENGINES:                  # each engine's package is named as the engine
         try:
             from importlib.metadata import version
             info[mod] = version(mod)
@@ -355,7 +357,7 @@ def main() -> int:
     p.add_argument("step", choices=["pair", "sweep", "synthetic", "watch"])
     p.add_argument("--out", required=True)
     p.add_argument("--root", default="/tmp/speclens-load")
-    p.add_argument("--engine", default="vllm", choices=["vllm", "sglang"])
+    p.add_argument("--engine", default="vllm", choices=list(SERVING_ENGINES))
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--ks", default="1,2,4,6")
     p.add_argument("--k", type=int, default=3)

@@ -295,6 +295,7 @@ class Suite:
         a = self.a
         from backend.demo import heldout_prompts, toy_pair
         from backend.engines import sglang as S
+        from backend.options import IN_PROCESS_ENGINE
         from backend.store.data_root import DataRoot
 
         self.pair = toy_pair(DataRoot(a.root))
@@ -319,7 +320,7 @@ class Suite:
             if not a.skip_capture:
                 self.run("capture", self.capture)
             if not a.real_only:
-                for engine in ("sglang", "hf"):
+                for engine in ("sglang", IN_PROCESS_ENGINE):       # SGLang and the reference engine
                     for d in DRAFTERS:
                         self.run(f"bench/{engine}/{d}", lambda logdir, e=engine, d=d: self.bench(e, d, logdir))
                         self.write_recorded()

@@ -157,6 +157,7 @@ def toy(sec: Section, out: Path, root: Path, n_capture: int, n_bench: int, max_n
     from backend.capture import CaptureSettings, run_capture
     from backend.demo import heldout_prompts, toy_pair
     from backend.engines import vllm as V
+    from backend.options import IN_PROCESS_ENGINE
     from backend.store.data_root import DataRoot
     from backend.store.rundir import COMPLETE
 
@@ -242,7 +243,7 @@ def toy(sec: Section, out: Path, root: Path, n_capture: int, n_bench: int, max_n
               (man.get("aux") or {}).get("boundaries"), flush=True)
         return res
 
-    for engine in ("hf", "vllm"):
+    for engine in (IN_PROCESS_ENGINE, "vllm"):                    # the reference engine, then vLLM
         for drafter, short in (("drafter-matched", "matched"), ("drafter-after-layer", "after_layer")):
             sec.run(f"bench_{engine}_{short}", bench, engine, drafter)
     gaps = {}

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from backend.align import MATCH_COS, get_alignment
-from dashboard import charts, ui
+from dashboard import align_words, charts, ui
 
 st.title("Layer alignment")
 runs = ui.load_runs()
@@ -23,7 +23,7 @@ with st.spinner(f"Aligning {a} with {b} ..."):
 
 ui.verdict_banner(al.verdict)
 ui.warning_list(al.warnings)
-st.caption(f"{al.tokens} tokens shared by both samples (same token in the same context); {al.cka_words}. "
+st.caption(f"{al.tokens} tokens shared by both samples (same token in the same context); {align_words.cka_words(al)}. "
            f"Red squares: B's best match in A by cosine (monotone in stream order), "
            f"drawn where that cosine is at least {MATCH_COS}. Colours: {charts.alignment_scale_note(metric)}; "
            "the same fixed scale for every pair, so two pairs' heatmaps compare (docs/DASHBOARD.md).")

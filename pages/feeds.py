@@ -5,8 +5,8 @@ dashboard/release_charts.py."""
 
 import streamlit as st
 
-from backend import feeds
-from dashboard import check_charts, release_charts, ui
+from backend import feeds, links
+from dashboard import check_charts, feeds_words, release_charts, ui
 
 HOW = ("`python -m backend feeds --drafter DRAFTER_DIR --target TARGET_DIR` prints the same matrix; "
        "`python -m backend check-drafter ...` stores a check whose pair this page can open.")
@@ -41,14 +41,14 @@ st.caption(f"Drafter `{m['drafter']}` ({m['drafter_ids']['format']} format; {ids
            f"({'/'.join(ti['architectures']) or '?'}, {ti['n_layers']} layers). Read from the config files and "
            f"backend/conventions.yaml: rows derived from each release's wheel (tools/rederive_conventions.py); "
            f"'seen' = run on real hardware (vLLM 0.24.0, 0.25.1; SGLang 0.5.15), 'inferred' = read in the code.")
-for line in feeds.summary(m):
+for line in feeds_words.summary_lines(feeds.summary(m)):
     (st.warning if "differs" in line else st.markdown)(line)
     ui.note_verdict(line)        # above exported charts, in the report bundle
 if check:                          # the fix line, in the Drafter check page's own words
     kind, words = check_charts.fix_words(ui.guarded(ui.catalog().drafter_check, check))
     if words:
-        (st.info if kind == "info" else st.success)(f"**The fix** (drafter check [{check}](/drafter?run={check})): "
-                                                   f"{words}", icon=":material/build:")
+        (st.info if kind == "info" else st.success)(
+            f"**The fix** (drafter check [{check}]({links.drafter_check(check)})): {words}", icon=":material/build:")
 ui.chart_with_downloads(release_charts.feeds_grid(m), release_charts.feeds_table(m),
                         f"feeds_{ti['architectures'][0] if ti['architectures'] else 'target'}_{ti['n_layers']}")
 st.subheader("Where the answer changed")

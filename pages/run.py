@@ -12,14 +12,8 @@ import streamlit as st
 from backend import compare, findings, regress, run_files
 from backend.config import data_root
 from backend.runs.manifest import StoredManifest
-from dashboard import charts, compare_view, run_view, severity, ui, watch_charts
+from dashboard import charts, compare_view, page_registry, run_view, severity, ui, watch_charts
 
-PAGES = {"runs": "pages/runs.py", "compare": "pages/compare.py", "stats": "pages/stats.py",
-         "alignment": "pages/alignment.py", "drafter": "pages/drafter_check.py", "feeds": "pages/feeds.py",
-         "regression": "pages/regression.py", "load": "pages/load.py", "watch": "pages/watch.py"}
-ICONS = {"runs": ":material/list:", "compare": ":material/compare_arrows:", "stats": ":material/show_chart:",
-         "alignment": ":material/grid_on:", "drafter": ":material/fact_check:", "feeds": ":material/alt_route:",
-         "regression": ":material/trending_down:", "load": ":material/speed:", "watch": ":material/monitor_heart:"}
 PICKERS_PX = 68           # the height of the per-prompt filters' row, held for it until it is drawn
 STATUS = {"complete": "green", "running": "blue", "interrupted": "orange", "failed": "red", "quarantined": "red"}
 
@@ -99,7 +93,8 @@ groups = ui.guarded(regress.group_labels) if kind == "bench" and run.get("drafte
 links = run_view.links(run, bench, captures, checks, groups)
 row = st.container(horizontal=True, gap="small", key="run_links")
 for link in links:
-    row.page_link(PAGES[link.view], label=link.label, icon=ICONS[link.view], query_params=link.params)
+    row.page_link(page_registry.script(link.view), label=link.label, icon=page_registry.icon(link.view),
+                  query_params=link.params)
 if status != "complete":
     st.caption("The other views show complete runs only.")
 
@@ -160,7 +155,7 @@ if kind == "capture" and status == "complete":
 if kind == "bench":
     k = int(m.num_spec_tokens or 0)
     base = run.get("baseline_run") if isinstance(run.get("baseline_run"), str) else None
-    texts = run_files.prompt_texts(m) if status == "complete" else {}
+    texts = run_files.prompt_texts(m, ui.data()) if status == "complete" else {}
     if status == "complete":
         st.subheader("Charts")
         both = ui.guarded(cat.bench_prompt_timings, [rid, base] if base else [rid])     # one query
@@ -236,7 +231,7 @@ with right:
     st.download_button("manifest.json", data=run_view.manifest_text(m.to_json()), file_name=f"{rid}.manifest.json",
                        mime="application/json", icon=":material/download:", key="dl_manifest")
 
-log = run_files.log_tail(run["path"], m)
+log = run_files.log_tail(run["path"], m, ui.data())
 if log is not None:
     st.subheader("Log")
     st.caption(f"The last {len(log.lines)} lines of `{log.path}`.")

@@ -13,13 +13,14 @@ from backend.demo import DEMO_PAIRS
 from backend.errors import SpecLensError
 from backend.stats import context_hashes
 from backend.store.data_root import DataRoot
+from dashboard.align_words import headline
 
 
 @pytest.mark.parametrize("a,b,expected", DEMO_PAIRS)
 def test_demo_verdicts(demo_root, a, b, expected):
     al = align_runs(a, b, DataRoot(demo_root))
     kinds = [f.kind for f in al.verdict]
-    assert kinds[0] == expected, (kinds, al.headline())
+    assert kinds[0] == expected, (kinds, headline(al))
     if expected == "aligned":
         assert kinds == ["aligned"] and al.offset == 0
     if expected == "offset":

@@ -27,6 +27,7 @@ from backend.config import REPO_ROOT
 from backend.importers import import_capture
 from backend.producers import write_training_data
 from backend.store.data_root import DataRoot
+from dashboard.align_words import headline
 
 N = 8
 ALL_S = [f"S_{i}" for i in range(N + 1)]
@@ -72,12 +73,12 @@ def test_specforge_style_f_as_s_n_against_a_reference_without_f(caps):
     """vLLM extract data whose last state is F, imported as S_8, against a capture of S_0..S_8 (no F): final norm,
     with the fitted weight checked against the target's own model.norm.weight (read from the manifest's model)."""
     al = align_runs("ref", "vx-f", DataRoot(caps["root"]))
-    assert kinds(al) == ["final_norm"], al.headline()
+    assert kinds(al) == ["final_norm"], headline(al)
     text = al.verdict[0].text
     assert "B's S_8 is F (the final norm's output)" in text
     assert "RMSNorm(A's S_8) x a fitted per-dimension weight matches it to relative L2" in text
     assert "The fitted weight equals the target's own final norm weight (model.norm.weight of" in text
-    assert "No good match" not in al.headline() and "drift" not in al.headline().lower()
+    assert "No good match" not in headline(al) and "drift" not in headline(al).lower()
     assert al.verdict[0].pairs == [["S_8", "S_8"]] and al.offset == 0
     fit = next(f for f in al.norm_fits if f["y"] == "S_8" and f["side"] == "B")
     assert fit["rel_l2_norm_fit"] < 1e-4 and fit["weight_rel"] < 1e-3 and fit["rel_l2_target"] < 1e-4
@@ -91,7 +92,7 @@ def test_bf16_f_as_s_n_and_the_fitted_residual(caps):
     """bf16 F relabelled S_8 against fp32 S_0..S_8: the residual is the bf16 drift (about 1.5%), still final norm."""
     al = align_samples(caps["ref"], relabel(caps["b16"], {"S_2": "S_2", "S_4": "S_4", "S_5": "S_5", "S_8": "F"}),
                        device="cpu")
-    assert kinds(al) == ["final_norm"], al.headline()
+    assert kinds(al) == ["final_norm"], headline(al)
     fit = next(f for f in al.norm_fits if f["y"] == "S_8")
     assert 1e-3 < fit["rel_l2_norm_fit"] < NORM_FIT_REL_L2
     assert f"relative L2 {fit['rel_l2_norm_fit']:.4f}" in al.verdict[0].text
@@ -101,7 +102,7 @@ def test_bf16_f_as_s_n_and_the_fitted_residual(caps):
 def test_a_side_holding_f_as_s_n(caps):
     al = align_samples(relabel(caps["full"], {"S_0": "S_0", "S_2": "S_2", "S_8": "F"}, run_id="a"),
                        relabel(caps["b16"], {"S_2": "S_2", "S_8": "S_8"}), device="cpu")
-    assert kinds(al) == ["final_norm"], al.headline()
+    assert kinds(al) == ["final_norm"], headline(al)
     assert al.verdict[0].text.startswith("Final norm: A's S_8 is F (the final norm's output)")
     assert "RMSNorm(B's S_8)" in al.verdict[0].text and al.verdict[0].pairs == [["S_8", "S_8"]]
 
@@ -117,7 +118,7 @@ def test_unit_weight_norm_is_seen_although_cosine_is_blind_to_it(caps):
     al = align_samples(ref, b, device="cpu")
     row = {r["boundary"]: r for r in al.per_boundary}
     assert row["S_8"]["cosine"] == pytest.approx(1.0, abs=1e-5) and row["S_8"]["rel_l2"] > 0.3
-    assert kinds(al) == ["final_norm"], al.headline()
+    assert kinds(al) == ["final_norm"], headline(al)
     assert "B's S_8 is F" in al.verdict[0].text
     assert "is not the target's final norm weight" in al.verdict[0].text
 
@@ -134,14 +135,14 @@ def test_without_a_target_the_fit_alone_names_it(caps):
 def test_f_labelled_f_against_a_reference_without_f_is_honest(caps):
     """B's F is F as labelled (RMSNorm(A's S_8) x weight): not a mismatch, not 'no good match'."""
     al = align_samples(caps["ref"], relabel(caps["full"], {"S_2": "S_2", "S_5": "S_5", "F": "F"}), device="cpu")
-    assert kinds(al) == ["aligned"], al.headline()
-    assert "B's F has no namesake in A" in al.headline() and "it is F, as labelled" in al.headline()
+    assert kinds(al) == ["aligned"], headline(al)
+    assert "B's F has no namesake in A" in headline(al) and "it is F, as labelled" in headline(al)
     assert normed(al) == []
 
 
 def test_final_norm_with_f_in_the_reference_still_by_cosine(caps):
     al = align_runs("full", "vx-f", DataRoot(caps["root"]))
-    assert kinds(al) == ["final_norm"], al.headline()
+    assert kinds(al) == ["final_norm"], headline(al)
     assert al.verdict[0].pairs == [["F", "S_8"]] and "B's S_8 matches A's F" in al.verdict[0].text
 
 
@@ -152,8 +153,8 @@ def test_aligned_and_drift_never_read_final_norm_or_mislabelled(caps, a, b, kind
     if a == "ref" and b == "b16":
         B = relabel(B, {lbl: lbl for lbl in ALL_S})          # bf16 S_0..S_8 against fp32 S_0..S_8, no F anywhere
     al = align_samples(caps[a], dataclasses.replace(B, run_id="b"), device="cpu")
-    assert kinds(al) == [kind], al.headline()
-    assert normed(al) == [] and "Final norm" not in al.headline() and "ids differ" not in al.headline()
+    assert kinds(al) == [kind], headline(al)
+    assert normed(al) == [] and "Final norm" not in headline(al) and "ids differ" not in headline(al)
     if kind == "drift":
         assert any(f["y"] == "S_8" for f in al.norm_fits)   # S_8 drifts, so it was tested, and is not F
         assert all(not f["is_final_norm"] for f in al.norm_fits if f["y"] != "F")
@@ -196,7 +197,7 @@ def test_states_with_different_offsets_are_mislabelled(caps):
     that label them right, and no before/after-layer wording."""
     b = relabel(caps["full"], {"S_2": "S_6", "S_4": "S_2", "S_5": "S_4", "S_8": "S_8"})
     al = align_samples(caps["full"], b, device="cpu")
-    assert kinds(al) == ["mislabelled"], al.headline()
+    assert kinds(al) == ["mislabelled"], headline(al)
     text = al.verdict[0].text
     assert "the ids differ" in text
     for m in ("B's S_2 -> A's S_6 (+4)", "B's S_4 -> A's S_2 (-2)", "B's S_5 -> A's S_4 (-1)"):
@@ -211,7 +212,7 @@ def test_states_with_different_offsets_are_mislabelled(caps):
 def test_one_state_shifted_others_right_is_mislabelled(caps):
     b = relabel(caps["full"], {"S_2": "S_2", "S_4": "S_5", "S_5": "S_6", "S_8": "S_8"})
     al = align_samples(caps["full"], b, device="cpu")
-    assert kinds(al) == ["mislabelled"], al.headline()
+    assert kinds(al) == ["mislabelled"], headline(al)
     assert "B's S_2 -> A's S_2 (as labelled)" in al.verdict[0].text and "offsets (0, +1)" in al.verdict[0].text
     assert "B's S_4 -> A's S_5 (+1)" in al.verdict[0].text and "[1, 4, 5] read as id a = S_(a+1)" in al.verdict[0].text
 
@@ -228,14 +229,14 @@ def test_after_layer_aux_and_f_as_s_n_both_said(caps):
     """SpecForge-like data (aux after layer, last state F) labelled S_2,S_4,S_5,S_8 against S_0..S_8 without F."""
     b = relabel(caps["full"], {"S_2": "S_3", "S_4": "S_5", "S_5": "S_6", "S_8": "F"})
     al = align_samples(caps["ref"], b, device="cpu")
-    assert kinds(al) == ["offset", "final_norm"], al.headline()
+    assert kinds(al) == ["offset", "final_norm"], headline(al)
     assert "B's S_8 is F" in al.verdict[1].text and al.offset == 1
 
 
 def test_norm_fits_survive_the_json_round_trip(caps):
     al = align_runs("ref", "vx-f", DataRoot(caps["root"]))
     back = Alignment.from_json(json.loads(json.dumps(al.to_json())))
-    assert back.norm_fits == al.norm_fits and back.headline() == al.headline()
+    assert back.norm_fits == al.norm_fits and headline(back) == headline(al)
     old = al.to_json()
     old.pop("norm_fits")                          # a drafter check stored before the field existed
     assert Alignment.from_json(old).norm_fits == []

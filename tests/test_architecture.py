@@ -166,7 +166,9 @@ def test_every_conventions_anchor_cited_exists() -> None:
 
 # ---------------------------------------------------------------------- every third-party import is declared
 
-CODE = ("backend", "dashboard", "pages", "bench", "tools")
+# gpu/: the GPU scripts run on the GPU image (Dockerfile.gpu: requirements.txt but torch, which the image brings), so
+# what they import is declared in requirements.txt like the runtime's
+CODE = ("backend", "dashboard", "pages", "bench", "tools", "gpu")
 FIRST_PARTY = {"backend", "dashboard", "pages", "bench", "tools", "gpu", "tests", "app"}
 # imported lazily, each only where that tool runs; never by the CPU path (the reason beside each)
 NOT_DECLARED = {
@@ -193,9 +195,17 @@ def _declared(path: Path) -> set[str]:
     return out
 
 
-def _third_party_imports() -> dict[str, set[str]]:
+def _sibling(f: Path, top: str) -> bool:
+    """`top` is a script module beside `f` (gpu/vllm_suite.py's `from load_suite import gpu_tag`, sglang_suite's
+    `import runner_check`, tools' and bench's helpers): a script runs with its own folder first on sys.path, so the
+    name is the repository's own file, never a distribution to declare."""
+    return (f.parent / f"{top}.py").is_file() or (f.parent / top / "__init__.py").is_file()
+
+
+def _third_party_imports(files: list[Path] | None = None) -> dict[str, set[str]]:
     """Top-level module -> files importing it, for every import (module level or inside a function) of the code."""
-    files = [REPO / "app.py", *(f for d in CODE for f in (REPO / d).rglob("*.py"))]
+    if files is None:
+        files = [REPO / "app.py", *(f for d in CODE for f in (REPO / d).rglob("*.py"))]
     out: dict[str, set[str]] = {}
     for f in files:
         tree = ast.parse(f.read_text(), filename=str(f))
@@ -208,9 +218,9 @@ def _third_party_imports() -> dict[str, set[str]]:
                 continue
             for n in names:
                 top = n.split(".")[0]
-                if top in sys.stdlib_module_names or top in FIRST_PARTY or (f.parent / f"{top}.py").exists():
+                if top in sys.stdlib_module_names or top in FIRST_PARTY or _sibling(f, top):
                     continue
-                out.setdefault(top, set()).add(str(f.relative_to(REPO)))
+                out.setdefault(top, set()).add(str(f.relative_to(REPO)) if f.is_relative_to(REPO) else str(f))
     return out
 
 
@@ -241,6 +251,18 @@ def test_every_third_party_import_is_declared_in_requirements() -> None:
 def test_the_requirements_check_can_fail(tmp_path: Path) -> None:
     (tmp_path / "r.txt").write_text("# c\ntorch==2.13.0\nPyYAML  # yaml\nAuthlib>=1.3.2\nprometheus_client==0.26.0\n")
     assert _declared(tmp_path / "r.txt") == {"torch", "pyyaml", "authlib", "prometheus-client"}
+    # a sibling script module is the repository's own; a name with no file beside the script is a distribution
+    (tmp_path / "suite.py").write_text("import torch\nfrom helper import f\nimport numpy as np\nimport missing_mod\n")
+    (tmp_path / "helper.py").write_text("def f(): ...\n")
+    tp = _third_party_imports([tmp_path / "suite.py"])
+    assert set(tp) == {"torch", "numpy", "missing_mod"}
+
+
+def test_the_gpu_scripts_are_checked() -> None:
+    """gpu/'s imports are in the requirements check: torch from the GPU scripts, and their sibling modules not."""
+    tp = _third_party_imports()
+    assert any(f.startswith("gpu/") for f in tp.get("torch", ()))
+    assert not {"load_suite", "runner_check"} & set(tp)
 
 
 # ---------------------------------------------------------------------- layers (docs/ARCHITECTURE.md)
@@ -420,6 +442,25 @@ def test_compare_backend_returns_data_not_words() -> None:
         assert line.endswith(compare_words.mismatch_line(m))
 
 
+def test_feeds_and_align_return_data_not_words() -> None:
+    """Issue 21 item 4: backend/feeds.py and backend/align.py build no markdown and import nothing of dashboard/;
+    they return data (feeds.summary a `Summary`, an `Alignment`'s CKA figures) and the pages word it:
+    dashboard/feeds_words.py the Feeds page's summary lines, dashboard/align_words.py the alignment's CKA words and
+    one-line verdict (the command line words them in backend/release_cli.py and backend/__main__.py)."""
+    from backend import align, feeds
+
+    for name in ("feeds.py", "align.py"):
+        f = REPO / "backend" / name
+        assert not _markdown_strings(f.read_text()), (name, _markdown_strings(f.read_text()))
+        assert not [m for m in _imports(f) if m.split(".")[0] == "dashboard"], name
+    assert not hasattr(align.Alignment, "cka_words") and not hasattr(align.Alignment, "headline")
+    assert not hasattr(feeds, "print_text")
+    assert feeds.summary.__annotations__["return"] in ("Summary", feeds.Summary)
+    pages = {p: (REPO / "pages" / p).read_text() for p in ("feeds.py", "alignment.py")}
+    assert "feeds_words.summary_lines(feeds.summary(m))" in pages["feeds.py"]
+    assert "align_words.cka_words(al)" in pages["alignment.py"]
+
+
 def test_the_markdown_check_can_fail() -> None:
     snippet = ('A = "**bold**"\nB = f"see [check](/drafter?run={x})"\n'
                '# --- compat (begin)\nC = "**ok**"\n# --- compat (end)\n')
@@ -448,3 +489,67 @@ def test_dashboard_urls_are_built_in_one_backend_module() -> None:
     assert {f: v for f, v in found.items() if v} == {}
     assert _url_strings('"""/drafter?run=x in a docstring"""\nx = "/compare?runs=" + ids\n') == [
         (2, "/compare?runs=")]
+
+
+# ---------------------------------------------------------------------------- one page registry (issue 21 item 4)
+
+PAGE_HOME = "backend/links.py"        # the one page registry (PAGES); dashboard/page_registry.py builds st.Page
+NAV_HOME = "dashboard/page_registry.py"
+_SCRIPT = re.compile(r"^pages/\w+\.py$")
+
+
+def _page_lists(source: str, views: set[str]) -> list[tuple[int, str]]:
+    """(line, what) for each second registration of pages in `source`: an st.Page(...) call, or a literal list,
+    tuple, set or dict (its keys or its values) that names two page scripts ('pages/x.py'), two view URL paths
+    ('/compare') or three view names."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Page":
+            out.append((node.lineno, "st.Page"))
+        groups = []
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            groups.append(node.elts)
+        elif isinstance(node, ast.Dict):
+            groups += [[k for k in node.keys if k is not None], node.values]
+        for elts in groups:
+            s = [e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            scripts = [x for x in s if _SCRIPT.match(x)]
+            urls = [x for x in s if x.startswith("/") and x[1:] in views]
+            names = [x for x in s if x in views]
+            if len(scripts) >= 2 or len(urls) >= 2 or len(names) >= 3:
+                out.append((node.lineno, "pages listed"))
+    return sorted(set(out))
+
+
+def test_the_pages_are_registered_once() -> None:
+    """The pages are one table (backend/links.py PAGES, below the dashboard, so the CLI's links use it too): app.py's
+    navigation and the run page's links derive from it (dashboard/page_registry.py); no other module of the code
+    lists pages or builds an st.Page, and every page script a module names alone is registered and exists."""
+    from backend.links import PAGES
+
+    views = set(PAGES)
+    assert {p.script for p in PAGES.values()} == {str(f.relative_to(REPO)) for f in (REPO / "pages").glob("*.py")}
+    found, unregistered = [], []
+    files = [REPO / "app.py", *(f for d in (*CODE, "gpu") for f in sorted((REPO / d).rglob("*.py")))]
+    for f in files:
+        rel = str(f.relative_to(REPO))
+        src = f.read_text()
+        if rel != PAGE_HOME:
+            found += [f"{rel}:{n} {what}" for n, what in _page_lists(src, views)
+                      if not (rel == NAV_HOME and what == "st.Page")]
+        unregistered += [f"{rel}:{n.lineno} {n.value}" for n in ast.walk(ast.parse(src))
+                         if isinstance(n, ast.Constant) and isinstance(n.value, str) and _SCRIPT.match(n.value)
+                         and n.value not in {p.script for p in PAGES.values()}]
+    assert found == [], "register a page in backend/links.py PAGES, link with dashboard/page_registry.py"
+    assert unregistered == []
+
+
+def test_the_page_list_check_can_fail() -> None:
+    views = {"runs", "compare", "run", "stats"}
+    snippet = ('PAGES = {"runs": "pages/runs.py", "compare": "pages/compare.py"}\n'
+               'ICONS = {"runs": ":material/list:", "compare": "x", "stats": "y"}\n'
+               'P = st.Page("pages/runs.py", title="Runs")\n'
+               'NAV = ["/runs", "/compare"]\n'
+               'ok = {"runs": ids, "baseline": "paired"}\nst.page_link("pages/run.py", label="Open")\n')
+    assert _page_lists(snippet, views) == [(1, "pages listed"), (2, "pages listed"), (3, "st.Page"),
+                                           (4, "pages listed")]

@@ -19,6 +19,7 @@ from backend.importers import import_capture
 from backend.producers import drafter_config, write_training_data
 from backend.store.data_root import DataRoot
 from backend.toy.target import build_random_target
+from dashboard.align_words import headline
 
 N = 8
 S_LABELS = ["S_2", "S_4", "S_5", "S_8"]
@@ -387,7 +388,7 @@ def test_peer_artifact_imports_with_the_right_labels(peers, name, fmt, ids, dete
     assert ("detected" in m["source"]) == (fmt is None)
     assert r.tokens == sum(len(t) for t in fixture_tokens(name.replace("-compress", "")))
     al = align_runs("hf", r.run_id, DataRoot(peers["root"]))
-    assert [f.kind for f in al.verdict] == ["aligned"], al.headline()
+    assert [f.kind for f in al.verdict] == ["aligned"], headline(al)
     for lbl in labels:
         assert rel_l2(al, lbl) < 1e-4, (lbl, rel_l2(al, lbl))      # vLLM CPU fp32 vs HF fp32: ~1e-6
 
@@ -414,7 +415,7 @@ def test_fp8_connector_output_is_dequantised(peers):
     assert "hidden_states_scales" in m["source"]["dequantised"]
     al = align_runs("hf", r.run_id, DataRoot(peers["root"]))
     kinds_ = [f.kind for f in al.verdict]
-    assert kinds_ == ["drift"], al.headline()                      # fp8 is never "same 16-bit": the strict rule
+    assert kinds_ == ["drift"], headline(al)                      # fp8 is never "same 16-bit": the strict rule
     assert "fp8_e4m3fn" in al.verdict[0].text
     for lbl in m["boundaries"]:
         assert 0.005 < rel_l2(al, lbl) < 0.1, (lbl, rel_l2(al, lbl))

@@ -1,7 +1,8 @@
 """Names, defaults and settings are defined once (issue 21 item 2).
 
-Static checks over backend/ (AST): no second literal list of engine names (backend/options.py ENGINES is the one
-registry) or of vLLM runner values (backend/vllm_runner.py RUNNERS), and no K default written as a number anywhere but
+Static checks over the code (AST over backend/, dashboard/, pages/, gpu/, tools/, bench/ and app.py): no second
+literal list of engine names (backend/options.py ENGINES is the one registry), nor a table keyed by them, nor one of
+vLLM runner values (backend/vllm_runner.py RUNNERS), and no K default written as a number anywhere but
 backend/options.py; each check is shown to fail on a snippet that repeats the list."""
 
 from __future__ import annotations
@@ -50,15 +51,31 @@ def _k_default(node: ast.AST) -> bool:
     return False
 
 
+def _rows(node: ast.AST) -> list[set[str]] | None:
+    """The string constants of each row of a literal tuple/list of tuples ((1, "vllm"), (2, "sglang")); None for
+    anything else."""
+    if isinstance(node, (ast.Tuple, ast.List)) and len(node.elts) >= 2 and all(
+            isinstance(e, ast.Tuple) for e in node.elts):
+        return [{x.value for x in e.elts if isinstance(x, ast.Constant) and isinstance(x.value, str)}
+                for e in node.elts]
+    return None
+
+
+def _keyed(rows: list[set[str]] | None, names: set[str]) -> bool:
+    """Every row names one of `names` and the rows name two or more of them: a table keyed by those names."""
+    return rows is not None and all(r & names for r in rows) and len(set().union(*rows) & names) >= 2
+
+
 def repeats(source: str) -> list[tuple[str, int]]:
-    """(what, line) for every second definition in `source`: an engine-name list, a runner list, a K default."""
+    """(what, line) for every second definition in `source`: an engine-name list (or a table of rows keyed by
+    engine name), a runner list, a K default."""
     engines, runners = set(options.ENGINE_NAMES), set(options.RUNNERS)
     out = []
     for node in ast.walk(ast.parse(source)):
-        s = _strings(node)
-        if s is not None and set(s) <= engines:
+        s, rows = _strings(node), _rows(node)
+        if (s is not None and set(s) <= engines) or _keyed(rows, engines):
             out.append(("engines", node.lineno))
-        if s is not None and set(s) <= runners:
+        if (s is not None and set(s) <= runners) or _keyed(rows, runners):
             out.append(("runners", node.lineno))
         if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "Literal":
             sl = node.slice
@@ -70,11 +87,20 @@ def repeats(source: str) -> list[tuple[str, int]]:
     return sorted(set(out))
 
 
+# the code that must take these from backend/options.py: the backend, the dashboard and its pages, the GPU scripts
+# (they put the repository on sys.path; backend/options.py imports only the standard library, `packaging` and
+# backend/errors.py and backend/vllm_runner.py, so it imports on a GPU image too), the tools and the benchmarks
+SCANNED = ("backend", "dashboard", "pages", "gpu", "tools", "bench")
+# a literal that names engines without defining their list, each with why
+EXEMPT = {("bench/pages_bench.py", "engines"): "synthetic catalog rows: the engine and release of each fake run"}
+
+
 def _found() -> list[str]:
     out = []
-    for f in sorted((REPO / "backend").rglob("*.py")):
+    for f in [REPO / "app.py", *sorted(f for d in SCANNED for f in (REPO / d).rglob("*.py"))]:
         rel = str(f.relative_to(REPO))
-        out += [f"{rel}:{line} {what}" for what, line in repeats(f.read_text()) if HOMES[what] != rel]
+        out += [f"{rel}:{line} {what}" for what, line in repeats(f.read_text())
+                if HOMES[what] != rel and (rel, what) not in EXEMPT]
     return out
 
 
@@ -96,9 +122,12 @@ def f(target, num_spec_tokens: int = 3): ...
 p.add_argument("--num-spec-tokens", type=int, default=4)
 def g(url, num_spec_tokens: int = 0): ...
 ok = ("vllm", "speculators")
+for row, engine in ((1, "vllm"), (2, "sglang")): ...
+TRACKS = (("vllm", "v1", "V1"), ("vllm", "v2", "V2"), ("sglang", None, "SGLang"))
+fine = ((1, "vllm"), (2, "other"))
 '''
-    assert repeats(src) == [("engines", 2), ("engines", 3), ("engines", 5), ("k", 7), ("k", 9), ("k", 10),
-                                    ("k", 11), ("runners", 4)]
+    assert repeats(src) == [("engines", 2), ("engines", 3), ("engines", 5), ("engines", 14), ("engines", 15),
+                            ("k", 7), ("k", 9), ("k", 10), ("k", 11), ("runners", 4)]
 
 
 def test_the_registry_is_the_one_list() -> None:
@@ -108,6 +137,8 @@ def test_the_registry_is_the_one_list() -> None:
     assert options.ENGINE_NAMES == tuple(options.ENGINES)
     assert set(options.SERVING_ENGINES) == set(options.ENGINES) - {options.IN_PROCESS_ENGINE}
     assert set(options.VLLM_RUNNERS) | {"auto"} == set(options.RUNNERS)
+    assert set(options.ENGINE_LABELS) == set(options.ENGINES)
+    assert options.ENGINE_READINGS == (("vllm", "v2"), ("vllm", "v1"), ("sglang", None))     # the lint's order
 
 
 def _options(cmd: str) -> dict:

@@ -54,6 +54,10 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:                 # run as a script: the repository's backend/options.py names the runners
+    sys.path.insert(0, str(REPO))
+from backend.options import VLLM_RUNNERS  # noqa: E402  (imports the standard library and `packaging` only)
+
 TABLE = REPO / "backend" / "conventions.yaml"
 BEGIN = "# ---- BEGIN rows derived from the wheels (tools/rederive_conventions.py --write keeps status, seen, note)"
 END = "# ---- END derived rows"
@@ -62,6 +66,9 @@ VLLM_RELEASES = ["0.20.0", "0.20.1", "0.20.2", "0.21.0", "0.22.0", "0.22.1", "0.
                  "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"]
 # SGLang 0.5.0 was never published on PyPI (the first 0.5 release there is 0.5.1); .postN releases share a row
 SGLANG_RELEASES = [f"0.5.{i}" for i in range(1, 24)]
+# the engines whose wheels this tool reads (backend/options.py SERVING_ENGINES; each has its readers below), in the
+# order their rows are derived
+RELEASES = {"vllm": VLLM_RELEASES, "sglang": SGLANG_RELEASES}
 
 VLLM_FILES = {
     "config": "vllm/config/vllm.py",
@@ -724,7 +731,7 @@ def vllm_rows(facts: list[dict]) -> list[dict]:
             decided = {k: v for k, v in first["decided_by"].items()
                        if k != ("default" if dkey == "default_deepseek" else "default_deepseek")}
             rows.append({
-                "producer": "vllm", "versions": f">={minor},<{_next_minor(minor)}", "runner": ["v1", "v2"],
+                "producer": "vllm", "versions": f">={minor},<{_next_minor(minor)}", "runner": list(VLLM_RUNNERS),
                 "families": fams, **({"architectures": ds_archs} if dkey == "default_deepseek" else {}),
                 "rule": first["rule"], "valid": valid, "default": first[dkey], "teacher": "none",
                 "ids_from": first["ids_from"], "runner_choice": first["runner_choice"], "decided_by": decided,
@@ -978,9 +985,9 @@ FIELDS_HEAD = """\
 
 
 def fields_main(a, engines: list[str], cache: Path) -> int:
-    releases = {"vllm": VLLM_RELEASES, "sglang": SGLANG_RELEASES}
+    releases = RELEASES
     facts: list[dict] = []
-    derived = {e: [] for e in ("vllm", "sglang")}
+    derived = {e: [] for e in RELEASES}
     for eng in engines:
         rels = [r for r in releases[eng] if not a.releases or r in a.releases]
         for v in rels:
@@ -1702,8 +1709,8 @@ KIND_DECIDED = {
 def kind_rows(facts: dict[str, list[dict]]) -> list[dict]:
     """One row per (engine, kind, run of consecutive releases whose facts agree)."""
     rows: list[dict] = []
-    order = {"vllm": VLLM_RELEASES, "sglang": SGLANG_RELEASES}
-    for eng in ("vllm", "sglang"):
+    order = RELEASES
+    for eng in RELEASES:
         for kind in KINDS:
             cur = None
             for f in sorted(facts.get(eng, []), key=lambda f: order[eng].index(f["version"])):
@@ -1850,10 +1857,10 @@ def kinds_markdown(path: Path = TABLE) -> str:
 
 
 def kinds_main(a, engines: list[str], cache: Path) -> int:
-    facts: dict[str, list[dict]] = {"vllm": [], "sglang": []}
+    facts: dict[str, list[dict]] = {e: [] for e in RELEASES}
     if a.facts:
         stored = json.loads(Path(a.facts).read_text())
-        facts = {e: (stored.get(e, []) if e in engines else []) for e in ("vllm", "sglang")}
+        facts = {e: (stored.get(e, []) if e in engines else []) for e in RELEASES}
     else:
         for eng in engines:
             rels = VLLM_RELEASES if eng == "vllm" else SGLANG_RELEASES
@@ -1896,7 +1903,7 @@ def _verdict(diffs: list[str], facts: dict, engines: list[str], what: str, n_row
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--engine", choices=["vllm", "sglang", "all"], default="all")
+    p.add_argument("--engine", choices=[*RELEASES, "all"], default="all")
     p.add_argument("--releases", nargs="*", help="only these releases (default: every release the script knows)")
     p.add_argument("--cache", help="where the extracted wheel files live (default ~/.cache/speclens/wheels)")
     p.add_argument("--write", action="store_true", help="rewrite the derived rows of the table")
@@ -1913,7 +1920,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     cache = cache_dir(a.cache)
     cache.mkdir(parents=True, exist_ok=True)
-    engines = ["vllm", "sglang"] if a.engine == "all" else [a.engine]
+    engines = list(RELEASES) if a.engine == "all" else [a.engine]
     if a.kinds:
         try:
             return kinds_main(a, engines, cache)
@@ -1926,10 +1933,10 @@ def main(argv: list[str] | None = None) -> int:
         except Drift as e:
             print(f"FAIL: {e}")
             return 1
-    facts: dict[str, list[dict]] = {"vllm": [], "sglang": []}
+    facts: dict[str, list[dict]] = {e: [] for e in RELEASES}
     if a.facts:
         stored = json.loads(Path(a.facts).read_text())
-        facts = {e: (stored.get(e, []) if e in engines else []) for e in ("vllm", "sglang")}
+        facts = {e: (stored.get(e, []) if e in engines else []) for e in RELEASES}
     try:
         for eng in ([] if a.facts else engines):
             rels = VLLM_RELEASES if eng == "vllm" else SGLANG_RELEASES

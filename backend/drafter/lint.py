@@ -27,13 +27,14 @@ from backend import coords
 from backend.drafter.config import DrafterConfig, load_config
 from backend.errors import SpecLensError
 from backend.jsonfile import read_object
+from backend.options import ENGINE_READINGS
 
 if TYPE_CHECKING:
     from backend.vllm_runner import RunnerChoice
 
 SEVERITIES = ("error", "warning", "info", "ok")
-# (producer, runner) of each engine reading the lint reports; versions default to coords.DEFAULT_VERSIONS
-ENGINE_READINGS = (("vllm", "v2"), ("vllm", "v1"), ("sglang", None))
+# (producer, runner) of each engine reading the lint reports: backend/options.py ENGINE_READINGS; versions default
+# to coords.DEFAULT_VERSIONS
 _WHERE = {"top_level": "top-level ids only", "top_then_nested": "top-level ids, then eagle_config",
           "nested": "eagle_config ids only"}
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
