@@ -24,6 +24,7 @@ from backend import links, metrics
 from backend.config import dashboard_link
 from backend.drafter.fix import FixPlan
 from backend.drafter.kinds import block_k
+from backend.errors import SpecLensError
 from backend.store.data_root import DataRoot
 
 
@@ -113,10 +114,13 @@ def engine_jobs(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int |
     return queue.enqueue(jobs, data)
 
 
-def queue_proof(report: dict, data: DataRoot | None = None, prompts: str | None = None, limit: int = 32) -> dict:
+def queue_proof(report: dict, data: DataRoot | None = None, prompts: str | None = None, limit: int = 32,
+                engine: str = "hf") -> dict:
     """The Drafter check page's button: write the check's fix under <data>/models/fixes/<check run> and queue the
-    two reference benches; {"fixed": dir, "jobs": [ids], "compare": path}. One-line errors (FixRefused and the
-    job spec's) go up."""
+    two proof benches (`engine_jobs`) through `engine`: "hf", the reference bench on the CPU fed as the fix's release
+    feeds, or that release's own engine (vLLM or SGLang, for the GPU worker), as `check-drafter --prove
+    --prove-engine` does; {"fixed": dir, "jobs": [ids], "compare": path}. One-line errors (FixRefused, another
+    engine than the fix's, and the job spec's) go up."""
     from backend.config import REPO_ROOT
     from backend.drafter.fix import FixRefused, write_fix
 
@@ -124,11 +128,13 @@ def queue_proof(report: dict, data: DataRoot | None = None, prompts: str | None 
     if "plan" not in fix:
         raise FixRefused(fix.get("refused") or "no fix written")
     plan = FixPlan(**fix["plan"])
+    if engine not in ("hf", plan.engine):
+        raise SpecLensError(f"engine {engine}: the fix is for {plan.engine_name}; prove it on hf or {plan.engine}")
     data = DataRoot.of(data)
     out = data.paths.models / "fixes" / (report.get("run_id") or "check")
     if not (out / "config.json").exists():
         write_fix(plan, out)
     prompts = prompts or str(REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl")
-    jobs = engine_jobs(plan, out, prompts, limit, 1, f"prove-{report.get('run_id') or 'check'}", data, engine="hf")
+    jobs = engine_jobs(plan, out, prompts, limit, 1, f"prove-{report.get('run_id') or 'check'}", data, engine=engine)
     ids = [j["job_id"] for j in jobs]
     return {"fixed": str(out), "jobs": ids, "compare": links.compare(list(reversed(ids)))}
