@@ -56,24 +56,32 @@ def _per_prompt(path: Path) -> pd.DataFrame:
 
 def prove(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int | None = 32, repeats: int = 1,
           name: str | None = None, data: DataRoot | None = None, progress: bool = True, device: str = "auto",
-          max_new_tokens: int = 64) -> Proof:
-    """Bench the original and the fixed drafter through the HF reference engine as `plan`'s release feeds them."""
+          max_new_tokens: int = 64, num_spec_tokens: int | None = None, run_ids: tuple[str, str] | None = None,
+          also: dict[str, str | Path] | None = None) -> Proof:
+    """Bench the original and the fixed drafter through the HF reference engine as `plan`'s release feeds them.
+    `run_ids`: the (original, fixed) run ids instead of `<name>-original` and `<name>-fixed`; `also`: more drafters
+    of the same target (run id -> directory, e.g. a hand-made patch), benched between the two in the same loop, fed
+    the same way and paired with the same plain halves (the demo's slot-shift case)."""
     from backend.bench import BenchSettings, run_benches
 
     base = name or f"prove-{Path(plan.drafter).name}"
-    tags, settings = ("original", "fixed"), []
-    for drafter in (plan.drafter, str(fixed_dir)):
-        k = block_k(drafter)
+    names = list(run_ids or (f"{base}-original", f"{base}-fixed"))
+    extra = dict(also or {})
+    drafters = [plan.drafter, *map(str, extra.values()), str(fixed_dir)]
+    names = [names[0], *extra, names[1]]
+    settings = []
+    for drafter in drafters:
+        k = num_spec_tokens or block_k(drafter)
         settings.append(BenchSettings(target=plan.target, drafter=drafter, prompts=prompts, limit=limit,
                                       repeats=repeats, producer=plan.engine, producer_version=plan.version,
                                       runner=plan.runner, device=device, max_new_tokens=max_new_tokens,
                                       **({"num_spec_tokens": k} if k else {})))
-    names = [f"{base}-{tag}" for tag in tags]
-    if settings[0].baseline().identity() == settings[1].baseline().identity():   # one loop, one plain half per unit
+    ident = settings[0].baseline().identity()
+    if all(s.baseline().identity() == ident for s in settings):       # one loop, one plain half per unit
         results = run_benches(settings, names, data=data, progress=progress)
     else:
         results = [run_benches([s], [n], data=data, progress=progress)[0] for s, n in zip(settings, names)]
-    runs = dict(zip(tags, results))
+    runs = {"original": results[0], "fixed": results[-1]}
     a, b = _per_prompt(runs["fixed"].path), _per_prompt(runs["original"].path)
     shared = a.index.intersection(b.index)
     ci = None
