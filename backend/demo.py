@@ -218,15 +218,19 @@ def build_slot_shift_demo(data: DataRoot | None = None, force: bool = False, pro
                           limit: int | None = SLOT_LIMIT, max_new_tokens: int = 48, benches: bool = True,
                           check: bool = True) -> list[str]:
     """The slot-shift drafter's check against SGLang 0.5.15 first; its fix written as `check-drafter --write-fix`
-    writes it (backend/drafter/fix.py: eagle_config ids [-1, 2, 4], the weights linked); then the drafter benched as
-    SGLang 0.5.15 feeds it (ids as written, the user's patch, the written fix) on the held-out prompts, each interleaved
-    with plain decoding (linking the matched drafter's paired baseline run when it is there): the proof path of
-    `check-drafter --write-fix OUT --prove`, with the demo's run names. `limit`: the first SLOT_LIMIT held-out
-    prompts by default (None: all 116)."""
+    writes it (backend/drafter/fix.py: eagle_config ids [-1, 2, 4], the weights linked); then proved as `check-drafter
+    --write-fix OUT --prove` proves it (backend/prove_fix.py `prove`, with the demo's run names): the drafter as
+    written and the written fix, with the user's patch between them, benched as SGLang 0.5.15 feeds them on the
+    held-out prompts in one loop, each interleaved with plain decoding (linking the matched drafter's paired baseline
+    run when it is there). `limit`: the first SLOT_LIMIT held-out prompts by default (None: all 116)."""
+    import dataclasses
+
     import torch
 
-    from backend.bench import BenchSettings, run_bench, run_benches
+    from backend.bench import BenchSettings, run_bench
     from backend.check_drafter import CheckSettings, run_check
+    from backend.drafter.fix import plan_fix, write_fix
+    from backend.prove_fix import prove
 
     torch.set_num_threads(1)
     data = DataRoot.of(data)
@@ -245,22 +249,28 @@ def build_slot_shift_demo(data: DataRoot | None = None, force: bool = False, pro
         made.append(r.run_id)
         report = r.report
     fixed = slot / SLOT_RUNS["demo-bench-slot-shift-fixed"]
-    if benches and not (fixed / "config.json").exists():
-        from backend.drafter.fix import plan_fix, write_fix
-
+    stale = [run_id for run_id in SLOT_RUNS if benches and _fresh(run_id, data, force)]
+    if stale or (benches and not (fixed / "config.json").exists()):
         if report is None:
             report = (data.catalog.read.drafter_check(SLOT_CHECK_RUN) if _complete(SLOT_CHECK_RUN, data) else
                       run_check(CheckSettings(drafter=str(slot / "drafter-slot-shift"), target=str(pair / "target"),
                                               engine=SLOT_ENGINE[0], engine_version=SLOT_ENGINE[1], device="cpu"),
                                 save=False, progress=progress).report)
-        write_fix(plan_fix(report), fixed)
-    todo = [(run_id, BenchSettings(target=str(pair / "target"), drafter=str(slot / drafter), prompts=str(prompts),
-                                   num_spec_tokens=4, limit=limit, max_new_tokens=max_new_tokens, repeats=REPEATS,
-                                   device="cpu", producer=SLOT_ENGINE[0], producer_version=SLOT_ENGINE[1]))
-            for run_id, drafter in SLOT_RUNS.items() if benches and _fresh(run_id, data, force)]
-    if todo:                    # one loop: each unit decodes plain once for the three drafters (bench.run_benches)
-        made += [r.run_id for r in run_benches([s for _, s in todo], [n for n, _ in todo], data=data,
-                                               progress=progress)]
+        # the check's plan, on this data root's copies (a stored check may name another root's)
+        plan = dataclasses.replace(plan_fix(report), drafter=str(slot / "drafter-slot-shift"),
+                                   target=str(pair / "target"))
+        if not (fixed / "config.json").exists():
+            write_fix(plan, fixed)
+    if stale:                   # the proof pairs all three in one loop: rebuild them together
+        for run_id in SLOT_RUNS:
+            Run.remove(run_id, data)
+        original, patched, fixed_run = SLOT_RUNS
+        proof = prove(plan, fixed, str(prompts), limit=limit, repeats=REPEATS, data=data, progress=progress,
+                      device="cpu", max_new_tokens=max_new_tokens, num_spec_tokens=4, run_ids=(original, fixed_run),
+                      also={patched: slot / SLOT_RUNS[patched]})
+        made += [original, patched, fixed_run]
+        if progress:
+            print("\n".join(["slot-shift proof (as `check-drafter --write-fix --prove`):", *proof.lines()]))
     if benches and _fresh(REGRESS_RUN, data, force):     # the regression pair's second half (module docstring)
         s = BenchSettings(target=str(pair / "target"), drafter=str(fixed), prompts=str(prompts), num_spec_tokens=4,
                           limit=min(limit or REGRESS_LIMIT, REGRESS_LIMIT), max_new_tokens=max_new_tokens,

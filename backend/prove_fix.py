@@ -24,6 +24,7 @@ from backend import links, metrics
 from backend.config import dashboard_link
 from backend.drafter.fix import FixPlan
 from backend.drafter.kinds import block_k
+from backend.errors import SpecLensError
 from backend.store.data_root import DataRoot
 
 
@@ -55,24 +56,32 @@ def _per_prompt(path: Path) -> pd.DataFrame:
 
 def prove(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int | None = 32, repeats: int = 1,
           name: str | None = None, data: DataRoot | None = None, progress: bool = True, device: str = "auto",
-          max_new_tokens: int = 64) -> Proof:
-    """Bench the original and the fixed drafter through the HF reference engine as `plan`'s release feeds them."""
+          max_new_tokens: int = 64, num_spec_tokens: int | None = None, run_ids: tuple[str, str] | None = None,
+          also: dict[str, str | Path] | None = None) -> Proof:
+    """Bench the original and the fixed drafter through the HF reference engine as `plan`'s release feeds them.
+    `run_ids`: the (original, fixed) run ids instead of `<name>-original` and `<name>-fixed`; `also`: more drafters
+    of the same target (run id -> directory, e.g. a hand-made patch), benched between the two in the same loop, fed
+    the same way and paired with the same plain halves (the demo's slot-shift case)."""
     from backend.bench import BenchSettings, run_benches
 
     base = name or f"prove-{Path(plan.drafter).name}"
-    tags, settings = ("original", "fixed"), []
-    for drafter in (plan.drafter, str(fixed_dir)):
-        k = block_k(drafter)
+    names = list(run_ids or (f"{base}-original", f"{base}-fixed"))
+    extra = dict(also or {})
+    drafters = [plan.drafter, *map(str, extra.values()), str(fixed_dir)]
+    names = [names[0], *extra, names[1]]
+    settings = []
+    for drafter in drafters:
+        k = num_spec_tokens or block_k(drafter)
         settings.append(BenchSettings(target=plan.target, drafter=drafter, prompts=prompts, limit=limit,
                                       repeats=repeats, producer=plan.engine, producer_version=plan.version,
                                       runner=plan.runner, device=device, max_new_tokens=max_new_tokens,
                                       **({"num_spec_tokens": k} if k else {})))
-    names = [f"{base}-{tag}" for tag in tags]
-    if settings[0].baseline().identity() == settings[1].baseline().identity():   # one loop, one plain half per unit
+    ident = settings[0].baseline().identity()
+    if all(s.baseline().identity() == ident for s in settings):       # one loop, one plain half per unit
         results = run_benches(settings, names, data=data, progress=progress)
     else:
         results = [run_benches([s], [n], data=data, progress=progress)[0] for s, n in zip(settings, names)]
-    runs = dict(zip(tags, results))
+    runs = {"original": results[0], "fixed": results[-1]}
     a, b = _per_prompt(runs["fixed"].path), _per_prompt(runs["original"].path)
     shared = a.index.intersection(b.index)
     ci = None
@@ -113,10 +122,13 @@ def engine_jobs(plan: FixPlan, fixed_dir: str | Path, prompts: str, limit: int |
     return queue.enqueue(jobs, data)
 
 
-def queue_proof(report: dict, data: DataRoot | None = None, prompts: str | None = None, limit: int = 32) -> dict:
+def queue_proof(report: dict, data: DataRoot | None = None, prompts: str | None = None, limit: int = 32,
+                engine: str = "hf") -> dict:
     """The Drafter check page's button: write the check's fix under <data>/models/fixes/<check run> and queue the
-    two reference benches; {"fixed": dir, "jobs": [ids], "compare": path}. One-line errors (FixRefused and the
-    job spec's) go up."""
+    two proof benches (`engine_jobs`) through `engine`: "hf", the reference bench on the CPU fed as the fix's release
+    feeds, or that release's own engine (vLLM or SGLang, for the GPU worker), as `check-drafter --prove
+    --prove-engine` does; {"fixed": dir, "jobs": [ids], "compare": path}. One-line errors (FixRefused, another
+    engine than the fix's, and the job spec's) go up."""
     from backend.config import REPO_ROOT
     from backend.drafter.fix import FixRefused, write_fix
 
@@ -124,11 +136,13 @@ def queue_proof(report: dict, data: DataRoot | None = None, prompts: str | None 
     if "plan" not in fix:
         raise FixRefused(fix.get("refused") or "no fix written")
     plan = FixPlan(**fix["plan"])
+    if engine not in ("hf", plan.engine):
+        raise SpecLensError(f"engine {engine}: the fix is for {plan.engine_name}; prove it on hf or {plan.engine}")
     data = DataRoot.of(data)
     out = data.paths.models / "fixes" / (report.get("run_id") or "check")
     if not (out / "config.json").exists():
         write_fix(plan, out)
     prompts = prompts or str(REPO_ROOT / "datasets" / "spec_bench" / "question.jsonl")
-    jobs = engine_jobs(plan, out, prompts, limit, 1, f"prove-{report.get('run_id') or 'check'}", data, engine="hf")
+    jobs = engine_jobs(plan, out, prompts, limit, 1, f"prove-{report.get('run_id') or 'check'}", data, engine=engine)
     ids = [j["job_id"] for j in jobs]
     return {"fixed": str(out), "jobs": ids, "compare": links.compare(list(reversed(ids)))}

@@ -328,14 +328,27 @@ def fix_words(rep: dict) -> tuple[str, str | None]:
                    f"{', '.join(p['fed_before'] or ['nothing'])}.")
 
 
-def fix_command(rep: dict) -> str | None:
-    """The command that writes the fix and proves it on this machine."""
+def proof_engines(rep: dict) -> dict[str, str]:
+    """The engines the fix's proof can run through, with their words: the HF reference bench here (fed as the fix's
+    release feeds), or that release's own engine through the job queue (the GPU worker); {} without a fix."""
+    fix = (rep.get("fix") or {}).get("plan")
+    if not fix:
+        return {}
+    eng = {"vllm": "vLLM", "sglang": "SGLang"}.get(fix["engine"], fix["engine"])
+    return {"hf": f"HF reference bench on the CPU, fed as {eng} {fix['version']} feeds",
+            fix["engine"]: f"{eng} itself on the GPU (the worker runs the queued benches)"}
+
+
+def fix_command(rep: dict, engine: str = "hf") -> str | None:
+    """The command that writes the fix and proves it: on this machine through the HF reference bench (engine "hf"),
+    or by queueing the two benches through the fix's own engine for the GPU worker (`--prove-engine`)."""
     fix = (rep.get("fix") or {}).get("plan")
     if not fix:
         return None
     ver = f" --engine-version {fix['version']}"
+    through = "" if engine == "hf" else f" --prove-engine {engine}"
     return (f"python -m backend check-drafter --drafter {fix['drafter']} --target {fix['target']} --engine "
-            f"{fix['engine']}{ver} --write-fix FIXED_DIR --prove")
+            f"{fix['engine']}{ver} --write-fix FIXED_DIR --prove{through}")
 
 
 def benches_of(manifest: StoredManifest | dict, history: pd.DataFrame) -> pd.DataFrame:

@@ -635,8 +635,9 @@ def writes_enabled() -> bool:
     return jobs_enabled() and not read_only()
 
 
-def queue_fix_proof(report: dict) -> dict:
-    """The Drafter check page's button: write the check's fix and queue its two proof benches (backend.prove_fix)."""
+def queue_fix_proof(report: dict, engine: str = "hf") -> dict:
+    """The Drafter check page's button: write the check's fix and queue its two proof benches through `engine` (hf,
+    or the fix's vLLM/SGLang for the GPU worker; backend.prove_fix)."""
     from backend.prove_fix import queue_proof
 
-    return queue_proof(report, data())
+    return queue_proof(report, data(), engine=engine)

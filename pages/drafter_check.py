@@ -106,15 +106,21 @@ if words:
         st.markdown(words)
         if worth := load_charts.worth_for_check(rep):
             st.markdown(worth)
-        st.code(check_charts.fix_command(rep), language="bash", wrap_lines=True)
+        through = check_charts.proof_engines(rep)
+        engine = st.radio("Prove it through", list(through), key="prove_engine", horizontal=True,
+                          format_func=through.get,
+                          help="the two proof benches (original and fixed, one paired baseline): the HF reference "
+                               "bench, or the engine the fix is for, through the job queue") or "hf"
+        st.code(check_charts.fix_command(rep, engine), language="bash", wrap_lines=True)
         st.download_button("config.json with the fix", data=json.dumps(rep["fix"]["config"], indent=2) + "\n",
                            file_name="config.json", mime="application/json", icon=":material/download:",
                            key="dl_fix_config", help="the drafter's config with only the ids changed")
         if ui.writes_enabled():
             if st.button("Write the fix and queue its proof", key="prove", icon=":material/science:",
-                         help="writes the fixed drafter under the data root's models/fixes/ and queues two reference "
-                              "benches (original and fixed, one paired baseline) for the worker"):
-                res = ui.guarded(ui.queue_fix_proof, rep)
+                         help="writes the fixed drafter under the data root's models/fixes/ and queues two benches "
+                              "(original and fixed, one paired baseline) through the engine picked above for the "
+                              "worker"):
+                res = ui.guarded(ui.queue_fix_proof, rep, engine)
                 if res:
                     st.success(f"Fixed drafter: `{res['fixed']}`. Queued {', '.join(res['jobs'])}; once the worker "
                                f"has run them: [Compare]({res['compare']})", icon=":material/check_circle:")

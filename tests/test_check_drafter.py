@@ -472,3 +472,68 @@ def test_page_shows_the_fix_and_its_button_writes_and_queues(checks, pair, root,
     assert queue.find("prove-chk-after-hf-fixed", DataRoot(work))[0] == "pending"
     at = _app(root, monkeypatch, run="chk-matched")
     assert any(i.value.startswith("Nothing to fix: vLLM 0.24.0") for i in at.info)
+    at = _app(work, monkeypatch, run="chk-after")                  # the fix's own engine, through the job queue
+    assert [o for o in at.radio(key="prove_engine").options] == [
+        "HF reference bench on the CPU, fed as vLLM 0.24.0 feeds",
+        "vLLM itself on the GPU (the worker runs the queued benches)"]
+    at.radio(key="prove_engine").set_value("vllm").run()
+    assert at.code[0].value.endswith("--write-fix FIXED_DIR --prove --prove-engine vllm")
+    at.button(key="prove").click().run()
+    ok = " ".join(x.value for x in at.success)
+    assert "Queued prove-chk-after-vllm-original, prove-chk-after-vllm-fixed" in ok, [e.value for e in at.error]
+    assert queue.find("prove-chk-after-vllm-fixed", DataRoot(work))[1]["settings"]["engine"] == "vllm"
+
+
+def _sglang_fix_report(pair: Path) -> dict:
+    """A check report whose fix is for SGLang 0.5.15: the after-layer drafter (trained on S_3, S_5, S_6) as the user
+    knows it (`--trained-on`), SGLang's ids in eagle_config."""
+    from backend.drafter.fix import plan_for
+
+    cfg, t, _ = L.load(pair / "drafter-after-layer", pair / "target")
+    plan = plan_for(cfg, t, ["S_3", "S_5", "S_6"], "sglang", "0.5.15", check_run="chk-sg")
+    plan.drafter, plan.target = str(pair / "drafter-after-layer"), str(pair / "target")
+    return {"run_id": "chk-sg", "fix": {"plan": plan.to_json()}}
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_page_button_proves_through_the_checks_engine(engine, checks, pair, tmp_path, monkeypatch) -> None:
+    """The button's proof through vLLM or SGLang (the engine the fix is for) queues the same two GPU bench jobs as
+    `check-drafter --prove --prove-engine E`: built by prove_fix.engine_jobs, valid job specs through E in bf16, the
+    fixed one on the written fix, and the shown command says --prove-engine E; another engine is refused in one line.
+    (Before, the button always queued HF reference benches.)"""
+    from backend import prove_fix
+    from backend.jobs import queue
+    from backend.jobs import spec as specs
+    from dashboard.check_charts import fix_command
+
+    monkeypatch.setenv("SPECLENS_MODEL_ROOTS", f"{pair}:{tmp_path}")
+    rep = checks["after"] if engine == "vllm" else _sglang_fix_report(pair)
+    assert rep["fix"]["plan"]["engine"] == engine
+    calls = []
+    real = prove_fix.engine_jobs
+    monkeypatch.setattr(prove_fix, "engine_jobs", lambda *a, **k: calls.append(k) or real(*a, **k))
+    data = DataRoot(tmp_path / "data")
+    res = prove_fix.queue_proof(rep, data, engine=engine)
+    assert [k["engine"] for k in calls] == [engine]
+    run = rep["run_id"]
+    assert res["jobs"] == [f"prove-{run}-{engine}-original", f"prove-{run}-{engine}-fixed"]
+    assert res["compare"] == f"/compare?runs=prove-{run}-{engine}-fixed,prove-{run}-{engine}-original"
+    plan_version = rep["fix"]["plan"]["version"]
+    for tag, drafter in (("original", rep["fix"]["plan"]["drafter"]), ("fixed", res["fixed"])):
+        state, job = queue.find(f"prove-{run}-{engine}-{tag}", data)
+        st = job["settings"]
+        assert state == "pending" and job["kind"] == "bench" and st["engine"] == engine and st["dtype"] == "bf16"
+        assert "device" not in st and (st["producer"], st["producer_version"]) == (engine, plan_version)
+        assert Path(st["drafter"]).resolve() == Path(drafter).resolve()
+        again = specs.validate({"kind": "bench", "name": job["name"], **st})           # a valid job spec as stored
+        assert again[0]["settings"] == st
+    fixed_cfg = json.loads((Path(res["fixed"]) / "config.json").read_text())
+    if engine == "sglang":
+        assert fixed_cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    else:
+        assert fixed_cfg["eagle_aux_hidden_state_layer_ids"] == [3, 5, 6]
+    assert fix_command(rep, engine).endswith(f"--prove --prove-engine {engine}")
+    assert fix_command(rep).endswith("--write-fix FIXED_DIR --prove")                      # HF: no --prove-engine
+    other = "sglang" if engine == "vllm" else "vllm"
+    with pytest.raises(SpecLensError, match=f"engine {other}: the fix is for"):
+        prove_fix.queue_proof(rep, data, engine=other)

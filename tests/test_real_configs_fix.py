@@ -1,4 +1,4 @@
-"""Every real public drafter config in tests/data/real_configs (25: SpecForge current and from its history,
+"""Every real public drafter config in tests/data/real_configs (31: SpecForge current and from its history,
 TorchSpec, AngelSlim, speculators #1065, an SGLang test) through the command line, against the truth in
 tests/data/real_configs/README.md:
 
@@ -74,6 +74,18 @@ LINT = {**FIRST_FIVE,
         "angelslim_qwen3-30b-a3b.json": (("Qwen3MoeForCausalLM", "qwen3_moe", 48, 2048, 151936), S(2, 24, 45), "v1",
                                          None),
         "angelslim_qwen2.5-7b.json": (("Qwen2ForCausalLM", "qwen2", 28, 3584, 152064), S(2, 14, 25), "v1", None),
+        "specforge_qwen3-8b.json": (("Qwen3ForCausalLM", "qwen3", 36, 4096, 151936), S(2, 18, 33), "v2",
+                                    S(2, 18, 33)),
+        "specforge_qwen3-4b.json": (("Qwen3ForCausalLM", "qwen3", 36, 2560, 151936), S(2, 18, 33), "v2",
+                                    S(2, 18, 33)),
+        "specforge_qwen2.5-0.5b.json": (("Qwen2ForCausalLM", "qwen2", 24, 896, 151936), S(2, 12, 21), "v1",
+                                        S(2, 12, 21)),
+        "specforge_qwen3-coder-30b-a3b.json": (("Qwen3MoeForCausalLM", "qwen3_moe", 48, 2048, 151936), S(2, 24, 45),
+                                               "v1", S(2, 24, 45)),
+        "specforge_qwen3-coder-next.json": (("Qwen3NextForCausalLM", "qwen3_next", 48, 2048, 151936), S(2, 24, 45),
+                                            "v1", S(2, 24, 45)),
+        "specforge_qwen2.5-vl-7b.json": (("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", 28, 3584, 152064),
+                                         S(2, 14, 25), "v1", S(2, 14, 25)),
         }
 
 NOTHING, REFUSED = ("nothing", None), ("refused", None)
@@ -111,6 +123,12 @@ FIX = {
     "angelslim_qwen3-8b.json": (S(2, 18, 33), NOTHING, FORMAT),
     "angelslim_qwen3-30b-a3b.json": (S(2, 24, 45), NOTHING, FORMAT),
     "angelslim_qwen2.5-7b.json": (S(2, 14, 25), NOTHING, FORMAT),
+    "specforge_qwen3-8b.json": (S(2, 18, 33), NOTHING, NOTHING),
+    "specforge_qwen3-4b.json": (S(2, 18, 33), NOTHING, NOTHING),
+    "specforge_qwen2.5-0.5b.json": (S(2, 12, 21), NOTHING, NOTHING),
+    "specforge_qwen3-coder-30b-a3b.json": (S(2, 24, 45), NOTHING, NOTHING),
+    "specforge_qwen3-coder-next.json": (S(2, 24, 45), NOTHING, NOTHING),
+    "specforge_qwen2.5-vl-7b.json": (S(2, 14, 25), NOTHING, NOTHING),
 }
 
 

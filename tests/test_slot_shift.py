@@ -92,7 +92,16 @@ def test_demo_shows_the_drop_and_tells_the_story(tmp_path, monkeypatch):
                             repeats=1, device="cpu"), name="demo-bench-matched", data=DataRoot(tmp_path),
               progress=False)
     assert story(DataRoot(tmp_path)) is None                                   # not until the slot-shift runs exist
+    from backend import prove_fix
+
+    proofs, real = [], prove_fix.prove             # the benches go through the proof path of check-drafter --prove
+    monkeypatch.setattr(prove_fix, "prove", lambda *a, **k: proofs.append(real(*a, **k)) or proofs[-1])
     build_slot_shift_demo(DataRoot(tmp_path), progress=False, limit=40)
+    assert [(pr.original, pr.fixed) for pr in proofs] == [("demo-bench-slot-shift", "demo-bench-slot-shift-fixed")]
+    assert proofs[0].lossless is True and proofs[0].gain_ci is not None and proofs[0].gain_ci[0] > 0
+    manifests = {r: json.loads((tmp_path / "runs" / r / "manifest.json").read_text()) for r in
+                 ("demo-bench-slot-shift", "demo-bench-slot-shift-patched", "demo-bench-slot-shift-fixed")}
+    assert {m["baseline_run"] for m in manifests.values()} == {proofs[0].baseline}     # one paired baseline
     DataRoot(tmp_path).catalog.write.refresh()
     runs = DataRoot(tmp_path).catalog.read.bench_runs().set_index("run_id")
     tau = runs["tau"].to_dict()
