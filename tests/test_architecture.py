@@ -179,7 +179,9 @@ NOT_DECLARED = {
     "speculators": "tools/peer_fixtures runs in the peers' own venv",
 }
 # declared in requirements-dev.txt, not requirements.txt: the runtime imports it only for an optional feature
-OPTIONAL_RUNTIME = {"ray": "python -m backend worker --ray (multi-node jobs)"}
+OPTIONAL_RUNTIME = {"ray": "python -m backend worker --ray (multi-node jobs)",
+                    "triton": "backend/stats_kernel.py, the GPU statistics update (CUDA builds of torch bring it; "
+                              "imported only where it is installed; the CPU tests run it in its interpreter)"}
 
 
 def _norm(name: str) -> str:
@@ -272,6 +274,7 @@ LAYERS = ("base", "store", "analysis", "engines/runs", "cli")
 _LAYER_OF = [        # (module prefix, layer): the longest matching prefix wins
     ("backend.errors", "base"), ("backend.config", "base"), ("backend.jsonfile", "base"), ("backend.netutil", "base"),
     ("backend.model_id", "base"), ("backend.metrics", "base"), ("backend.stats", "base"), ("backend.coords", "base"),
+    ("backend.stats_kernel", "base"),
     ("backend.prompts", "base"), ("backend.vllm_runner", "base"), ("backend.server_metrics", "base"),
     ("backend.load_client", "base"), ("backend.drafter_worth", "base"), ("backend.links", "base"),
     ("backend.machine_load", "base"), ("backend.tau_scale", "base"),
