@@ -187,3 +187,43 @@ def test_the_sglang_bench_kill_trial_and_its_control_say_what_reliability_md_say
     order = pd.read_parquet(rec_dir / "kill-sglang-ben-134108-0.prompts.parquet").set_index("prompt_index")
     order = order["unit_order"]
     assert (order[[19, 21]] >= t["kill"]["done"]).all()
+
+
+def test_the_one_pass_statistics_records_say_what_performance_md_says() -> None:
+    """Issue 24 item 3 on the H100 (2026-12-06 19:00-19:24 UTC): the one-pass update against the compiled statistics
+    (bench/stats_update_bench.py) and three vLLM speed-suite runs, as docs/PERFORMANCE.md quotes them."""
+    su = json.loads((RESULTS / "stats_update_h100.json").read_text())
+    for key in ("boundaries_4", "boundaries_33"):
+        r = su[key]
+        assert r["one_pass"]["ms_per_update"] < 0.55 * r["compiled"]["ms_per_update"]
+        assert r["one_pass"]["peak_extra_mib"] < 8 < r["compiled"]["peak_extra_mib"]
+        agree = r["agreement"]
+        assert agree["max_abs_equal"] and agree["norm_hist_equal"]      # the bf16 rounding of hidden + residual
+        assert agree["moments_max_rel_diff"] < 1e-5 and agree["scalars_max_rel_diff"] < 1e-6
+    runs = json.loads((RESULTS / "vllm_speed_h100_2026-12-06_one_pass.json").read_text())["runs"]
+    ratio = {(n, s): r[s]["ratio_vs_compiled"] for n, r in runs.items() for s in r if s.startswith("capture_")}
+    assert ratio[("run1_chain", "capture_all_33")] == 1.0187
+    assert ratio[("run1_chain", "capture_all_33_compiled_stats")] == 1.0467     # the path before, same engine
+    assert ratio[("run1_chain", "capture_eagle_set_compiled_stats")] == 1.0124
+    assert ratio[("run2", "capture_eagle_set")] == 1.0037 and ratio[("run2", "capture_all_33")] == 1.0204
+    assert ratio[("run3_two_pass_warmup", "capture_eagle_set")] == 1.0109          # over the 1.01 bar
+    assert ratio[("run3_two_pass_warmup", "capture_all_33")] == 1.0228
+    run3 = runs["run3_two_pass_warmup"]
+    assert max(run3["capture_eagle_set"]["seconds"]) < 1.02 * run3["capture_eagle_set"]["median_s"]   # no compile
+    assert run3["plain_prefill_eager"]["ratio_vs_compiled"] == 1.0078
+    assert all(r[s]["tokens_seen_by_hooks"] == r[s]["tokens_expected"] for r in runs.values() for s in r
+               if s.startswith("capture_"))
+
+
+def test_the_planned_sample_kill_trial_says_what_reliability_md_says() -> None:
+    """The vLLM capture kill of 2026-12-06 19:07 UTC under VLLM_BATCH_INVARIANT=1, with the sample chosen by prompt
+    and the one-pass kernel: interrupted, resumed, GPU free; only the sums' last bits differ (no sample, extreme or
+    quantile column)."""
+    rec = json.loads((RESULTS / "fault_suite_h100_2026-12-06_vllm_capture_planned.json").read_text())
+    t = rec["steps"]["vllm-capture"]["trials"][0]
+    assert t["killed"] and t["interrupted_ok"] and t["never_complete_while_unfinished"] and t["resumed_ok"]
+    assert t["kill"]["done"] == 128 and t["outlived_kill"] == [] and t["gpu_after_kill"]["freed"]
+    assert t["equal"] is False
+    cols = {d.split(":")[0] for d in t["differences"]}
+    assert cols == {"stats.mean_norm", "stats.std_norm", "stats.rms", "stats.mean_abs_mean", "stats.kurtosis",
+                    "stats.max_dim_kurtosis", "stats.outlier_ratio"}
