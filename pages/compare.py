@@ -52,8 +52,8 @@ def view() -> None:
     """Everything below the pickers: tiles, headline and warnings (slots filled once the speed figures are in), the
     tabs, and in the open tab its charts and tables (lazy tabs: only the open one runs and is sent)."""
     substitute = ui.instead("runs")      # runs the link did not ask for: charts only, no tiles, headline or banner
+    ui.tab_choice("view", words.VIEWS)   # an unknown view= gets its notice first, with the link's other notices
     tile_row, headline, warnings = st.empty(), st.empty(), st.empty()
-    ui.tab_choice("view", words.VIEWS)
     acc_tab, speed_tab, cat_tab, cfg_tab = st.tabs(list(words.VIEWS), key="view", on_change="rerun",
                                                    bind="query-params")
     if not acc_tab.open:        # the other tabs' charts need the whole comparison: the pickers' code loads meanwhile

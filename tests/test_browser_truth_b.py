@@ -136,6 +136,8 @@ def test_item3_substitutes_give_no_verdict_and_the_url_keeps_the_link(page, serv
     open_view(page, server, "/compare?runs=demo-bench-matched,demo-bench-slot-shift&view=Bogus", charts=1)
     assert "`view=Bogus`".replace("`", "") in alerts(page).replace("`", ""), alerts(page)
     assert page.locator('[data-testid="stMetric"]').count() == 2, "the runs are the link's: their tiles stand"
+    notice = page.locator('[data-testid="stAlert"]', has_text="view=Bogus").first.bounding_box()
+    assert notice["y"] < page.locator('[data-testid="stMetric"]').first.bounding_box()["y"], "the notice comes first"
 
 
 # ---------------------------------------------------------------------------- item 5: Stats, one change
