@@ -41,7 +41,7 @@ from tqdm import tqdm
 from backend import metrics
 from backend.errors import SpecLensError
 from backend.machine_load import LoadProbe  # noqa: F401 (re-exported: tests)
-from backend.model_id import fingerprint
+from backend.model_id import fingerprint, identity
 from backend.options import SERVING_ENGINES
 from backend.prompts import Prompt, encode_all, load_prompts
 from backend.runs.lifecycle import Run, RunGuard
@@ -300,7 +300,7 @@ def _run_engine_bench(s: BenchSettings, name: str | None, data: DataRoot, progre
                 aux["warning"] = (f"{s.engine} feeds {','.join(live)}; SpecLens predicted "
                                   f"{','.join(pred['aux']['boundaries'])} from the config")
             spec = _Spec(None, aux, {"path": str(Path(s.drafter).resolve()), "format": pred["format"],
-                                           "fingerprint": fingerprint(s.drafter),
+                                           **identity(s.drafter),
                                            "semantics": s.engine, "draft_vocab_size": pred["draft_vocab_size"],
                                            "proposer": f"{s.engine} {serving_method(s.drafter, s.engine).lower()}"})
         run_id = new_run_id("bench", name)
@@ -356,7 +356,7 @@ def _load_spec(lm, s: BenchSettings, proposer=None) -> _Spec:
                        getattr(lm.config, "architectures", None), s.producer, s.producer_version, s.runner,
                        {"tensor_parallel_size": s.tensor_parallel_size, **(s.engine_options or {})})
     drafter.to(lm.device)
-    info = {"path": str(Path(s.drafter).resolve()), "fingerprint": fingerprint(s.drafter),
+    info = {"path": str(Path(s.drafter).resolve()), **identity(s.drafter),
             "format": drafter.cfg.source_format,
             "semantics": engine, "draft_vocab_size": drafter.cfg.draft_vocab_size,
             "proposer": "eagle3" if proposer is None else type(proposer).__name__}
@@ -371,7 +371,7 @@ def _dflash_spec(lm, s: BenchSettings, drafter, engine: str, proposer=None) -> _
     aux = feeds(s.drafter, lm.config, lm.n_layers, s.producer, s.producer_version, s.runner,
                 {"tensor_parallel_size": s.tensor_parallel_size, **(s.engine_options or {})})
     drafter.to(lm.device)
-    info = {"path": str(Path(s.drafter).resolve()), "fingerprint": fingerprint(s.drafter), "format": "dflash",
+    info = {"path": str(Path(s.drafter).resolve()), **identity(s.drafter), "format": "dflash",
             "semantics": engine, "draft_vocab_size": drafter.cfg.vocab_size, "block_size": drafter.cfg.block_size,
             "proposer": "dflash" if proposer is None else type(proposer).__name__}
     return _Spec(proposer or DFlashProposer(drafter), aux, info)

@@ -26,7 +26,7 @@ from pathlib import Path
 from backend import links
 from backend.config import dashboard_link
 from backend.errors import SpecLensError
-from backend.model_id import fingerprint
+from backend.model_id import fingerprint, identity
 from backend.options import ENGINE_NAMES, SERVING_ENGINES, add_options, from_args
 from backend.settings import DEFAULT_PROMPTS, CheckSettings  # noqa: F401 (re-exported: demo, tests)
 from backend.store.check_result import RESULT
@@ -382,7 +382,7 @@ def _save(run_id: str, s: CheckSettings, report: dict, data: DataRoot | None) ->
                   "hidden_size": t["hidden_size"], "vocab_size": t["vocab_size"],
                   "fingerprint": fingerprint(report["target"])},
         "drafter": {"path": report["drafter"], "format": report["drafter_info"]["format"],
-                    "fingerprint": fingerprint(report["drafter"])},
+                    **identity(report["drafter"])},
         "dtype": None if lint_only else s.dtype, "device": sample.get("device", "none"),
         "dataset": Path(sample["prompts_file"]).name if sample else None,
         "boundaries": best.get("boundaries") or [],

@@ -422,6 +422,17 @@ def _same(a: DrafterInfo | ModelInfo | None, b: DrafterInfo | ModelInfo | None) 
     return bool(a.path) and a.path == b.path
 
 
+def same_weights(a: DrafterInfo | None, b: DrafterInfo | None) -> bool:
+    """Same trained weights, whatever their config says: by `weights_fingerprint` when both have one
+    (backend/model_id.py; a copy of a drafter with other aux ids in config.json, or the fix `check-drafter
+    --write-fix` writes, keeps it), else as `_same` (manifests written before it)."""
+    if a is None or b is None:
+        return False
+    if a.weights_fingerprint and b.weights_fingerprint:
+        return a.weights_fingerprint == b.weights_fingerprint
+    return _same(a, b)
+
+
 @dataclass
 class Relation:
     """How the boundaries an engine fed relate to those the drafter was trained on (same length lists): kind
@@ -465,9 +476,11 @@ class Mismatch:
 
 def drafter_mismatches(manifests: dict[str, StoredManifest | dict], checks: dict[str, StoredManifest | dict]
                        ) -> list[Mismatch]:
-    """Each drafter run whose engine fed other boundaries than the newest drafter check of the same drafter and
-    target found it was trained on (checks: catalog.check_manifests(), newest first; manifests typed or as the
-    catalog holds them)."""
+    """Each drafter run whose engine fed other boundaries than the newest drafter check of the same drafter weights
+    and target found it was trained on (checks: catalog.check_manifests(), newest first; manifests typed or as the
+    catalog holds them). What a drafter was trained on is a property of its weights, so a bench of a drafter whose
+    config alone differs from the checked one (other aux ids: the fed boundaries are the bench's own `aux`) is
+    matched by `same_weights`."""
     out = []
     checks_read = {chk: StoredManifest.indexed(c) for chk, c in checks.items()}
     for run, raw in manifests.items():
@@ -477,7 +490,7 @@ def drafter_mismatches(manifests: dict[str, StoredManifest | dict], checks: dict
             continue
         for chk, c in checks_read.items():
             best = c.check.best if c.check is not None else None
-            if best and _same(c.drafter_info, drafter) and _same(c.model, m.model):
+            if best and same_weights(c.drafter_info, drafter) and _same(c.model, m.model):
                 if list(best) != list(fed):
                     out.append(Mismatch(run, chk, Path(drafter.path or "").name or "the drafter", list(fed),
                                         list(best), relation(fed, list(best))))

@@ -6,16 +6,22 @@ the Runs table, `python -m backend runs` and the exports carry them; their words
 
 A wrong feed is as loud as what it costs, on the one severity scale (backend/tau_scale.py; dashboard/severity.py
 words it): its `FeedCost` is the check's predicted tau of the fed set against the trained set's where the check
-scored both, else the measured tau of the run against a matched reference (a complete bench of the same drafter and
-target, same K, fed the trained set; paired over the prompts both decoded), else unknown: a note that says its cost
-is not measured (a cost the evidence cannot tell from none is at most a note), never an error on the feed alone."""
+scored both, else the measured tau of the run against a matched reference (a complete bench of the same drafter, else
+of the same weights under another config, and target, same K, fed the trained set; paired over the prompts both
+decoded), else unknown: a note that says its cost is not measured (a cost the evidence cannot tell from none is at
+most a note), never an error on the feed alone.
+
+A finding follows the weights: what a check found a drafter trained on is a property of its weights, so a bench of a
+copy whose config.json alone differs (other aux ids, the fix `--write-fix` writes) is matched to that check by the
+weights fingerprint both manifests record (compare.same_weights; manifests written before it match by fingerprint or
+path)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from backend import metrics, tau_scale
-from backend.compare import Mismatch, _same, drafter_mismatches
+from backend.compare import Mismatch, _same, drafter_mismatches, same_weights
 from backend.runs.manifest import StoredManifest
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}      # how a serving engine's releases are named
@@ -87,7 +93,7 @@ def findings(manifests: dict[str, StoredManifest | dict], checks: dict[str, Stor
     looked up (the check's stored result, a matched reference bench); without it every wrong feed's cost is unknown."""
     checks = {c: StoredManifest.indexed(m) for c, m in checks.items()}
     checked = {x for c in checks.values() if c.drafter_info is not None
-               for x in (c.drafter_info.fingerprint, c.drafter_info.path) if x}
+               for x in (c.drafter_info.weights_fingerprint, c.drafter_info.fingerprint, c.drafter_info.path) if x}
     manifests = {r: StoredManifest.indexed(m) for r, m in manifests.items() if _may_have_finding(m, checked)}
     out: dict[str, list[Finding]] = {r: [] for r in manifests}
     costs = _Costs(read, manifests)
@@ -106,14 +112,16 @@ def findings(manifests: dict[str, StoredManifest | dict], checks: dict[str, Stor
 def _may_have_finding(raw: StoredManifest | dict, checked: set[str]) -> bool:
     """Whether a run as the catalog holds it can have a finding, read from the raw keys before the typed manifest is
     built (a page over 10,000 runs types only these): it records what the engine fed, and it is an HF bench reading
-    a serving engine's release or its drafter (fingerprint or path) is one a drafter check looked at (`checked`)."""
+    a serving engine's release or its drafter (weights fingerprint, fingerprint or path: compare.same_weights) is one
+    a drafter check looked at (`checked`)."""
     if not isinstance(raw, dict):
         return True
     key = StoredManifest.raw_value
     if key(raw, "engine") == "hf" and key(raw, "aux.producer") in ENGINE_NAMES:
         return True
-    return bool(key(raw, "aux.boundaries")) and any(isinstance(v, str) and v in checked for v in
-                                                     (key(raw, "drafter.fingerprint"), key(raw, "drafter.path")))
+    return bool(key(raw, "aux.boundaries")) and any(
+        isinstance(v, str) and v in checked
+        for v in (key(raw, "drafter.weights_fingerprint"), key(raw, "drafter.fingerprint"), key(raw, "drafter.path")))
 
 
 def _cost_short(cost: FeedCost | None) -> str:
@@ -163,10 +171,14 @@ class _Costs:
 
     def measured(self, x: Mismatch) -> FeedCost | None:
         run = self.manifests.get(x.run)
-        k = run.num_spec_tokens if run is not None else None
-        ref = next((r for r, m in self._benches().items() if r != x.run and _same(m.drafter_info, run.drafter_info)
-                    and _same(m.model, run.model) and m.aux is not None and list(m.aux.boundaries or []) == x.trained
-                    and m.num_spec_tokens == k), None) if run is not None else None
+        if run is None:
+            return None
+        k = run.num_spec_tokens
+        fits = [(r, m) for r, m in self._benches().items()
+                if r != x.run and same_weights(m.drafter_info, run.drafter_info) and _same(m.model, run.model)
+                and m.aux is not None and list(m.aux.boundaries or []) == x.trained and m.num_spec_tokens == k]
+        # the same drafter first, else the same weights under another config (what they do fed what they learnt)
+        ref = next((r for r, m in fits if _same(m.drafter_info, run.drafter_info)), fits[0][0] if fits else None)
         if ref is None:
             return None
         try:

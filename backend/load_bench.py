@@ -185,11 +185,11 @@ class LoadResult:
 
 
 def _manifest(s: LoadSettings, info, n_cells: int) -> dict:
-    from backend.model_id import fingerprint
+    from backend.model_id import fingerprint, identity
 
     drafter = None
     if s.drafter:
-        drafter = {"path": str(Path(s.drafter).resolve()), "fingerprint": fingerprint(s.drafter)}
+        drafter = {"path": str(Path(s.drafter).resolve()), **identity(s.drafter)}
     return {"kind": "load", "engine": s.engine, "engine_version": None,
             "model": {"path": str(Path(s.target).resolve()), "model_type": info.model_type, "n_layers": info.n_layers,
                       "hidden_size": info.hidden_size, "fingerprint": fingerprint(s.target)},

@@ -134,3 +134,88 @@ def test_a_wrong_feed_is_graded_by_what_it_costs() -> None:
     assert f.cost.source == "measured" and f.cost.reference == "ref" and f.cost.prompts == 8
     assert f.severity == "error" and "tau against ref" in f.short and f.cost.lo > 0
     assert "over 8 shared prompts" in run_view.finding_line(f, run)
+
+
+# ---------------------------------------------------------------------------- a wrong feed follows the weights (item 2)
+
+def _drafter_dir(path, ids: list[int], weights_from=None, shift: float = 0.0):
+    """A drafter directory: config.json with `ids` in eagle_config, its weights hard-linked from `weights_from`
+    (as `check-drafter --write-fix` links them) or written (`shift` makes other weights of the same shape)."""
+    import json
+    import os
+
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64,
+                                                  "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids}}))
+    if weights_from is not None:
+        os.link(weights_from / "model.safetensors", path / "model.safetensors")
+    else:
+        save_file({"fc.weight": torch.arange(64.0 * 192).reshape(64, 192) + shift}, str(path / "model.safetensors"))
+    return path
+
+
+def test_a_wrong_feed_follows_the_weights_not_the_config(tmp_path) -> None:
+    """What a check found a drafter trained on is a property of its weights: a bench of a copy of the checked drafter
+    whose config.json alone differs (the demo's patch and the written fix, benched as vLLM 0.24.0 reads it: fed
+    S_2,S_4,S_5, trained on S_0,S_3,S_5) gets the wrong-feed finding graded on the one scale, on the run page, `runs`
+    and Compare alike (backend/model_id.py `weights_fingerprint`, compare.same_weights); a drafter with other weights
+    of the same shape gets none; a copy fed what the weights were trained on gets none."""
+    from backend import findings
+    from backend.model_id import fingerprint, identity, weights_fingerprint
+    from dashboard import compare_words
+
+    checked = _drafter_dir(tmp_path / "drafter-slot-shift", [2, 4, 5])
+    fixed = _drafter_dir(tmp_path / "drafter-slot-shift-fixed", [-1, 2, 4], weights_from=checked)
+    patched = _drafter_dir(tmp_path / "drafter-slot-shift-patched", [-1, 3, 5], weights_from=checked)
+    other = _drafter_dir(tmp_path / "drafter-other", [2, 4, 5], shift=1.0)
+    assert fingerprint(fixed) != fingerprint(checked) and weights_fingerprint(fixed) == weights_fingerprint(checked)
+    assert weights_fingerprint(other) != weights_fingerprint(checked) and weights_fingerprint(tmp_path) is None
+    assert identity(checked) == {"fingerprint": fingerprint(checked),
+                                 "weights_fingerprint": weights_fingerprint(checked)}
+
+    tgt = {"path": "/m/target", "fingerprint": "t1"}
+
+    def drafter(p):        # the drafter section bench.py and check_drafter.py record
+        return {"path": str(p), "format": "eagle3", **identity(p)}
+
+    def bench(p, fed: list[str], producer: str = "vllm") -> dict:
+        return {"kind": "bench", "engine": "hf", "drafter": drafter(p), "model": tgt, "num_spec_tokens": 4,
+                "aux": {"boundaries": fed, "producer": producer, "version": "0.24.0"}}
+
+    trained, vllm_feed = ["S_0", "S_3", "S_5"], ["S_2", "S_4", "S_5"]
+    runs = {"fixed-vllm": bench(fixed, vllm_feed), "patched": bench(patched, ["S_0", "S_4", "S_6"]),
+            "fixed": bench(fixed, trained), "other": bench(other, vllm_feed)}
+    checks = {"chk": {"kind": "check", "drafter": drafter(checked), "model": tgt, "check": {"best": trained}}}
+    rep = {"candidates": [{"boundaries": trained, "tau": 2.19, "z_vs_best": None},
+                          {"boundaries": vllm_feed, "tau": 1.27, "z_vs_best": 20.0}]}
+
+    found = findings.findings(runs, checks, _Read(rep))
+    wrong = {r: next((f for f in fs if f.kind == "mismatch"), None) for r, fs in found.items()}
+    f = wrong["fixed-vllm"]
+    assert f is not None and f.severity == "error" and f.cost.source == "predicted"
+    assert round(f.cost.rel, 2) == 0.42 and f.mismatch.check == "chk" and f.mismatch.trained == trained
+    assert f.short.startswith("error: wrong feed: S_2,S_4,S_5, trained on S_0,S_3,S_5 (chk), predicted tau 42% lower")
+    assert wrong["patched"] is not None and wrong["patched"].mismatch.fed == ["S_0", "S_4", "S_6"]
+    assert wrong.get("fixed") is None and wrong.get("other") is None
+    # Compare says the same (compare.drafter_mismatches, the one place that decides it)
+    lines = compare_words.drafter_diagnosis(runs, checks)
+    assert len(lines) == 2 and lines[0].startswith("`fixed-vllm`") and lines[1].startswith("`patched`")
+
+    # the measured cost, without the check's scores: the same weights fed the trained set are the reference
+    prompts = [f"p{i}" for i in range(8)]
+    speeds = pd.DataFrame({"run_id": ["fixed"] * 8 + ["patched"] * 8, "prompt_id": prompts * 2,
+                           "accepted": [12, 13, 11, 12, 12, 14, 12, 11] + [5, 6, 4, 5, 6, 5, 4, 5],
+                           "drafts": [10] * 16})
+    got = findings.findings({"patched": runs["patched"]}, checks, _Read(None, {"fixed": runs["fixed"]}, speeds))
+    f = got["patched"][0]
+    assert f.cost.source == "measured" and f.cost.reference == "fixed" and f.severity == "error"
+
+    # manifests written before the weights fingerprint: the fingerprint-or-path rule, as before
+    old = {c: {**m, "drafter": {k: v for k, v in m["drafter"].items() if k != "weights_fingerprint"}}
+           for c, m in checks.items()}
+    before = findings.findings({"fixed-vllm": runs["fixed-vllm"], "again": bench(checked, vllm_feed)}, old, _Read(rep))
+    assert [f.kind for f in before["fixed-vllm"]] == ["hf_reading"]
+    assert before["again"][0].kind == "mismatch" and before["again"][0].severity == "error"

@@ -140,3 +140,52 @@ def test_demo_shows_the_drop_and_tells_the_story(tmp_path, monkeypatch):
     assert not at.exception, [e.value for e in at.exception]
     shown = "\n".join(m.value for m in at.markdown)
     assert "**The failure.**" in shown and "/drafter?run=demo-check-slot-shift" in shown, shown[:500]
+
+
+@need_models
+def test_a_reconfigured_drafter_keeps_its_checks_finding(tmp_path):
+    """Issue 20 item 2 with the demo's own builders on a small root: the slot-shift drafter's check finds it trained
+    on S_0, S_3, S_5; its patch and its written fix (other ids in config.json, the weights linked) are other files
+    with the same weights (model_id.weights_fingerprint), so their benches carry that check's finding through the
+    catalog as `runs` reads it: the fix as vLLM 0.24.0 reads it (fed S_2, S_4, S_5) an error graded by the check's
+    predicted tau, the patch (fed S_0, S_4, S_6) a wrong feed; the fix as SGLang feeds it none."""
+    import dataclasses
+
+    from backend import findings
+    from backend.bench import BenchSettings, run_bench
+    from backend.check_drafter import CheckSettings, run_check
+    from backend.demo import SLOT_CHECK_RUN, SLOT_ENGINE, heldout_prompts, slot_shift_models, toy_pair
+    from backend.drafter.fix import plan_fix, write_fix
+    from backend.model_id import identity
+
+    data = DataRoot(tmp_path / "data")
+    pair, slot = toy_pair(data), slot_shift_models(data)
+    r = run_check(CheckSettings(drafter=str(slot / "drafter-slot-shift"), target=str(pair / "target"),
+                                engine=SLOT_ENGINE[0], engine_version=SLOT_ENGINE[1], device="cpu", num_prompts=4,
+                                new_tokens=24, training_data=str(slot / "training-data"),
+                                training_format="speculators-legacy"), name=SLOT_CHECK_RUN, data=data, progress=False)
+    fixed = slot / "drafter-slot-shift-fixed"
+    write_fix(dataclasses.replace(plan_fix(r.report), drafter=str(slot / "drafter-slot-shift"),
+                                  target=str(pair / "target")), fixed)
+    ids = {d: identity(slot / d) for d in ("drafter-slot-shift", "drafter-slot-shift-patched", fixed.name)}
+    assert len({i["fingerprint"] for i in ids.values()}) == 3
+    assert len({i["weights_fingerprint"] for i in ids.values()}) == 1
+    common = dict(target=str(pair / "target"), prompts=str(heldout_prompts(pair)), num_spec_tokens=4, limit=2,
+                  max_new_tokens=8, repeats=1, device="cpu")
+    for run_id, drafter, engine in (("patched", slot / "drafter-slot-shift-patched", SLOT_ENGINE),
+                                    ("fixed-vllm", fixed, ("vllm", "0.24.0")), ("fixed", fixed, SLOT_ENGINE)):
+        run_bench(BenchSettings(drafter=str(drafter), producer=engine[0], producer_version=engine[1], **common),
+                  name=run_id, data=data, progress=False)
+    data.catalog.write.refresh()
+    cat = data.catalog.read
+    bench = ["patched", "fixed-vllm", "fixed"]
+    found = findings.findings(cat.run_manifest_keys(bench, findings.MANIFEST_KEYS, findings.NEEDS),
+                              cat.check_manifests(), cat)
+    wrong = {run: [f for f in fs if f.kind == "mismatch"] for run, fs in found.items()}
+    vllm = wrong["fixed-vllm"][0]
+    assert vllm.mismatch.fed == ["S_2", "S_4", "S_5"] and vllm.mismatch.trained == ["S_0", "S_3", "S_5"]
+    assert vllm.cost is not None and vllm.cost.source == "predicted" and vllm.severity == "error", vllm.short
+    patched = wrong["patched"][0].mismatch
+    assert patched.fed == ["S_0", "S_4", "S_6"] and patched.trained == ["S_0", "S_3", "S_5"]
+    assert patched.check == SLOT_CHECK_RUN
+    assert not wrong.get("fixed")

@@ -196,6 +196,7 @@ class DrafterInfo(Section):
 
     path: Text = None
     fingerprint: Text = None
+    weights_fingerprint: Text = None   # backend/model_id.py: the weights alone (absent in manifests written before)
     format: Text = None
 
 
