@@ -20,7 +20,8 @@ import pandas as pd
 
 from backend import metrics
 from backend.compare import NOT_CONFIG, flatten
-from backend.findings import ENGINE_NAMES, Finding, reproduced_release
+from backend.findings import Finding, reproduced_release
+from backend.options import engine_label
 from backend.runs.manifest import Bench, Headline, StoredManifest
 from dashboard import severity
 from dashboard.compare_words import mismatch_line
@@ -109,7 +110,7 @@ def fed(manifest: StoredManifest | dict) -> Fed:
         return Fed(summary, _rows(rows))
     if kind == "load":
         st = m.settings or {}
-        eng = " ".join(str(x) for x in (_ENGINE_NAMES.get(m.engine, m.engine), m.engine_version) if x) \
+        eng = " ".join(str(x) for x in (engine_label(m.engine, ""), m.engine_version) if x) \
             or "the engine"
         ks = ", ".join(f"K={k}" for k in st.get("num_spec_tokens") or [])
         syn = (f" at synthetic acceptance lengths tau* {', '.join(f'{t:g}' for t in st['synthetic_tau'])}"
@@ -126,7 +127,7 @@ def fed(manifest: StoredManifest | dict) -> Fed:
     if kind == "watch":
         w = stored_watch(m)
         st = m.settings or {}
-        eng = " ".join(str(x) for x in (_ENGINE_NAMES.get(m.engine, m.engine), m.engine_version) if x) or "a server"
+        eng = " ".join(str(x) for x in (engine_label(m.engine, ""), m.engine_version) if x) or "a server"
         rows = [("server", w.get("metrics_url") or w.get("server_url") or st.get("server_url")), ("engine", eng),
                 ("interval", f"{st['interval']:g} s" if isinstance(st.get("interval"), (int, float)) else None),
                 ("--min-tau", st.get("min_tau")), ("stopped by", w.get("stopped_by"))]
@@ -135,9 +136,6 @@ def fed(manifest: StoredManifest | dict) -> Fed:
                    "what the server feeds the drafter.", _rows(rows))
     labels = m.boundaries or []
     return Fed(f"A capture: no drafter is fed; it recorded {len(labels)} boundaries ({_labels(labels)}).")
-
-
-_ENGINE_NAMES = ENGINE_NAMES
 
 
 def reading_note(manifest: StoredManifest | dict) -> str | None:

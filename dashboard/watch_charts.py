@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from backend.options import engine_label
 from backend.runs.manifest import StoredManifest
 from dashboard import severity as scale
 
@@ -257,7 +258,7 @@ def summary(manifest: StoredManifest | dict, df: pd.DataFrame) -> str:
     m = StoredManifest.indexed(manifest)
     w = stored_watch(m)
     s = m.settings or {}
-    eng = {"vllm": "vLLM", "sglang": "SGLang"}.get(m.engine, m.engine or "?")
+    eng = engine_label(m.engine)
     ver = f" {m.engine_version}" if m.engine_version else ""
     model = m.model.path if m.model is not None else None
     span = (df["t_end"].max() - df["t_start"].min()) if len(df) else 0.0
