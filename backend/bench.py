@@ -45,7 +45,7 @@ from backend.model_id import fingerprint, identity
 from backend.options import SERVING_ENGINES
 from backend.prompts import Prompt, encode_all, load_prompts
 from backend.runs.lifecycle import Run, RunGuard
-from backend.runs.manifest import Bench, StoredManifest
+from backend.runs.manifest import Bench, Manifest, StoredManifest
 from backend.settings import SPEC_ONLY, BenchSettings  # noqa: F401 (SPEC_ONLY: re-exported)
 from backend.store.data_root import DataRoot
 from backend.store.rundir import (
@@ -410,14 +410,14 @@ def _check_resumable(rd: RunDir, m: StoredManifest, s: BenchSettings) -> None:
 
 def _open_or_resume(run_id: str, s: BenchSettings, lm, spec, base, data: DataRoot, n_prompts: int,
                     pairing: str | None = None) -> tuple[Run, list[dict]]:
-    manifest = _manifest(s, lm, spec, base, n_prompts, pairing)
+    manifest = Manifest.of(_manifest(s, lm, spec, base, n_prompts, pairing), run_id)
     try:
         return Run.create(run_id, manifest, data), []
     except SpecLensError:
         rd = Run.open(run_id, data)
     _check_resumable(rd.rd, rd.read(), s)
     done = _read_journal(rd)
-    rd.claim(baseline_run=manifest["baseline_run"], pairing=manifest["pairing"],
+    rd.claim(baseline_run=manifest.baseline_run, pairing=manifest.pairing,
              progress={"done": len(done), "total": n_prompts * s.repeats})
     return rd, done
 

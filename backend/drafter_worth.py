@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from backend.errors import SpecLensError
+from backend.options import engine_label
 from backend.runs.manifest import ModelInfo, StoredManifest
 
 
@@ -127,7 +128,7 @@ def _read_map(d: Path, shipped: bool) -> SpeedMap | None:
         m = None
     model = (m and m.model) or ModelInfo()
     shape = f"{model.model_type or '?'}, {model.n_layers or '?'} layers x {model.hidden_size or '?'}"
-    engine = {"vllm": "vLLM", "sglang": "SGLang"}.get(m and m.engine, (m and m.engine) or "?")
+    engine = engine_label(m and m.engine)
     version = (m and m.engine_version) or ""
     return SpeedMap(d.name, cells, shape, f"{engine} {version}".strip(), shipped, model.model_type,
                     tuple(sorted(noisy)))

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from backend import metrics, tau_scale
 from backend.compare import Mismatch, _same, drafter_mismatches, same_weights
+from backend.options import SERVING_ENGINES, engine_label
 from backend.runs.manifest import StoredManifest
 
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}      # how a serving engine's releases are named
 # the manifest keys `findings` reads (K: to match a reference bench), and the one a run needs to have any: a finding
 # is about what the engine fed (`aux`). Pages over many runs pass only these
 # (catalog.read.run_manifest_keys(ids, MANIFEST_KEYS, NEEDS)).
@@ -81,9 +81,9 @@ def reproduced_release(manifest: StoredManifest | dict) -> str | None:
     if m.kind != "bench" or m.engine != "hf":
         return None
     aux = m.aux
-    if aux is None or aux.producer not in ENGINE_NAMES:
+    if aux is None or aux.producer not in SERVING_ENGINES:
         return None
-    return " ".join(str(x) for x in (ENGINE_NAMES[aux.producer], aux.version) if x)
+    return " ".join(str(x) for x in (engine_label(aux.producer), aux.version) if x)
 
 
 def findings(manifests: dict[str, StoredManifest | dict], checks: dict[str, StoredManifest | dict],
@@ -117,7 +117,7 @@ def _may_have_finding(raw: StoredManifest | dict, checked: set[str]) -> bool:
     if not isinstance(raw, dict):
         return True
     key = StoredManifest.raw_value
-    if key(raw, "engine") == "hf" and key(raw, "aux.producer") in ENGINE_NAMES:
+    if key(raw, "engine") == "hf" and key(raw, "aux.producer") in SERVING_ENGINES:
         return True
     return bool(key(raw, "aux.boundaries")) and any(
         isinstance(v, str) and v in checked

@@ -43,6 +43,7 @@ from backend.errors import SpecLensError
 from backend.jsonfile import read_object
 from backend.runs.capture_run import CaptureResult, write_capture_files
 from backend.runs.lifecycle import Run, RunGuard
+from backend.runs.manifest import Manifest
 from backend.stats import StreamingStats, TokenSample
 from backend.store.data_root import DataRoot
 from backend.store.rundir import new_run_id
@@ -502,7 +503,17 @@ def import_capture(path: str | Path, fmt: str | None = None, producer_ids: list[
     src = Path(path).resolve()
     conv = coords.convention_for(plan.fmt.producer, plan.fmt.version, plan.family)
     verifier = verifier_path(plan.dcfg)
-    manifest = {
+    source = {"producer": plan.fmt.producer, "version": conv.versions, "format": fmt, "rule": conv.rule,
+              "ids": plan.ids, "ids_from": plan.ids_from, "labels": plan.labels, "path": str(src),
+              "files": len(plan.files), "first_file": first.name, "last_file": plan.files[-1].name,
+              "stored_dtype": shape[2]}
+    if shape[2] in FP8.values():
+        source["dequantised"] = f"hidden_states x {SCALES_KEY} (per token), kept as float32"
+    if plan.detected:
+        source["detected"] = plan.detected
+    if plan.n_skipped:
+        source["skipped"] = {"files": plan.n_skipped, "examples": plan.skipped}
+    manifest = Manifest.of({
         "kind": "capture", "engine": f"import:{fmt}", "name": run_id, "device": "cpu",
         "model": {"path": str(Path(model).resolve()) if model else verifier, "name": verifier,
                   "model_type": plan.target.get("model_type"), "n_layers": plan.n_layers, "hidden_size": shape[0],
@@ -513,17 +524,8 @@ def import_capture(path: str | Path, fmt: str | None = None, producer_ids: list[
                      "model": str(model) if model else None, "sample_tokens": sample_tokens,
                      "sample_per_prompt": sample_per_seq},
         "progress": {"done": 0, "total": len(plan.files)},
-        "source": {"producer": plan.fmt.producer, "version": conv.versions, "format": fmt, "rule": conv.rule,
-                   "ids": plan.ids, "ids_from": plan.ids_from, "labels": plan.labels, "path": str(src),
-                   "files": len(plan.files), "first_file": first.name, "last_file": plan.files[-1].name,
-                   "stored_dtype": shape[2]},
-    }
-    if shape[2] in FP8.values():
-        manifest["source"]["dequantised"] = f"hidden_states x {SCALES_KEY} (per token), kept as float32"
-    if plan.detected:
-        manifest["source"]["detected"] = plan.detected
-    if plan.n_skipped:
-        manifest["source"]["skipped"] = {"files": plan.n_skipped, "examples": plan.skipped}
+        "source": source,
+    }, run_id)
     rd = Run.create(run_id, manifest, data)
     t0 = time.perf_counter()
     with RunGuard(rd, interrupted=lambda: "interrupted; import again under a new --name",

@@ -37,6 +37,7 @@ from backend import metrics, server_metrics
 from backend.errors import SpecLensError
 from backend.load_client import run_level, scrape, served_model, server_version
 from backend.runs.lifecycle import Run, RunGuard
+from backend.runs.manifest import Manifest
 from backend.settings import Config, LoadSettings  # noqa: F401 (LoadSettings: its home is backend/settings.py)
 from backend.store.data_root import DataRoot
 from backend.store.rundir import COMPLETE, atomic_write_json, atomic_write_parquet, new_run_id, read_journal
@@ -209,7 +210,7 @@ def run_load(s: LoadSettings, name: str | None = None, data: DataRoot | None = N
     prompts, seqs, info = _encode(s)
     cells = _cells(s)
     run_id = name or new_run_id("load", None)
-    manifest = _manifest(s, info, len(cells) * 2)
+    manifest = Manifest.of(_manifest(s, info, len(cells) * 2), run_id)
     try:
         run = Run.create(run_id, manifest, data)
         done: list[dict] = []
@@ -218,11 +219,11 @@ def run_load(s: LoadSettings, name: str | None = None, data: DataRoot | None = N
         m = run.read()
         if m.status == COMPLETE:
             raise SpecLensError(f"run '{run_id}' is already complete ({run.path}); pick another --name") from None
-        if m.kind != "load" or m.identity != manifest["identity"]:
+        if m.kind != "load" or m.identity != manifest.identity:
             raise SpecLensError(f"run '{run_id}' was started with other settings ({run.manifest_path}); resume it "
                                 "with the same options or pick another --name") from None
         done = read_journal(run.file(JOURNAL))
-        run.claim(progress={"done": len(done), "total": len(cells) * 2}, settings=manifest["settings"])
+        run.claim(progress={"done": len(done), "total": len(cells) * 2}, settings=manifest.settings)
     finished = {(d["config"], d["concurrency"], d["repeat"], d["side"]) for d in done}
     guard = RunGuard(run, interrupted=lambda: f"interrupted after {len(done)}/{len(cells) * 2} levels; run the same "
                                               "command again to resume")

@@ -32,6 +32,16 @@ SERVING_ENGINES = tuple(e for e in ENGINES if e != IN_PROCESS_ENGINE)
 ENGINE_LABELS = {"hf": "HF", "vllm": "vLLM", "sglang": "SGLang"}    # how the pages and reports name each engine
 RUNNER_ENGINE = "vllm"                                    # the engine whose model runner decides what it reads
 
+
+def engine_label(engine: str | None, unknown: str = "?") -> str:
+    """How the pages and reports name a serving engine (ENGINE_LABELS: "vLLM", "SGLang"); any other name, the
+    reference engine "hf" included, as it is written (the drafter and run pages have always shown it so), and
+    `unknown` when there is none."""
+    if engine in SERVING_ENGINES:
+        return ENGINE_LABELS[engine]
+    return engine or unknown
+
+
 DTYPES = ("fp32", "bf16")
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}     # the engines' (and torch's) names of DTYPES
 DEFAULT_K = 4                                              # K draft tokens per step (vLLM num_speculative_tokens)
@@ -45,8 +55,8 @@ ENGINE_READINGS = tuple((e, r) for e in SERVING_ENGINES
 
 __all__ = ["CHECK_K", "DEFAULT_K", "DRAFT_SAMPLING", "DTYPES", "ENGINES", "ENGINE_LABELS", "ENGINE_NAMES",
            "ENGINE_READINGS", "IN_PROCESS_ENGINE", "RUNNERS", "RUNNER_ENGINE", "SERVING_ENGINES", "TORCH_DTYPES",
-           "VLLM_RUNNERS", "add_options", "build", "check_fields", "field_choices", "field_minimums", "field_types",
-           "from_args", "option", "parse_engine_options", "required_fields", "settings_fields"]
+           "VLLM_RUNNERS", "add_options", "build", "check_fields", "engine_label", "field_choices", "field_minimums",
+           "field_types", "from_args", "option", "parse_engine_options", "required_fields", "settings_fields"]
 
 
 # ---------------------------------------------------------------------------- options derived from settings fields

@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 
 from backend import metrics, server_metrics
 from backend.errors import SpecLensError
+from backend.options import engine_label
 from backend.runs.lifecycle import Run, RunGuard
 from backend.settings import WatchSettings  # the watch's settings (its options derive from them)
 from backend.store.data_root import DataRoot
@@ -535,7 +536,7 @@ def _parse(text: str, engine: str | None, url: str) -> server_metrics.Counters:
 
 
 def _no_spec(engine: str, url: str, after: int | None = None) -> str:
-    name = {"vllm": "vLLM", "sglang": "SGLang"}[engine]
+    name = engine_label(engine)
     what = ("serves no speculative-decoding counters (vllm:spec_decode_*)" if engine == "vllm"
             else "generates tokens without verification steps (sglang:spec_verify_calls_total stays 0)")
     when = "" if after is None else f" (after {after} window(s), kept in the run)"

@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 from backend.align import Alignment
 from backend.drafter.fix import where_key
 from backend.drafter.lint import SEVERITIES
+from backend.options import engine_label
 from backend.runs.manifest import StoredManifest
 from dashboard import severity
 
@@ -321,7 +322,7 @@ def fix_words(rep: dict) -> tuple[str, str | None]:
     if "refused" in fix:
         return "info", fix["refused"][0].upper() + fix["refused"][1:]
     p = fix["plan"]
-    eng = {"vllm": "vLLM", "sglang": "SGLang"}.get(p["engine"], p["engine"]) + f" {p['version']}"
+    eng = engine_label(p["engine"]) + f" {p['version']}"
     key = where_key(p["where"])
     return "fix", (f"Write `{key}: {p['ids']}` in the drafter's config.json (nothing else changes): {eng} then feeds "
                    f"{', '.join(p['trained_on'])}, what the drafter was trained on, instead of "
@@ -334,7 +335,7 @@ def proof_engines(rep: dict) -> dict[str, str]:
     fix = (rep.get("fix") or {}).get("plan")
     if not fix:
         return {}
-    eng = {"vllm": "vLLM", "sglang": "SGLang"}.get(fix["engine"], fix["engine"])
+    eng = engine_label(fix["engine"])
     return {"hf": f"HF reference bench on the CPU, fed as {eng} {fix['version']} feeds",
             fix["engine"]: f"{eng} itself on the GPU (the worker runs the queued benches)"}
 

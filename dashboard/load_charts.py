@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import plotly.graph_objects as go
 
+from backend.options import engine_label
 from backend.runs.manifest import StoredManifest
 from dashboard.charts import _template
 from dashboard.compare_words import speed_words
@@ -34,7 +35,6 @@ PERCENTILES = {"p50": "median (p50)", "p90": "p90", "p99": "p99"}
 LATENCY = {"ttft": "TTFT (time to first token)", "tpot": "TPOT (time per later token)",
            "itl": "ITL (between stream chunks)"}
 DASH = "\u2014"
-ENGINES = {"vllm": "vLLM", "sglang": "SGLang"}
 MERGED_WHY = ("under load vLLM merges the stream chunks of a request that the client did not read in time, so the "
               "requests' own count misses verification steps (and reads tau too high); the server's counters are the "
               "reference, and every figure on this page uses them")
@@ -702,7 +702,7 @@ def run_caption(manifest: StoredManifest | dict, levels: pd.DataFrame, cells: pd
     level, max tokens, dataset, date (the manifest read typed: backend/runs/manifest.py `StoredManifest`)."""
     m = StoredManifest.indexed(manifest)
     s = m.settings or {}
-    eng = ENGINES.get(m.engine, m.engine or "?")
+    eng = engine_label(m.engine)
     ver = f" {m.engine_version}" if m.engine_version else ""
     model = m.model.path if m.model is not None else None
     drafter = m.drafter_info.path if m.drafter_info is not None else None

@@ -20,8 +20,9 @@ import pandas as pd
 
 from backend import metrics
 from backend.compare import NOT_CONFIG, flatten
-from backend.findings import ENGINE_NAMES, Finding, reproduced_release
-from backend.runs.manifest import Bench, Headline, StoredManifest
+from backend.findings import Finding, reproduced_release
+from backend.options import engine_label
+from backend.runs.manifest import Bench, CheckInfo, Headline, LoadInfo, StoredManifest
 from dashboard import severity
 from dashboard.compare_words import mismatch_line
 from dashboard.watch_charts import stored_verdict, stored_watch
@@ -79,37 +80,34 @@ def fed(manifest: StoredManifest | dict) -> Fed:
         if aux is None or not aux.to_json():
             return Fed("Plain decoding (no drafter): the engine fed nothing; this run is the baseline that drafter "
                        "runs of the same prompts and settings are measured against.")
-        more = aux.model_extra or {}                     # what the typed Aux keeps as read: ids, ids_from, ...
         reading = " ".join(str(x) for x in (aux.producer, aux.version) if x)
         runner = f", runner {aux.runner}" if aux.runner else ""
-        summary = (f"{reading or 'The engine'}{runner} read aux ids [{_labels(more.get('ids'))}] from "
-                   f"{more.get('ids_from') or 'its default'} and fed the drafter {_labels(aux.boundaries)}.")
+        summary = (f"{reading or 'The engine'}{runner} read aux ids [{_labels(aux.ids)}] from "
+                   f"{aux.ids_from or 'its default'} and fed the drafter {_labels(aux.boundaries)}.")
         hf = reading_note(m)
         if hf:
             summary += f" HF transformers reproduced {engine_fact(m)}'s reading: this run did not run inside it."
         rows = [("engine reading", f"{reading}{runner}" if reading else None),
                 ("decoded by", f"{hf_name(m)}, reproducing this reading" if hf else None),
-                ("why this runner", more.get("runner_reason")),
-                ("aux layer ids", f"[{_labels(more.get('ids'))}]"), ("ids read from", more.get("ids_from")),
+                ("why this runner", aux.runner_reason),
+                ("aux layer ids", f"[{_labels(aux.ids)}]"), ("ids read from", aux.ids_from),
                 ("boundaries fed", _labels(aux.boundaries)),
-                ("predicted from the config", _labels(more["predicted"]) if more.get("predicted") else None),
-                ("ids the engine reported", _labels(more["engine_ids"]) if more.get("engine_ids") else None)]
-        return Fed(summary, _rows(rows), more.get("warning"))
+                ("predicted from the config", _labels(aux.predicted) if aux.predicted else None),
+                ("ids the engine reported", _labels(aux.engine_ids) if aux.engine_ids else None)]
+        return Fed(summary, _rows(rows), aux.warning)
     if kind == "check":
-        c = m.check
-        more = (c.model_extra or {}) if c is not None else {}    # engine, engine_version, runner, feeds: kept as read
-        engine = " ".join(str(x) for x in (more.get("engine"), more.get("engine_version")) if x) or "the engine"
-        best = c.best if c is not None else None
-        runner = f" (runner {more['runner']})" if more.get("runner") else ""
-        summary = (f"{engine}{runner} would feed {_labels(more.get('feeds'))}; "
-                   + (f"the drafter matches {_labels(best)} best." if best else "no drafter run (lint only)."))
-        rows = [("engine", engine), ("runner", more.get("runner")), ("boundaries fed", _labels(more.get("feeds"))),
-                ("best candidate", _labels(best) if best else None), ("mode", c.mode if c is not None else None),
-                ("severity", c.severity if c is not None else None)]
+        c = m.check or CheckInfo()
+        engine = " ".join(str(x) for x in (c.engine, c.engine_version) if x) or "the engine"
+        runner = f" (runner {c.runner})" if c.runner else ""
+        summary = (f"{engine}{runner} would feed {_labels(c.feeds)}; "
+                   + (f"the drafter matches {_labels(c.best)} best." if c.best else "no drafter run (lint only)."))
+        rows = [("engine", engine), ("runner", c.runner), ("boundaries fed", _labels(c.feeds)),
+                ("best candidate", _labels(c.best) if c.best else None), ("mode", c.mode),
+                ("severity", c.severity)]
         return Fed(summary, _rows(rows))
     if kind == "load":
         st = m.settings or {}
-        eng = " ".join(str(x) for x in (_ENGINE_NAMES.get(m.engine, m.engine), m.engine_version) if x) \
+        eng = " ".join(str(x) for x in (engine_label(m.engine, ""), m.engine_version) if x) \
             or "the engine"
         ks = ", ".join(f"K={k}" for k in st.get("num_spec_tokens") or [])
         syn = (f" at synthetic acceptance lengths tau* {', '.join(f'{t:g}' for t in st['synthetic_tau'])}"
@@ -126,18 +124,15 @@ def fed(manifest: StoredManifest | dict) -> Fed:
     if kind == "watch":
         w = stored_watch(m)
         st = m.settings or {}
-        eng = " ".join(str(x) for x in (_ENGINE_NAMES.get(m.engine, m.engine), m.engine_version) if x) or "a server"
-        rows = [("server", w.get("metrics_url") or w.get("server_url") or st.get("server_url")), ("engine", eng),
+        eng = " ".join(str(x) for x in (engine_label(m.engine, ""), m.engine_version) if x) or "a server"
+        rows = [("server", w.metrics_url or w.server_url or st.get("server_url")), ("engine", eng),
                 ("interval", f"{st['interval']:g} s" if isinstance(st.get("interval"), (int, float)) else None),
-                ("--min-tau", st.get("min_tau")), ("stopped by", w.get("stopped_by"))]
+                ("--min-tau", st.get("min_tau")), ("stopped by", w.stopped_by)]
         return Fed(f"A watch of a live {eng} server: its speculative-decoding counters (`/metrics`) scraped every "
                    "interval, tau per window against the first windows' band. SpecLens sees the counters only, not "
                    "what the server feeds the drafter.", _rows(rows))
     labels = m.boundaries or []
     return Fed(f"A capture: no drafter is fed; it recorded {len(labels)} boundaries ({_labels(labels)}).")
-
-
-_ENGINE_NAMES = ENGINE_NAMES
 
 
 def reading_note(manifest: StoredManifest | dict) -> str | None:
@@ -149,9 +144,8 @@ def reading_note(manifest: StoredManifest | dict) -> str | None:
     if not release:
         return None
     aux = m.aux                                          # reproduced_release: a bench with an aux section
-    ids = (aux.model_extra or {}).get("ids")
     runner = f" ({aux.runner} runner)" if aux.runner else ""
-    ids = f"ids [{_labels(ids)}]" if ids else "its default ids"
+    ids = f"ids [{_labels(aux.ids)}]" if aux.ids else "its default ids"
     return (f"Run on {hf_name(m)}, reproducing {release}{runner}'s reading: the drafter was fed "
             f"{_labels(aux.boundaries)}, what {release} feeds it from {ids}; tau and speed are HF's decoding of "
             f"that feed, not measured inside {release}.")
@@ -414,12 +408,12 @@ def load_figures(manifest: StoredManifest | dict) -> list[tuple[str, str]]:
     Its verdicts (best K, where it stops paying, the noise and agreement notes) are the Serving load page's."""
     m = StoredManifest.indexed(manifest)
     st = m.settings or {}
-    load = _untyped(m, "load")
+    load = m.load or LoadInfo()
     n_cfg = len(st.get("num_spec_tokens") or []) * max(1, len(st.get("synthetic_tau") or []))
     out = [("drafter configs", str(n_cfg) if n_cfg else "-"),
            ("concurrency", ", ".join(str(c) for c in st.get("concurrency") or []) or "-"),
-           ("levels measured", _count(load.get("levels"))), ("requests", _count(load.get("requests"))),
-           ("output tokens", _count(load.get("tokens")))]
+           ("levels measured", _count(load.levels)), ("requests", _count(load.requests)),
+           ("output tokens", _count(load.tokens))]
     return [(label, value) for label, value in out if value != "-"]
 
 
@@ -432,7 +426,7 @@ def watch_figures(manifest: StoredManifest | dict) -> list[tuple[str, str]]:
     secs = head.seconds
     span = (f"{secs / 60:.1f} min" if secs >= 120 else f"{secs:.0f} s") if isinstance(secs, (int, float)) else "-"
     tau = v.get("tau")
-    out = [("windows", _count(v.get("windows", (head.model_extra or {}).get("windows")))), ("span", span),
+    out = [("windows", _count(v.get("windows", head.windows))), ("span", span),
            ("tau", f"{tau:.3f}" if isinstance(tau, (int, float)) else "-"), ("drafts", _count(v.get("drafts"))),
            ("verdict", str(v["state"]).replace("_", " ") if v.get("state") else "-")]
     return [(label, value) for label, value in out if value != "-"]
@@ -458,7 +452,7 @@ def timing_lines(manifest: StoredManifest | dict) -> list[str]:
                    f"first alternating); `{base}` holds plain decoding's outputs.")
     elif pairing == "separate" or (base and m.num_spec_tokens):
         out.append(f"Timed against the baseline run `{base}`, which ran at another moment.")
-    load = _untyped(b, "load")
+    load = b.load if isinstance(b.load, dict) else {}
     if load:
         def rng(k: str) -> str:
             q = load.get(k) if isinstance(load.get(k), dict) else {}
@@ -476,10 +470,3 @@ def timing_lines(manifest: StoredManifest | dict) -> list[str]:
 def manifest_text(manifest: dict) -> str:
     """The manifest.json download: every key as read (a StoredManifest's `to_json()`)."""
     return json.dumps(manifest, indent=1, sort_keys=True, default=str)
-
-
-def _untyped(section: StoredManifest | Bench, key: str) -> dict:
-    """An object the typed manifest keeps as read without typing it (a load run's `load`, a bench's `bench.load`),
-    {} when there is none."""
-    v = (section.model_extra or {}).get(key)
-    return v if isinstance(v, dict) else {}

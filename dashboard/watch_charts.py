@@ -3,8 +3,8 @@ them, backend/metrics.py defines tau, the rates and the drift band) and its mani
 
 Pure functions: a DataFrame (and the verdict dict) in, a plotly figure or a DataFrame out (the DataFrame is what the
 chart's CSV holds). No Streamlit, no I/O, no SQL, no statistics: the band and the flags are the watch's own. The
-manifest is read typed (backend/runs/manifest.py `StoredManifest`); its `watch` object, which the typed manifest
-keeps as read, through `stored_watch`.
+manifest is read typed (backend/runs/manifest.py `StoredManifest`), its `watch` section (`WatchInfo`) through
+`stored_watch`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from backend.runs.manifest import StoredManifest
+from backend.options import engine_label
+from backend.runs.manifest import StoredManifest, WatchInfo
 from dashboard import severity as scale
 
 _LAYOUT = dict(template="plotly_white", margin=dict(l=70, r=30, t=80, b=90), font=dict(size=13))
@@ -29,16 +30,16 @@ DASH = "\u2014"
 STATE_LEVEL = {"below_min_tau": "error", "ok": "ok", "no_baseline": "note", "no_traffic": "note"}
 
 
-def stored_watch(manifest: StoredManifest | dict) -> dict:
-    """A watch run's `watch` object as backend/watch.py wrote it (its server, how it stopped, its verdict; the typed
-    manifest keeps it as read), {} when there is none."""
-    w = (StoredManifest.indexed(manifest).model_extra or {}).get("watch")
-    return w if isinstance(w, dict) else {}
+def stored_watch(manifest: StoredManifest | dict) -> WatchInfo:
+    """A watch run's `watch` section as backend/watch.py wrote it (its server, how it stopped, its verdict), typed;
+    an empty one when there is none."""
+    w = StoredManifest.indexed(manifest).watch
+    return w if w is not None else WatchInfo()
 
 
 def stored_verdict(manifest: StoredManifest | dict) -> dict:
     """The watch's verdict (`watch.verdict`: its state, line, tau, windows, drafts), {} when there is none."""
-    v = stored_watch(manifest).get("verdict")
+    v = stored_watch(manifest).verdict
     return v if isinstance(v, dict) else {}
 
 
@@ -257,12 +258,12 @@ def summary(manifest: StoredManifest | dict, df: pd.DataFrame) -> str:
     m = StoredManifest.indexed(manifest)
     w = stored_watch(m)
     s = m.settings or {}
-    eng = {"vllm": "vLLM", "sglang": "SGLang"}.get(m.engine, m.engine or "?")
+    eng = engine_label(m.engine)
     ver = f" {m.engine_version}" if m.engine_version else ""
     model = m.model.path if m.model is not None else None
     span = (df["t_end"].max() - df["t_start"].min()) if len(df) else 0.0
     span_s = f"{span:.1f} s" if span < 120 else f"{span / 60:.1f} min" if span < 7200 else f"{span / 3600:.1f} h"
-    return (f"`{w.get('metrics_url', w.get('server_url', '?'))}`: {eng}{ver}" + (f", model `{model}`" if model else "")
+    return (f"`{w.metrics_url or w.server_url or '?'}`: {eng}{ver}" + (f", model `{model}`" if model else "")
             + f"; {len(df)} window(s) of {s.get('interval', '?')} s over {span_s}; baseline: the first "
               f"{s.get('baseline_windows', '?')} windows with {s.get('min_drafts', '?')}+ drafts; a verdict needs "
               f"{s.get('confirm', '?')} window(s) in a row below the band" +

@@ -100,6 +100,13 @@ BAD = {
     "drafter": ([1], "drafter"),
     "drafter.path": (5, "drafter.path"),
     "aux.boundaries": ("S_0", "aux.boundaries"),
+    "aux.ids": (["2"], "aux.ids"),
+    "aux.engine_ids": (2, "aux.engine_ids"),
+    "check.feeds": ("S_2", "check.feeds"),
+    "load": ([8], "load"),
+    "load.levels": ("8", "load.levels"),
+    "watch.verdict": ([1], "watch.verdict"),
+    "watch.stopped_by": (3, "watch.stopped_by"),
     "job": ("j1", "job"),
     "status": ("done", "status"),
 }
@@ -125,6 +132,49 @@ def test_a_wrong_typed_key_is_one_line_naming_it(key: str) -> None:
     assert why is not None and "\n" not in why and f"manifest key '{named}'" in why, why
 
 
+def test_the_aux_check_load_and_watch_sections_are_typed() -> None:
+    """What a bench's `aux`, a check's `check`, a load run's `load` and a watch's `watch` hold reads as attributes
+    (the run page and the Watch and Serving load pages read them so); unknown keys are kept and written back."""
+    from backend.runs.manifest import Aux, CheckInfo, LoadInfo, WatchInfo
+
+    raw = {"status": "complete", "kind": "watch", "headline": {"windows": 3}, "bench": {"load": {"units": 2}},
+           "watch": {"server_url": "http://x:1", "metrics_url": "http://x:1/metrics", "stopped_by": "windows",
+                     "verdict": {"state": "ok", "tau": 2.5}, "later": 1},
+           "load": {"levels": 8, "requests": 64, "tokens": 999, "best": {"4": 1.2}, "stops_paying": None},
+           "check": {"engine": "vllm", "engine_version": "0.24.0", "runner": "v2", "feeds": ["S_2"], "best": None},
+           "aux": {"ids": [-1, 2], "ids_from": "top level", "runner_reason": "why", "predicted": ["S_0"],
+                   "engine_ids": [2], "warning": "fed other", "boundaries": ["S_0", "S_3"]}}
+    m = _round_trip(raw)
+    assert isinstance(m.watch, WatchInfo) and m.watch.verdict == {"state": "ok", "tau": 2.5}
+    assert m.watch.stopped_by == "windows" and m.watch.model_extra == {"later": 1}
+    assert isinstance(m.load, LoadInfo) and (m.load.levels, m.load.requests, m.load.tokens) == (8, 64, 999)
+    assert isinstance(m.check, CheckInfo) and (m.check.engine, m.check.runner, m.check.feeds) == ("vllm", "v2",
+                                                                                                    ["S_2"])
+    assert isinstance(m.aux, Aux) and m.aux.ids == [-1, 2] and m.aux.engine_ids == [2]
+    assert m.aux.warning == "fed other" and m.headline.windows == 3 and m.bench.load == {"units": 2}
+
+
+def test_a_new_run_writes_its_typed_manifest_and_job(tmp_path: Path) -> None:
+    """Run.create builds the typed Manifest (Manifest.of), adds the job inside tagged_runs, and the data root writes
+    its `to_json()`: the keys given, the job as the worker tags it."""
+    from backend.errors import SpecLensError
+    from backend.runs.lifecycle import Run, tagged_runs
+    from backend.runs.manifest import Manifest
+
+    fields = {"kind": "watch", "engine": "vllm", "model": {"path": None}, "dataset": None, "settings": {"x": 1},
+              "progress": {"done": 0, "total": 2},
+              "watch": {"server_url": "u", "metrics_url": "u/metrics", "verdict": None, "stopped_by": None}}
+    data = DataRoot(tmp_path / "data")
+    with tagged_runs({"id": "job-1", "sweep": None, "kind": "watch"}):
+        rd = Run.create("w1", Manifest.of(fields, "w1"), data)
+    raw = rd.manifest()
+    assert {k: raw[k] for k in fields} == fields and raw["job"] == {"id": "job-1", "sweep": None, "kind": "watch"}
+    Run.create("w2", dict(fields), data)
+    assert "job" not in data.run_dir("w2").manifest()
+    with pytest.raises(SpecLensError, match="manifest field 'progress'"):
+        Manifest.of({**fields, "progress": None}, "w3")
+
+
 def test_odd_values_of_the_right_type_are_kept() -> None:
     raw = {"status": "complete", "headline": {"tokens": -5, "nonfinite": {"S_0": 0}}, "bench": {"tau": float("nan")},
            "drafter": "/models/old-drafter", "temperature": 0, "repeats": 2.0}
@@ -140,7 +190,7 @@ def test_odd_values_of_the_right_type_are_kept() -> None:
 RAW_ALLOWED = {("backend/store/rundir.py", "read"), ("backend/store/rundir.py", "update"),
                ("backend/runs/lifecycle.py", "manifest"), ("backend/runs/lifecycle.py", "_write"),
                ("backend/store/catalog.py", "_run_row")}
-SECTIONS = ("headline", "bench", "aux", "progress", "source", "identity", "check")  # keys no catalog row has
+SECTIONS = ("headline", "bench", "aux", "progress", "source", "identity", "check", "watch")  # no catalog row has them
 PARSERS = ("parse", "checked", "indexed")
 
 
@@ -172,6 +222,8 @@ def raw_manifest_reads(source: str, name: str) -> list[str]:
             out.append(f"{name}:{node.lineno}: manifest.json read as a dict (StoredManifest.parse it)")
         if attr == "get" and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in SECTIONS:
             out.append(f"{name}:{node.lineno}: .get({node.args[0].value!r}) of a manifest section")
+    out += [f"{name}:{node.lineno}: model_extra (read the typed field of the manifest or its section)"
+            for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "model_extra"]
     return out
 
 
@@ -274,7 +326,7 @@ def test_the_dashboard_check_passes_typed_reads() -> None:
           "def f(run, rows):\n    m = StoredManifest.indexed(run['manifest'] if run else None)\n"
           "    d = m.drafter_info\n    s = m.settings or {}\n"
           "    return m.engine, m.model.path, d.path if d else None, s.get('min_tau'), run.get('drafter'),\\\n"
-          "        rows.get('model'), (m.model_extra or {}).get('watch')\n")
+          "        rows.get('model'), m.watch.verdict, m.aux.ids\n")
     assert dict_section_reads(ok, "dashboard/x.py") == []
 
 
@@ -284,6 +336,7 @@ def test_the_dashboard_check_passes_typed_reads() -> None:
     "def f(m):\n    return (m.get('headline') or {}).get('tokens')\n",
     "import json\ndef f(d):\n    return json.loads((d / 'manifest.json').read_text())['model']\n",
     "def f(q, data, name):\n    return q.read(data.runs / name / 'manifest.json')\n",
+    "def f(m):\n    return (m.model_extra or {}).get('watch'), (m.aux.model_extra or {}).get('ids')\n",
 ])
 def test_the_check_flags_raw_reads(snippet: str) -> None:
     """The check above finds the raw reads backend/ used to have."""

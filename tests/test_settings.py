@@ -1,7 +1,8 @@
 """Names, defaults and settings are defined once (issue 21 item 2).
 
 Static checks over the code (AST over backend/, dashboard/, pages/, gpu/, tools/, bench/ and app.py): no second
-literal list of engine names (backend/options.py ENGINES is the one registry), nor a table keyed by them, nor one of
+literal list of engine names (backend/options.py ENGINES is the one registry), nor a table keyed by them (their labels
+included: options.ENGINE_LABELS), nor one of
 vLLM runner values (backend/vllm_runner.py RUNNERS), and no K default written as a number anywhere but
 backend/options.py; each check is shown to fail on a snippet that repeats the list."""
 
@@ -13,7 +14,8 @@ from pathlib import Path
 from backend import options
 
 REPO = Path(__file__).resolve().parents[1]
-HOMES = {"engines": "backend/options.py", "runners": "backend/vllm_runner.py", "k": "backend/options.py"}
+HOMES = {"engines": "backend/options.py", "labels": "backend/options.py", "runners": "backend/vllm_runner.py",
+         "k": "backend/options.py"}
 
 
 def _strings(node: ast.AST) -> list[str] | None:
@@ -66,13 +68,28 @@ def _keyed(rows: list[set[str]] | None, names: set[str]) -> bool:
     return rows is not None and all(r & names for r in rows) and len(set().union(*rows) & names) >= 2
 
 
+def _label_map(node: ast.AST, engines: set[str], labels: set[str]) -> bool:
+    """A second table of engine labels: a dict literal keyed by two or more engine names whose values are their
+    labels ({"vllm": "vLLM", "sglang": "SGLang"}), or a choice between two labels ("vLLM" if e == "vllm" else
+    "SGLang"). A table of other facts per engine (a file each engine reads, a version) is not one."""
+    if isinstance(node, ast.Dict) and len(node.keys) >= 2 and all(
+            isinstance(k, ast.Constant) and k.value in engines for k in node.keys):
+        return all(isinstance(v, ast.Constant) and v.value in labels for v in node.values)
+    if isinstance(node, ast.IfExp):
+        return all(isinstance(v, ast.Constant) and v.value in labels for v in (node.body, node.orelse))
+    return False
+
+
 def repeats(source: str) -> list[tuple[str, int]]:
     """(what, line) for every second definition in `source`: an engine-name list (or a table of rows keyed by
-    engine name), a runner list, a K default."""
+    engine name), a table of engine labels, a runner list, a K default."""
     engines, runners = set(options.ENGINE_NAMES), set(options.RUNNERS)
+    labels = set(options.ENGINE_LABELS.values())
     out = []
     for node in ast.walk(ast.parse(source)):
         s, rows = _strings(node), _rows(node)
+        if _label_map(node, engines, labels):
+            out.append(("labels", node.lineno))
         if (s is not None and set(s) <= engines) or _keyed(rows, engines):
             out.append(("engines", node.lineno))
         if (s is not None and set(s) <= runners) or _keyed(rows, runners):
@@ -105,7 +122,8 @@ def _found() -> list[str]:
 
 
 def test_engine_names_runners_and_k_default_are_defined_once() -> None:
-    assert _found() == [], "use backend.options (ENGINE_NAMES, SERVING_ENGINES, RUNNERS, DEFAULT_K) instead"
+    assert _found() == [], ("use backend.options (ENGINE_NAMES, SERVING_ENGINES, ENGINE_LABELS / engine_label, "
+                            "RUNNERS, DEFAULT_K) instead")
 
 
 def test_the_check_finds_a_second_list() -> None:
@@ -125,9 +143,13 @@ ok = ("vllm", "speculators")
 for row, engine in ((1, "vllm"), (2, "sglang")): ...
 TRACKS = (("vllm", "v1", "V1"), ("vllm", "v2", "V2"), ("sglang", None, "SGLang"))
 fine = ((1, "vllm"), (2, "other"))
+eng = {"vllm": "vLLM", "sglang": "SGLang"}.get(engine, engine)
+eng = "vLLM" if engine == "vllm" else "SGLang"
+limits = {"vllm": a.vllm_limit, "sglang": a.sglang_limit}
 '''
     assert repeats(src) == [("engines", 2), ("engines", 3), ("engines", 5), ("engines", 14), ("engines", 15),
-                            ("k", 7), ("k", 9), ("k", 10), ("k", 11), ("runners", 4)]
+                            ("k", 7), ("k", 9), ("k", 10), ("k", 11), ("labels", 17), ("labels", 18),
+                            ("runners", 4)]
 
 
 def test_the_registry_is_the_one_list() -> None:

@@ -56,7 +56,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:                 # run as a script: the repository's backend/options.py names the runners
     sys.path.insert(0, str(REPO))
-from backend.options import VLLM_RUNNERS  # noqa: E402  (imports the standard library and `packaging` only)
+from backend.options import VLLM_RUNNERS, engine_label  # noqa: E402  (imports the standard library and `packaging` only)
 
 TABLE = REPO / "backend" / "conventions.yaml"
 BEGIN = "# ---- BEGIN rows derived from the wheels (tools/rederive_conventions.py --write keeps status, seen, note)"
@@ -1398,7 +1398,7 @@ def fields_markdown() -> str:
     for r in rows:
         if r["file"] != LLAMA_DRAFTER[r["engine"]]:
             continue
-        eng = {"vllm": "vLLM", "sglang": "SGLang"}[r["engine"]]
+        eng = engine_label(r["engine"])
         span = r["releases"][0] + (f"-{r['releases'][-1]}" if len(r["releases"]) > 1 else "")
         out.append(f"| {eng} | {span} | `{r['field']}` | {r['status']} | {r['decided_by']} |")
     return "\n".join(out) + "\n"
@@ -1822,7 +1822,7 @@ def kinds_markdown(path: Path = TABLE) -> str:
            "| engine | releases | kind | served | where the ids are read (first found wins; +1: the engine adds one) "
            "| an id means | default (no ids) |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        eng = "vLLM" if r["producer"] == "vllm" else "SGLang"
+        eng = engine_label(r["producer"])
         span = r["releases"][0] + (f"-{r['releases'][-1]}" if len(r["releases"]) > 1 else "")
         if not r["served"]:
             out.append(f"| {eng} | {span} | {KIND_WORDS[r['kind']]} | not served | - | - | - |")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from backend.drafter.kinds import SPECULATORS_IDS
 from backend.errors import SpecLensError
-from backend.options import SERVING_ENGINES
+from backend.options import SERVING_ENGINES, engine_label
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 
@@ -51,7 +51,7 @@ class FixPlan:
 
     @property
     def engine_name(self) -> str:
-        eng = {"vllm": "vLLM", "sglang": "SGLang"}.get(self.engine, self.engine)
+        eng = engine_label(self.engine)
         return f"{eng} {self.version}" + (f" ({self.runner.upper()} runner)" if self.runner else "")
 
     def to_json(self) -> dict:
@@ -301,7 +301,7 @@ def _ranges(rows: list[dict], what) -> list[str]:
 
     def flush() -> None:
         if run:
-            eng = "vLLM" if run[0]["engine"] == "vllm" else "SGLang"
+            eng = engine_label(run[0]["engine"])
             span = run[0]["release"] + (f"-{run[-1]['release']}" if len(run) > 1 else "")
             out.append(f"{eng} {span}{what(run[0])}")
 

@@ -28,6 +28,7 @@ from packaging.version import InvalidVersion, Version
 
 from backend import coords
 from backend.errors import SpecLensError
+from backend.options import engine_label
 
 KINDS = ("eagle3", "eagle3_1", "eagle3_mla", "p_eagle", "dflash", "dflash2", "mtp")
 KIND_NAMES = {"eagle3": "EAGLE-3", "eagle3_1": "EAGLE-3.1", "eagle3_mla": "EAGLE-3 (MLA attention)",
@@ -83,7 +84,7 @@ def kind_row(engine: str, version: str, kind: str) -> dict | None:
 
 
 def _eng(engine: str) -> str:
-    return {"vllm": "vLLM", "sglang": "SGLang"}.get(engine, engine)
+    return engine_label(engine)
 
 
 def served(engine: str, version: str, kind: str, raw: dict | None = None) -> str | None:

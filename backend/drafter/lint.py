@@ -27,7 +27,7 @@ from backend import coords
 from backend.drafter.config import DrafterConfig, load_config
 from backend.errors import SpecLensError
 from backend.jsonfile import read_object
-from backend.options import ENGINE_READINGS
+from backend.options import ENGINE_READINGS, engine_label
 
 if TYPE_CHECKING:
     from backend.vllm_runner import RunnerChoice
@@ -64,7 +64,7 @@ class Reading:
 
     @property
     def name(self) -> str:
-        eng = {"vllm": "vLLM", "sglang": "SGLang"}.get(self.engine, self.engine)
+        eng = engine_label(self.engine)
         return f"{eng} {self.version}" + (f" ({self.runner.upper()} runner)" if self.runner else "")
 
     def to_json(self) -> dict:
@@ -503,7 +503,7 @@ def _release_field_findings(cfg: DrafterConfig, f: str, focus: Reading | None) -
             if gated:
                 lacks = "reads sliding_window only for the layers layer_types marks sliding_attention, and this " \
                         "config has none"
-            eng = {"vllm": "vLLM", "sglang": "SGLang"}[focus.engine]
+            eng = engine_label(focus.engine)
             shown = "true" if v is True else json.dumps(v)
             out.append(Finding("warning", f"{eng} {focus.version} ignores {key}: {shown} ({row['file']} {lacks}): "
                                           f"the drafter will be fed {fed.format(v=shown)}. ({f}; "

@@ -31,8 +31,6 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from backend.errors import SpecLensError
 from backend.runs.manifest import Manifest, StoredManifest
 from backend.store.data_root import DataRoot
@@ -74,18 +72,11 @@ class Run:
         """A new run (status running), indexed at once; a malformed manifest is refused before anything is
         written; an existing run of that name raises SpecLensError (the caller may then resume it)."""
         if isinstance(manifest, dict):
-            try:
-                manifest = Manifest.model_validate(manifest)
-            except ValidationError as e:
-                err = e.errors()[0]
-                where = ".".join(str(p) for p in err["loc"])
-                raise SpecLensError(f"run '{run_id}': manifest field '{where}': {err['msg']}; "
-                                    f"this is a SpecLens bug, report it with the command you ran") from None
-        fields = manifest.to_json()
+            manifest = Manifest.of(manifest, run_id)
         if _JOB.get() is not None:
-            fields["job"] = _JOB.get()
+            manifest = manifest.with_job(_JOB.get())
         data = DataRoot.of(data)
-        run = cls(data.new_run_dir(run_id, fields), data)
+        run = cls(data.new_run_dir(run_id, manifest), data)
         run._changed()
         return run
 

@@ -2,9 +2,10 @@
 
 - `StoredManifest`: a stored manifest.json as every reader sees it (`RunDir.read()`, `Run.read()`): the keys the
   code reads, typed, in typed sections (`model`, `headline`, `progress`, `bench` with its `speedup`, `drafter`,
-  `aux`, `source`, `job`, `check`); every key optional (a failed or older run lacks some), unknown keys kept as they
-  are (`extra="allow"`), and `to_json()` gives back exactly the keys that were read, so a read-modify-write changes
-  only what it changes.
+  `aux`, `source`, `job`, `check`, a load run's `load`, a watch's `watch`); every key optional (a failed or older
+  run lacks some), unknown keys kept as they are (`extra="allow"`), and `to_json()` gives back exactly the keys that
+  were read, so a read-modify-write changes only what it changes. `settings` stays an object: each kind records its
+  own settings model's fields there, and a resume compares them whole with that model's `identity()`.
 - `check_stored`: the check the catalog runs on every manifest.json it reads (backend/store/validate.py), so that
   one bad run directory is quarantined with a one-line reason naming the key instead of breaking a refresh or a
   page: a status, then `StoredManifest`'s own validation (text is text, an object an object, integers fit a BIGINT,
@@ -92,6 +93,12 @@ def _object(v):
     _bad(f"is a {json_type(v)}, not an object")
 
 
+def _ints(v):
+    if v is None or (isinstance(v, list) and all(is_int64(x) for x in v)):
+        return v
+    _bad("is not a list of integers")
+
+
 def _counts(v):
     if v is None or (isinstance(v, dict) and all(is_int64(x) for x in v.values())):
         return v
@@ -109,6 +116,7 @@ Int = Annotated[int | float | None, PlainValidator(_int)]          # an integer 
 Number = Annotated[int | float | None, PlainValidator(_number)]     # any JSON number (NaN and inf too)
 Flag = Annotated[bool | None, PlainValidator(_flag)]
 Texts = Annotated[list[str] | None, PlainValidator(_texts)]
+Ints = Annotated[list[int] | None, PlainValidator(_ints)]
 Object = Annotated[dict | None, PlainValidator(_object)]
 Counts = Annotated[dict[str, int] | None, PlainValidator(_counts)]
 Status = Annotated[Literal[STATUSES] | None, PlainValidator(_status)]  # type: ignore[valid-type]
@@ -157,6 +165,7 @@ class Headline(Section):
     sample_tokens: Int = None
     nonfinite: Counts = None
     seconds: Number = None
+    windows: Int = None                # a watch: the windows it scraped
 
 
 class Speedup(Section):
@@ -189,6 +198,7 @@ class Bench(Section):
     lossless: Flag = None
     pairing: Text = None
     speed_noise: SpeedNoise | None = None
+    load: Object = None                # the machine's load while it ran (backend/bench.py load_summary)
 
 
 class DrafterInfo(Section):
@@ -206,12 +216,19 @@ def _drafter_shape(v):
 
 
 class Aux(Section):
-    """What a drafter bench fed its drafter: the boundaries and whose reading they follow (backend/drafter/aux.py)."""
+    """What a drafter bench fed its drafter: the boundaries and whose reading they follow (backend/drafter/aux.py),
+    the ids that reading found and where, and what the running engine reported."""
 
     boundaries: Texts = None
     producer: Text = None
     version: Text = None
     runner: Text = None
+    ids: Ints = None                   # the aux layer ids read (None: the engine's default)
+    ids_from: Text = None              # where they were read from, in words
+    runner_reason: Text = None         # vLLM: why this runner (backend/vllm_runner.py)
+    predicted: Texts = None            # the boundaries predicted from the config, when the engine reported its own
+    engine_ids: Ints = None            # the ids the running engine reported
+    warning: Text = None               # the engine fed other boundaries than the config predicts
 
 
 class Source(Section):
@@ -236,6 +253,29 @@ class CheckInfo(Section):
     best: Texts = None                 # the boundaries the drafter was trained on (None: not found)
     mode: Text = None                  # "lint" or "full"
     severity: Text = None
+    engine: Text = None                # the release checked: engine, version, vLLM runner
+    engine_version: Text = None
+    runner: Text = None
+    feeds: Texts = None                # what that release feeds the drafter
+
+
+class LoadInfo(Section):
+    """A serving-load run's counts and verdicts (backend/load_bench.py; its summary.json holds the rest)."""
+
+    levels: Int = None
+    requests: Int = None
+    tokens: Int = None
+    best: Object = None
+    stops_paying: Object = None
+
+
+class WatchInfo(Section):
+    """A watch of a live server (backend/watch.py): where it scraped, its verdict so far, what stopped it."""
+
+    server_url: Text = None
+    metrics_url: Text = None
+    verdict: Object = None             # backend/watch.py Tracker.verdict: state, tau, drafts, windows, exit_code, ...
+    stopped_by: Text = None            # "windows", "duration", "signal"
 
 
 # ---------------------------------------------------------------------------- the manifest
@@ -269,6 +309,8 @@ class StoredManifest(Section):
     source: Source | None = None
     job: JobTag | None = None
     check: CheckInfo | None = None
+    load: LoadInfo | None = None
+    watch: WatchInfo | None = None
     settings: Object = None
     identity: Object = None            # a serving-load run's settings that decide a resume (backend/load_bench.py)
     boundaries: Texts = None
@@ -379,6 +421,22 @@ class Manifest(StoredManifest):
     boundaries: list[str] = Field(default_factory=list)
     settings: dict = Field(default_factory=dict)
     progress: NewProgress
+
+    @classmethod
+    def of(cls, fields: dict, run_id: str) -> Manifest:
+        """The typed manifest of a new run from its fields; SpecLensError (one line naming the field) when they do not
+        make one: a bug of the code that builds them, refused before anything is written."""
+        try:
+            return cls.model_validate(fields)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise SpecLensError(f"run '{run_id}': manifest field '{where}': {err['msg']}; "
+                                f"this is a SpecLens bug, report it with the command you ran") from None
+
+    def with_job(self, job: dict) -> Manifest:
+        """The same manifest recording the job that made the run (backend/runs/lifecycle.py `tagged_runs`)."""
+        return self.model_copy(update={"job": JobTag.model_validate(job)})
 
     def to_json(self) -> dict:
         """The fields as given (no defaults added), for manifest.json."""

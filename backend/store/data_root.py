@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from backend.config import Paths, paths
+from backend.runs.manifest import StoredManifest
 from backend.store.rundir import RunDir, list_run_dirs
 
 if TYPE_CHECKING:  # the catalog (duckdb) is imported where it is first used: holding a data root stays cheap
@@ -60,9 +61,12 @@ class DataRoot:
         """An existing run directory (the id is checked: no path outside runs/); SpecLensError when there is none."""
         return RunDir.open(run_id, self.paths)
 
-    def new_run_dir(self, run_id: str, manifest: dict) -> RunDir:
-        """A new run directory with its first manifest (status running); SpecLensError when the run exists."""
-        return RunDir.create(run_id, manifest, self.paths)
+    def new_run_dir(self, run_id: str, manifest: StoredManifest | dict) -> RunDir:
+        """A new run directory with its first manifest (status running): the typed manifest a run is created with
+        (backend/runs/manifest.py `Manifest`, written as its `to_json()`), or, for tests and tools that write a bare
+        run, its keys; SpecLensError when the run exists."""
+        fields = manifest.to_json() if isinstance(manifest, StoredManifest) else dict(manifest)
+        return RunDir.create(run_id, fields, self.paths)
 
     def run_dirs(self) -> list[RunDir]:
         """Every run directory holding a manifest, by name."""
