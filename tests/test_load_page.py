@@ -269,7 +269,8 @@ def test_run_page_describes_load_and_watch_runs(load: Path) -> None:
     md = texts(at.markdown)
     assert "A watch of a live vLLM 0.24.0 server" in md and "A capture" not in md
     assert ("watch", f"run={WATCH}") in [(p.proto.page, p.proto.query_string) for p in at.get("page_link")]
-    assert "DRIFT: window(s) 29-44" in texts(at.error)
+    # a drift is as loud as its tau cost (dashboard/severity.py): 2.42 -> 1.95 is 19% lower, a warning
+    assert "DRIFT: window(s) 29-44" in texts(at.warning) and "Warning** (tau cost 19%)" in texts(at.warning)
 
 
 def test_runs_page_links_a_ticked_load_or_watch_run(load: Path) -> None:
