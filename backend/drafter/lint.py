@@ -490,7 +490,8 @@ def _field_cost(key: str) -> str:
     return (f" Measured on the toy pair (tools/field_cost.py, {c['prompts']} prompts, K={c['k']}): trained with "
             f"{key} {shown(c['trained_with'][key])}, served with {shown(c['served_with'][key])}: tau "
             f"{c['tau_trained']:.2f} -> {c['tau_dropped']:.2f} ({c['difference']:+.2f}, 95% CI {c['ci95'][0]:+.2f} "
-            f"to {c['ci95'][1]:+.2f}).")
+            f"to {c['ci95'][1]:+.2f}" + ("; the interval includes 0: not resolved on this pair" if
+                                         c["ci95"][0] <= 0 <= c["ci95"][1] else "") + ").")
 
 
 def _release_field_findings(cfg: DrafterConfig, f: str, focus: Reading | None) -> tuple[list[Finding], set[str]]:
