@@ -257,10 +257,77 @@ def test_the_rederivation_passes_over_every_release() -> None:
 def test_rope_cost_measured_on_the_toy_pair_is_quoted() -> None:
     """docs/results/field_cost_toy.json (tools/field_cost.py): the rope finding quotes tau with and without, and the
     interval of the difference; a field without a measurement gets no cost."""
-    from backend.drafter.lint import FIELD_COST_FILE, _field_cost
+    from backend.drafter.lint import _field_cost, field_costs
 
-    c = json.loads(FIELD_COST_FILE.read_text())
-    assert c["field"] == "rope_theta" and c["prompts"] >= 30 and c["ci95"][0] <= c["difference"] <= c["ci95"][1]
+    c = field_costs()["rope_theta"]
+    assert c["prompts"] >= 30 and c["ci95"][0] <= c["difference"] <= c["ci95"][1]
     text = _field_cost("rope_theta")
     assert f"tau {c['tau_trained']:.2f} -> {c['tau_dropped']:.2f}" in text and "95% CI" in text
     assert _field_cost("sliding_window") == ""
+
+
+def test_norm_before_fc_cost_measured_on_the_toy_pair() -> None:
+    """The norm_before_fc entry: a drafter trained with the flag, benched as trained and as a release without
+    input_norm feeds it, paired on the same prompts, both runs lossless."""
+    from backend.drafter.lint import field_costs
+
+    c = field_costs()["norm_before_fc"]
+    assert c["trained_with"] == {"norm_before_fc": True} and c["served_with"] == {"norm_before_fc": False}
+    assert c["k"] == 4 and c["temperature"] == 0 and c["prompts"] >= 30 and c["lossless"] is True
+    assert c["ci95"][0] <= c["difference"] <= c["ci95"][1]
+    assert abs(c["tau_dropped"] - c["tau_trained"] - c["difference"]) < 0.0015
+
+
+def test_norm_before_fc_finding_for_sglang_0_5_15_quotes_the_cost(toy_configs, tmp_path) -> None:
+    from backend.drafter.lint import field_costs
+
+    c = field_costs()["norm_before_fc"]
+    d = drafter_with(toy_configs, norm_before_fc=True)
+    fs = [f for f in lint_only(d, toy_configs / "target", "sglang", "0.5.15", tmp_path / "data")
+          if "norm_before_fc" in f["text"]]
+    assert len(fs) == 1, fs
+    assert (f"Measured on the toy pair (tools/field_cost.py, {c['prompts']} prompts, K=4): trained with norm_before_fc "
+            f"true, served with false: tau {c['tau_trained']:.2f} -> {c['tau_dropped']:.2f} "
+            f"({c['difference']:+.2f}, 95% CI {c['ci95'][0]:+.2f} to {c['ci95'][1]:+.2f}") in fs[0]["text"], fs
+    assert ("the interval includes 0" in fs[0]["text"]) == (c["ci95"][0] <= 0 <= c["ci95"][1])
+    # SGLang 0.5.17 honours the flag: no finding, so no cost either
+    assert not [f for f in lint_only(d, toy_configs / "target", "sglang", "0.5.17", tmp_path / "data")
+                if "norm_before_fc" in f["text"]]
+
+
+def test_norm_before_fc_toy_drafter_applies_its_norm(tmp_path) -> None:
+    """The committed delta rebuilds a drafter with norm_before_fc: true whose input_norm is trained (not ones) and
+    applied under vLLM semantics; the dropped copy (flag off, same weights) has none and drafts from other fc inputs."""
+    import torch
+
+    from backend.drafter import Eagle3Drafter
+    from backend.toy.norm_before_fc import DELTA, assemble
+
+    with tarfile.open(REPO / "models" / "toy-pair.tar.gz") as t:
+        for name in ("drafter-matched/config.json", "drafter-matched/model.safetensors"):
+            t.extract(name, tmp_path, filter="data")
+    out = assemble(tmp_path / "drafter-matched", REPO / "tests" / "data" / "field_cost" / DELTA, tmp_path / "nbf")
+    raw = json.loads((out / "config.json").read_text())
+    assert raw["norm_before_fc"] is True and raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
+    d = Eagle3Drafter.load(out)
+    assert d.uses_input_norm and not torch.allclose(d.input_norm.weight, torch.ones_like(d.input_norm.weight))
+    off = tmp_path / "off"
+    off.mkdir()
+    (off / "model.safetensors").symlink_to(out / "model.safetensors")
+    (off / "config.json").write_text(json.dumps({**raw, "norm_before_fc": False}))
+    dropped = Eagle3Drafter.load(off)
+    assert dropped.input_norm is None and not dropped.uses_input_norm
+    aux = torch.randn(5, d.cfg.fc_in) * 3
+    assert torch.equal(dropped.combine(aux), d.fc(aux)) and not torch.allclose(d.combine(aux), dropped.combine(aux))
+
+
+def test_field_cost_merge_keeps_other_fields(tmp_path) -> None:
+    sys.path.insert(0, str(REPO / "tools"))
+    import field_cost
+
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps({"field": "rope_theta", "tau_trained": 2.0}))
+    got = field_cost.merge(f, {"field": "norm_before_fc", "tau_trained": 1.5})
+    assert [e["field"] for e in got] == ["rope_theta", "norm_before_fc"]
+    f.write_text(json.dumps(got))
+    assert field_cost.merge(f, {"field": "norm_before_fc", "tau_trained": 1.7})[-1]["tau_trained"] == 1.7

@@ -471,16 +471,27 @@ def _field_value(raw: dict, key: str):
     return {"d2t": raw.get("draft_vocab_size")}.get(key, raw.get(key))
 
 
+def field_costs() -> dict[str, dict]:
+    """docs/results/field_cost_toy.json (tools/field_cost.py) by field: a list of entries (an old single entry too)."""
+    if not FIELD_COST_FILE.exists():
+        return {}
+    c = json.loads(FIELD_COST_FILE.read_text())
+    return {e["field"]: e for e in ([c] if isinstance(c, dict) else c) if isinstance(e, dict) and "field" in e}
+
+
 def _field_cost(key: str) -> str:
     """The measured cost of dropping this field on the toy pair (tools/field_cost.py), when there is one."""
-    if not FIELD_COST_FILE.exists():
+    c = field_costs().get(key)
+    if c is None:
         return ""
-    c = json.loads(FIELD_COST_FILE.read_text())
-    if c.get("field") != key:
-        return ""
+
+    def shown(v) -> str:
+        return json.dumps(v) if isinstance(v, bool) or v is None else str(v)
     return (f" Measured on the toy pair (tools/field_cost.py, {c['prompts']} prompts, K={c['k']}): trained with "
-            f"{key} {c['trained_with'][key]}, served with {c['served_with'][key]}: tau {c['tau_trained']:.2f} -> "
-            f"{c['tau_dropped']:.2f} ({c['difference']:+.2f}, 95% CI {c['ci95'][0]:+.2f} to {c['ci95'][1]:+.2f}).")
+            f"{key} {shown(c['trained_with'][key])}, served with {shown(c['served_with'][key])}: tau "
+            f"{c['tau_trained']:.2f} -> {c['tau_dropped']:.2f} ({c['difference']:+.2f}, 95% CI {c['ci95'][0]:+.2f} "
+            f"to {c['ci95'][1]:+.2f}" + ("; the interval includes 0: not resolved on this pair" if
+                                         c["ci95"][0] <= 0 <= c["ci95"][1] else "") + ").")
 
 
 def _release_field_findings(cfg: DrafterConfig, f: str, focus: Reading | None) -> tuple[list[Finding], set[str]]:
