@@ -1392,8 +1392,8 @@ def fields_markdown() -> str:
            "(0.5.23 takes a draft window from its server arguments instead); every release honours the draft vocab "
            "and d2t, target_hidden_size, rope and head_dim. The lint warns on each field a config sets that the chosen "
            "release ignores. Which keys a release reads the aux layer ids from is the `ids_from` of each row of "
-           "backend/conventions.yaml (tables above), not repeated here. The cost of a dropped rope setting on the toy "
-           "pair is in docs/PERFORMANCE.md (tools/field_cost.py).", "",
+           "backend/conventions.yaml (tables above), not repeated here. The cost of a dropped rope setting and of an "
+           "ignored norm_before_fc on the toy pair is in docs/PERFORMANCE.md (tools/field_cost.py).", "",
            "| Engine | Releases | Field | Llama drafter | Decided by |", "|---|---|---|---|---|"]
     for r in rows:
         if r["file"] != LLAMA_DRAFTER[r["engine"]]:

@@ -28,7 +28,8 @@ Where the engines differ (`engine=`), as read in vLLM `model_executor/models/lla
 
     flag / part            vllm                                  sglang
     norm_before_residual   honoured                              ignored (residual = g)
-    norm_before_fc         honoured (input_norm)                 ignored (no input_norm module)
+    norm_before_fc         honoured (input_norm)                 ignored up to 0.5.16 (no input_norm module;
+                                                                 honoured from 0.5.17: backend/drafter_fields.yaml)
     embeddings             own embed_tokens if in checkpoint,    target's always (skipped only when
                            else the target's                     target_hidden_size != hidden_size)
     tie_word_embeddings    ignored (own lm_head [V_d, H])        lm_head = the embedding in use
