@@ -9,6 +9,7 @@ moments around a per-dimension reference (the first batch's mean) to keep kurtos
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -172,10 +173,17 @@ class StreamingStats:
         """Add the tokens of a layer's `hidden + residual` (r None: h alone) to boundary i: in one pass over the pair
         where backend/stats_kernel runs (a CUDA device with Triton), else through `update` on the rounded sum."""
         if self._fused is not None and self._ref_set[i]:
-            logn = self._fused(self.state, i, h, r)
-            if logn is not None:
-                self.state.norm_hist[i] += torch.histc(logn, bins=NORM_BINS, min=NORM_LO, max=NORM_HI)
-            return
+            try:
+                logn = self._fused(self.state, i, h, r)
+            except Exception as e:  # pragma: no cover - a GPU whose Triton cannot build the kernels
+                # it fails before its first write to the state (the compile comes first): the torch path takes over
+                warnings.warn(f"SpecLens: the one-pass statistics update failed ({type(e).__name__}: {e}); "
+                              "using the compiled torch update instead", RuntimeWarning, stacklevel=2)
+                self._fused = None
+            else:
+                if logn is not None:
+                    self.state.norm_hist[i] += torch.histc(logn, bins=NORM_BINS, min=NORM_LO, max=NORM_HI)
+                return
         self.update(i, h if r is None else h + r)
 
     def update_all(self, xs: list[torch.Tensor]) -> None:
