@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import random
 import shlex
 import sys
 import time
@@ -77,34 +76,7 @@ def train(cfg: NormConfig, lm, matched, data: list[td.Seq], progress: bool = Tru
     assert d.uses_input_norm
     d.train()
     head = lm.model.get_output_embeddings().weight.detach().float()
-    params = [p for p in d.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95))
-    tcfg = td.DrafterTrainConfig(steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup)
-    rng = random.Random(cfg.seed)
-    lengths = [len(s.tokens) for s in data]
-    queue: list[list[int]] = []
-    log, t0, step = [], time.time(), 0
-    for step in range(cfg.steps):
-        if not queue:
-            queue = td.length_batches(lengths, cfg.batch_size, cfg.batch_tokens, rng)
-        b = td.make_batch([data[i] for i in queue.pop()], FEED, torch.device("cpu"))
-        for g in opt.param_groups:
-            g["lr"] = td.lr_at(step, tcfg)
-        logged = step % 25 == 0 or step == cfg.steps - 1
-        loss, _, accs = td.ttt_loss(d, b, head, 4, 0.1, False, stats=logged)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if logged:
-            log.append({"step": step, "loss": round(loss.item(), 4), "acc": [round(a, 3) for a in accs]})
-            if progress:
-                print(f"[norm-before-fc] step {step}/{cfg.steps} loss {loss.item():.3f} acc "
-                      + " ".join(f"{a:.2f}" for a in accs) + f" {time.time() - t0:.0f}s", flush=True)
-        if cfg.max_seconds is not None and time.time() - t0 > cfg.max_seconds:
-            break
-    d.eval()
-    return d, {"steps_done": step + 1, "train_s": round(time.time() - t0, 1), "log": log}
+    return td.fine_tune(d, data, FEED, head, cfg, 4, False, torch.device("cpu"), "norm-before-fc", progress)
 
 
 def write_delta(d, out: Path) -> Path:

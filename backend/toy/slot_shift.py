@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import random
 import shlex
 import shutil
 import sys
@@ -106,34 +105,7 @@ def train(cfg: SlotShiftConfig, lm, init_dir: Path | None, data: list[td.Seq], p
     dev = torch.device(cfg.device)
     d.to(dev).train()
     head = lm.model.get_output_embeddings().weight.detach().float().to(dev)
-    params = [p for p in d.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95))
-    tcfg = td.DrafterTrainConfig(steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup)
-    rng = random.Random(cfg.seed)
-    lengths = [len(s.tokens) for s in data]
-    queue: list[list[int]] = []
-    log, t0, step = [], time.time(), 0
-    for step in range(cfg.steps):
-        if not queue:
-            queue = td.length_batches(lengths, cfg.batch_size, cfg.batch_tokens, rng)
-        b = td.make_batch([data[i] for i in queue.pop()], TRAINED, dev)
-        for g in opt.param_groups:
-            g["lr"] = td.lr_at(step, tcfg)
-        logged = step % 25 == 0 or step == cfg.steps - 1
-        loss, _, accs = td.ttt_loss(d, b, head, cfg.ttt_steps, 0.1, dev.type == "cuda", stats=logged)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        if logged:
-            log.append({"step": step, "loss": round(loss.item(), 4), "acc": [round(a, 3) for a in accs]})
-            if progress:
-                print(f"[slot-shift] step {step}/{cfg.steps} loss {loss.item():.3f} acc "
-                      + " ".join(f"{a:.2f}" for a in accs) + f" {time.time() - t0:.0f}s", flush=True)
-        if cfg.max_seconds is not None and time.time() - t0 > cfg.max_seconds:
-            break
-    d.eval()
-    return d, {"steps_done": step + 1, "train_s": round(time.time() - t0, 1), "log": log}
+    return td.fine_tune(d, data, TRAINED, head, cfg, cfg.ttt_steps, dev.type == "cuda", dev, "slot-shift", progress)
 
 
 def teacher_agreement(lm, data: list[td.Seq]) -> float:

@@ -318,6 +318,42 @@ def train_drafter(cfg: DrafterTrainConfig, target, data: list[Seq], device: torc
     return d, rec
 
 
+def fine_tune(d: Eagle3Drafter, data: list[Seq], labels: list[str], lm_head_w: torch.Tensor, cfg, ttt_steps: int,
+              amp: bool, device: torch.device, tag: str, progress: bool = True) -> tuple[Eagle3Drafter, dict]:
+    """The toy experiments' TTT loop (backend/toy/slot_shift.py, backend/toy/norm_before_fc.py) over a drafter already
+    built and in train mode: AdamW on its trainable parameters, the cosine schedule, length-grouped batches of fc
+    inputs `labels`, a log line every 25 steps. `cfg` gives steps, lr, warmup, seed, batch_size, batch_tokens and
+    max_seconds. Returns the drafter in eval mode and {steps_done, train_s, log}."""
+    params = [p for p in d.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95))
+    tcfg = DrafterTrainConfig(steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup)
+    rng = random.Random(cfg.seed)
+    lengths = [len(s.tokens) for s in data]
+    queue: list[list[int]] = []
+    log, t0, step = [], time.time(), 0
+    for step in range(cfg.steps):
+        if not queue:
+            queue = length_batches(lengths, cfg.batch_size, cfg.batch_tokens, rng)
+        b = make_batch([data[i] for i in queue.pop()], labels, device)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, tcfg)
+        logged = step % 25 == 0 or step == cfg.steps - 1
+        loss, _, accs = ttt_loss(d, b, lm_head_w, ttt_steps, 0.1, amp, stats=logged)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if logged:
+            log.append({"step": step, "loss": round(loss.item(), 4), "acc": [round(a, 3) for a in accs]})
+            if progress:
+                print(f"[{tag}] step {step}/{cfg.steps} loss {loss.item():.3f} acc "
+                      + " ".join(f"{a:.2f}" for a in accs) + f" {time.time() - t0:.0f}s", flush=True)
+        if cfg.max_seconds is not None and time.time() - t0 > cfg.max_seconds:
+            break
+    d.eval()
+    return d, {"steps_done": step + 1, "train_s": round(time.time() - t0, 1), "log": log}
+
+
 def save_drafter(d: Eagle3Drafter, out: Path, ids: list[int] | None, save_dtype: str = "bf16") -> Path:
     """EAGLE/SpecForge format; ids=None writes no `eagle_aux_hidden_state_layer_ids` at all."""
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[save_dtype]
