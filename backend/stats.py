@@ -125,7 +125,7 @@ def _compiled_moments():
     return moments
 
 
-def _fused_update(device: torch.device | str):
+def _one_pass_update(device: torch.device | str):
     """backend/stats_kernel's one-pass update where it runs on this device, else None."""
     try:
         from backend import stats_kernel
@@ -146,7 +146,7 @@ class StreamingStats:
         if compile is None:
             compile = torch.device(device).type == "cuda" and os.environ.get("SPECLENS_COMPILE", "1") != "0"
         self._moments = _compiled_moments() if compile else batch_moments
-        self._fused = _fused_update(device) if fused is None or fused else None
+        self._fused = _one_pass_update(device) if fused is None or fused else None
 
     def update(self, i: int, x: torch.Tensor) -> None:
         """Add tokens x [T, H] (any dtype) to boundary i. No host synchronisation."""
@@ -168,6 +168,11 @@ class StreamingStats:
         s.norm_min[i:i + 1].clamp_max_(nmin)
         s.norm_max[i:i + 1].clamp_min_(nmax)
         s.norm_hist[i] += torch.histc(logn, bins=NORM_BINS, min=NORM_LO, max=NORM_HI)
+
+    def use_one_pass(self, on: bool) -> bool:
+        """Turn the one-pass update on (where it runs here) or off; returns whether it is in use."""
+        self._fused = _one_pass_update(self.state.moments.device) if on else None
+        return self._fused is not None
 
     def update_pair(self, i: int, h: torch.Tensor, r: torch.Tensor | None = None) -> None:
         """Add the tokens of a layer's `hidden + residual` (r None: h alone) to boundary i: in one pass over the pair

@@ -38,6 +38,8 @@ for name in ("float32", "float16"):
     a = StreamingStats(["S_1"], H, "cpu", compile=False, fused=False)
     b = StreamingStats(["S_1"], H, "cpu", compile=False, fused=True)
     assert b._fused is stats_kernel.update, "the one-pass update is not used"
+    assert b.use_one_pass(False) is False and b._fused is None           # the side-by-side switch (vllm_worker)
+    assert b.use_one_pass(True) is True and b._fused is stats_kernel.update
     for s in (a, b):
         s.update_pair(0, h[:100], r[:100])          # the first batch sets the shift through update, both
     a.update(0, x[100:])

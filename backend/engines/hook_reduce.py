@@ -11,17 +11,10 @@ from backend.stats import _MOD, _MUL, TokenSample
 
 def layer_pair(out) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A decoder layer's output as (hidden, residual) of a fused-residual layer (vLLM, SGLang), (hidden, None) when
-    there is no residual (the first layer's input, HF). The boundary value is their sum (`layer_out`)."""
+    there is no residual (the first layer's input, HF). The boundary value is their sum, rounded to their dtype."""
     if isinstance(out, tuple):
         return out[0], (out[1] if len(out) > 1 else None)
     return out, None
-
-
-def layer_out(out) -> torch.Tensor:
-    """A decoder layer's boundary value: `hidden + residual` of a fused-residual layer's `(hidden, residual)`
-    (vLLM, SGLang), the hidden itself when there is no residual (the first layer's input, HF)."""
-    h, r = layer_pair(out)
-    return h if r is None else h + r
 
 
 def plan_sample(pos: torch.Tensor, ids: torch.Tensor, sample: TokenSample) -> tuple[torch.Tensor | None, list]:

@@ -275,10 +275,7 @@ class SpecLensWorker:
         r = getattr(self, "_speclens", None)
         if r is None:
             raise RuntimeError("speclens_stats_path before speclens_install: no SpecLens hooks in this worker")
-        from backend.stats import _fused_update
-
-        r.stats._fused = _fused_update(r.device) if fused else None
-        return "one_pass" if r.stats._fused is not None else "compiled"
+        return "one_pass" if r.stats.use_one_pass(fused) else "compiled"
 
     def speclens_collect(self) -> dict:
         r = getattr(self, "_speclens", None)
