@@ -102,15 +102,20 @@ class CaptureSettings(Checked):
     max_prompt_tokens: int | None = option(2048, minimum=1)
     chat_template: bool = True
     checkpoint_every: int = option(16, minimum=1, cli=False)
+    exact_sums: bool = option(False, help="order-free integer sums: the statistics are the same bit for bit "
+                                          "however the engine batches tokens, and after a resume (slower)")
 
     _paths = field_validator("model", "prompts", mode="before")(_path_text)
     _device = field_validator("device")(_device)
 
     def identity(self) -> dict:
-        """The settings a resumed run must share with the run it resumes."""
+        """The settings a resumed run must share with the run it resumes (exact sums only when on, so that the
+        runs made before the setting existed keep their identity)."""
         d = asdict(self)
         d.pop("checkpoint_every")
         d.pop("device")
+        if not d["exact_sums"]:
+            d.pop("exact_sums")
         return d
 
 

@@ -4,6 +4,13 @@ Memory is O(boundaries x hidden) for the statistics plus O(boundaries x sample_t
 sample, whatever the number of tokens captured. Updates run where the tensors are (GPU when there is
 one) and never synchronise with the host: per-batch sums are taken in fp32 and accumulated in fp64,
 moments around a per-dimension reference (the first batch's mean) to keep kurtosis stable.
+
+Exact sums (`StreamingStats(..., exact=True)`, a capture's `--exact-sums`): every token's x, x^2, x^3, x^4 and
+norm are rounded to a multiple of 2^-32 (in fp64, the same for a token whatever batch it comes in) and summed as
+integers, cut into 32-bit slices held in int64 accumulators. Integer sums do not depend on the order or grouping
+of the tokens, so a capture resumed after a kill, or run with other batches, gives the same statistics bit for
+bit. The per-token norm is formed the same way (the exact sum of the rounded x^2 over dimensions). Tokens with a
+value of magnitude 2^23 or more fall outside the slices' range and are counted with the non-finite ones.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import numpy as np
 import pandas as pd
@@ -35,17 +42,29 @@ class StatsState:
     norm_max: torch.Tensor   # [B]       fp32
     norm_hist: torch.Tensor  # [B, NORM_BINS] fp64  histogram of log10(token norm)
     has_ref: torch.Tensor    # [B] bool
+    # exact sums (empty unless exact): [B, EXACT_ROWS, H] int64 slices of the sums of x^1..x^4 and [B, 2] of the
+    # sum of norms, in units of 2^-32 (see the module's docstring)
+    exact: torch.Tensor | None = None
+    exact_norm: torch.Tensor | None = None
 
     @classmethod
-    def zeros(cls, n_boundaries: int, hidden: int, device: torch.device | str = "cpu") -> StatsState:
+    def zeros(cls, n_boundaries: int, hidden: int, device: torch.device | str = "cpu",
+              exact: bool = False) -> StatsState:
         B, H = n_boundaries, hidden
         f64, f32 = dict(dtype=torch.float64, device=device), dict(dtype=torch.float32, device=device)
+        i64 = dict(dtype=torch.int64, device=device)
         return cls(
             moments=torch.zeros(B, 4, H, **f64), scalars=torch.zeros(B, 4, **f64),
             ref=torch.zeros(B, H, **f32), max_abs=torch.zeros(B, H, **f32),
             norm_min=torch.full((B,), float("inf"), **f32), norm_max=torch.zeros(B, **f32),
             norm_hist=torch.zeros(B, NORM_BINS, **f64), has_ref=torch.zeros(B, dtype=torch.bool, device=device),
+            exact=torch.zeros(B, EXACT_ROWS, H, **i64) if exact else None,
+            exact_norm=torch.zeros(B, EXACT_NORM_SLICES, **i64) if exact else None,
         )
+
+    @property
+    def is_exact(self) -> bool:
+        return self.exact is not None
 
     @property
     def count(self) -> torch.Tensor:
@@ -56,11 +75,92 @@ class StatsState:
         return self.scalars[:, 1]
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        """Every accumulator by name (the exact sums only where kept: a default checkpoint is unchanged)."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if getattr(self, k) is not None}
 
     @classmethod
     def from_tensors(cls, t: dict[str, torch.Tensor], device: torch.device | str = "cpu") -> StatsState:
-        return cls(**{k: t[k].to(device) for k in cls.__dataclass_fields__})
+        return cls(**{k: t[k].to(device) for k in cls.__dataclass_fields__ if k in t})
+
+    def materialized(self) -> StatsState:
+        """The state the results read: itself, or for exact sums the moments (around the mean rounded to fp32),
+        the norms' sums and the reference formed from the integer sums, on the CPU, in one fixed order."""
+        if not self.is_exact:
+            return self
+        cpu = {k: v.detach().cpu() for k, v in self.tensors().items()}
+        n = cpu["scalars"][:, 0:1].double()                                   # [B, 1] finite tokens
+        sums = []                                                             # S_k [B, H] fp64
+        for lo, k in zip(_EXACT_OFFSETS, EXACT_SLICES, strict=True):
+            sums.append(_combine(cpu["exact"][:, lo:lo + k]))
+        s1, s2, s3, s4 = sums
+        ref = torch.where(n > 0, s1 / n.clamp_min(1), 0.0).float()
+        c = ref.double()
+        moments = torch.stack([
+            s1 - n * c,
+            s2 - 2 * c * s1 + n * c ** 2,
+            s3 - 3 * c * s2 + 3 * c ** 2 * s1 - n * c ** 3,
+            s4 - 4 * c * s3 + 6 * c ** 2 * s2 - 4 * c ** 3 * s1 + n * c ** 4], dim=1)
+        scalars = cpu["scalars"].clone()
+        scalars[:, 2] = _combine(cpu["exact_norm"][:, :, None], dim=1)[:, 0]
+        scalars[:, 3] = s2.sum(-1)
+        return StatsState(moments=moments, scalars=scalars, ref=ref, max_abs=cpu["max_abs"],
+                          norm_min=cpu["norm_min"], norm_max=cpu["norm_max"], norm_hist=cpu["norm_hist"],
+                          has_ref=n[:, 0] > 0, exact=cpu["exact"], exact_norm=cpu["exact_norm"])
+
+
+EXACT_FRAC = 32                   # the exact sums' unit: 2^-32
+EXACT_LIMIT = 2.0 ** 23           # |x| at or over this: outside the slices' range (counted as non-finite)
+EXACT_SLICES = (2, 3, 4, 4)       # 32-bit slices of the sums of x, x^2, x^3, x^4 (|x| < 2^23; n < 2^31 tokens)
+EXACT_NORM_SLICES = 2             # slices of the sum of norms (norm < 2^29)
+EXACT_ROWS = sum(EXACT_SLICES)
+_EXACT_OFFSETS = tuple(sum(EXACT_SLICES[:k]) for k in range(len(EXACT_SLICES)))
+EXACT_CHUNK = 2048                # tokens per step of the exact update (bounds its fp64 temporaries)
+
+
+def _slices(r: torch.Tensor, k: int) -> list[torch.Tensor]:
+    """An integer-valued fp64 tensor cut into k 32-bit slices (the low ones in [0, 2^32), the top one signed),
+    exactly: each step is a power-of-two scaling, a floor and a subtraction whose result is representable."""
+    out = []
+    for _ in range(k - 1):
+        q = torch.floor(r * 2.0 ** -32)
+        out.append((r - q * 2.0 ** 32).to(torch.int64))
+        r = q
+    out.append(r.to(torch.int64))
+    return out
+
+
+def _combine(sl: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """The fp64 value of int64 slices along `dim` (slice j weighs 2^(32 j - 32)), added in one fixed order."""
+    total = torch.zeros_like(sl.select(dim, 0), dtype=torch.float64)
+    for j in range(sl.shape[dim] - 1, -1, -1):
+        total = total + sl.select(dim, j).double() * 2.0 ** (32 * j - EXACT_FRAC)
+    return total
+
+
+def exact_batch(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """One batch x [T, H] for exact sums -> (slices [EXACT_ROWS, H] int64, norm slices [2] int64, finite tokens,
+    other tokens, max_abs [H], norm min, norm max, log10 norms [T] for the histogram). Every figure is a sum of
+    per-token integers or an order-free min/max, so it does not depend on how tokens are batched."""
+    xf = x.float()
+    good = torch.isfinite(xf).all(-1) & (xf.abs().amax(-1) < EXACT_LIMIT)     # [T]
+    xd = torch.where(good[:, None], xf, 0.0).double()
+    p2 = xd * xd                                                              # exact (fp32 squared)
+    rows, norm2 = [], None
+    for p, k in zip((xd, p2, p2 * xd, p2 * p2), EXACT_SLICES, strict=True):
+        sl = _slices(torch.round(p * 2.0 ** EXACT_FRAC), k)
+        rows += [t.sum(0) for t in sl]
+        if p is p2:          # each token's norm^2: its rounded squares summed exactly over dimensions
+            norm2 = _combine(torch.stack([t.sum(-1) for t in sl], dim=1))
+    norms = torch.sqrt(norm2)                                                  # [T] fp64
+    nsl = _slices(torch.round(norms * 2.0 ** EXACT_FRAC), EXACT_NORM_SLICES)
+    n_good = good.sum()
+    fin = norms.float()
+    max_abs = torch.where(good[:, None], xf.abs(), 0.0).amax(0)
+    nmin = torch.where(good, fin, float("inf")).amin()
+    nmax = torch.where(good, fin, 0.0).amax()
+    logn = torch.where(good, torch.log10(fin.clamp_min(1e-30)), -1e9)
+    return (torch.stack(rows), torch.stack([t.sum() for t in nsl]), n_good, good.numel() - n_good,
+            max_abs, nmin, nmax, logn)
 
 
 def batch_moments(x: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -125,6 +225,28 @@ def _compiled_moments():
     return moments
 
 
+@cache
+def _exact_fn(device_type: str):
+    """exact_batch, compiled on CUDA (its sums are integers, so the kernels' order of summation cannot change a
+    bit, and every per-token value is one correctly rounded operation either way); eager elsewhere or if compiling
+    fails."""
+    if device_type != "cuda" or os.environ.get("SPECLENS_COMPILE", "1") == "0":
+        return exact_batch
+    try:
+        compiled = torch.compile(exact_batch, dynamic=True)
+    except Exception:  # pragma: no cover - depends on the GPU node's toolchain
+        return exact_batch
+    state = {"fn": compiled}
+
+    def fn(x: torch.Tensor):
+        try:
+            return state["fn"](x)
+        except Exception:  # pragma: no cover - an engine worker whose compiler setup fails
+            state["fn"] = exact_batch
+            return exact_batch(x)
+    return fn
+
+
 def _one_pass_update(device: torch.device | str):
     """backend/stats_kernel's one-pass update where it runs on this device, else None."""
     try:
@@ -138,10 +260,15 @@ class StreamingStats:
     """Per-boundary statistics over every token passed to `update`."""
 
     def __init__(self, labels: list[str], hidden: int, device: torch.device | str = "cpu",
-                 state: StatsState | None = None, compile: bool | None = None, fused: bool | None = None):
+                 state: StatsState | None = None, compile: bool | None = None, fused: bool | None = None,
+                 exact: bool = False):
+        """exact: order-free integer sums (see the module's docstring); a resumed state keeps the mode it has."""
         self.labels = list(labels)
         self.hidden = hidden
-        self.state = state or StatsState.zeros(len(labels), hidden, device)
+        self.state = state or StatsState.zeros(len(labels), hidden, device, exact=exact)
+        self.exact = self.state.is_exact
+        if self.exact:
+            compile, fused = False, False
         self._ref_set = self.state.has_ref.cpu().tolist()
         if compile is None:
             compile = torch.device(device).type == "cuda" and os.environ.get("SPECLENS_COMPILE", "1") != "0"
@@ -153,6 +280,10 @@ class StreamingStats:
         s = self.state
         x = x.reshape(-1, x.shape[-1])
         if x.shape[0] == 0:
+            return
+        if self.exact:
+            for c in range(0, x.shape[0], EXACT_CHUNK):
+                self._update_exact(i, x[c:c + EXACT_CHUNK])
             return
         if not self._ref_set[i]:
             # the first batch fixes the shift of the moments (its mean over finite tokens)
@@ -169,9 +300,21 @@ class StreamingStats:
         s.norm_max[i:i + 1].clamp_min_(nmax)
         s.norm_hist[i] += torch.histc(logn, bins=NORM_BINS, min=NORM_LO, max=NORM_HI)
 
+    def _update_exact(self, i: int, x: torch.Tensor) -> None:
+        s = self.state
+        rows, nrows, n_good, n_bad, max_abs, nmin, nmax, logn = _exact_fn(x.device.type)(x)
+        s.exact[i] += rows
+        s.exact_norm[i] += nrows
+        s.scalars[i, 0] += n_good
+        s.scalars[i, 1] += n_bad
+        s.max_abs[i].clamp_min_(max_abs)
+        s.norm_min[i:i + 1].clamp_max_(nmin)
+        s.norm_max[i:i + 1].clamp_min_(nmax)
+        s.norm_hist[i] += torch.histc(logn, bins=NORM_BINS, min=NORM_LO, max=NORM_HI)
+
     def use_one_pass(self, on: bool) -> bool:
         """Turn the one-pass update on (where it runs here) or off; returns whether it is in use."""
-        self._fused = _one_pass_update(self.state.moments.device) if on else None
+        self._fused = _one_pass_update(self.state.moments.device) if on and not self.exact else None
         return self._fused is not None
 
     def update_pair(self, i: int, h: torch.Tensor, r: torch.Tensor | None = None) -> None:
@@ -194,7 +337,7 @@ class StreamingStats:
     def update_all(self, xs: list[torch.Tensor]) -> None:
         """Add one batch for every boundary at once (xs[i] [T, H], same T): one set of vectorised ops
         instead of one per boundary, which is what costs on a CPU where op overhead dominates."""
-        if len(xs) != len(self.labels) or xs[0].shape[0] == 0:
+        if len(xs) != len(self.labels) or xs[0].shape[0] == 0 or self.exact:
             for i, x in enumerate(xs):
                 self.update(i, x)
             return
@@ -221,7 +364,7 @@ class StreamingStats:
     # ------------------------------------------------------------------ results
     def vectors(self) -> dict[str, np.ndarray]:
         """Per-dimension mean, variance and max-abs: {label: {...}} flattened for safetensors."""
-        s = self.state
+        s = self.state.materialized()
         n = s.count.clamp_min(1)[:, None]
         mean_d = s.moments[:, 0] / n
         var = (s.moments[:, 1] / n - mean_d ** 2).clamp_min(0)
@@ -231,7 +374,7 @@ class StreamingStats:
 
     def table(self) -> pd.DataFrame:
         """One row per boundary: the headline figures the catalog and the pages use."""
-        s = self.state
+        s = self.state.materialized()
         v = self.vectors()
         cnt = s.count.cpu().numpy()
         rows = []

@@ -25,6 +25,7 @@ import time
 import types
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -50,8 +51,8 @@ def batches(n: int, tokens: int, hidden: int, device: str, seed: int) -> list[tu
     return out
 
 
-def make(fused: bool, n: int, hidden: int, device: str, first: tuple) -> StreamingStats:
-    s = StreamingStats([f"S_{i}" for i in range(n)], hidden, device, compile=True, fused=fused)
+def make(fused: bool, n: int, hidden: int, device: str, first: tuple, exact: bool = False) -> StreamingStats:
+    s = StreamingStats([f"S_{i}" for i in range(n)], hidden, device, compile=True, fused=fused, exact=exact)
     if fused and not s.use_one_pass(True):
         raise SystemExit("the one-pass update does not run here (needs CUDA and Triton)")
     for i in range(n):
@@ -96,6 +97,7 @@ def main() -> int:
     p.add_argument("--boundaries", type=int, default=4)
     p.add_argument("--forwards", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--exact", action="store_true", help="also time the exact (order-free integer) sums")
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args()
     if not torch.cuda.is_available():
@@ -112,8 +114,9 @@ def main() -> int:
     except ImportError:
         res["triton"] = None
     states = {}
-    for name, fused in (("compiled", False), ("one_pass", True)):
-        s = make(fused, a.boundaries, a.hidden, dev, data[0])
+    paths = [("compiled", False, False), ("one_pass", True, False)] + ([("exact", False, True)] if a.exact else [])
+    for name, fused, exact in paths:
+        s = make(fused, a.boundaries, a.hidden, dev, data[0], exact)
         run(s, data, a.boundaries, 3)                       # warm-up: compiles, autotunes nothing
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -122,11 +125,28 @@ def main() -> int:
         res[name] = {"ms_per_update": round(ms, 4),
                      "peak_extra_mib": round((torch.cuda.max_memory_allocated() - base) / 2 ** 20, 1)}
         # the same updates from a fresh state for the agreement check
-        s2 = make(fused, a.boundaries, a.hidden, dev, data[0])
+        s2 = make(fused, a.boundaries, a.hidden, dev, data[0], exact)
         run(s2, data, a.boundaries, len(data))
         states[name] = s2
     res["speedup"] = round(res["compiled"]["ms_per_update"] / res["one_pass"]["ms_per_update"], 2)
     res["agreement"] = agreement(states["compiled"], states["one_pass"])
+    if a.exact:
+        va, vb = states["compiled"].vectors(), states["exact"].vectors()
+        res["exact_agreement"] = {f"{k}_max_rel_diff": float(np.max(np.abs(va[k] - vb[k]) / np.maximum(
+            np.abs(va[k]).max(axis=-1, keepdims=True), 1e-12))) for k in ("mean", "var", "max_abs")}
+        sa, sb = states["compiled"].state, states["exact"].state.materialized()
+        res["exact_agreement"].update({f"{k}_max_rel_diff": float(((getattr(sa, k).cpu().double() - getattr(
+            sb, k).double()).abs() / getattr(sb, k).double().abs().clamp_min(1e-12)).max())
+            for k in ("scalars", "norm_min", "norm_max")})
+        # the same tokens in other batches (thirds, in another order of batches): the same bits
+        s3 = make(False, a.boundaries, a.hidden, dev, data[0], True)
+        for h, r in reversed(data):
+            for part in range(3):
+                sl = slice(part * a.tokens // 3, (part + 1) * a.tokens // 3)
+                for i in range(a.boundaries):
+                    s3.update_pair(i, h[sl], r[sl])
+        t2, t3 = states["exact"].state.tensors(), s3.state.tensors()
+        res["exact_other_batching_bit_equal"] = all(torch.equal(t2[k], t3[k]) for k in t2)
     print(json.dumps(res, indent=1))
     if a.out:
         a.out.write_text(json.dumps(res, indent=1))

@@ -584,6 +584,8 @@ class Suite:
         if kind == "capture":
             cli = ["capture", "--model", str(pair / "target"), "--prompts", str(self.cap_prompts),
                    "--limit", str(self.cap_limit(engine)), "--sample-tokens", str(a.sample_tokens), *common]
+            if a.exact_sums:
+                cli += ["--exact-sums"]
             if engine == "vllm":
                 cli += self.engine_options(engine)
         elif kind == "load":                            # a serving-load sweep: its own servers, K x concurrency
@@ -1150,6 +1152,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sglang-cap-limit", type=int, default=256)
     p.add_argument("--hf-cap-limit", type=int, default=48, help="(HF checkpoints every 16)")
     p.add_argument("--sample-tokens", type=int, default=1024)
+    p.add_argument("--exact-sums", action="store_true", help="captures with order-free statistics sums")
     p.add_argument("--bench-limit", type=int, default=24)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--hf-bench-limit", type=int, default=6)

@@ -117,10 +117,10 @@ def _expected(model: Outer, seqs, capacity, per_seq) -> dict:
     return ref.tensors()
 
 
-def _worker(model: Outer, capacity: int, per_seq: int, state=None, sample=None) -> SpecLensWorker:
+def _worker(model: Outer, capacity: int, per_seq: int, state=None, sample=None, exact=False) -> SpecLensWorker:
     w = SpecLensWorker()
     w.model_runner = SimpleNamespace(model=model)
-    w.speclens_install(LABELS, capacity, per_seq, state, sample)
+    w.speclens_install(LABELS, capacity, per_seq, state, sample, exact)
     return w
 
 
@@ -150,10 +150,11 @@ def test_sample_does_not_depend_on_batching(capacity, per_seq):
     assert want["ctx_hash"][:k].tolist() == context_hashes(seqs[0][:k]).tolist()
 
 
-def test_resumed_capture_keeps_the_sample_of_an_uninterrupted_one(monkeypatch):
+@pytest.mark.parametrize("exact", [False, True])
+def test_resumed_capture_keeps_the_sample_of_an_uninterrupted_one(monkeypatch, exact):
     """VllmCapture end to end (client and worker), vLLM replaced by the fake scheduler: interrupted after a chunk
     and resumed from that checkpoint in a new engine that batches differently, the sample is the same, bit for
-    bit, as an uninterrupted capture's and the HF fill's."""
+    bit, as an uninterrupted capture's and the HF fill's; with exact sums, so is every statistic."""
     model = Outer()
     seqs = _prompts(seed=1, n=40)
 
@@ -169,16 +170,16 @@ def test_resumed_capture_keeps_the_sample_of_an_uninterrupted_one(monkeypatch):
         _schedule(model, chunk, llm.seed * 100 + llm.calls)
         return 0.0
 
-    def fake_install(llm, labels, sample_tokens, per_prompt, state=None, sample=None):
+    def fake_install(llm, labels, sample_tokens, per_prompt, state=None, sample=None, exact=False):
         llm.worker = _worker(model, sample_tokens, per_prompt, V._tensors_to_bytes(state),
-                             V._tensors_to_bytes(sample))
+                             V._tensors_to_bytes(sample), exact)
 
     monkeypatch.setattr(V, "require", lambda: "0.24.0")
     monkeypatch.setattr(V, "prefill", fake_prefill)
     monkeypatch.setattr(V, "install", fake_install)
     seeds = iter([1, 2, 3])
     monkeypatch.setattr(V, "make_llm", lambda *a, **k: FakeLLM(next(seeds)))
-    settings = CaptureSettings(model="m", prompts="p", sample_tokens=120, checkpoint_every=2)
+    settings = CaptureSettings(model="m", prompts="p", sample_tokens=120, checkpoint_every=2, exact_sums=exact)
     per_seq = 16
     settings.sample_per_prompt = per_seq
 
@@ -192,17 +193,26 @@ def test_resumed_capture_keeps_the_sample_of_an_uninterrupted_one(monkeypatch):
     full = session()
     for i in range(0, len(seqs), full.chunk):
         full.run(seqs[i:i + full.chunk])
-    _, sample_full = full.accumulators()
+    stats_full, sample_full = full.accumulators()
+    full.llm.worker.speclens_remove()              # the sessions share one model: its hooks must not count on
 
     first = session()
     first.run(seqs[:first.chunk])                  # killed after the first chunk's checkpoint
     stats, sample = first.accumulators()
+    first.llm.worker.speclens_remove()
     resumed = session(stats.state, {k: v.clone() for k, v in sample.tensors().items()})
     for i in range(resumed.chunk, len(seqs), resumed.chunk):
         resumed.run(seqs[i:i + resumed.chunk])
-    _, sample_resumed = resumed.accumulators()
+    stats_resumed, sample_resumed = resumed.accumulators()
+    resumed.llm.worker.speclens_remove()
 
     want = _expected(model, seqs, 120, per_seq)
     assert sample.n < 120                          # the sample was not full at the checkpoint
     _same(sample_full.tensors(), want)
     _same(sample_resumed.tensors(), want)
+    assert stats_full.state.is_exact == exact
+    if exact:   # the sums do not depend on the batches: every statistic is the same, bit for bit
+        _same(stats_full.state.tensors(), stats_resumed.state.tensors())
+        a, b = stats_full.table(), stats_resumed.table()
+        assert a.drop(columns=["top_dims", "top_dims_max_abs"]).equals(b.drop(columns=["top_dims", "top_dims_max_abs"]))
+        assert a["n_tokens"].tolist() == [sum(map(len, seqs))] * len(LABELS)

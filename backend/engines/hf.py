@@ -89,7 +89,7 @@ class HFCapture:
     def begin(self, rd, run_id: str, start: int, labels: list[str], wanted: list[Boundary], state,
               sample: dict | None) -> None:
         s, lm = self.settings, self.lm
-        self.stats = StreamingStats(labels, lm.hidden_size, lm.device, state)
+        self.stats = StreamingStats(labels, lm.hidden_size, lm.device, state, exact=s.exact_sums)
         self.sample = TokenSample(labels, lm.hidden_size, s.sample_tokens, s.sample_per_prompt,
                                   dtype=torch.float32 if s.dtype == "fp32" else torch.bfloat16,
                                   pin=lm.device.type == "cuda")

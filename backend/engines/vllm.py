@@ -403,9 +403,9 @@ def _tensors_to_bytes(d: dict | None) -> bytes | None:
 
 
 def install(llm, labels: list[str], sample_tokens: int = 4096, sample_per_prompt: int = 512,
-            state: dict | None = None, sample: dict | None = None) -> None:
+            state: dict | None = None, sample: dict | None = None, exact: bool = False) -> None:
     llm.collective_rpc("speclens_install", args=(list(labels), int(sample_tokens), int(sample_per_prompt),
-                                                 _tensors_to_bytes(state), _tensors_to_bytes(sample)))
+                                                 _tensors_to_bytes(state), _tensors_to_bytes(sample), bool(exact)))
 
 
 def plan(llm, seqs: list[list[int]], per_prompt: int) -> int:
@@ -453,7 +453,7 @@ class VllmCapture:
         self.llm = make_llm(s.model, self.opts, capture=True)
         install(self.llm, self.labels, s.sample_tokens, s.sample_per_prompt,
                 {k: v.cpu() for k, v in self.state.tensors().items()} if self.state is not None else None,
-                self.sample)
+                self.sample, s.exact_sums)
 
     def run(self, seqs: list[list[int]]) -> None:
         if self.room is None or self.room > 0:

@@ -84,7 +84,7 @@ class BoundaryReducer:
     """Hooks on one model that feed StreamingStats (every token) and a TokenSample (bounded)."""
 
     def __init__(self, model: torch.nn.Module, labels: list[str], sample_tokens: int, sample_per_prompt: int,
-                 state: dict | None = None, sample: dict | None = None):
+                 state: dict | None = None, sample: dict | None = None, exact: bool = False):
         self.inner, self.layers, self.norm = decoder_parts(model)
         n = len(self.layers)
         self.bounds = [coords.parse(lbl, n) for lbl in labels]
@@ -93,7 +93,7 @@ class BoundaryReducer:
         self.device = p.device
         hidden = int(getattr(getattr(model, "config", None), "hidden_size", 0) or p.shape[-1])
         st = StatsState.from_tensors(state, self.device) if state else None
-        self.stats = StreamingStats(self.labels, hidden, self.device, st)
+        self.stats = StreamingStats(self.labels, hidden, self.device, st, exact=exact)
         self.sample = TokenSample(self.labels, hidden, sample_tokens, sample_per_prompt,
                                   dtype=torch.float32 if p.dtype == torch.float32 else torch.bfloat16,
                                   pin=self.device.type == "cuda")
@@ -250,15 +250,17 @@ class SpecLensWorker:
         return getattr(m, "module", m)
 
     def speclens_install(self, labels: list[str], sample_tokens: int = 4096, sample_per_prompt: int = 512,
-                         state: dict | bytes | None = None, sample: dict | bytes | None = None) -> int:
+                         state: dict | bytes | None = None, sample: dict | bytes | None = None,
+                         exact: bool = False) -> int:
         """state / sample (resume): dicts of tensors, or their torch.save bytes (what backend.engines.vllm.install
-        sends, since collective_rpc does not rebuild tensors inside its arguments)."""
+        sends, since collective_rpc does not rebuild tensors inside its arguments); exact: order-free sums (a
+        resumed state keeps its own mode)."""
         old = getattr(self, "_speclens", None)
         if old is not None:
             old.remove()
         self._speclens = None
         self._speclens = BoundaryReducer(self._speclens_model(), list(labels), int(sample_tokens),
-                                         int(sample_per_prompt), _tensors(state), _tensors(sample))
+                                         int(sample_per_prompt), _tensors(state), _tensors(sample), exact)
         return len(self._speclens.layers)
 
     def speclens_plan(self, seqs: list[list[int]]) -> int:
