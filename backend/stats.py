@@ -139,8 +139,9 @@ def _combine(sl: torch.Tensor, dim: int = 1) -> torch.Tensor:
 
 def exact_batch(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """One batch x [T, H] for exact sums -> (slices [EXACT_ROWS, H] int64, norm slices [2] int64, finite tokens,
-    other tokens, max_abs [H], norm min, norm max, log10 norms [T] for the histogram). Every figure is a sum of
-    per-token integers or an order-free min/max, so it does not depend on how tokens are batched."""
+    other tokens, max_abs [H], norm min, norm max, the tokens' norms [T] (0 where left out) for the histogram).
+    Every figure is a sum of per-token integers or an order-free min/max, so it does not depend on how tokens are
+    batched; the caller takes the norms' log10 eagerly (a compiled log10 may differ from it in the last bit)."""
     xf = x.float()
     good = torch.isfinite(xf).all(-1) & (xf.abs().amax(-1) < EXACT_LIMIT)     # [T]
     xd = torch.where(good[:, None], xf, 0.0).double()
@@ -158,9 +159,8 @@ def exact_batch(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     max_abs = torch.where(good[:, None], xf.abs(), 0.0).amax(0)
     nmin = torch.where(good, fin, float("inf")).amin()
     nmax = torch.where(good, fin, 0.0).amax()
-    logn = torch.where(good, torch.log10(fin.clamp_min(1e-30)), -1e9)
     return (torch.stack(rows), torch.stack([t.sum() for t in nsl]), n_good, good.numel() - n_good,
-            max_abs, nmin, nmax, logn)
+            max_abs, nmin, nmax, torch.where(good, fin, 0.0))
 
 
 def batch_moments(x: torch.Tensor, ref: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -302,7 +302,8 @@ class StreamingStats:
 
     def _update_exact(self, i: int, x: torch.Tensor) -> None:
         s = self.state
-        rows, nrows, n_good, n_bad, max_abs, nmin, nmax, logn = _exact_fn(x.device.type)(x)
+        rows, nrows, n_good, n_bad, max_abs, nmin, nmax, norms = _exact_fn(x.device.type)(x)
+        logn = torch.where(norms > 0, torch.log10(norms.clamp_min(1e-30)), -1e9)
         s.exact[i] += rows
         s.exact_norm[i] += nrows
         s.scalars[i, 0] += n_good

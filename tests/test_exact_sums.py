@@ -85,3 +85,14 @@ def test_default_checkpoints_and_identity_are_unchanged():
     c = CaptureSettings(model="m", prompts="p")
     assert "exact_sums" not in c.identity()          # runs made before the setting resume as before
     assert CaptureSettings(model="m", prompts="p", exact_sums=True).identity()["exact_sums"] is True
+
+
+def test_compiled_update_gives_the_eager_bits():
+    """The GPU path compiles exact_batch: compiled here (inductor on the CPU) it must give the eager bits."""
+    from backend.stats import exact_batch
+
+    compiled = torch.compile(exact_batch, dynamic=True)
+    for n in (512, 300):
+        x = _tokens(4, n)
+        for u, v in zip(compiled(x), exact_batch(x), strict=True):
+            assert torch.equal(u, v)
