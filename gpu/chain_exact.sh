@@ -7,10 +7,10 @@
 # The chain, one thing on the GPU at a time:
 #   1. bench/stats_update_bench.py --exact: one boundary update, compiled / one-pass / exact (order-free integer)
 #      sums, and the exact sums of the same tokens in other batches compared bit for bit (no engine);
-#   2. once the vLLM bundle's 20 parts lie in /tmp/stage_v and the extras in /tmp/whl: vLLM 0.24.0 installed, then
+#   2. once the vLLM bundle's parts (as many as /tmp/stage_v/NPARTS says) lie in /tmp/stage_v and the extras in /tmp/whl: vLLM 0.24.0 installed, then
 #      gpu/fault_suite.py vllm-capture --exact-sums under VLLM_BATCH_INVARIANT=1 (kill -9 mid-capture, resume,
 #      compare with the uninterrupted reference: bit-equal expected, sums included);
-#   3. once SGLang's 11 parts lie in /tmp/stage_s: SGLang 0.5.15 installed, then gpu/fault_suite.py sglang-bench
+#   3. once SGLang's parts (/tmp/stage_s/NPARTS) lie in /tmp/stage_s: SGLang 0.5.15 installed, then gpu/fault_suite.py sglang-bench
 #      under --enable-deterministic-inference on a short bench (8 prompts x 32 new tokens), the time left allowing;
 #   4. the vLLM speed suite (issue 24 item 3) if 330 s are left.
 set -u
@@ -33,7 +33,7 @@ case $1 in
       --out $d/stats_update_exact.json > $d/stats_update_exact.log 2>&1
     tail -40 $d/stats_update_exact.log
     echo "stats bench done at $(el) s"
-    while [ "$(ls /tmp/stage_v/part* 2>/dev/null | wc -l)" != 20 ] || [ ! -d /tmp/whl ]; do
+    while [ "$(ls /tmp/stage_v/part* 2>/dev/null | wc -l)" != "$(cat /tmp/stage_v/NPARTS)" ] || [ ! -d /tmp/whl ]; do
       [ "$(left)" -lt 400 ] && { echo "vLLM parts not all here in time"; exit 0; }; sleep 3; done
     bash gpu/load_h200.sh install-vllm "$(cat /tmp/stage_v/SHA256)" 2>&1 | tail -4
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_duck /tmp/whl/*.whl \
@@ -42,8 +42,8 @@ case $1 in
     VLLM_BATCH_INVARIANT=1 PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out $d/fault_v --root /tmp/fault_root_v \
       --engines vllm --engine-path vllm=/tmp/site_vllm --steps vllm-capture --exact-sums --budget-s 320 > $d/fault_v.log 2>&1
     tail -8 $d/fault_v.log; echo "vllm capture kill done at $(el) s"
-    while [ "$(ls /tmp/stage_s/part* 2>/dev/null | wc -l)" != 11 ] && [ "$(left)" -gt 480 ]; do sleep 3; done
-    if [ "$(ls /tmp/stage_s/part* 2>/dev/null | wc -l)" = 11 ] && [ "$(left)" -gt 450 ]; then
+    while [ "$(ls /tmp/stage_s/part* 2>/dev/null | wc -l)" != "$(cat /tmp/stage_s/NPARTS)" ] && [ "$(left)" -gt 480 ]; do sleep 3; done
+    if [ "$(ls /tmp/stage_s/part* 2>/dev/null | wc -l)" = "$(cat /tmp/stage_s/NPARTS)" ] && [ "$(left)" -gt 450 ]; then
       bash gpu/load_h200.sh install-sgl "$(cat /tmp/stage_s/SHA256)" 2>&1 | tail -3
       echo "sglang installed at $(el) s"
       PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out $d/fault_s --root /tmp/fault_root_s --engines sglang \
