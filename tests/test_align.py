@@ -13,7 +13,7 @@ from backend.demo import DEMO_PAIRS
 from backend.errors import SpecLensError
 from backend.stats import context_hashes
 from backend.store.data_root import DataRoot
-from dashboard.align_words import headline
+from backend.text.align_text import finding_sentence, headline
 
 
 @pytest.mark.parametrize("a,b,expected", DEMO_PAIRS)
@@ -26,13 +26,13 @@ def test_demo_verdicts(demo_root, a, b, expected):
     if expected == "offset":
         assert al.offset == 1
         assert al.verdict[0].pairs == [["S_3", "S_2"], ["S_5", "S_4"], ["S_6", "S_5"]]
-        assert "S_2,S_4,S_5" in al.verdict[0].text and "S_3,S_5,S_6" in al.verdict[0].text
+        assert "S_2,S_4,S_5" in finding_sentence(al.verdict[0]) and "S_3,S_5,S_6" in finding_sentence(al.verdict[0])
     if expected == "final_norm":
         assert ["F", "S_8"] in al.verdict[0].pairs
     if expected == "rotation":
         assert al.offset is None
     if expected == "drift":
-        assert "growing with depth" in al.verdict[0].text
+        assert "growing with depth" in finding_sentence(al.verdict[0])
 
 
 def test_cli_json(demo_root):
@@ -166,10 +166,10 @@ def test_16bit_kernel_rounding_is_aligned_but_a_dtype_change_is_drift(dtypes, ki
     a, b = _sample("a", labels, xs, ids), _sample("b", labels, ys, ids)
     a.dtype, b.dtype = dtypes
     al = align_samples(a, b)
-    assert al.verdict[0].kind == kind, al.verdict[0].text
+    assert al.verdict[0].kind == kind, finding_sentence(al.verdict[0])
     assert al.offset == 0
     if kind == "aligned":
-        assert "16-bit rounding of different kernels" in al.verdict[0].text
+        assert "16-bit rounding of different kernels" in finding_sentence(al.verdict[0])
 
 
 def _residual_stream(n, H, L, seed, scale=1.0, rotate=False):
