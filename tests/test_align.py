@@ -61,6 +61,27 @@ def test_cache_is_reused_and_invalidated(demo_root):
     assert cache.stat().st_mtime_ns != mtime and b.verdict[0].kind == a.verdict[0].kind
 
 
+def test_stored_findings_round_trip_and_an_old_cache_is_recomputed(demo_root):
+    """The stored alignment keeps each finding as data (kind, pairs, case, figures, notes, nonfinite) and reads back
+    the same sentences; one stored before the findings were data (a `text` field, VERSION 6) is recomputed."""
+    data = DataRoot(demo_root)
+    for b in ("demo-after-layer", "demo-final-norm", "demo-rotated", "demo-bf16"):
+        fresh = get_alignment("demo-fp32", b, data)
+        cache = demo_root / "alignments" / f"demo-fp32__{b}.json"
+        again = get_alignment("demo-fp32", b, data)
+        assert again.verdict == fresh.verdict and headline(again) == headline(fresh)
+        old = json.loads(cache.read_text())
+        old["_key"] = "6|" + old["_key"].split("|", 1)[1]
+        old["verdict"] = [{"kind": f.kind, "text": "an old sentence", "pairs": f.pairs} for f in fresh.verdict]
+        cache.write_text(json.dumps(old))
+        assert headline(get_alignment("demo-fp32", b, data)) == headline(fresh)
+        old["_key"] = json.loads(cache.read_text())["_key"]          # the current key, the old form: recomputed
+        old["verdict"] = [{"kind": f.kind, "text": "an old sentence", "pairs": f.pairs} for f in fresh.verdict]
+        cache.write_text(json.dumps(old))
+        assert headline(get_alignment("demo-fp32", b, data)) == headline(fresh)
+        assert "an old sentence" not in cache.read_text()
+
+
 def _sample(run_id, labels, states, ids, n_layers=4):
     return Sample(run_id, labels, dict(zip(labels, states)), context_hashes(ids).numpy(), n_layers,
                   states[0].shape[-1], "fp32")
