@@ -2,7 +2,8 @@
 
 On the tokens both raw samples share (same token in the same context, by context hash), over every
 pair of boundaries: mean per-token cosine, mean per-token relative L2 (||a - b|| / ||b||) and linear
-CKA; a best-match path; and a verdict in words (aligned, offset, mislabelled, final_norm, rotation, drift).
+CKA; a best-match path; and a verdict (aligned, offset, mislabelled, final_norm, rotation, drift) as `Finding`
+objects, which backend/text/align_text.py words for the command line and the pages.
 
 Final norm without F on the other side: a state y is named F when a per-dimension weight w fitted by least squares
 (w_d = sum_t y_td z_td / sum_t z_td^2, z = RMSNorm(x), x the other side's S_N) gives y ~ w * z to a small relative
