@@ -62,17 +62,21 @@ def cmd_import(a: argparse.Namespace) -> int:
 
 def cmd_align(a: argparse.Namespace) -> int:
     from backend.align import CKA_SE_BOUND, get_alignment
+    from backend.text import align_text
 
     al = get_alignment(a.run_a, a.run_b)
-    if a.json:
-        print(json.dumps(al.to_json(), indent=None if a.compact else 1))
+    if a.json:          # each finding's data, and its sentence as `text`
+        d = al.to_json()
+        for f, (_, text) in zip(d["verdict"], align_text.verdict_lines(al), strict=True):
+            f["text"] = text
+        print(json.dumps(d, indent=None if a.compact else 1))
         return 0
     cka = ("CKA exact on all shared tokens" if al.cka_exact else
            f"CKA estimated from {al.cka_tokens} Gram rows over all tokens, within {CKA_SE_BOUND:g} standard errors "
            f"of the exact value (largest standard error {al.cka_se_max:.4f})")
     print(f"A = {al.a}, B = {al.b}: {al.tokens} shared tokens ({cka})")
-    for f in al.verdict:
-        print(f"[{f.kind}] {f.text}")
+    for kind, text in align_text.verdict_lines(al):
+        print(f"[{kind}] {text}")
     for w in al.warnings:
         print(f"warning: {w}")
     print(f"{'B boundary':>10} {'best A':>7} {'cos':>8} {'same-name cos':>14} {'rel L2':>9} {'CKA':>7}")

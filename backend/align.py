@@ -2,7 +2,8 @@
 
 On the tokens both raw samples share (same token in the same context, by context hash), over every
 pair of boundaries: mean per-token cosine, mean per-token relative L2 (||a - b|| / ||b||) and linear
-CKA; a best-match path; and a verdict in words (aligned, offset, mislabelled, final_norm, rotation, drift).
+CKA; a best-match path; and a verdict (aligned, offset, mislabelled, final_norm, rotation, drift) as `Finding`
+objects, which backend/text/align_text.py words for the command line and the pages.
 
 Final norm without F on the other side: a state y is named F when a per-dimension weight w fitted by least squares
 (w_d = sum_t y_td z_td / sum_t z_td^2, z = RMSNorm(x), x the other side's S_N) gives y ~ w * z to a small relative
@@ -50,7 +51,7 @@ NORM_FIT_MARGIN = 0.5      # ... and at most this fraction of the fit without th
 NORM_WEIGHT_REL = 0.05     # a fitted weight within this relative L2 of the target's final norm weight equals it
 DEFAULT_NORM_EPS = 1e-6
 _CHUNK = 512
-VERSION = 6                # bump when the figures or verdicts change: cached alignments are recomputed
+VERSION = 7                # bump when the figures or verdicts change: cached alignments are recomputed
 
 
 @dataclass
@@ -67,9 +68,29 @@ class Sample:
 
 @dataclass
 class Finding:
+    """One finding of the verdict, as data: backend/text/align_text.py words it (`finding_sentence`) for the command
+    line and the page. `case` says which finding of its kind it is, `figures` what its sentence names:
+      rotation: median_cka, median_cosine, shown ([label, cosine, CKA] of the first four same-named boundaries)
+      offset: offset (B's boundaries minus A's, one for every pair)
+      mislabelled: offsets (one per pair, in pair order)
+      final_norm: cosine (of pairs[0]), n_layers
+      final_norm_fit: fit (a final_norm_fits entry), weight_is_target (the fitted weight equals the target's own
+        final norm weight; None: not compared)
+      drift: grow, first, last, worst (labels), rel_first, rel_last, rel_worst, dtype_a, dtype_b
+      aligned: boundaries, min_cosine, max_rel_l2, rounding (within the same-16-bit limit only), dtype
+      unmatched: unmatched (B's labels matching nothing; `kind` is the first finding's, else drift)
+      no_match: nothing
+    `notes` (an F labelled F, with no namesake on the other side: side, x, rel_l2_norm_fit) and `nonfinite` ([side,
+    label, tokens] of each boundary holding NaN/inf tokens) are noted beside the first finding."""
     kind: str                   # aligned | offset | mislabelled | final_norm | rotation | drift
-    text: str
     pairs: list[list[str]] = field(default_factory=list)
+    case: str = ""              # the kind, or final_norm_fit | unmatched | no_match
+    figures: dict = field(default_factory=dict)
+    notes: list[dict] = field(default_factory=list)
+    nonfinite: list[list] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.case = self.case or self.kind
 
 
 @dataclass
@@ -594,35 +615,6 @@ def final_norm_fits(A: Sample, B: Sample, X: list[torch.Tensor], Y: list[torch.T
     return out
 
 
-def _r(x: float) -> str:
-    return f"{x:.4f}" if x >= 1e-3 else f"{x:.1e}"
-
-
-def _fit_text(f: dict) -> str:
-    """'B's S_8 is F ...': the final-norm finding of one fit, with the target's weight when it was read."""
-    side, other = f["side"], "A" if f["side"] == "B" else "B"
-    y, x = f["y"], f["x"]
-    text = (f"{side}'s {y} is F (the final norm's output), not {y}: RMSNorm({other}'s {x}) x a fitted per-dimension "
-            f"weight matches it to relative L2 {_r(f['rel_l2_norm_fit'])} ({f['tokens']} tokens; the same fit "
-            f"without the norm, a per-dimension weight on {other}'s {x} alone: {_r(f['rel_l2_weight_only'])}).")
-    tn = f.get("target_norm") or {}
-    if "weight_rel" in f:
-        g = f"1 + {tn['key']}" if f["weight_plus_one"] else tn["key"]
-        if f["weight_rel"] <= NORM_WEIGHT_REL:
-            text += (f" The fitted weight equals the target's own final norm weight ({g} of {tn['file']}; relative "
-                     f"L2 {_r(f['weight_rel'])}), and RMSNorm({other}'s {x}) x that weight matches {side}'s {y} to "
-                     f"{_r(f['rel_l2_target'])}.")
-        else:
-            text += (f" The fitted weight is not the target's final norm weight ({g} of {tn['file']}; relative L2 "
-                     f"{f['weight_rel']:.3f}; with it the match is {f['rel_l2_target']:.3f}): a final norm, but "
-                     f"not this target's.")
-    elif tn.get("error"):
-        text += f" Target's own norm weight not checked: {tn['error']}."
-    text += (f" {side} took this state after the final norm and labelled it {y} (S_b is before any final norm; "
-             f"SpecForge's hidden_state and HF's last hidden_states entry are F): label it F.")
-    return text
-
-
 # ---------------------------------------------------------------------------- path and verdict
 
 def best_path(cos: np.ndarray) -> list[int]:
@@ -648,20 +640,10 @@ def _num(lbl: str, n_layers: int) -> float:
     return n_layers + 0.5 if lbl == "F" else coords.label_index(lbl)
 
 
-def _ids_text(right: list[str]) -> str:
-    """The ids that name these boundaries, in both conventions (docs/CONVENTIONS.md#before-and-after-layer-i)."""
-    before = [int(coords.label_index(a)) for a in right]
-    text = f"ids {before} read as id a = S_a (vLLM, speculators >= 0.5)"
-    if all(i >= 1 for i in before):
-        text += f", or {[i - 1 for i in before]} read as id a = S_(a+1) (SGLang, speculators <= 0.4)"
-    if before != sorted(before):
-        text += "; not ascending, and vLLM always captures its ids in ascending order"
-    return text
-
-
 def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndarray,
             fits: list[dict] | None = None) -> tuple[list[Finding], int | None]:
-    """Findings in words, and B's boundary offset (None when there is no single one). `fits` are final_norm_fits."""
+    """The findings (data; backend/text/align_text.py words them), and B's boundary offset (None when there is no
+    single one). `fits` are final_norm_fits."""
     findings: list[Finding] = []
     n = A.n_layers or B.n_layers
     same = [(A.labels.index(lbl), B.labels.index(lbl), lbl) for lbl in B.labels if lbl in A.labels]
@@ -670,13 +652,9 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
         dcos = np.array([cos[i, j] for i, j, _ in same])
         dcka = np.array([cka[i, j] for i, j, _ in same])
         if np.nanmedian(dcos) < ROTATION_COS and np.nanmedian(dcka) > ROTATION_CKA:
-            figs = ", ".join(f"{lbl} cos {cos[i, j]:.2f} CKA {cka[i, j]:.3f}" for i, j, lbl in same[:4])
-            findings.append(Finding("rotation", (
-                f"Basis rotation: same-named boundaries carry the same information "
-                f"(median CKA {np.nanmedian(dcka):.3f}) "
-                f"in a different basis (median cosine {np.nanmedian(dcos):.2f}): {figs}. One target was rotated or "
-                f"transformed (e.g. QuaRot/SpinQuant); a drafter trained on one will not work on the other."),
-                [[lbl, lbl] for _, _, lbl in same]))
+            shown = [[lbl, float(cos[i, j]), float(cka[i, j])] for i, j, lbl in same[:4]]
+            findings.append(Finding("rotation", [[lbl, lbl] for _, _, lbl in same], figures={
+                "median_cka": float(np.nanmedian(dcka)), "median_cosine": float(np.nanmedian(dcos)), "shown": shown}))
             return findings, None
 
     # states labelled S_b that are RMSNorm(S_N) x a weight (F stored under an S label), and B's F confirmed as F
@@ -689,13 +667,11 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
     notes = []
 
     def honest_f(side: str) -> None:
-        f, other = f_ok[side], "A" if side == "B" else "B"
-        notes.append(f"{side}'s F has no namesake in {other}; RMSNorm({other}'s {f['x']}) x a fitted per-dimension "
-                     f"weight matches it to relative L2 {_r(f['rel_l2_norm_fit'])}: it is F, as labelled.")
+        notes.append({"side": side, "x": f_ok[side]["x"], "rel_l2_norm_fit": f_ok[side]["rel_l2_norm_fit"]})
 
     def done(offset: int | None) -> tuple[list[Finding], int | None]:
         if notes:
-            findings[0].text += " " + " ".join(notes)
+            findings[0].notes += notes
         return findings, offset
 
     # each B boundary's best match in A
@@ -731,38 +707,21 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
     kset = sorted({k for _, _, k in rows})
     if shifts and len(kset) == 1:
         k = kset[0]
-        pairs = [[a, b] for a, b, _ in shifts]
-        bl = ",".join(b for _, b in pairs)
-        al = ",".join(a for a, _ in pairs)
-        words = {1: "one", 2: "two", 3: "three"}.get(abs(k), str(abs(k)))
-        why = ("B was probably captured 'after layer' where A is 'before layer'" if k > 0 else
-               "B was probably captured 'before layer' where A is 'after layer'")
-        findings.append(Finding("offset", (
-            f"Offset by {k:+d}: what B labels {bl} is what A labels {al} "
-            f"(off by {words} boundar{'y' if abs(k) == 1 else 'ies'}); "
-            f"{why}. Check each producer's id convention."), pairs))
+        findings.append(Finding("offset", [[a, b] for a, b, _ in shifts], figures={"offset": k}))
     elif shifts:
         offset = None
-        listing = "; ".join(f"B's {b} -> A's {a} ({'as labelled' if k == 0 else f'{k:+d}'})" for a, b, k in rows)
-        kset_text = ", ".join(f"{k:+d}" if k else "0" for k in kset)
-        right = [a for a, _, _ in rows]
-        findings.append(Finding("mislabelled", (
-            f"Mislabelled: the ids differ. B's stored states map to A's boundaries with different offsets "
-            f"({kset_text}), so no single id convention explains them: the data "
-            f"were written with other ids (or in another order) than their labels assume. {listing}. Labelled right, "
-            f"B's {','.join(b for _, b, _ in rows)} are {','.join(right)}: {_ids_text(right)}. Re-import with those "
-            f"ids, or fix the producer's ids."), [[a, b] for a, b, _ in rows]))
+        findings.append(Finding("mislabelled", [[a, b] for a, b, _ in rows],
+                                figures={"offsets": [k for _, _, k in rows]}))
     if fin:
         a, b = fin[0]
-        findings.append(Finding("final_norm", (
-            f"Final norm: B's {b} matches A's {a} (cosine {cos[A.labels.index(a), B.labels.index(b)]:.4f}), "
-            f"so one side took its last state {'after' if a == 'F' else 'before'} the final norm and the other "
-            f"{'before' if a == 'F' else 'after'} it (S_{n} is pre-norm, F = norm(S_{n}))."), [list(p) for p in fin]))
+        findings.append(Finding("final_norm", [list(p) for p in fin], figures={
+            "cosine": float(cos[A.labels.index(a), B.labels.index(b)]), "n_layers": n}))
     for f in normed:
         if f["y"] in ({b for _, b in fin} if f["side"] == "B" else {a for a, _ in fin}):
             continue          # already named by its cosine to the other side's F
-        findings.append(Finding("final_norm", "Final norm: " + _fit_text(f),
-                                [[f["x"], f["y"]] if f["side"] == "B" else [f["y"], f["x"]]]))
+        same_weight = f["weight_rel"] <= NORM_WEIGHT_REL if "weight_rel" in f else None
+        findings.append(Finding("final_norm", [[f["x"], f["y"]] if f["side"] == "B" else [f["y"], f["x"]]],
+                                "final_norm_fit", {"fit": dict(f), "weight_is_target": same_weight}))
     if findings:
         return done(offset)
 
@@ -777,26 +736,21 @@ def verdict(A: Sample, B: Sample, cos: np.ndarray, rel: np.ndarray, cka: np.ndar
             first, last = same[0][2], same[-1][2]
             s_only = [(lbl, r) for (_, _, lbl), r in zip(same, rels) if lbl != "F"]
             grow = len(s_only) >= 3 and np.corrcoef(np.arange(len(s_only)), [r for _, r in s_only])[0, 1] > 0.5
-            findings.append(Finding("drift", (
-                f"Numeric drift{' growing with depth' if grow else ''}: the boundaries correspond, "
-                f"but relative L2 goes "
-                f"from {rels[0]:.4f} at {first} to {rels[-1]:.4f} at {last} "
-                f"(worst {rels[worst]:.4f} at {same[worst][2]}; "
-                f"A {A.dtype}, B {B.dtype}). Different dtype, quantization or kernels."),
-                [[lbl, lbl] for _, _, lbl in same]))
+            findings.append(Finding("drift", [[lbl, lbl] for _, _, lbl in same], figures={
+                "grow": bool(grow), "first": first, "last": last, "worst": same[worst][2], "rel_first": float(rels[0]),
+                "rel_last": float(rels[-1]), "rel_worst": float(rels[worst]), "dtype_a": str(A.dtype),
+                "dtype_b": str(B.dtype)}))
         else:
-            rounding = (f"; both {A.dtype}: that much is 16-bit rounding of different kernels"
-                        if np.nanmax(rels) > DRIFT_REL_L2 else "")
-            findings.append(Finding("aligned", (
-                f"Aligned: all {len(same)} shared boundaries match their namesakes (cosine >= {np.nanmin(coss):.4f}, "
-                f"relative L2 <= {np.nanmax(rels):.2e}{rounding})."), [[lbl, lbl] for _, _, lbl in same]))
+            findings.append(Finding("aligned", [[lbl, lbl] for _, _, lbl in same], figures={
+                "boundaries": len(same), "min_cosine": float(np.nanmin(coss)), "max_rel_l2": float(np.nanmax(rels)),
+                "rounding": bool(np.nanmax(rels) > DRIFT_REL_L2), "dtype": str(A.dtype)}))
         if offset is None:
             offset = 0
     if unmatched:
-        findings.append(Finding("drift" if not findings else findings[0].kind,
-                                f"No good match (cosine < {MATCH_COS}) for B's {','.join(unmatched)}."))
+        findings.append(Finding("drift" if not findings else findings[0].kind, case="unmatched",
+                                figures={"unmatched": unmatched}))
     if not findings:
-        findings.append(Finding("drift", "The captures share no boundary names and no boundary matches well."))
+        findings.append(Finding("drift", case="no_match"))
     return done(offset)
 
 
@@ -886,11 +840,8 @@ def align_samples(A: Sample, B: Sample, cka_budget: float | None | str = "auto",
     for lbl, k in zip(B.labels, nfb):
         if k:
             warnings.append(f"B ({B.run_id}) {lbl}: {int(k)} of {len(ib)} shared tokens hold NaN or inf (left out)")
-    bad = [f"A {lbl} ({int(k)})" for lbl, k in zip(A.labels, nfa) if k] + \
-          [f"B {lbl} ({int(k)})" for lbl, k in zip(B.labels, nfb) if k]
-    if bad:
-        findings[0].text += (f" NaN/inf tokens at {', '.join(bad[:6])}{', ...' if len(bad) > 6 else ''}: "
-                             f"left out of those boundaries' figures, never averaged in.")
+    findings[0].nonfinite = [["A", lbl, int(k)] for lbl, k in zip(A.labels, nfa) if k] + \
+                            [["B", lbl, int(k)] for lbl, k in zip(B.labels, nfb) if k]
     per = []
     for j, bl in enumerate(B.labels):
         i = A.labels.index(bl) if bl in A.labels else None

@@ -60,6 +60,11 @@ def run_check(s: CheckSettings, name: str | None = None, data: DataRoot | None =
     choice = vllm_runner.resolve(s.runner, target.architectures, versions.get("vllm") or DEFAULT_VERSIONS["vllm"],
                                  s.engine_options, target_config=target.raw or None)
     readings = L.engine_readings(cfg, target, versions, choice)
+    kind = getattr(cfg, "kind", "eagle3")
+    if kind != "eagle3":                # where each release reads this kind's ids, in words
+        from backend.text.drafter_text import reads_words
+        for r in readings:
+            r.reads = reads_words(r.engine, r.version, kind, r.runner) or r.reads
     focus = L.picked(readings, s.engine)
     findings = L.lint(cfg, target, weights, readings, focus)
     timing = {"lint": time.perf_counter() - t0}

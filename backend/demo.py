@@ -352,6 +352,7 @@ def run_demo(force: bool = False, progress: bool = True, data: DataRoot | None =
     import torch
 
     from backend.align import get_alignment
+    from backend.text import align_text
 
     # one torch thread for the whole demo, captures included: these models are small enough that a second thread
     # buys little alone, and on a 2-core machine with anything else running, two threads wait on each other at every
@@ -365,7 +366,7 @@ def run_demo(force: bool = False, progress: bool = True, data: DataRoot | None =
     for a, b, _expected in DEMO_PAIRS:
         al = get_alignment(a, b, data)
         kinds = ",".join(f.kind for f in al.verdict)
-        print(f"  align {a} {b}: [{kinds}] {al.verdict[0].text[:110]}")
+        print(f"  align {a} {b}: [{kinds}] {align_text.finding_sentence(al.verdict[0])[:110]}")
     t1 = time.perf_counter()
     build_bench_demo(data, force, progress)         # one bench after another, in this process: none times another
     for r in data.catalog.read.bench_runs(run_ids=list(BENCH_RUNS)).itertuples():

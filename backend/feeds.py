@@ -163,8 +163,8 @@ class Newest:
 
 @dataclass
 class Summary:
-    """What a matrix says in short, as data (the Feeds page words it in dashboard/feeds_words.py, the command line
-    in backend/release_cli.py): the drafter's kind when it is not EAGLE-3, each serving engine's newest release,
+    """What a matrix says in short, as data (backend/text/feeds_text.py words it, for the Feeds page and the
+    command line alike): the drafter's kind when it is not EAGLE-3, each serving engine's newest release,
     and the drafter check the rows are marked against (`trained_on`: boundaries and run_id; None: no full check)."""
 
     kind: str | None

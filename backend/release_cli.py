@@ -26,37 +26,19 @@ def cmd_feeds(a: argparse.Namespace) -> int:
 
 
 def print_feeds(m: dict) -> None:
-    """`feeds`' text: the pair, the summary (backend/feeds.py `Summary`, worded here for the terminal as the Feeds
-    page words it in dashboard/feeds_words.py) and one line per engine release."""
-    from backend.drafter.kinds import KIND_NAMES
+    """`feeds`' text: the pair, the summary (backend/feeds.py `Summary`, worded in backend/text/feeds_text.py, the
+    same lines as the Feeds page's) and one line per engine release."""
     from backend.feeds import summary
+    from backend.text.feeds_text import fed, summary_lines
 
     print(f"drafter {m['drafter']}\ntarget  {m['target']} ({'/'.join(m['target_info']['architectures'])}, "
           f"N={m['target_info']['n_layers']})")
-    s = summary(m)
-    lines = []
-    if s.kind:
-        lines.append(f"a {KIND_NAMES.get(s.kind, s.kind)} drafter: ids and releases read from the kind rows of "
-                     f"backend/conventions.yaml (backend/drafter/kinds.py)")
-    for n in s.newest:
-        r = n.row
-        lines.append(f"{n.engine} {r.release}{f' ({r.runner.upper()})' if r.runner else ''} feeds "
-                     f"{', '.join(r.feeds) if r.feeds else 'cannot serve'}"
-                     + {"matches": " - matches what the drafter was trained on",
-                        "differs": " - differs from what the drafter was trained on"}.get(r.trained or "", ""))
-        lines += [f"{n.engine}: {'first change' if c['first'] else 'then'} at {c['release']} (from {c['from']}): "
-                  f"{c['change']}" for c in n.changes] or [f"{n.engine}: the same over every release in the table"]
-    t = s.trained_on
-    lines.append(f"trained on {', '.join(t['boundaries'])} (drafter check {t['run_id']})" if t else
-                 "no full drafter check of this pair is stored, so rows are not marked against training "
-                 "(run `python -m backend check-drafter` without --lint-only)")
-    for line in lines:
+    for line in summary_lines(summary(m)):
         print("  " + line)
     print(f"{'engine':7} {'release':8} {'runner':6} {'picked':6} {'feeds':24} {'trained':8} {'status':8} ids from")
     for r in m["rows"]:
-        fed = ", ".join(r["feeds"]) if r["feeds"] else "cannot serve"
         print(f"{r['engine']:7} {r['release']:8} {(r['runner'] or '-'):6} {('yes' if r['picked'] else ''):6} "
-              f"{fed:24} {(r['trained'] or '-'):8} {r['status']:8} {r['ids_from'] or '-'}")
+              f"{fed(r['feeds']):24} {(r['trained'] or '-'):8} {r['status']:8} {r['ids_from'] or '-'}")
 
 
 def cmd_regress(a: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ import numpy as np
 from backend.align import Alignment, Sample, align_samples
 from backend.drafter.lint import Finding
 from backend.errors import SpecLensError
+from backend.text.align_text import finding_sentence
 
 if TYPE_CHECKING:
     from backend.hf_model import LoadedModel
@@ -112,7 +113,8 @@ def findings(dc: DataComparison, feeds: list[str] | None, engine: str, best: lis
     else:
         wrong = [f"{lbl} is really {h}" for lbl, h in zip(dc.labels, dc.holds) if lbl != h]
         out.append(Finding("error", f"The {dc.format} files are mislabelled by their convention: {'; '.join(wrong)} "
-                                    f"(verdict: {', '.join(kinds)}). " + dc.alignment.verdict[0].text, "training_data"))
+                                    f"(verdict: {', '.join(kinds)}). " + finding_sentence(dc.alignment.verdict[0]),
+                                    "training_data"))
     if "rotation" in kinds:
         out.append(Finding("error", "The training data come from a rotated or transformed copy of this target: "
                                     "no boundary set will serve this drafter well.", "training_data"))

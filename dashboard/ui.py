@@ -512,8 +512,9 @@ def default_stats_runs(ids: list[str], n: int = 3) -> list[str]:
 
 # ---------------------------------------------------------------------------- output
 
-def verdict_banner(findings: Sequence[Any]) -> None:
-    """One coloured banner per finding: success when aligned, error or warning otherwise. The texts are the view's
+def verdict_banner(findings: Sequence[tuple[str, str]]) -> None:
+    """One coloured banner per finding, (kind, sentence): success when aligned, error or warning otherwise (the
+    alignment's sentences: dashboard/align_words.py banners). The texts are the view's
     verdict in its exported charts and report bundle. Never a verdict the link did not ask for: a pair of run
     pickers on one run (select's notice) shows none, and runs shown instead of the link's (a missing run) show one
     neutral line that says why there is no verdict."""
@@ -528,10 +529,10 @@ def verdict_banner(findings: Sequence[Any]) -> None:
     if swapped:                     # runs the link did not ask for: no verdict at all, not even a neutral one
         no_verdict_for_substitute(swapped)
         return
-    for f in findings:
-        show, icon = _BANNER.get(f.kind, (st.warning, ":material/warning:"))
-        show(f.text, icon=icon)
-        note_verdict(f.text)
+    for kind, text in findings:
+        show, icon = _BANNER.get(kind, (st.warning, ":material/warning:"))
+        show(text, icon=icon)
+        note_verdict(text)
 
 
 _LEVEL_SHOW = {"ok": st.success, "note": st.info, "warning": st.warning, "error": st.error}

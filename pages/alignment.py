@@ -21,7 +21,7 @@ metric = ui.select("Metric", list(charts.METRICS), "metric", "cosine", where=c3,
 with st.spinner(f"Aligning {a} with {b} ..."):
     al = ui.guarded(get_alignment, a, b)
 
-ui.verdict_banner(al.verdict)
+ui.verdict_banner(align_words.banners(al))
 ui.warning_list(al.warnings)
 st.caption(f"{al.tokens} tokens shared by both samples (same token in the same context); {align_words.cka_words(al)}. "
            f"Red squares: B's best match in A by cosine (monotone in stream order), "

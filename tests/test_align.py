@@ -13,7 +13,7 @@ from backend.demo import DEMO_PAIRS
 from backend.errors import SpecLensError
 from backend.stats import context_hashes
 from backend.store.data_root import DataRoot
-from dashboard.align_words import headline
+from backend.text.align_text import finding_sentence, headline
 
 
 @pytest.mark.parametrize("a,b,expected", DEMO_PAIRS)
@@ -26,13 +26,13 @@ def test_demo_verdicts(demo_root, a, b, expected):
     if expected == "offset":
         assert al.offset == 1
         assert al.verdict[0].pairs == [["S_3", "S_2"], ["S_5", "S_4"], ["S_6", "S_5"]]
-        assert "S_2,S_4,S_5" in al.verdict[0].text and "S_3,S_5,S_6" in al.verdict[0].text
+        assert "S_2,S_4,S_5" in finding_sentence(al.verdict[0]) and "S_3,S_5,S_6" in finding_sentence(al.verdict[0])
     if expected == "final_norm":
         assert ["F", "S_8"] in al.verdict[0].pairs
     if expected == "rotation":
         assert al.offset is None
     if expected == "drift":
-        assert "growing with depth" in al.verdict[0].text
+        assert "growing with depth" in finding_sentence(al.verdict[0])
 
 
 def test_cli_json(demo_root):
@@ -59,6 +59,27 @@ def test_cache_is_reused_and_invalidated(demo_root):
     DataRoot(demo_root).run_dir("demo-bf16").update(notes="touched")
     b = get_alignment("demo-fp32", "demo-bf16", DataRoot(demo_root))
     assert cache.stat().st_mtime_ns != mtime and b.verdict[0].kind == a.verdict[0].kind
+
+
+def test_stored_findings_round_trip_and_an_old_cache_is_recomputed(demo_root):
+    """The stored alignment keeps each finding as data (kind, pairs, case, figures, notes, nonfinite) and reads back
+    the same sentences; one stored before the findings were data (a `text` field, VERSION 6) is recomputed."""
+    data = DataRoot(demo_root)
+    for b in ("demo-after-layer", "demo-final-norm", "demo-rotated", "demo-bf16"):
+        fresh = get_alignment("demo-fp32", b, data)
+        cache = demo_root / "alignments" / f"demo-fp32__{b}.json"
+        again = get_alignment("demo-fp32", b, data)
+        assert again.verdict == fresh.verdict and headline(again) == headline(fresh)
+        old = json.loads(cache.read_text())
+        old["_key"] = "6|" + old["_key"].split("|", 1)[1]
+        old["verdict"] = [{"kind": f.kind, "text": "an old sentence", "pairs": f.pairs} for f in fresh.verdict]
+        cache.write_text(json.dumps(old))
+        assert headline(get_alignment("demo-fp32", b, data)) == headline(fresh)
+        old["_key"] = json.loads(cache.read_text())["_key"]          # the current key, the old form: recomputed
+        old["verdict"] = [{"kind": f.kind, "text": "an old sentence", "pairs": f.pairs} for f in fresh.verdict]
+        cache.write_text(json.dumps(old))
+        assert headline(get_alignment("demo-fp32", b, data)) == headline(fresh)
+        assert "an old sentence" not in cache.read_text()
 
 
 def _sample(run_id, labels, states, ids, n_layers=4):
@@ -166,10 +187,10 @@ def test_16bit_kernel_rounding_is_aligned_but_a_dtype_change_is_drift(dtypes, ki
     a, b = _sample("a", labels, xs, ids), _sample("b", labels, ys, ids)
     a.dtype, b.dtype = dtypes
     al = align_samples(a, b)
-    assert al.verdict[0].kind == kind, al.verdict[0].text
+    assert al.verdict[0].kind == kind, finding_sentence(al.verdict[0])
     assert al.offset == 0
     if kind == "aligned":
-        assert "16-bit rounding of different kernels" in al.verdict[0].text
+        assert "16-bit rounding of different kernels" in finding_sentence(al.verdict[0])
 
 
 def _residual_stream(n, H, L, seed, scale=1.0, rotate=False):

@@ -27,7 +27,7 @@ from backend.config import REPO_ROOT
 from backend.importers import import_capture
 from backend.producers import write_training_data
 from backend.store.data_root import DataRoot
-from dashboard.align_words import headline
+from backend.text.align_text import finding_sentence, headline
 
 N = 8
 ALL_S = [f"S_{i}" for i in range(N + 1)]
@@ -74,7 +74,7 @@ def test_specforge_style_f_as_s_n_against_a_reference_without_f(caps):
     with the fitted weight checked against the target's own model.norm.weight (read from the manifest's model)."""
     al = align_runs("ref", "vx-f", DataRoot(caps["root"]))
     assert kinds(al) == ["final_norm"], headline(al)
-    text = al.verdict[0].text
+    text = finding_sentence(al.verdict[0])
     assert "B's S_8 is F (the final norm's output)" in text
     assert "RMSNorm(A's S_8) x a fitted per-dimension weight matches it to relative L2" in text
     assert "The fitted weight equals the target's own final norm weight (model.norm.weight of" in text
@@ -95,16 +95,16 @@ def test_bf16_f_as_s_n_and_the_fitted_residual(caps):
     assert kinds(al) == ["final_norm"], headline(al)
     fit = next(f for f in al.norm_fits if f["y"] == "S_8")
     assert 1e-3 < fit["rel_l2_norm_fit"] < NORM_FIT_REL_L2
-    assert f"relative L2 {fit['rel_l2_norm_fit']:.4f}" in al.verdict[0].text
-    assert "equals the target's own final norm weight" in al.verdict[0].text
+    assert f"relative L2 {fit['rel_l2_norm_fit']:.4f}" in finding_sentence(al.verdict[0])
+    assert "equals the target's own final norm weight" in finding_sentence(al.verdict[0])
 
 
 def test_a_side_holding_f_as_s_n(caps):
     al = align_samples(relabel(caps["full"], {"S_0": "S_0", "S_2": "S_2", "S_8": "F"}, run_id="a"),
                        relabel(caps["b16"], {"S_2": "S_2", "S_8": "S_8"}), device="cpu")
     assert kinds(al) == ["final_norm"], headline(al)
-    assert al.verdict[0].text.startswith("Final norm: A's S_8 is F (the final norm's output)")
-    assert "RMSNorm(B's S_8)" in al.verdict[0].text and al.verdict[0].pairs == [["S_8", "S_8"]]
+    assert finding_sentence(al.verdict[0]).startswith("Final norm: A's S_8 is F (the final norm's output)")
+    assert "RMSNorm(B's S_8)" in finding_sentence(al.verdict[0]) and al.verdict[0].pairs == [["S_8", "S_8"]]
 
 
 def test_unit_weight_norm_is_seen_although_cosine_is_blind_to_it(caps):
@@ -119,16 +119,16 @@ def test_unit_weight_norm_is_seen_although_cosine_is_blind_to_it(caps):
     row = {r["boundary"]: r for r in al.per_boundary}
     assert row["S_8"]["cosine"] == pytest.approx(1.0, abs=1e-5) and row["S_8"]["rel_l2"] > 0.3
     assert kinds(al) == ["final_norm"], headline(al)
-    assert "B's S_8 is F" in al.verdict[0].text
-    assert "is not the target's final norm weight" in al.verdict[0].text
+    assert "B's S_8 is F" in finding_sentence(al.verdict[0])
+    assert "is not the target's final norm weight" in finding_sentence(al.verdict[0])
 
 
 def test_without_a_target_the_fit_alone_names_it(caps):
     a = dataclasses.replace(caps["ref"], model_path=None)
     b = relabel(caps["full"], {"S_4": "S_4", "S_8": "F"}, model_path=None)
     al = align_samples(a, b, device="cpu")
-    assert kinds(al) == ["final_norm"] and "B's S_8 is F" in al.verdict[0].text
-    assert "target's" not in al.verdict[0].text
+    assert kinds(al) == ["final_norm"] and "B's S_8 is F" in finding_sentence(al.verdict[0])
+    assert "target's" not in finding_sentence(al.verdict[0])
     assert "weight_rel" not in next(f for f in al.norm_fits if f["y"] == "S_8")
 
 
@@ -143,7 +143,7 @@ def test_f_labelled_f_against_a_reference_without_f_is_honest(caps):
 def test_final_norm_with_f_in_the_reference_still_by_cosine(caps):
     al = align_runs("full", "vx-f", DataRoot(caps["root"]))
     assert kinds(al) == ["final_norm"], headline(al)
-    assert al.verdict[0].pairs == [["F", "S_8"]] and "B's S_8 matches A's F" in al.verdict[0].text
+    assert al.verdict[0].pairs == [["F", "S_8"]] and "B's S_8 matches A's F" in finding_sentence(al.verdict[0])
 
 
 @pytest.mark.parametrize("a,b,kind", [("full", "full", "aligned"), ("ref", "ref", "aligned"),
@@ -198,7 +198,7 @@ def test_states_with_different_offsets_are_mislabelled(caps):
     b = relabel(caps["full"], {"S_2": "S_6", "S_4": "S_2", "S_5": "S_4", "S_8": "S_8"})
     al = align_samples(caps["full"], b, device="cpu")
     assert kinds(al) == ["mislabelled"], headline(al)
-    text = al.verdict[0].text
+    text = finding_sentence(al.verdict[0])
     assert "the ids differ" in text
     for m in ("B's S_2 -> A's S_6 (+4)", "B's S_4 -> A's S_2 (-2)", "B's S_5 -> A's S_4 (-1)"):
         assert m in text
@@ -213,15 +213,16 @@ def test_one_state_shifted_others_right_is_mislabelled(caps):
     b = relabel(caps["full"], {"S_2": "S_2", "S_4": "S_5", "S_5": "S_6", "S_8": "S_8"})
     al = align_samples(caps["full"], b, device="cpu")
     assert kinds(al) == ["mislabelled"], headline(al)
-    assert "B's S_2 -> A's S_2 (as labelled)" in al.verdict[0].text and "offsets (0, +1)" in al.verdict[0].text
-    assert "B's S_4 -> A's S_5 (+1)" in al.verdict[0].text and "[1, 4, 5] read as id a = S_(a+1)" in al.verdict[0].text
+    text = finding_sentence(al.verdict[0])
+    assert "B's S_2 -> A's S_2 (as labelled)" in text and "offsets (0, +1)" in text
+    assert "B's S_4 -> A's S_5 (+1)" in text and "[1, 4, 5] read as id a = S_(a+1)" in text
 
 
 def test_one_offset_for_every_aux_state_keeps_the_offset_wording(caps):
     b = relabel(caps["full"], {"S_2": "S_3", "S_4": "S_5", "S_5": "S_6", "S_8": "S_8"})
     al = align_samples(caps["full"], b, device="cpu")
     assert kinds(al) == ["offset"] and al.offset == 1
-    assert "B was probably captured 'after layer' where A is 'before layer'" in al.verdict[0].text
+    assert "B was probably captured 'after layer' where A is 'before layer'" in finding_sentence(al.verdict[0])
     assert al.verdict[0].pairs == [["S_3", "S_2"], ["S_5", "S_4"], ["S_6", "S_5"]]
 
 
@@ -230,7 +231,7 @@ def test_after_layer_aux_and_f_as_s_n_both_said(caps):
     b = relabel(caps["full"], {"S_2": "S_3", "S_4": "S_5", "S_5": "S_6", "S_8": "F"})
     al = align_samples(caps["ref"], b, device="cpu")
     assert kinds(al) == ["offset", "final_norm"], headline(al)
-    assert "B's S_8 is F" in al.verdict[1].text and al.offset == 1
+    assert "B's S_8 is F" in finding_sentence(al.verdict[1]) and al.offset == 1
 
 
 def test_norm_fits_survive_the_json_round_trip(caps):

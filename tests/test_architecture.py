@@ -1,7 +1,7 @@
 """The flow runs one way (docs/ARCHITECTURE.md): engines -> capture/bench -> run directory -> catalog -> pages.
 
 Static checks over the source (every import, at module level or inside a function): no import cycle inside
-backend/; no upward import across the layers of backend/ (base < store < analysis < engines/runs < cli); nothing
+backend/; no upward import across the layers of backend/ (base < store < analysis < text < engines/runs < cli); nothing
 under backend/ imports Streamlit or the dashboard package; no engine module imports capture or bench; engines/ and
 drafter/ do not import each other both ways; one engine registry and one capture loop. The repository stands alone:
 no citation of a document outside it, every docs/CONVENTIONS.md anchor cited exists, every third-party module
@@ -270,7 +270,7 @@ def test_the_gpu_scripts_are_checked() -> None:
 # ---------------------------------------------------------------------- layers (docs/ARCHITECTURE.md)
 
 # bottom to top; a module may import its own layer and the layers below, never one above
-LAYERS = ("base", "store", "analysis", "engines/runs", "cli")
+LAYERS = ("base", "store", "analysis", "text", "engines/runs", "cli")
 _LAYER_OF = [        # (module prefix, layer): the longest matching prefix wins
     ("backend.errors", "base"), ("backend.config", "base"), ("backend.jsonfile", "base"), ("backend.netutil", "base"),
     ("backend.model_id", "base"), ("backend.metrics", "base"), ("backend.stats", "base"), ("backend.coords", "base"),
@@ -284,6 +284,7 @@ _LAYER_OF = [        # (module prefix, layer): the longest matching prefix wins
     ("backend.stats_compare", "analysis"), ("backend.drafter", "analysis"), ("backend.feeds", "analysis"),
     ("backend.regress", "analysis"), ("backend.findings", "analysis"), ("backend.runs_text", "analysis"),
     ("backend.run_files", "analysis"), ("backend.hf_model", "analysis"),
+    ("backend.text", "text"),
     ("backend.training_data", "engines/runs"),
     ("backend.engines", "engines/runs"), ("backend.runs", "engines/runs"), ("backend.capture", "engines/runs"),
     ("backend.bench", "engines/runs"), ("backend.importers", "engines/runs"), ("backend.check_drafter", "engines/runs"),
@@ -318,7 +319,7 @@ def test_every_backend_module_has_a_layer() -> None:
 
 
 def test_no_upward_import_across_layers() -> None:
-    """store below analysis below engines/runs below the CLI (docs/ARCHITECTURE.md 'Layers')."""
+    """store below analysis below text below engines/runs below the CLI (docs/ARCHITECTURE.md 'Layers')."""
     found = _upward(_graph())
     assert sorted(found - set(KNOWN_UPWARD)) == [], "an import goes up a layer (docs/ARCHITECTURE.md)"
     assert sorted(set(KNOWN_UPWARD) - found) == [], "gone: take it off KNOWN_UPWARD"
@@ -447,9 +448,9 @@ def test_compare_backend_returns_data_not_words() -> None:
 
 def test_feeds_and_align_return_data_not_words() -> None:
     """Issue 21 item 4: backend/feeds.py and backend/align.py build no markdown and import nothing of dashboard/;
-    they return data (feeds.summary a `Summary`, an `Alignment`'s CKA figures) and the pages word it:
-    dashboard/feeds_words.py the Feeds page's summary lines, dashboard/align_words.py the alignment's CKA words and
-    one-line verdict (the command line words them in backend/release_cli.py and backend/__main__.py)."""
+    they return data (feeds.summary a `Summary`, an `Alignment`'s CKA figures and findings) and backend/text/ words
+    it for the command line and the pages alike (dashboard/feeds_words.py the Feeds page's summary lines,
+    dashboard/align_words.py the alignment's CKA words and verdict)."""
     from backend import align, feeds
 
     for name in ("feeds.py", "align.py"):
@@ -462,6 +463,70 @@ def test_feeds_and_align_return_data_not_words() -> None:
     pages = {p: (REPO / "pages" / p).read_text() for p in ("feeds.py", "alignment.py")}
     assert "feeds_words.summary_lines(feeds.summary(m))" in pages["feeds.py"]
     assert "align_words.cka_words(al)" in pages["alignment.py"]
+
+
+# sentences backend/text/ words from the analysis' verdict objects: no other module under backend/ or dashboard/
+# writes one (so the terminal and the pages read the same words, and the analysis returns data)
+_SENTENCES = {
+    "align": ("Offset by ", "Mislabelled: the ids differ", "Basis rotation: ", "Numeric drift", "Aligned: all ",
+              "Final norm: ", "No good match (cosine", "NaN/inf tokens at ", "F has no namesake in ",
+              "The captures share no boundary names"),
+    "feeds": ("first change", "the same over every release in the table", "no full drafter check of this pair",
+              "ids and releases read from the kind rows"),
+    "drafter": ("not served", "no ids (fed the target's last hidden state)"),
+}
+_WORDED_IN = {"align": "backend/text/align_text.py", "feeds": "backend/text/feeds_text.py",
+              "drafter": "backend/text/drafter_text.py"}
+
+
+def _literals(source: str) -> list[tuple[int, str]]:
+    """(line, text) of each string literal of `source` (f-string parts included), docstrings left out."""
+    tree = ast.parse(source)
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docs]
+
+
+def _sentences(source: str) -> list[tuple[int, str]]:
+    return [(line, text) for line, text in _literals(source)
+            if any(t in text for ts in _SENTENCES.values() for t in ts)]
+
+
+def test_verdicts_are_worded_once_in_the_text_layer() -> None:
+    """Issue 21 item 4: the analysis returns verdict objects (an alignment's `Finding` has a kind, its pairs and its
+    figures, no text); backend/text/ words them as plain sentences, once, for the terminal and the pages; dashboard/
+    adds markdown, tiles and URLs. No module of backend/ or dashboard/ but the text layer's writes those sentences,
+    and the text layer builds no markdown and imports neither Streamlit, plotly nor dashboard/."""
+    import dataclasses
+
+    from backend import align
+    from backend.drafter import kinds
+
+    assert "text" not in {f.name for f in dataclasses.fields(align.Finding)}
+    assert not hasattr(kinds, "reads_words")
+    worded = {str(REPO / f) for f in _WORDED_IN.values()}
+    found = {}
+    for d in ("backend", "dashboard", "pages"):
+        for f in sorted((REPO / d).rglob("*.py")):
+            if str(f) not in worded and (hits := _sentences(f.read_text())):
+                found[str(f.relative_to(REPO))] = hits
+    assert found == {}, "word it in backend/text/ (docs/ARCHITECTURE.md, Pages and dashboard)"
+    for key, f in _WORDED_IN.items():
+        text = "\n".join(t for _, t in _literals((REPO / f).read_text()))
+        assert any(t in text for t in _SENTENCES[key]), f     # the check looks where the words are
+    for f in (REPO / "backend" / "text").rglob("*.py"):
+        assert not _markdown_strings(f.read_text()), f
+        assert not [m for m in _imports(f) if m.split(".")[0] in ("streamlit", "plotly", "dashboard")], f
+    assert "feeds_text.summary_lines" in (REPO / "dashboard" / "feeds_words.py").read_text()
+    assert "summary_lines(summary(m))" in (REPO / "backend" / "release_cli.py").read_text()
+
+
+def test_the_sentence_check_can_fail() -> None:
+    snippet = ('"""Offset by a docstring is fine."""\nA = f"Offset by {k:+d}: what B labels"\n'
+               'def f():\n    """Numeric drift in a docstring."""\n    return "not served"\n')
+    assert [n for n, _ in _sentences(snippet)] == [2, 5]
 
 
 def test_the_markdown_check_can_fail() -> None:

@@ -18,8 +18,8 @@ from backend.errors import SpecLensError
 from backend.importers import import_capture
 from backend.producers import drafter_config, write_training_data
 from backend.store.data_root import DataRoot
+from backend.text.align_text import finding_sentence, headline
 from backend.toy.target import build_random_target
-from dashboard.align_words import headline
 
 N = 8
 S_LABELS = ["S_2", "S_4", "S_5", "S_8"]
@@ -416,7 +416,7 @@ def test_fp8_connector_output_is_dequantised(peers):
     al = align_runs("hf", r.run_id, DataRoot(peers["root"]))
     kinds_ = [f.kind for f in al.verdict]
     assert kinds_ == ["drift"], headline(al)                      # fp8 is never "same 16-bit": the strict rule
-    assert "fp8_e4m3fn" in al.verdict[0].text
+    assert "fp8_e4m3fn" in finding_sentence(al.verdict[0])
     for lbl in m["boundaries"]:
         assert 0.005 < rel_l2(al, lbl) < 0.1, (lbl, rel_l2(al, lbl))
         assert al.path and {"S_2", "S_4", "S_5", "S_8"} <= {p["boundary"] for p in al.per_boundary}

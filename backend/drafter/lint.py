@@ -53,7 +53,8 @@ class Reading:
     engine: str                   # "vllm" | "sglang"
     version: str
     runner: str | None            # "v1" | "v2" for vLLM
-    reads: str                    # where it reads ids from, in words
+    reads: str                    # where it reads EAGLE-3 ids from, in words (another kind's: backend/text/
+    #                               drafter_text.py reads_words, filled in by backend/check_drafter.py)
     ids: list[int] | None         # the ids it finds (None: none, so its default)
     ids_from: str | None          # "top level" | "eagle_config" | "<engine> default"
     boundaries: list[str] | None  # what it feeds, ascending (None: it cannot serve this drafter, see error)
@@ -218,9 +219,6 @@ def engine_readings(cfg: DrafterConfig, target: TargetInfo, versions: dict[str, 
         conv = coords.convention_for(producer, version, target.family, rn)   # unknown version: one-line error
         rule = (conv.ids_from.get(rn) if rn else None) or conv.ids_from.get("any") or "top_then_nested"
         row = Reading(producer, version, rn, _WHERE.get(rule, rule), None, None, None)
-        if kind != "eagle3":
-            from backend.drafter.kinds import reads_words
-            row.reads = reads_words(producer, version, kind, rn) or row.reads
         if rn:
             row.picked = rn == choice.runner
             row.why = (choice.reason if row.picked else
