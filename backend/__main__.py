@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from backend.errors import SpecLensError
-from backend.options import TORCH_DTYPES, add_options, from_args, parse_engine_options
+from backend.options import add_options, from_args, parse_engine_options
 from backend.settings import CaptureSettings
 
 
@@ -23,16 +23,10 @@ def _ids(s: str | None) -> list[int] | None:
 
 def cmd_capture(a: argparse.Namespace) -> int:
     from backend.capture import run_capture
+    from backend.engines.base import adapter
 
     s = from_args(CaptureSettings, a)
-    opts = None
-    if a.engine == "vllm":
-        from backend.engines.vllm import EngineOptions
-        extra = parse_engine_options(a.engine_option)
-        opts = EngineOptions(tensor_parallel_size=a.tensor_parallel_size,
-                             gpu_memory_utilization=float(extra.pop("gpu_memory_utilization", 0.3)),
-                             max_model_len=extra.pop("max_model_len", None),
-                             dtype=TORCH_DTYPES[a.dtype], extra=extra)
+    opts = adapter(s.engine).capture_options(s, a.tensor_parallel_size, parse_engine_options(a.engine_option))
     if a.extract_ids:
         if a.engine != "vllm":
             raise SpecLensError("--extract-ids needs --engine vllm (vLLM's own extract_hidden_states)")

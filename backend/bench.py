@@ -45,7 +45,7 @@ from backend.model_id import fingerprint, identity
 from backend.options import SERVING_ENGINES
 from backend.prompts import Prompt, encode_all, load_prompts
 from backend.runs.lifecycle import Run, RunGuard
-from backend.runs.manifest import Bench, Manifest, StoredManifest
+from backend.runs.manifest import Bench, Manifest, StoredBenchSettings, StoredManifest
 from backend.settings import SPEC_ONLY, BenchSettings  # noqa: F401 (SPEC_ONLY: re-exported)
 from backend.store.data_root import DataRoot
 from backend.store.rundir import (
@@ -157,7 +157,7 @@ def _pair_baseline(run_id: str, s: BenchSettings, lm, n_prompts: int, name: str 
                 got = _link_or_claim(b, lm, bs, n_prompts, data)
                 if got is not None:
                     return got
-        ident, host, running = bs.identity(), socket.gethostname(), None
+        ident, host, running = StoredBenchSettings.identity_of(bs), socket.gethostname(), None
         for rd in data.run_dirs():
             try:
                 m = rd.read()
@@ -181,7 +181,7 @@ def _link_or_claim(run_id: str, lm, bs: BenchSettings, n_prompts: int, data: Dat
     bm = brd.read()
     if bm.status == COMPLETE:
         return _result_of(brd, bm), None
-    if bm.kind != "bench" or bm.settings != bs.identity():
+    if bm.kind != "bench" or bm.settings != StoredBenchSettings.identity_of(bs):
         return None
     if brd.effective_status(bm) == RUNNING:
         return BenchResult(run_id, brd.path, RUNNING, None), None
@@ -403,7 +403,7 @@ def _manifest(s: BenchSettings, lm, spec: _Spec | None, base: BenchResult | None
 def _check_resumable(rd: RunDir, m: StoredManifest, s: BenchSettings) -> None:
     if m.status == COMPLETE:
         raise SpecLensError(f"run '{rd.run_id}' is already complete ({rd.path}); pick another --name")
-    if m.kind != "bench" or m.settings != s.identity():
+    if m.kind != "bench" or m.settings != StoredBenchSettings.identity_of(s):
         raise SpecLensError(f"run '{rd.run_id}' was started with other settings ({rd.manifest_path}); "
                             "resume it with the same options or pick another --name")
 
@@ -436,7 +436,7 @@ def _ensure_baseline(lm, bs: BenchSettings, prompts, seqs, name, data: DataRoot,
 
 
 def _find_or_run_baseline(lm, bs: BenchSettings, prompts, seqs, name, data: DataRoot, progress) -> BenchResult:
-    ident, host, unfinished = bs.identity(), socket.gethostname(), None
+    ident, host, unfinished = StoredBenchSettings.identity_of(bs), socket.gethostname(), None
     for rd in data.run_dirs():
         try:
             m = rd.read()

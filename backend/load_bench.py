@@ -223,7 +223,7 @@ def run_load(s: LoadSettings, name: str | None = None, data: DataRoot | None = N
             raise SpecLensError(f"run '{run_id}' was started with other settings ({run.manifest_path}); resume it "
                                 "with the same options or pick another --name") from None
         done = read_journal(run.file(JOURNAL))
-        run.claim(progress={"done": len(done), "total": len(cells) * 2}, settings=manifest.settings)
+        run.claim(progress={"done": len(done), "total": len(cells) * 2}, settings=manifest.settings.to_json())
     finished = {(d["config"], d["concurrency"], d["repeat"], d["side"]) for d in done}
     guard = RunGuard(run, interrupted=lambda: f"interrupted after {len(done)}/{len(cells) * 2} levels; run the same "
                                               "command again to resume")

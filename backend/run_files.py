@@ -12,7 +12,7 @@ import pandas as pd
 
 from backend.config import REPO_ROOT, model_roots
 from backend.prompts import load_prompts
-from backend.runs.manifest import StoredManifest
+from backend.runs.manifest import PromptedSettings, StoredManifest
 from backend.store.data_root import DataRoot
 from backend.store.rundir import valid_run_id
 
@@ -107,7 +107,7 @@ def prompt_texts(manifest: dict | StoredManifest, data: DataRoot | None = None) 
     per-prompt table; empty when the file is gone, unreadable, too large or outside the places job specs may read
     prompts from (config.model_roots of the run's data root `data` and <repo>/datasets: a manifest never makes the
     page show another file)."""
-    path = (StoredManifest.indexed(manifest).settings or {}).get("prompts")
+    path = StoredManifest.indexed(manifest).settings_as(PromptedSettings).prompts
     if not isinstance(path, str) or not path:
         return {}
     try:

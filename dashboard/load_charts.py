@@ -18,7 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from backend.options import engine_label
-from backend.runs.manifest import StoredManifest
+from backend.runs.manifest import StoredLoadSettings, StoredManifest
 from dashboard.charts import _template
 from dashboard.compare_words import speed_words
 from dashboard.figure_spec import FigureSpec, axis_name, subplots
@@ -701,7 +701,7 @@ def run_caption(manifest: StoredManifest | dict, levels: pd.DataFrame, cells: pd
     """What ran, in one line: engine and version, target, drafter, configs x concurrency, repeats, requests per
     level, max tokens, dataset, date (the manifest read typed: backend/runs/manifest.py `StoredManifest`)."""
     m = StoredManifest.indexed(manifest)
-    s = m.settings or {}
+    s = m.settings_as(StoredLoadSettings)
     eng = engine_label(m.engine)
     ver = f" {m.engine_version}" if m.engine_version else ""
     model = m.model.path if m.model is not None else None
@@ -718,10 +718,10 @@ def run_caption(manifest: StoredManifest | dict, levels: pd.DataFrame, cells: pd
              f"drafter `{name(drafter)}`" if drafter else None,
              f"{len(configs)} config(s) ({', '.join(configs[:6])}{' ...' if len(configs) > 6 else ''}) x concurrency "
              f"{', '.join(map(str, conc))}",
-             f"{s.get('repeats', 1)} repeat(s)", req_text or None,
-             f"max {s['max_tokens']} output tokens" if s.get("max_tokens") else None,
-             f"temperature {s['temperature']:g}" if isinstance(s.get("temperature"), (int, float)) else None,
-             f"load format `{s['load_format']}`" if s.get("load_format") else None,
+             f"{1 if s.repeats is None else s.repeats} repeat(s)", req_text or None,
+             f"max {s.max_tokens} output tokens" if s.max_tokens else None,
+             f"temperature {s.temperature:g}" if s.temperature is not None else None,
+             f"load format `{s.load_format}`" if s.load_format else None,
              f"dataset `{m.dataset}`" if m.dataset else None,
              f"{m.created[:16].replace('T', ' ')} UTC" if m.created else None]
     return " \u00b7 ".join(p for p in parts if p) + ". Each level's drafter and baseline ran back to back (which " \

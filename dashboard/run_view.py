@@ -22,7 +22,15 @@ from backend import metrics
 from backend.compare import NOT_CONFIG, flatten
 from backend.findings import Finding, reproduced_release
 from backend.options import engine_label
-from backend.runs.manifest import Bench, CheckInfo, Headline, LoadInfo, StoredManifest
+from backend.runs.manifest import (
+    Bench,
+    CheckInfo,
+    Headline,
+    LoadInfo,
+    StoredLoadSettings,
+    StoredManifest,
+    StoredWatchSettings,
+)
 from dashboard import severity
 from dashboard.compare_words import mismatch_line
 from dashboard.watch_charts import stored_verdict, stored_watch
@@ -106,28 +114,28 @@ def fed(manifest: StoredManifest | dict) -> Fed:
                 ("severity", c.severity)]
         return Fed(summary, _rows(rows))
     if kind == "load":
-        st = m.settings or {}
+        st = m.settings_as(StoredLoadSettings)
         eng = " ".join(str(x) for x in (engine_label(m.engine, ""), m.engine_version) if x) \
             or "the engine"
-        ks = ", ".join(f"K={k}" for k in st.get("num_spec_tokens") or [])
-        syn = (f" at synthetic acceptance lengths tau* {', '.join(f'{t:g}' for t in st['synthetic_tau'])}"
-               if st.get("synthetic_tau") else "")
+        ks = ", ".join(f"K={k}" for k in st.num_spec_tokens or [])
+        syn = (f" at synthetic acceptance lengths tau* {', '.join(f'{t:g}' for t in st.synthetic_tau)}"
+               if st.synthetic_tau else "")
         rows = [("engine", eng), ("drafter configs", ks + syn if ks else None),
-                ("concurrency", ", ".join(str(c) for c in st.get("concurrency") or []) or None),
-                ("repeats", st.get("repeats")), ("max output tokens", st.get("max_tokens")),
-                ("servers", "attached (--server-url)" if st.get("server_url") else "started by SpecLens"),
-                ("load format", st.get("load_format"))]
+                ("concurrency", ", ".join(str(c) for c in st.concurrency or []) or None),
+                ("repeats", st.repeats), ("max output tokens", st.max_tokens),
+                ("servers", "attached (--server-url)" if st.server_url else "started by SpecLens"),
+                ("load format", st.load_format)]
         return Fed(f"A serving-load run through {eng}'s OpenAI-compatible server: the drafter ({ks or '?'}{syn}) at "
                    "each concurrency level against a baseline server of the same target (same prompts, same order, "
                    "same max tokens); acceptance from the server's counters. What the server fed the drafter is not "
                    "read here (`check-drafter` says it).", _rows(rows))
     if kind == "watch":
         w = stored_watch(m)
-        st = m.settings or {}
+        st = m.settings_as(StoredWatchSettings)
         eng = " ".join(str(x) for x in (engine_label(m.engine, ""), m.engine_version) if x) or "a server"
-        rows = [("server", w.metrics_url or w.server_url or st.get("server_url")), ("engine", eng),
-                ("interval", f"{st['interval']:g} s" if isinstance(st.get("interval"), (int, float)) else None),
-                ("--min-tau", st.get("min_tau")), ("stopped by", w.stopped_by)]
+        rows = [("server", w.metrics_url or w.server_url or st.server_url), ("engine", eng),
+                ("interval", f"{st.interval:g} s" if st.interval is not None else None),
+                ("--min-tau", st.min_tau), ("stopped by", w.stopped_by)]
         return Fed(f"A watch of a live {eng} server: its speculative-decoding counters (`/metrics`) scraped every "
                    "interval, tau per window against the first windows' band. SpecLens sees the counters only, not "
                    "what the server feeds the drafter.", _rows(rows))
@@ -407,11 +415,11 @@ def load_figures(manifest: StoredManifest | dict) -> list[tuple[str, str]]:
     """A load run's counts as (label, value): configs, concurrency levels, levels measured, requests, output tokens.
     Its verdicts (best K, where it stops paying, the noise and agreement notes) are the Serving load page's."""
     m = StoredManifest.indexed(manifest)
-    st = m.settings or {}
+    st = m.settings_as(StoredLoadSettings)
     load = m.load or LoadInfo()
-    n_cfg = len(st.get("num_spec_tokens") or []) * max(1, len(st.get("synthetic_tau") or []))
+    n_cfg = len(st.num_spec_tokens or []) * max(1, len(st.synthetic_tau or []))
     out = [("drafter configs", str(n_cfg) if n_cfg else "-"),
-           ("concurrency", ", ".join(str(c) for c in st.get("concurrency") or []) or "-"),
+           ("concurrency", ", ".join(str(c) for c in st.concurrency or []) or "-"),
            ("levels measured", _count(load.levels)), ("requests", _count(load.requests)),
            ("output tokens", _count(load.tokens))]
     return [(label, value) for label, value in out if value != "-"]

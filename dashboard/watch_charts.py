@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from backend.options import engine_label
-from backend.runs.manifest import StoredManifest, WatchInfo
+from backend.runs.manifest import StoredManifest, StoredWatchSettings, WatchInfo
 from dashboard import severity as scale
 
 _LAYOUT = dict(template="plotly_white", margin=dict(l=70, r=30, t=80, b=90), font=dict(size=13))
@@ -257,14 +257,18 @@ def summary(manifest: StoredManifest | dict, df: pd.DataFrame) -> str:
     """One caption line about the watch: server, engine and version, model, windows and span, settings."""
     m = StoredManifest.indexed(manifest)
     w = stored_watch(m)
-    s = m.settings or {}
+    s = m.settings_as(StoredWatchSettings)
     eng = engine_label(m.engine)
     ver = f" {m.engine_version}" if m.engine_version else ""
     model = m.model.path if m.model is not None else None
     span = (df["t_end"].max() - df["t_start"].min()) if len(df) else 0.0
     span_s = f"{span:.1f} s" if span < 120 else f"{span / 60:.1f} min" if span < 7200 else f"{span / 3600:.1f} h"
     return (f"`{w.metrics_url or w.server_url or '?'}`: {eng}{ver}" + (f", model `{model}`" if model else "")
-            + f"; {len(df)} window(s) of {s.get('interval', '?')} s over {span_s}; baseline: the first "
-              f"{s.get('baseline_windows', '?')} windows with {s.get('min_drafts', '?')}+ drafts; a verdict needs "
-              f"{s.get('confirm', '?')} window(s) in a row below the band" +
-            (f" or below --min-tau {s['min_tau']:g}" if s.get("min_tau") is not None else "") + ".")
+            + f"; {len(df)} window(s) of {_or_unknown(s.interval)} s over {span_s}; baseline: the first "
+              f"{_or_unknown(s.baseline_windows)} windows with {_or_unknown(s.min_drafts)}+ drafts; a verdict needs "
+              f"{_or_unknown(s.confirm)} window(s) in a row below the band" +
+            (f" or below --min-tau {s.min_tau:g}" if s.min_tau is not None else "") + ".")
+
+
+def _or_unknown(v) -> object:
+    return "?" if v is None else v

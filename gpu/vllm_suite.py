@@ -188,7 +188,7 @@ def toy(sec: Section, out: Path, root: Path, n_capture: int, n_bench: int, max_n
         t = time.perf_counter()
         r = run_capture(CaptureSettings(model=target, prompts=prompts, engine="vllm", limit=n_capture, dtype="bf16"),
                         name="h200-toy-capture-vllm", data=data, progress=False,
-                        engine_options=V.EngineOptions(gpu_memory_utilization=0.2, max_model_len=max_len,
+                        engine_options=V.VllmOptions(gpu_memory_utilization=0.2, max_model_len=max_len,
                                                        dtype="bfloat16", extra=dict(KV_CACHE)))
         res = {"run": r.run_id, "tokens": r.tokens, "seconds_incl_engine_start": round(time.perf_counter() - t, 2)}
         if "hf_cap" not in st:
@@ -205,7 +205,7 @@ def toy(sec: Section, out: Path, root: Path, n_capture: int, n_bench: int, max_n
         ids = [2, 4, 5, 8]
         ex = V.run_extract(CaptureSettings(model=target, prompts=prompts, engine="vllm", limit=n_capture, dtype="bf16"),
                            ids, name="h200-toy-extract-vllm", data=data,
-                           opts=V.EngineOptions(gpu_memory_utilization=0.2, max_model_len=max_len, dtype="bfloat16",
+                           opts=V.VllmOptions(gpu_memory_utilization=0.2, max_model_len=max_len, dtype="bfloat16",
                                                 extra=dict(KV_CACHE)),
                            progress=False)
         res = {"run": ex.run_id, "ids": ids, "tokens": ex.tokens,
@@ -340,7 +340,7 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
     seqs = torch.randint(1000, 120000, (n_prompts, prompt_len), generator=g).tolist()
     tokens = n_prompts * prompt_len
     warm = seqs[:12]    # two forward passes: the first sets each boundary's shift, the second compiles the kernels
-    opts = V.EngineOptions(gpu_memory_utilization=0.4, max_model_len=prompt_len + 64, dtype="bfloat16",
+    opts = V.VllmOptions(gpu_memory_utilization=0.4, max_model_len=prompt_len + 64, dtype="bfloat16",
                            load_format="dummy", extra={"enable_prefix_caching": False, **KV_CACHE_SPEED})
     sec.res.update({"model": "Llama-3.1-8B shape, random bf16 (load_format=dummy)", "prompts": n_prompts,
                     "prompt_tokens": prompt_len, "tokens": tokens, "repeats": repeats})

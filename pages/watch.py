@@ -6,7 +6,7 @@ figures: dashboard/watch_charts.py; data: catalog.watch_windows."""
 import streamlit as st
 
 from backend import metrics
-from backend.runs.manifest import StoredManifest
+from backend.runs.manifest import StoredManifest, StoredWatchSettings
 from dashboard import severity, ui, watch_charts
 
 HOW = ("`python -m backend watch --server-url http://HOST:8000 [--interval 10] [--duration 3600] [--min-tau T]` "
@@ -53,8 +53,8 @@ if df.empty:
     st.stop()
 
 st.caption(watch_charts.summary(m, df))
-settings = m.settings or {}
-ui.chart_with_downloads(watch_charts.tau_figure(df, settings.get("min_tau"), settings.get("level")),
+settings = m.settings_as(StoredWatchSettings)
+ui.chart_with_downloads(watch_charts.tau_figure(df, settings.min_tau, settings.level),
                         watch_charts.tau_frame(df), f"watch_{run}_tau")
 left, right = st.columns(2)
 with left:
@@ -71,7 +71,8 @@ st.subheader("Windows")
 st.dataframe(watch_charts.windows_table(df), hide_index=True, key="windows", column_config={
     "note": st.column_config.TextColumn(width="large")})
 with st.expander("How the verdict is computed"):
-    st.markdown(f"{metrics.DRIFT_STATISTIC}. Windows with fewer than {settings.get('min_drafts', '?')} drafts are "
+    min_drafts = "?" if settings.min_drafts is None else settings.min_drafts
+    st.markdown(f"{metrics.DRIFT_STATISTIC}. Windows with fewer than {min_drafts} drafts are "
                 "\"too few drafts\": not evidence either way. A restart (a counter went down) starts a new segment "
                 "with its own baseline; it is never read as a drop.")
 st.caption(HOW)

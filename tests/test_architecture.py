@@ -401,12 +401,89 @@ def test_engines_are_one_registry_and_implement_the_interface() -> None:
     assert set(base.ENGINES) == {"hf", "vllm", "sglang"}
     for modname in base.ENGINES.values():
         mod = importlib.import_module(modname)
-        for fn in ("require", "capture_session", "make_engine"):
+        for fn in ("require", "capture_options", "capture_session", "make_engine"):
             assert callable(getattr(mod, fn, None)), f"{modname}.{fn}"
         params = list(inspect.signature(mod.make_engine).parameters)
         assert params[1:3] == ["drafter", "eos"], modname
     loops = [f for f in (REPO / "backend").rglob("*.py") if "for i in range(start, " in f.read_text()]
     assert [str(f.relative_to(REPO)) for f in loops] == ["backend/engines/capture_loop.py"]
+
+
+def _interface_hints() -> dict[str, dict]:
+    """The resolved annotations of every method of the engine interface (backend/engines/base.py protocols)."""
+    import typing
+
+    import torch
+
+    from backend.coords import Boundary
+    from backend.engines import base
+    from backend.runs.lifecycle import Run
+    from backend.stats import StatsState, StreamingStats, TokenSample
+
+    names = {**vars(base), "torch": torch, "Boundary": Boundary, "Run": Run, "StatsState": StatsState,
+             "StreamingStats": StreamingStats, "TokenSample": TokenSample}
+    out = {}
+    for proto in (base.Engine, base.CaptureSession, base.EngineAdapter, base.Target):
+        for attr, fn in vars(proto).items():
+            fn = fn.fget if isinstance(fn, property) else fn
+            if callable(fn) and not attr.startswith("_"):
+                out[f"{proto.__name__}.{attr}"] = typing.get_type_hints(fn, globalns=names)
+    return out
+
+
+def _holds_any(tp) -> bool:
+    import typing
+
+    return tp is typing.Any or any(_holds_any(a) for a in typing.get_args(tp))
+
+
+def test_the_engine_interface_is_typed_without_any() -> None:
+    """Every parameter and result of the engine interface has a real type (no `Any`, none left out): the run
+    (`Run`), the statistics state (`StatsState`), the engine's options (`EngineOptions`), the target (`Target`)."""
+    import inspect
+
+    from backend.engines import base
+    from backend.runs.lifecycle import Run
+    from backend.stats import StatsState
+
+    hints = _interface_hints()
+    assert {k: v for k, v in hints.items() if any(_holds_any(t) for t in v.values())} == {}
+    for proto in (base.Engine, base.CaptureSession, base.EngineAdapter):
+        for attr, fn in vars(proto).items():
+            if inspect.isfunction(fn) and not attr.startswith("_"):
+                want = [p for p in inspect.signature(fn).parameters if p != "self"] + ["return"]
+                assert sorted(want) == sorted(hints[f"{proto.__name__}.{attr}"]), f"{proto.__name__}.{attr}"
+    session = hints["CaptureSession.begin"]
+    assert session["rd"] is Run and session["state"] == StatsState | None
+    assert hints["CaptureSession.target"]["return"] is base.Target
+    assert hints["EngineAdapter.capture_session"]["options"] == base.EngineOptions | None
+    assert "Any" not in vars(base)
+
+
+def test_the_engine_interface_check_can_fail() -> None:
+    import typing
+
+    assert _holds_any(typing.Any) and _holds_any(dict[str, typing.Any] | None) and not _holds_any(int | None)
+
+
+def test_each_engine_builds_and_takes_only_its_own_options() -> None:
+    """An engine's options are its module's (`capture_options` builds them from a capture's tensor-parallel size
+    and engine options); another engine's are refused in one line."""
+    from backend.engines import base, hf, sglang, vllm
+    from backend.errors import SpecLensError
+    from backend.settings import CaptureSettings
+
+    s = CaptureSettings(model="/m", prompts="/p", engine="vllm", dtype="bf16")
+    v = vllm.capture_options(s, 2, {"gpu_memory_utilization": "0.5", "max_model_len": 4096, "enable_dbo": True})
+    assert isinstance(v, vllm.VllmOptions) and isinstance(v, base.EngineOptions)
+    assert (v.tensor_parallel_size, v.gpu_memory_utilization, v.max_model_len, v.dtype, v.extra) == (
+        2, 0.5, 4096, "bfloat16", {"enable_dbo": True})
+    assert isinstance(sglang.capture_options(s), sglang.SGLangOptions) and hf.capture_options(s) is None
+    assert base.own_options(vllm.VllmOptions, None) == vllm.VllmOptions()
+    with pytest.raises(SpecLensError, match="SGLangOptions given to an engine that takes VllmOptions"):
+        base.own_options(vllm.VllmOptions, sglang.SGLangOptions())
+    with pytest.raises(SpecLensError, match="takes no engine options"):
+        hf.capture_session(s, v)
 
 
 def _markdown_strings(source: str) -> list[tuple[int, str]]:

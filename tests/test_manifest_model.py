@@ -184,6 +184,103 @@ def test_odd_values_of_the_right_type_are_kept() -> None:
     assert StoredManifest.indexed({}) == StoredManifest() and StoredManifest.indexed({"headline": 5}).headline is None
 
 
+# ---------------------------------------------------------------------------- settings typed by the run's kind
+
+CAPTURE_IDENTITY = {"model": "/m/tiny", "prompts": "/d/p.jsonl", "engine": "hf", "limit": 4, "dtype": "fp32",
+                    "boundaries": None, "sample_tokens": 4096, "sample_per_prompt": 512, "max_prompt_tokens": 2048,
+                    "chat_template": True}
+
+
+def test_a_captures_settings_read_typed() -> None:
+    """A capture's `settings` is its stored view: attributes, not a dict; what was read is what is written back."""
+    from backend.runs.manifest import StoredCaptureSettings
+
+    m = _round_trip({"status": "complete", "kind": "capture", "engine": "hf", "settings": dict(CAPTURE_IDENTITY)})
+    assert isinstance(m.settings, StoredCaptureSettings)
+    assert (m.settings.model, m.settings.limit, m.settings.chat_template) == ("/m/tiny", 4, True)
+    assert m.settings.boundaries is None and m.settings.prompts == "/d/p.jsonl"
+    assert m.to_json()["settings"] == CAPTURE_IDENTITY
+
+
+@pytest.mark.parametrize("kind,engine,view", [
+    ("capture", "hf", "StoredCaptureSettings"), ("capture", "vllm", "StoredCaptureSettings"),
+    ("capture", "import:speculators", "StoredImportSettings"), ("bench", "hf", "StoredBenchSettings"),
+    ("check", None, "StoredCheckSettings"), ("load", "vllm", "StoredLoadSettings"),
+    ("watch", "sglang", "StoredWatchSettings"), (None, None, "StoredSettings"), ("later", "hf", "StoredSettings")])
+def test_settings_are_typed_by_kind_and_old_ones_still_read(kind, engine, view) -> None:
+    """Written by older code: a key the view lacks is kept, a key it has may be missing; both round-trip."""
+    from backend.runs import manifest as M
+
+    raw = {"status": "complete", "kind": kind, "engine": engine, "settings": {"old_key": [1, "x"], "seed": 0}}
+    if kind == "load":
+        raw["identity"] = {"concurrency": [1, 8], "gone": None}
+    m = _round_trip({k: v for k, v in raw.items() if v is not None})
+    assert type(m.settings).__name__ == view and m.settings.model_extra["old_key"] == [1, "x"]
+    if kind == "load":
+        assert isinstance(m.identity, M.StoredLoadSettings) and m.identity.concurrency == [1, 8]
+        assert m.settings_as(M.StoredLoadSettings).concurrency is None
+    assert m.settings_as(M.StoredWatchSettings).interval is None or kind == "watch"
+
+
+def test_a_wrong_typed_setting_is_one_line_naming_it() -> None:
+    for kind, key, value in (("capture", "limit", "4"), ("bench", "temperature", "hot"),
+                             ("load", "concurrency", [1, "8"]), ("watch", "interval", True)):
+        why = check_stored({"status": "complete", "kind": kind, "settings": {key: value}})
+        assert why is not None and f"manifest key 'settings.{key}'" in why and "\n" not in why, why
+    assert check_stored({"status": "complete", "kind": "capture", "settings": [1]}) is not None
+
+
+def test_a_resume_compares_typed_settings_as_the_dicts_compared() -> None:
+    """`identity_of` is what a run of these settings records; equal exactly when the two dicts are."""
+    from backend.runs.manifest import StoredBenchSettings, StoredCaptureSettings
+    from backend.settings import BenchSettings, CaptureSettings
+
+    s = CaptureSettings(model="/m/tiny", prompts="/d/p.jsonl", limit=4)
+    m = StoredManifest.parse({"kind": "capture", "engine": "hf", "settings": s.identity()})
+    assert m.settings == StoredCaptureSettings.identity_of(s)
+    assert m.settings == StoredCaptureSettings.identity_of(CaptureSettings(model="/m/tiny", prompts="/d/p.jsonl",
+                                                                           limit=4, device="cpu"))
+    assert m.settings != StoredCaptureSettings.identity_of(CaptureSettings(model="/m/tiny", prompts="/d/p.jsonl"))
+    less = {k: v for k, v in s.identity().items() if k != "boundaries"}      # a key missing is not a key = None
+    assert StoredCaptureSettings.model_validate(less) != StoredCaptureSettings.identity_of(s)
+    b = BenchSettings(target="/m/tiny", prompts="/d/p.jsonl")
+    assert StoredBenchSettings.identity_of(b) != StoredCaptureSettings.model_validate(b.identity())
+    assert m.settings != s.identity()                                         # typed against typed only
+
+
+def test_the_settings_views_hold_every_field_their_models_record() -> None:
+    """Each kind's view declares every key its settings model writes (so readers get attributes, not extras)."""
+    import dataclasses
+
+    from backend.runs import manifest as M
+    from backend.settings import BenchSettings, CaptureSettings, CheckSettings, LoadSettings, WatchSettings
+
+    bench = BenchSettings(target="/t", prompts="/p", drafter="/d", engine="vllm", server_url="http://x:1",
+                          tensor_parallel_size=2, engine_options={"a": 1})
+    load = LoadSettings(engine="vllm", target="/t", prompts="/p")
+    written = {M.StoredCaptureSettings: CaptureSettings(model="/m", prompts="/p").identity(),
+               M.StoredBenchSettings: bench.identity(),
+               M.StoredCheckSettings: dataclasses.asdict(CheckSettings(drafter="/d", target="/t")),
+               M.StoredLoadSettings: {**load.model_dump(mode="json"), **load.identity()},
+               M.StoredWatchSettings: WatchSettings(server_url="http://x:1").to_json()}
+    for view, d in written.items():
+        assert set(d) <= set(view.model_fields), (view.__name__, sorted(set(d) - set(view.model_fields)))
+        assert view.model_validate(json.loads(json.dumps(d))).to_json() == json.loads(json.dumps(d))
+
+
+def test_a_new_runs_settings_are_written_as_given(tmp_path: Path) -> None:
+    """A run created with its settings model's dict writes exactly that dict (same keys, same values)."""
+    from backend.runs.lifecycle import Run
+    from backend.runs.manifest import Manifest, StoredCaptureSettings
+
+    fields = {"kind": "capture", "engine": "hf", "model": {"path": None}, "settings": dict(CAPTURE_IDENTITY),
+              "progress": {"done": 0, "total": 2}}
+    man = Manifest.of(fields, "c1")
+    assert isinstance(man.settings, StoredCaptureSettings) and man.to_json()["settings"] == CAPTURE_IDENTITY
+    rd = Run.create("c1", man, DataRoot(tmp_path / "data"))
+    assert rd.manifest()["settings"] == CAPTURE_IDENTITY and rd.read().settings == man.settings
+
+
 # ---------------------------------------------------------------------------- no raw manifest reads in backend/
 
 # the writers' read-modify-write and the catalog's check: the only places a manifest is read as a dict
@@ -287,6 +384,9 @@ def dict_section_reads(source: str, name: str) -> list[str]:
         elif isinstance(node, ast.Subscript):
             as_dict.add(node.value)
     for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ("settings", "identity") and node in as_dict \
+                and node.lineno not in skip:
+            out.append(f"{name}:{node.lineno}: .{node.attr} of a manifest read as a dict (its typed attributes)")
         key = _key(node)
         if key is None or node.lineno in skip:
             continue
@@ -312,6 +412,8 @@ def test_dashboard_and_pages_read_manifests_only_typed() -> None:
     "def f(m):\n    return m.get('drafter') if isinstance(m.get('drafter'), dict) else {}\n",
     "def f(m):\n    return m['aux'].get('runner')\n",
     "def f(m):\n    return (m.get('settings') or {}).get('min_tau')\n",
+    "def f(m):\n    s = m.settings or {}\n    return s.get('min_tau')\n",
+    "def f(m):\n    return m.settings.get('interval'), m.identity['target']\n",
     "def f(manifest):\n    return manifest.get('engine'), manifest['dataset']\n",
     "def f(row):\n    m = row['manifest'] if row else {}\n    return m\n",
     "def f(run):\n    return (run.get('manifest') or {}).get('num_spec_tokens')\n",
@@ -324,8 +426,8 @@ def test_the_dashboard_check_flags_dict_reads(snippet: str) -> None:
 def test_the_dashboard_check_passes_typed_reads() -> None:
     ok = ("from backend.runs.manifest import StoredManifest\n"
           "def f(run, rows):\n    m = StoredManifest.indexed(run['manifest'] if run else None)\n"
-          "    d = m.drafter_info\n    s = m.settings or {}\n"
-          "    return m.engine, m.model.path, d.path if d else None, s.get('min_tau'), run.get('drafter'),\\\n"
+          "    d = m.drafter_info\n    s = m.settings_as(StoredWatchSettings)\n"
+          "    return m.engine, m.model.path, d.path if d else None, s.min_tau, run.get('drafter'),\\\n"
           "        rows.get('model'), m.watch.verdict, m.aux.ids\n")
     assert dict_section_reads(ok, "dashboard/x.py") == []
 

@@ -4,9 +4,14 @@ settings it is built from, and the one registry that finds it by name.
 An engine is a module registered in `ENGINES` that satisfies `EngineAdapter`:
 
 - `require() -> str`: its version, or a one-line error saying where it runs;
-- `capture_session(settings: CaptureSettings, options=None) -> CaptureSession`: its side of the one capture loop
-  (backend/engines/capture_loop.py: prompts, run creation or resume, checkpoints, progress and the run's end are
-  the loop's; the engine loads the target, puts prompts through its hooks and hands back the accumulators);
+- `capture_options(settings, tensor_parallel_size, engine_options) -> EngineOptions | None`: its own options for a
+  capture (what only it reads: vllm.py `VllmOptions`, sglang.py `SGLangOptions`; HF has none), built from the
+  command line's or a job's `--tensor-parallel-size` and `--engine-option KEY=VALUE`s, so neither the CLI nor a job
+  knows an engine's fields;
+- `capture_session(settings: CaptureSettings, options: EngineOptions | None = None) -> CaptureSession`: its side of
+  the one capture loop (backend/engines/capture_loop.py: prompts, run creation or resume, checkpoints, progress and
+  the run's end are the loop's; the engine loads the target (`Target`), puts prompts through its hooks and hands
+  back the accumulators);
 - `make_engine(settings: EngineSettings, drafter, eos) -> Engine`: one request at a time for a bench
   (backend/bench.py's loop; `Generation` is what it records).
 
@@ -20,17 +25,18 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from backend.errors import SpecLensError
 from backend.options import ENGINES  # the one registry (name -> module, imported lazily)
 from backend.settings import CaptureSettings, EngineSettings  # noqa: F401 (the typed settings, re-exported)
 
 if TYPE_CHECKING:
-    from backend.coords import Boundary
-    from backend.stats import StreamingStats, TokenSample
+    import torch
 
+    from backend.coords import Boundary
+    from backend.runs.lifecycle import Run
+    from backend.stats import StatsState, StreamingStats, TokenSample
 
 
 @dataclass
@@ -56,6 +62,59 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+class Target(Protocol):
+    """The target as the capture loop reads it (`CaptureSession.target()`): HF's loaded model
+    (backend/hf_model.py `LoadedModel`) or a serving engine's `TargetInfo` (tokenizer and shape, no weights)."""
+
+    @property
+    def config(self) -> object: ...            # the transformers config (model_type, vocab_size)
+
+    @property
+    def tokenizer(self) -> object: ...         # what backend/prompts.py encode_all encodes with
+
+    @property
+    def n_layers(self) -> int: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device | str: ...
+
+
+@dataclass
+class TargetInfo:
+    """Tokenizer and shape of a target directory, its weights not loaded (`target_info`): what a serving engine's
+    capture and a bench through a serving engine know of the target in this process."""
+    config: object
+    tokenizer: object
+    n_layers: int
+    hidden_size: int
+    device: str
+    eos: list[int]
+    model_type: str | None
+
+
+@dataclass
+class EngineOptions:
+    """An engine's own capture options, beyond `CaptureSettings`: each engine module defines its subclass beside
+    its adapter (backend/engines/vllm.py `VllmOptions`, sglang.py `SGLangOptions`) and builds it in
+    `capture_options`; the HF engine has none."""
+
+
+_O = TypeVar("_O", bound=EngineOptions)
+
+
+def own_options(cls: type[_O], options: EngineOptions | None) -> _O:
+    """`options` as the engine's own class (its defaults where None); a one-line error for another engine's."""
+    if options is None:
+        return cls()
+    if not isinstance(options, cls):
+        raise SpecLensError(f"{type(options).__name__} given to an engine that takes {cls.__name__}; build them "
+                            "with that engine's capture_options")
+    return options
+
+
 class CaptureSession(Protocol):
     """An engine's side of the one capture loop (backend/engines/capture_loop.py), in the order the loop calls it:
     `target()` (tokenizer, config, n_layers, hidden_size, device), `begin` (the run is open: accumulators from the
@@ -66,15 +125,15 @@ class CaptureSession(Protocol):
     engine_version: str | None                 # the manifest's engine_version (None: transformers' version)
     chunk: int
 
-    def target(self) -> Any: ...
+    def target(self) -> Target: ...
 
     def guard_options(self, run_id: str, where: Callable[[], str],
                       save: Callable[[], None]) -> dict: ...
 
-    def begin(self, rd: Any, run_id: str, start: int, labels: list[str], wanted: list[Boundary], state: Any,
-              sample: dict | None) -> None: ...
+    def begin(self, rd: Run, run_id: str, start: int, labels: list[str], wanted: list[Boundary],
+              state: StatsState | None, sample: dict[str, torch.Tensor] | None) -> None: ...
 
-    def start(self, rd: Any) -> None: ...
+    def start(self, rd: Run) -> None: ...
 
     def run(self, seqs: list[list[int]]) -> None: ...
 
@@ -84,7 +143,7 @@ class CaptureSession(Protocol):
 
     def close(self) -> None: ...
 
-    def verify(self, rd: Any, tokens_expected: int) -> None: ...
+    def verify(self, rd: Run, tokens_expected: int) -> None: ...
 
 
 class EngineAdapter(Protocol):
@@ -92,7 +151,10 @@ class EngineAdapter(Protocol):
 
     def require(self) -> str: ...
 
-    def capture_session(self, settings: CaptureSettings, options: Any = None) -> CaptureSession: ...
+    def capture_options(self, settings: CaptureSettings, tensor_parallel_size: int = 1,
+                        engine_options: dict | None = None) -> EngineOptions | None: ...
+
+    def capture_session(self, settings: CaptureSettings, options: EngineOptions | None = None) -> CaptureSession: ...
 
     def make_engine(self, settings: EngineSettings, drafter: str | None, eos: list[int]) -> Engine: ...
 
@@ -107,7 +169,7 @@ def adapter(name: str) -> EngineAdapter:
 engine_module = adapter          # the name bench.py and the load bench use
 
 
-def target_info(model: str) -> SimpleNamespace:
+def target_info(model: str) -> TargetInfo:
     """Tokenizer and shape of a target directory (no weights loaded)."""
     from transformers import AutoConfig, AutoTokenizer
 
@@ -125,12 +187,13 @@ def target_info(model: str) -> SimpleNamespace:
     except Exception:
         pass
     eos = [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(x) for x in eos])
-    return SimpleNamespace(config=cfg, tokenizer=tok, n_layers=int(text.num_hidden_layers),
-                           hidden_size=int(text.hidden_size), device="cuda", eos=eos,
-                           model_type=getattr(cfg, "model_type", None))
+    return TargetInfo(config=cfg, tokenizer=tok, n_layers=int(text.num_hidden_layers),
+                      hidden_size=int(text.hidden_size), device="cuda", eos=eos,
+                      model_type=getattr(cfg, "model_type", None))
 
 
-def rebuild_capture(res: dict, hidden: int, sample_tokens: int, sample_per_prompt: int):
+def rebuild_capture(res: dict, hidden: int, sample_tokens: int, sample_per_prompt: int
+                    ) -> tuple[StreamingStats, TokenSample]:
     """The (StreamingStats, TokenSample) of what an engine's hooks collected (`labels`, `state`, `sample`)."""
     import torch
 
@@ -143,7 +206,7 @@ def rebuild_capture(res: dict, hidden: int, sample_tokens: int, sample_per_promp
     return stats, sample
 
 
-def check_hook_tokens(rd, res: dict, expected: int, engine: str, hint: str = "", **extra) -> None:
+def check_hook_tokens(rd: Run, res: dict, expected: int, engine: str, hint: str = "", **extra: object) -> None:
     """Record how many tokens the engine ran through the hooks next to the prompts' count; a difference means
     the statistics are not the prompts' (cached prefixes, padding): the run is failed and the error says so."""
     seen = int(res["tokens_seen"])

@@ -9,10 +9,13 @@ backend/engines/base.py: `capture_session` feeds the one capture loop (backend/e
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch
 
 from backend.coords import Boundary
-from backend.engines.base import CaptureSettings, EngineSettings
+from backend.engines.base import CaptureSettings, EngineOptions, EngineSettings
 from backend.errors import SpecLensError
 from backend.hf_model import (  # noqa: F401 (the HF engine's primitives, imported from here by engine users)
     DTYPES,
@@ -27,7 +30,10 @@ from backend.hf_model import (  # noqa: F401 (the HF engine's primitives, import
     model_config,
     resolve_device,
 )
-from backend.stats import StreamingStats, TokenSample
+from backend.stats import StatsState, StreamingStats, TokenSample
+
+if TYPE_CHECKING:
+    from backend.runs.lifecycle import Run
 
 # ---------------------------------------------------------------------- the engine interface (base.EngineAdapter)
 
@@ -86,8 +92,8 @@ class HFCapture:
         self.lm = load(self.settings.model, self.settings.device, self.settings.dtype)
         return self.lm
 
-    def begin(self, rd, run_id: str, start: int, labels: list[str], wanted: list[Boundary], state,
-              sample: dict | None) -> None:
+    def begin(self, rd: Run, run_id: str, start: int, labels: list[str], wanted: list[Boundary],
+              state: StatsState | None, sample: dict[str, torch.Tensor] | None) -> None:
         s, lm = self.settings, self.lm
         self.stats = StreamingStats(labels, lm.hidden_size, lm.device, state, exact=s.exact_sums)
         self.sample = TokenSample(labels, lm.hidden_size, s.sample_tokens, s.sample_per_prompt,
@@ -98,11 +104,11 @@ class HFCapture:
         self.cap = Capturer(self.stats, self.sample)
         self.wanted = wanted
 
-    def guard_options(self, run_id: str, where, save) -> dict:
+    def guard_options(self, run_id: str, where: Callable[[], str], save: Callable[[], None]) -> dict:
         return {"save": save,
                 "interrupted": lambda: f"interrupted after {where()}; run the same command again to resume"}
 
-    def start(self, rd) -> None:
+    def start(self, rd: Run) -> None:
         self.hooks = BoundaryHooks(self.lm, self.wanted, self.cap.sink)
 
     def run(self, seqs: list[list[int]]) -> None:
@@ -119,11 +125,19 @@ class HFCapture:
         if self.hooks is not None:
             self.hooks.remove()
 
-    def verify(self, rd, tokens_expected: int) -> None:
+    def verify(self, rd: Run, tokens_expected: int) -> None:
         pass                                   # the hooks run in this process on every token of every prompt
 
 
-def capture_session(settings: CaptureSettings, options=None) -> HFCapture:
+def capture_options(settings: CaptureSettings, tensor_parallel_size: int = 1,
+                    engine_options: dict | None = None) -> None:
+    """None: the HF engine has no options of its own (device and dtype are settings)."""
+    return None
+
+
+def capture_session(settings: CaptureSettings, options: EngineOptions | None = None) -> HFCapture:
+    if options is not None:
+        raise SpecLensError(f"the HF engine takes no engine options (got {type(options).__name__})")
     return HFCapture(settings)
 
 

@@ -8,11 +8,15 @@ shows up in the run itself. `bind`: the engine's generation as the unit bench.py
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from backend.errors import SpecLensError
 
+if TYPE_CHECKING:
+    from backend.engines.base import Engine, TargetInfo
 
-def predicted_aux(drafter: str, info: SimpleNamespace, engine: str, runner: str | None = None,
+
+def predicted_aux(drafter: str, info: TargetInfo, engine: str, runner: str | None = None,
                   options: dict | None = None, version: str | None = None) -> dict:
     """What SpecLens expects the engine to feed, from the drafter config and the conventions table row of `version`
     (the engine's release; default: the release SpecLens targets); also the one-line checks (hidden size, vocab)
@@ -40,7 +44,7 @@ def predicted_aux(drafter: str, info: SimpleNamespace, engine: str, runner: str 
     return {"aux": aux, "format": dcfg.source_format, "draft_vocab_size": dcfg.draft_vocab_size}
 
 
-def bind(info: SimpleNamespace, engine, name: str) -> SimpleNamespace:
+def bind(info: TargetInfo, engine: Engine, name: str) -> SimpleNamespace:
     """A stand-in for the HF LoadedModel that bench.py's loop and manifest read."""
     def unit(prompt, s, seed):
         return engine.generate(prompt, s.max_new_tokens, s.temperature, seed)

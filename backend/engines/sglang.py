@@ -31,17 +31,25 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from backend import coords, metrics
 from backend.drafter.kinds import serving_method
-from backend.engines.base import CaptureSettings, EngineSettings, Generation
+from backend.engines.base import CaptureSettings, EngineOptions, EngineSettings, Generation, TargetInfo, own_options
 from backend.engines.server_process import _LIVE, ServerProcess, log_tail, stop_all  # noqa: F401 (re-exported)
 from backend.errors import SpecLensError
 from backend.netutil import free_port, port_free  # noqa: F401 (re-exported: tests, callers)
 from backend.options import DEFAULT_K, TORCH_DTYPES
 from backend.store.data_root import DataRoot
+
+if TYPE_CHECKING:
+    import torch
+
+    from backend.runs.lifecycle import Run
+    from backend.stats import StatsState, StreamingStats, TokenSample
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_ENV = "SPECLENS_SGLANG_START_TIMEOUT"     # seconds a server may take to become healthy (default 600)
@@ -297,6 +305,13 @@ def collect_state(url: str, hook_dir: Path) -> dict:
     return torch.load(f, weights_only=False)
 
 
+@dataclass
+class SGLangOptions(EngineOptions):
+    """The SGLang engine's capture options (base.EngineOptions): the folder for the server's log (None: a temporary
+    one, or $SPECLENS_SGLANG_LOG_DIR)."""
+    log_dir: Path | None = None
+
+
 class SGLangCapture:
     """SGLang's side of the one capture loop (backend/engines/capture_loop.py): a server started with the capture
     hooks, reset, one max_new_tokens=1 request per prompt, the state collected at the end; no checkpoints (a server
@@ -305,20 +320,21 @@ class SGLangCapture:
     label = " (sglang)"
     chunk = 1
 
-    def __init__(self, settings: CaptureSettings, log_dir: Path | None = None):
-        self.settings, self.log_dir = settings, log_dir
+    def __init__(self, settings: CaptureSettings, options: SGLangOptions | None = None):
+        self.settings, self.log_dir = settings, own_options(SGLangOptions, options).log_dir
         self.engine_version = f"sglang {require()}"
         self.server: Server | None = None
         self.hook_dir: Path | None = None
         self.res: dict | None = None
 
-    def target(self):
+    def target(self) -> TargetInfo:
         from backend.engines.base import target_info
 
         self.info = target_info(self.settings.model)
         return self.info
 
-    def begin(self, rd, run_id: str, start: int, labels: list[str], wanted, state, sample: dict | None) -> None:
+    def begin(self, rd: Run, run_id: str, start: int, labels: list[str], wanted: list[coords.Boundary],
+              state: StatsState | None, sample: dict[str, torch.Tensor] | None) -> None:
         from backend.engines.sglang_hooks import hook_specs
 
         if start:
@@ -331,14 +347,14 @@ class SGLangCapture:
                                hooks=hook_specs(str(self.hook_dir), labels, self.info.n_layers, s.sample_tokens,
                                                 s.sample_per_prompt))
 
-    def guard_options(self, run_id: str, where, save) -> dict:
+    def guard_options(self, run_id: str, where: Callable[[], str], save: Callable[[], None]) -> dict:
         from backend.runs.lifecycle import one_line
 
         return {"note": lambda: self.server.death_note() if self.server is not None else "",
                 "describe": lambda e: f"SGLang capture stopped: {one_line(e)}",
                 "interrupted": lambda: "SGLang capture stopped: KeyboardInterrupt: "}
 
-    def start(self, rd) -> None:
+    def start(self, rd: Run) -> None:
         self.server = Server(self.spec, log=(self.log_dir / "server.log") if self.log_dir else None)
         rd.record(server={"start_seconds": round(self.server.start_seconds, 1),
                           "argv": self.spec.argv(self.server.port)[1:]})
@@ -351,7 +367,7 @@ class SGLangCapture:
     def checkpoint_due(self, done: int) -> bool:
         return False
 
-    def accumulators(self):
+    def accumulators(self) -> tuple[StreamingStats, TokenSample]:
         from backend.engines.base import rebuild_capture
 
         self.res = collect_state(self.server.url, self.hook_dir)
@@ -364,15 +380,20 @@ class SGLangCapture:
         if self.hook_dir is not None:
             shutil.rmtree(self.hook_dir, ignore_errors=True)
 
-    def verify(self, rd, tokens_expected: int) -> None:
+    def verify(self, rd: Run, tokens_expected: int) -> None:
         from backend.engines.base import check_hook_tokens
 
         check_hook_tokens(rd, self.res, tokens_expected, "SGLang", layers_to_capture=self.res.get("layers_to_capture"))
 
 
-def capture_session(settings: CaptureSettings, options: Path | None = None) -> SGLangCapture:
-    """`options`: the folder for the server's log (default: a temporary one, or SPECLENS_SGLANG_LOG_DIR)."""
-    return SGLangCapture(settings, options)
+def capture_options(settings: CaptureSettings, tensor_parallel_size: int = 1,
+                    engine_options: dict | None = None) -> SGLangOptions:
+    """A capture's options: the server's log in the default place (a capture's server takes no flags of its own)."""
+    return SGLangOptions()
+
+
+def capture_session(settings: CaptureSettings, options: EngineOptions | None = None) -> SGLangCapture:
+    return SGLangCapture(settings, own_options(SGLangOptions, options))
 
 
 def run_capture(settings: CaptureSettings, name: str | None = None, data: DataRoot | None = None, progress: bool = True,
@@ -380,8 +401,9 @@ def run_capture(settings: CaptureSettings, name: str | None = None, data: DataRo
     """`capture --engine sglang`: the HF capture's run directory, boundaries read inside an SGLang server."""
     from backend.engines import capture_loop
 
-    return capture_loop.run(SGLangCapture(settings, log_dir), settings, name, data, progress)
+    return capture_loop.run(SGLangCapture(settings, SGLangOptions(log_dir=log_dir)), settings, name, data, progress)
 
 
-__all__ = ["Server", "ServerSpec", "ServerEngine", "SGLangCapture", "capture_session", "run_capture",
+__all__ = ["Server", "ServerSpec", "ServerEngine", "SGLangCapture", "SGLangOptions", "capture_options",
+           "capture_session", "run_capture",
            "accepted_lengths", "metrics"]

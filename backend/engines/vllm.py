@@ -25,14 +25,22 @@ import re
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from backend import coords, metrics
-from backend.engines.base import CaptureSettings, EngineSettings, Generation
+from backend.engines.base import CaptureSettings, EngineOptions, EngineSettings, Generation, TargetInfo, own_options
 from backend.errors import SpecLensError
-from backend.options import DEFAULT_K
+from backend.options import DEFAULT_K, TORCH_DTYPES
 from backend.store.data_root import DataRoot
+
+if TYPE_CHECKING:
+    import torch
+
+    from backend.runs.lifecycle import Run
+    from backend.stats import StatsState, StreamingStats, TokenSample
 
 WORKER_EXT = "backend.engines.vllm_worker.SpecLensWorker"
 RECORDING: list | None = None      # set to a list to keep every request's counter snapshots (gpu/vllm_suite.py)
@@ -51,8 +59,9 @@ def require() -> str:
 
 
 @dataclass
-class EngineOptions:
-    """What is passed through to `vllm.LLM` (anything in `extra` verbatim)."""
+class VllmOptions(EngineOptions):
+    """The vLLM engine's options (base.EngineOptions): what is passed through to `vllm.LLM` (anything in `extra`
+    verbatim); `capture_options` builds them from the command line's or a job's."""
     tensor_parallel_size: int = 1
     gpu_memory_utilization: float = 0.3
     max_model_len: int | None = None
@@ -90,7 +99,7 @@ def short_error(e: BaseException, cause: str | None = None, settings: dict | Non
     return f"GPU memory too small for these settings ({reason}): {' or '.join(fix)}"
 
 
-def make_llm(model: str, opts: EngineOptions, *, drafter: str | None = None, num_spec_tokens: int | None = None,
+def make_llm(model: str, opts: VllmOptions, *, drafter: str | None = None, num_spec_tokens: int | None = None,
              capture: bool = False, eager: bool = True, extract: dict | None = None):
     """A `vllm.LLM` for one purpose. capture: hooks need eager mode and no prefix caching."""
     require()
@@ -237,7 +246,7 @@ class OfflineEngine:
 
     engine_name = "vllm"
 
-    def __init__(self, target: str, opts: EngineOptions, drafter: str | None = None, num_spec_tokens: int = DEFAULT_K,
+    def __init__(self, target: str, opts: VllmOptions, drafter: str | None = None, num_spec_tokens: int = DEFAULT_K,
                  eos: list[int] | None = None):
         self.version = require()
         self.k = num_spec_tokens if drafter else 0
@@ -368,7 +377,7 @@ def make_engine(s: EngineSettings, drafter: str | None, eos: list[int]) -> Offli
                             server_log=s.options.get("server_log"))
     extra = dict(s.options)
     extra.pop("server_log", None)                 # a ServerEngine option, never a vllm.LLM keyword
-    opts = EngineOptions(tensor_parallel_size=s.tensor_parallel_size,
+    opts = VllmOptions(tensor_parallel_size=s.tensor_parallel_size,
                          gpu_memory_utilization=float(extra.pop("gpu_memory_utilization", 0.3)),
                          max_model_len=extra.pop("max_model_len", None), dtype=s.engine_dtype(), extra=extra)
     return OfflineEngine(s.target, opts, drafter=drafter, num_spec_tokens=s.num_spec_tokens, eos=eos)
@@ -426,29 +435,30 @@ class VllmCapture:
 
     label = " (vllm)"
 
-    def __init__(self, settings: CaptureSettings, opts: EngineOptions | None = None):
-        self.settings, self.opts = settings, opts or EngineOptions()
+    def __init__(self, settings: CaptureSettings, opts: VllmOptions | None = None):
+        self.settings, self.opts = settings, own_options(VllmOptions, opts)
         self.engine_version = f"vllm {require()}"
         self.chunk = max(1, settings.checkpoint_every) * 4
         self.llm = None
         self.res: dict | None = None
         self.room: int | None = None           # the sample's room after the prompts planned so far
 
-    def target(self):
+    def target(self) -> TargetInfo:
         from backend.engines.base import target_info
 
         self.info = target_info(self.settings.model)
         return self.info
 
-    def begin(self, rd, run_id: str, start: int, labels: list[str], wanted, state, sample: dict | None) -> None:
+    def begin(self, rd: Run, run_id: str, start: int, labels: list[str], wanted: list[coords.Boundary],
+              state: StatsState | None, sample: dict[str, torch.Tensor] | None) -> None:
         self.labels, self.state, self.sample = labels, state, sample
 
-    def guard_options(self, run_id: str, where, save) -> dict:
+    def guard_options(self, run_id: str, where: Callable[[], str], save: Callable[[], None]) -> dict:
         return {"describe": lambda e: f"vLLM: {short_error(e)}",
                 "wrap": lambda e: SpecLensError(f"capture {run_id} failed in vLLM: {short_error(e)}"),
                 "interrupted": lambda: f"interrupted after {where()}; run the same command again to resume"}
 
-    def start(self, rd) -> None:
+    def start(self, rd: Run) -> None:
         s = self.settings
         self.llm = make_llm(s.model, self.opts, capture=True)
         install(self.llm, self.labels, s.sample_tokens, s.sample_per_prompt,
@@ -463,7 +473,7 @@ class VllmCapture:
     def checkpoint_due(self, done: int) -> bool:
         return True                            # after every chunk
 
-    def accumulators(self):
+    def accumulators(self) -> tuple[StreamingStats, TokenSample]:
         from backend.engines.base import rebuild_capture
 
         self.res = collect(self.llm)
@@ -474,27 +484,38 @@ class VllmCapture:
         if self.llm is not None:
             shutdown(self.llm)
 
-    def verify(self, rd, tokens_expected: int) -> None:
+    def verify(self, rd: Run, tokens_expected: int) -> None:
         from backend.engines.base import check_hook_tokens
 
         check_hook_tokens(rd, self.res, tokens_expected, "vLLM",
                           hint=" (prefix caching or padding on?); the statistics would not be the prompts'")
 
 
+def capture_options(settings: CaptureSettings, tensor_parallel_size: int = 1,
+                    engine_options: dict | None = None) -> VllmOptions:
+    """`--tensor-parallel-size` and the `--engine-option KEY=VALUE`s of a capture (command line or job):
+    gpu_memory_utilization and max_model_len typed, the rest passed to `vllm.LLM` as given; the dtype the capture's."""
+    extra = dict(engine_options or {})
+    return VllmOptions(tensor_parallel_size=int(tensor_parallel_size),
+                       gpu_memory_utilization=float(extra.pop("gpu_memory_utilization", 0.3)),
+                       max_model_len=extra.pop("max_model_len", None),
+                       dtype=TORCH_DTYPES.get(settings.dtype, settings.dtype), extra=extra)
+
+
 def capture_session(settings: CaptureSettings, options: EngineOptions | None = None) -> VllmCapture:
-    return VllmCapture(settings, options)
+    return VllmCapture(settings, own_options(VllmOptions, options))
 
 
 def run_capture(settings: CaptureSettings, name: str | None = None, data: DataRoot | None = None, progress: bool = True,
-                opts: EngineOptions | None = None):
+                opts: VllmOptions | None = None):
     """`capture --engine vllm`: the same run directory as the HF engine's, boundaries read inside vLLM."""
     from backend.engines import capture_loop
 
     return capture_loop.run(VllmCapture(settings, opts), settings, name, data, progress)
 
 
-def run_extract(settings, ids: list[int], name: str | None = None, data: DataRoot | None = None,
-                opts: EngineOptions | None = None, progress: bool = True):
+def run_extract(settings: CaptureSettings, ids: list[int], name: str | None = None, data: DataRoot | None = None,
+                opts: VllmOptions | None = None, progress: bool = True):
     """vLLM's own `extract_hidden_states` (+ ExampleHiddenStatesConnector) for exactly the layers vLLM would feed
     a drafter with aux ids `ids` (list the last layer N too for the teacher state): files land in a temporary
     folder (/dev/shm when there is one), are imported as a capture run through the `vllm-extract` reader
@@ -508,7 +529,7 @@ def run_extract(settings, ids: list[int], name: str | None = None, data: DataRoo
     from backend.prompts import encode_all, load_prompts
 
     require()
-    opts = opts or EngineOptions()
+    opts = own_options(VllmOptions, opts)
     prompts = load_prompts(settings.prompts, settings.limit)
     info = target_info(settings.model)
     for i in ids:
@@ -527,7 +548,7 @@ def run_extract(settings, ids: list[int], name: str | None = None, data: DataRoo
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _extract_files(settings, opts: EngineOptions, ids: list[int], seqs: list[list[int]], tmp: Path,
+def _extract_files(settings: CaptureSettings, opts: VllmOptions, ids: list[int], seqs: list[list[int]], tmp: Path,
                    progress: bool) -> None:
     """One `hs_{i}.safetensors` per prompt in `tmp`, written by vLLM's ExampleHiddenStatesConnector
     (`hidden_states [T, len(ids), H]` in ascending id order, `token_ids [T]`)."""

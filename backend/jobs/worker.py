@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from backend.config import REPO_ROOT
 from backend.engines.lifeline import die_with_parent
@@ -30,6 +31,10 @@ from backend.runs.lifecycle import Run, tagged_runs
 from backend.runs.manifest import StoredManifest, section_json
 from backend.store.data_root import DataRoot
 from backend.store.rundir import COMPLETE, RunDir, _pid_alive, now
+
+if TYPE_CHECKING:
+    from backend.engines.base import EngineOptions
+    from backend.settings import CaptureSettings
 
 CANCEL_GRACE_S = 30.0
 HEARTBEAT_S = 2.0
@@ -67,7 +72,7 @@ def execute(job: dict, data: DataRoot) -> dict:
         with _tag_runs(job):
             if job["kind"] == "capture":
                 from backend.capture import run_capture
-                run_capture(s, name=name, data=data, progress=False, engine_options=_capture_engine_options(job))
+                run_capture(s, name=name, data=data, progress=False, engine_options=_capture_engine_options(job, s))
             elif job["kind"] == "load":
                 from backend.load_bench import run_load
                 run_load(s, name=name, data=data, progress=False)
@@ -81,18 +86,14 @@ def execute(job: dict, data: DataRoot) -> dict:
             "baseline_run": m.baseline_run, "host": socket.gethostname()}
 
 
-def _capture_engine_options(job: dict):
-    """EngineOptions for a vLLM capture, built as `python -m backend capture --engine vllm` builds them."""
-    st = job["settings"]
-    if st.get("engine") != "vllm":
-        return None
-    from backend.engines.vllm import EngineOptions
+def _capture_engine_options(job: dict, s: CaptureSettings) -> EngineOptions | None:
+    """The engine's own options of a capture job, built as `python -m backend capture` builds them (the engine's
+    `capture_options` from the job's tensor_parallel_size and engine_options)."""
+    from backend.engines.base import adapter
 
-    extra = dict(st.get("engine_options") or {})
-    return EngineOptions(tensor_parallel_size=int(st.get("tensor_parallel_size") or 1),
-                         gpu_memory_utilization=float(extra.pop("gpu_memory_utilization", 0.3)),
-                         max_model_len=extra.pop("max_model_len", None),
-                         dtype={"fp32": "float32", "bf16": "bfloat16"}[st.get("dtype", "fp32")], extra=extra)
+    st = job["settings"]
+    return adapter(s.engine).capture_options(s, int(st.get("tensor_parallel_size") or 1),
+                                             dict(st.get("engine_options") or {}))
 
 
 def fail_runs(job: dict, msg: str, data: DataRoot) -> list[str]:

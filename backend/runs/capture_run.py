@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,9 +17,13 @@ from backend import coords
 from backend.errors import SpecLensError
 from backend.model_id import fingerprint
 from backend.runs.lifecycle import Run
+from backend.runs.manifest import StoredCaptureSettings
 from backend.stats import StatsState, StreamingStats, TokenSample, norm_bin_edges
 from backend.store.data_root import DataRoot
 from backend.store.rundir import COMPLETE, atomic_save_safetensors, atomic_write_parquet
+
+if TYPE_CHECKING:
+    from backend.settings import CaptureSettings
 
 CHECKPOINT = "checkpoint.safetensors"
 
@@ -47,7 +52,7 @@ def boundaries(wanted: list[str] | None, n_layers: int) -> list[coords.Boundary]
     return sorted(set(out), key=lambda b: b.sort_key())
 
 
-def open_or_resume(run_id: str, settings, lm, labels: list[str], data: DataRoot | None, n_prompts: int,
+def open_or_resume(run_id: str, settings: CaptureSettings, lm, labels: list[str], data: DataRoot | None, n_prompts: int,
                    engine_version: str | None = None):
     """Create the capture run, or claim the interrupted one of the same name and settings: (Run, prompts done,
     statistics state, sample tensors) from its last checkpoint. A complete run or other settings are refused."""
@@ -69,7 +74,7 @@ def open_or_resume(run_id: str, settings, lm, labels: list[str], data: DataRoot 
     m = rd.read()
     if m.status == COMPLETE:
         raise SpecLensError(f"run '{run_id}' is already complete ({rd.path}); pick another --name")
-    if m.settings != settings.identity():
+    if m.settings != StoredCaptureSettings.identity_of(settings):
         raise SpecLensError(f"run '{run_id}' was started with other settings ({rd.manifest_path}); "
                             f"resume it with the same options or pick another --name")
     ck = rd.file(CHECKPOINT)

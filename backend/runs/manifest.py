@@ -4,8 +4,12 @@
   code reads, typed, in typed sections (`model`, `headline`, `progress`, `bench` with its `speedup`, `drafter`,
   `aux`, `source`, `job`, `check`, a load run's `load`, a watch's `watch`); every key optional (a failed or older
   run lacks some), unknown keys kept as they are (`extra="allow"`), and `to_json()` gives back exactly the keys that
-  were read, so a read-modify-write changes only what it changes. `settings` stays an object: each kind records its
-  own settings model's fields there, and a resume compares them whole with that model's `identity()`.
+  were read, so a read-modify-write changes only what it changes. `settings` is typed by the run's kind (a stored
+  view of that kind's settings model, backend/settings.py: `StoredCaptureSettings`, `StoredImportSettings` for an
+  imported capture, `StoredBenchSettings`, `StoredCheckSettings`, `StoredLoadSettings`, `StoredWatchSettings`; a load
+  run's `identity` too), every key optional and unknown keys kept like any section; a resume compares the stored
+  view whole with the one of its settings model's `identity()` (`StoredSettings.identity_of`): equal exactly when
+  the two dicts are.
 - `check_stored`: the check the catalog runs on every manifest.json it reads (backend/store/validate.py), so that
   one bad run directory is quarantined with a one-line reason naming the key instead of breaking a refresh or a
   page: a status, then `StoredManifest`'s own validation (text is text, an object an object, integers fit a BIGINT,
@@ -17,9 +21,21 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal, NoReturn
+from typing import Annotated, Any, Literal, NoReturn, Protocol, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, NonNegativeInt, PlainValidator, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PlainValidator,
+    SerializeAsAny,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
 
 from backend.errors import SpecLensError
 
@@ -99,6 +115,12 @@ def _ints(v):
     _bad("is not a list of integers")
 
 
+def _numbers(v):
+    if v is None or (isinstance(v, list) and all(_is_number(x) for x in v)):
+        return v
+    _bad("is not a list of numbers")
+
+
 def _counts(v):
     if v is None or (isinstance(v, dict) and all(is_int64(x) for x in v.values())):
         return v
@@ -117,6 +139,7 @@ Number = Annotated[int | float | None, PlainValidator(_number)]     # any JSON n
 Flag = Annotated[bool | None, PlainValidator(_flag)]
 Texts = Annotated[list[str] | None, PlainValidator(_texts)]
 Ints = Annotated[list[int] | None, PlainValidator(_ints)]
+Numbers = Annotated[list[int | float] | None, PlainValidator(_numbers)]
 Object = Annotated[dict | None, PlainValidator(_object)]
 Counts = Annotated[dict[str, int] | None, PlainValidator(_counts)]
 Status = Annotated[Literal[STATUSES] | None, PlainValidator(_status)]  # type: ignore[valid-type]
@@ -278,6 +301,186 @@ class WatchInfo(Section):
     stopped_by: Text = None            # "windows", "duration", "signal"
 
 
+# ---------------------------------------------------------------------------- settings, typed by the run's kind
+# What each kind records under `settings` (and a load run under `identity`): a stored view of its settings model
+# (backend/settings.py), not the model itself: every key optional (older runs lack some), unknown keys kept, values
+# as written (no coercion), so an old manifest still reads and `to_json()` gives back what was read.
+
+class _Identified(Protocol):
+    def identity(self) -> dict: ...
+
+
+_S = TypeVar("_S", bound="StoredSettings")
+
+
+class StoredSettings(Section):
+    """A run's `settings` as stored; this class itself where the kind is unknown (its keys are kept, none typed).
+    Two are equal when they are of one kind and their dicts are (`to_json()`): what a resume compares."""
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StoredSettings):
+            return NotImplemented
+        return type(self) is type(other) and self.to_json() == other.to_json()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @classmethod
+    def identity_of(cls: type[_S], settings: _Identified) -> _S:
+        """The stored view of a settings model's `identity()`: what a run of these settings records, and what a
+        resume of it must find."""
+        return cls.model_validate(settings.identity())
+
+
+class PromptedSettings(StoredSettings):
+    """Settings of a run that read a prompts file (a capture, a bench, a drafter check, a load run)."""
+
+    prompts: Text = None
+
+
+class StoredCaptureSettings(PromptedSettings):
+    """A capture's (backend/settings.py `CaptureSettings.identity()`: its fields but device and checkpoint_every)."""
+
+    model: Text = None
+    engine: Text = None
+    limit: Int = None
+    dtype: Text = None
+    boundaries: Texts = None           # None: every boundary
+    sample_tokens: Int = None
+    sample_per_prompt: Int = None
+    max_prompt_tokens: Int = None
+    chat_template: Flag = None
+
+
+class StoredImportSettings(StoredSettings):
+    """An imported capture's (engine `import:<format>`, backend/importers.py): what the import read."""
+
+    path: Text = None
+    format: Text = None
+    producer_ids: Ints = None
+    num_layers: Int = None
+    drafter_config: Text = None
+    model: Text = None
+    sample_tokens: Int = None
+    sample_per_prompt: Int = None
+
+
+class StoredBenchSettings(PromptedSettings):
+    """A bench's (`BenchSettings.identity()`: paths absolute; the engine fields only where not the HF defaults; the
+    drafter-only fields only for a drafter run)."""
+
+    target: Text = None
+    drafter: Text = None
+    num_spec_tokens: Int = None
+    temperature: Number = None
+    repeats: Int = None
+    limit: Int = None
+    max_new_tokens: Int = None
+    device: Text = None
+    dtype: Text = None
+    seed: Int = None
+    chat_template: Flag = None
+    max_prompt_tokens: Int = None
+    producer: Text = None
+    producer_version: Text = None
+    runner: Text = None
+    draft_sampling: Text = None
+    warmup: Int = None
+    engine: Text = None
+    server_url: Text = None
+    tensor_parallel_size: Int = None
+    engine_options: Object = None
+
+
+class StoredCheckSettings(PromptedSettings):
+    """A drafter check's (`CheckSettings`, every field)."""
+
+    drafter: Text = None
+    target: Text = None
+    engine: Text = None
+    engine_version: Text = None
+    runner: Text = None
+    engine_options: Object = None
+    lint_only: Flag = None
+    num_prompts: Int = None
+    new_tokens: Int = None
+    max_prompt_tokens: Int = None
+    num_spec_tokens: Int = None
+    chat_template: Flag = None
+    search: Flag = None
+    device: Text = None
+    dtype: Text = None
+    threads: Int = None
+    training_data: Text = None
+    training_format: Text = None
+    producer_ids: Ints = None
+    training_files: Int = None
+    trained_on: Texts = None
+
+
+class StoredLoadSettings(PromptedSettings):
+    """A serving-load run's (`LoadSettings`: every field under `settings`; its `identity()`, without the servers'
+    URLs, under `identity`)."""
+
+    engine: Text = None
+    target: Text = None
+    drafter: Text = None
+    num_spec_tokens: Ints = None
+    synthetic_tau: Numbers = None
+    concurrency: Ints = None
+    requests: Int = None
+    max_tokens: Int = None
+    repeats: Int = None
+    temperature: Number = None
+    limit: Int = None
+    chat_template: Flag = None
+    max_prompt_tokens: Int = None
+    server_url: Text = None
+    baseline_url: Text = None
+    dtype: Text = None
+    memory: Number = None
+    load_format: Text = None
+    topk: Int = None
+    draft_tokens: Int = None
+    engine_options: Object = None
+    start_together: Flag = None
+
+
+class StoredWatchSettings(StoredSettings):
+    """A watch's (`WatchSettings`, every field)."""
+
+    server_url: Text = None
+    interval: Number = None
+    duration: Number = None
+    windows: Int = None
+    min_tau: Number = None
+    engine: Text = None
+    baseline_windows: Int = None
+    min_drafts: Int = None
+    level: Number = None
+    confirm: Int = None
+    max_missed: Int = None
+    timeout: Number = None
+
+
+SETTINGS_OF_KIND: dict[str, type[StoredSettings]] = {
+    "capture": StoredCaptureSettings, "bench": StoredBenchSettings, "check": StoredCheckSettings,
+    "load": StoredLoadSettings, "watch": StoredWatchSettings}
+
+
+def settings_class(kind: str | None, engine: str | None) -> type[StoredSettings]:
+    """The stored settings view of a run of this kind and engine (an import's engine is `import:<format>`)."""
+    if kind == "capture" and isinstance(engine, str) and engine.startswith("import:"):
+        return StoredImportSettings
+    return SETTINGS_OF_KIND.get(kind or "", StoredSettings)
+
+
+def _typed_settings(v: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo):
+    """`settings` (and `identity`) as its kind's stored view; the kind and engine are validated before it."""
+    if isinstance(v, dict):
+        return settings_class(info.data.get("kind"), info.data.get("engine")).model_validate(v)
+    return handler(v)
+
+
 # ---------------------------------------------------------------------------- the manifest
 
 class StoredManifest(Section):
@@ -311,13 +514,15 @@ class StoredManifest(Section):
     check: CheckInfo | None = None
     load: LoadInfo | None = None
     watch: WatchInfo | None = None
-    settings: Object = None
-    identity: Object = None            # a serving-load run's settings that decide a resume (backend/load_bench.py)
+    settings: SerializeAsAny[StoredSettings] | None = None    # typed by kind (`settings_class`)
+    identity: SerializeAsAny[StoredSettings] | None = None    # a load run's settings that decide a resume (load_bench)
     boundaries: Texts = None
     tags: Texts = None
     num_spec_tokens: Int = None
     temperature: Number = None
     repeats: Int = None
+
+    _settings = field_validator("settings", "identity", mode="wrap")(_typed_settings)
 
     @classmethod
     def parse(cls, raw) -> StoredManifest:
@@ -364,6 +569,11 @@ class StoredManifest(Section):
     def drafter_info(self) -> DrafterInfo | None:
         """The drafter section (None when there is none, or only a path as text)."""
         return self.drafter if isinstance(self.drafter, DrafterInfo) else None
+
+    def settings_as(self, cls: type[_S]) -> _S:
+        """The settings as this kind's view (`m.settings_as(StoredLoadSettings).concurrency`); an empty view where
+        the run has none or is of another kind."""
+        return self.settings if isinstance(self.settings, cls) else cls()
 
 
 _UNION_TAGS = {"DrafterInfo"}          # where a key may hold one of two types, pydantic names the one it tried
@@ -419,7 +629,7 @@ class Manifest(StoredManifest):
     engine: str
     model: NewModelInfo
     boundaries: list[str] = Field(default_factory=list)
-    settings: dict = Field(default_factory=dict)
+    settings: SerializeAsAny[StoredSettings] = Field(default_factory=StoredSettings)
     progress: NewProgress
 
     @classmethod
