@@ -258,7 +258,7 @@ def test_the_settings_views_hold_every_field_their_models_record() -> None:
     bench = BenchSettings(target="/t", prompts="/p", drafter="/d", engine="vllm", server_url="http://x:1",
                           tensor_parallel_size=2, engine_options={"a": 1})
     load = LoadSettings(engine="vllm", target="/t", prompts="/p")
-    written = {M.StoredCaptureSettings: CaptureSettings(model="/m", prompts="/p").identity(),
+    written = {M.StoredCaptureSettings: CaptureSettings(model="/m", prompts="/p", exact_sums=True).identity(),
                M.StoredBenchSettings: bench.identity(),
                M.StoredCheckSettings: dataclasses.asdict(CheckSettings(drafter="/d", target="/t")),
                M.StoredLoadSettings: {**load.model_dump(mode="json"), **load.identity()},

@@ -349,6 +349,7 @@ class StoredCaptureSettings(PromptedSettings):
     sample_per_prompt: Int = None
     max_prompt_tokens: Int = None
     chat_template: Flag = None
+    exact_sums: Flag = None            # present only when on (order-free statistics sums)
 
 
 class StoredImportSettings(StoredSettings):
