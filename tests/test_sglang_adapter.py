@@ -83,15 +83,18 @@ def test_accepted_lengths_from_histogram():
         S.accepted_lengths({"spec_correct_drafts_histogram": [0, 0, 0, 1]}, 2)
 
 
-def test_hook_factory_in_sglang_order_matches_hf(tiny_llama, tmp_path, one_torch_thread):
+@pytest.mark.parametrize("exact", [False, True])
+def test_hook_factory_in_sglang_order_matches_hf(tiny_llama, tmp_path, one_torch_thread, exact):
     """SGLang calls the factory's hook on embed_tokens, each layer, norm, then the model. Driven in that order by a
-    real HF model's own forward hooks, the reducer must give the HF boundaries; reset/collect files work."""
+    real HF model's own forward hooks, the reducer must give the HF boundaries; reset/collect files work; a capture
+    with exact sums (hook_specs(..., exact=True)) keeps them inside the server too."""
     from backend.engines import hf
     from backend.stats import StreamingStats
 
     lm = hf.load(tiny_llama, "cpu", "fp32")
     labels = coords.labels(coords.all_boundaries(lm.n_layers))
-    cfg = {"dir": str(tmp_path), "labels": labels, "n_layers": lm.n_layers, "sample_tokens": 32, "sample_per_prompt": 8}
+    cfg = hook_specs(str(tmp_path), labels, lm.n_layers, 32, 8, exact)[0]["config"]
+    assert ("exact" in cfg) == exact
     h = capture(cfg)
     inner = lm.model.model
     mods = [inner.embed_tokens, *inner.layers, inner.norm, inner]
@@ -110,7 +113,8 @@ def test_hook_factory_in_sglang_order_matches_hf(tiny_llama, tmp_path, one_torch
             x.remove()
     got = torch.load(tmp_path / "state.rank0.pt", weights_only=False)
     assert got["tokens_seen"] == 7 and got["forwards"] == 2
-    ref = StreamingStats(labels, lm.hidden_size, "cpu")
+    ref = StreamingStats(labels, lm.hidden_size, "cpu", exact=exact)
+    assert ("exact" in got["state"]) == exact
     with torch.no_grad():
         for s in seqs:
             states = {}
@@ -119,7 +123,10 @@ def test_hook_factory_in_sglang_order_matches_hf(tiny_llama, tmp_path, one_torch
             for k in range(len(labels)):
                 ref.update(k, states[k])
     for key, v in ref.state.tensors().items():
-        assert torch.allclose(got["state"][key], v, atol=1e-5, rtol=1e-5), key
+        if v.dtype == torch.int64:       # exact sums: the same tokens, the same integers
+            assert torch.equal(got["state"][key], v), key
+        else:
+            assert torch.allclose(got["state"][key], v, atol=1e-5, rtol=1e-5), key
 
 
 @pytest.mark.skipif(not (RECORDED / "sglang_meta_info.json").exists(), reason="no recorded SGLang output")

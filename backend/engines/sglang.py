@@ -345,7 +345,7 @@ class SGLangCapture:
         self.spec = ServerSpec(model=s.model, capture=True,
                                dtype=TORCH_DTYPES.get(s.dtype, s.dtype),
                                hooks=hook_specs(str(self.hook_dir), labels, self.info.n_layers, s.sample_tokens,
-                                                s.sample_per_prompt))
+                                                s.sample_per_prompt, s.exact_sums))
 
     def guard_options(self, run_id: str, where: Callable[[], str], save: Callable[[], None]) -> dict:
         from backend.runs.lifecycle import one_line

@@ -67,6 +67,7 @@ class ServerReducer:
         # torch.compile inside SGLang's scheduler process would compile during the server's warm-up request (and
         # again for new shapes), with SGLang's own dynamo/inductor settings: eager unless asked for.
         self.compile = bool(config.get("compile", False))
+        self.exact = bool(config.get("exact", False))
         b = [coords.parse(lbl, self.n_layers) for lbl in self.labels]
         self.slot = {("F" if x.final else x.index): k for k, x in enumerate(b)}   # boundary -> stats row
         self.stats: StreamingStats | None = None
@@ -81,7 +82,7 @@ class ServerReducer:
         self._segs: list = []
 
     def _init(self, x: torch.Tensor) -> None:
-        self.stats = StreamingStats(self.labels, x.shape[-1], x.device, compile=self.compile)
+        self.stats = StreamingStats(self.labels, x.shape[-1], x.device, compile=self.compile, exact=self.exact)
         self.sample = TokenSample(self.labels, x.shape[-1], self.sample_tokens, self.per_prompt,
                                   dtype=torch.float32 if x.dtype == torch.float32 else torch.bfloat16,
                                   pin=x.device.type == "cuda")
@@ -240,8 +241,9 @@ def info(config: dict):
 
 
 def hook_specs(dir: str, labels: list[str] | None, n_layers: int, sample_tokens: int = 4096,
-               sample_per_prompt: int = 512) -> list[dict]:
-    """The `--forward-hooks` JSON for a capture (labels) or for a bench (labels None: info only)."""
+               sample_per_prompt: int = 512, exact: bool = False) -> list[dict]:
+    """The `--forward-hooks` JSON for a capture (labels) or for a bench (labels None: info only); exact: the
+    statistics as order-free integer sums (backend/stats.py)."""
     if labels is None:
         return [{"name": "speclens-info", "target_modules": ["model"],
                  "hook_factory": "backend.engines.sglang_hooks:info", "config": {"dir": dir}}]
@@ -249,7 +251,7 @@ def hook_specs(dir: str, labels: list[str] | None, n_layers: int, sample_tokens:
     return [{"name": "speclens-capture", "target_modules": ["model.embed_tokens", *digits, "model.norm", "model"],
              "hook_factory": "backend.engines.sglang_hooks:capture",
              "config": {"dir": dir, "labels": labels, "n_layers": n_layers, "sample_tokens": sample_tokens,
-                        "sample_per_prompt": sample_per_prompt}}]
+                        "sample_per_prompt": sample_per_prompt, **({"exact": True} if exact else {})}}]
 
 
 __all__ = ["capture", "info", "hook_specs", "ServerReducer"]
