@@ -33,7 +33,6 @@ from backend.store.check_result import RESULT
 from backend.store.data_root import DataRoot
 from backend.store.rundir import atomic_write_json, new_run_id
 
-AT_CHANCE = "Inconclusive: the drafter predicts no better than chance"
 VERSION = 1
 ENGINES = SERVING_ENGINES
 
@@ -61,10 +60,9 @@ def run_check(s: CheckSettings, name: str | None = None, data: DataRoot | None =
                                  s.engine_options, target_config=target.raw or None)
     readings = L.engine_readings(cfg, target, versions, choice)
     kind = getattr(cfg, "kind", "eagle3")
-    if kind != "eagle3":                # where each release reads this kind's ids, in words
-        from backend.text.drafter_text import reads_words
-        for r in readings:
-            r.reads = reads_words(r.engine, r.version, kind, r.runner) or r.reads
+    from backend.text.drafter_text import reading_words
+    for r in readings:                  # where each release reads this kind's ids, in words
+        r.reads = reading_words(r.engine, r.version, kind, r.runner, r.ids_rule)
     focus = L.picked(readings, s.engine)
     findings = L.lint(cfg, target, weights, readings, focus)
     timing = {"lint": time.perf_counter() - t0}
@@ -137,14 +135,14 @@ def _empirical(s: CheckSettings, cfg, target, weights, readings, focus, findings
     from backend.drafter import lint as L
     from backend.drafter.model import Eagle3Drafter
     from backend.engines import hf
+    from backend.text.check_text import NO_FINDER, finding_sentence
 
     t = time.perf_counter()
     lm = hf.load(s.target, s.device, s.dtype)
     semantics = s.engine
     if semantics == "sglang" and cfg.source_format not in ("eagle", "dflash", "dflash2"):
         semantics = "vllm"
-        findings.append(L.Finding("warning", f"SGLang cannot load the {cfg.source_format} format; the finder runs "
-                                             f"the drafter with vLLM's semantics instead.", "finder"))
+        findings.append(L.Finding("warning", "sglang_cannot_load", {"format": cfg.source_format}, "finder"))
     embed, head = lm.model.get_input_embeddings(), lm.model.get_output_embeddings()
     d = Eagle3Drafter.load(s.drafter, target_embed=embed.weight, target_lm_head=getattr(head, "weight", None),
                            engine=semantics, dtype=lm.dtype).to(lm.device)
@@ -161,8 +159,7 @@ def _empirical(s: CheckSettings, cfg, target, weights, readings, focus, findings
     t = time.perf_counter()
     d2t_broken = weights.d2t is not None and any(not 0 <= i + o < target.vocab_size for i, o in enumerate(weights.d2t))
     if d2t_broken:
-        findings.append(L.Finding("error", "The finder did not run: fix d2t first (draft ids would map outside the "
-                                           "target vocab).", "finder"))
+        findings.append(L.Finding("error", "finder_skipped_d2t", {}, "finder"))
     else:
         fed = [(r.name, r.boundaries) for r in readings if r.boundaries]
         sets = fd.candidate_sets(target.n_layers, cfg.num_aux, fed, focus.boundaries, written)
@@ -177,7 +174,7 @@ def _empirical(s: CheckSettings, cfg, target, weights, readings, focus, findings
     verdict = _verdict(focus, fed_c, best, convention, target, s.num_spec_tokens, chance, candidates, cfg)
     if best:
         findings.insert(0, verdict)
-        if verdict.text.startswith(AT_CHANCE):
+        if verdict.code == "at_chance":
             best = None                      # nothing to name as trained, nor to compare other engines with
         else:
             findings.extend(_other_engines(readings, focus, best, target, cfg))
@@ -201,7 +198,7 @@ def _empirical(s: CheckSettings, cfg, target, weights, readings, focus, findings
         "candidates": [c.to_json() for c in candidates],
         "chance": chance.to_json() if chance else None,
         "ranked_by": "cross_entropy",
-        "verdict": verdict.text if candidates else "The finder did not run; see the findings.",
+        "verdict": finding_sentence(verdict) if candidates else NO_FINDER,
         "verdict_severity": verdict.severity if candidates else "error",
         "training_data": data,
         "sample": {"prompts_file": str(Path(prompts_file).resolve()), "prompts": len(prompts),
@@ -215,6 +212,7 @@ def _empirical(s: CheckSettings, cfg, target, weights, readings, focus, findings
 def _common(s: CheckSettings, cfg, target, weights, readings, focus, findings) -> dict:
     """The parts of a check report that come from the config files alone (a lint-only check is just these)."""
     from backend.drafter import lint as L
+    from backend.text.check_text import finding_json
 
     return {
         "version": VERSION, "drafter": str(Path(s.drafter).resolve()), "target": str(Path(s.target).resolve()),
@@ -231,7 +229,7 @@ def _common(s: CheckSettings, cfg, target, weights, readings, focus, findings) -
                                                                  "norm_output", "tie_word_embeddings")}},
         "engine_feeds": focus.to_json(),
         "lint": [r.to_json() for r in readings],
-        "findings": [asdict(f) for f in L.sort_findings(findings)],
+        "findings": [finding_json(f) for f in L.sort_findings(findings)],     # data and words (docs/SCHEMA.md)
         "best_candidate": None, "candidates": [], "training_data": None,
         "settings": {k: v for k, v in asdict(s).items()},
     }
@@ -240,20 +238,13 @@ def _common(s: CheckSettings, cfg, target, weights, readings, focus, findings) -
 def _lint_report(s: CheckSettings, cfg, target, weights, readings, focus, findings, choice) -> dict:
     """`--lint-only`: what each engine feeds, from config files alone; what the drafter was trained on is open."""
     from backend.drafter import lint as L
+    from backend.text.check_text import lint_verdict
 
     report = _common(s, cfg, target, weights, readings, focus, findings)
-    fed = "; ".join(f"{r.name} feeds {', '.join(r.boundaries)}" if r.boundaries else
-                    f"{r.name} cannot serve it" + (f" (it would capture {', '.join(r.captures)})" if r.captures else "")
-                    for r in readings if r.picked)
-    runner = (f" vLLM runs its {choice.runner.upper()} model runner for "
-              f"{'/'.join(target.architectures) or 'this target'}"
-              f" ({choice.reason}).")
     worst = min((f["severity"] for f in report["findings"]), key=L.SEVERITIES.index, default="info")
     report.update({
         "mode": "lint", "runner_choice": choice.to_json(),
-        "verdict": f"Lint only (config files, no model loaded): {fed}.{runner} Whether the drafter was trained on "
-                   f"these is not checked: run check-drafter without --lint-only (loads the target and the drafter) "
-                   f"to find out.",
+        "verdict": lint_verdict(report["lint"], choice.runner, choice.reason, target.architectures),
         "verdict_severity": worst if worst in ("error", "warning") else "info",
         "sample": None,
     })
@@ -277,10 +268,6 @@ def _own_embedding(weights):
         return f.get_tensor(key)
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
 def _fix_words(cfg, reading, trained: list[str], target) -> tuple[str, list[int]] | str | None:
     """Where to write which ids so that `reading`'s engine feeds `trained`: (where, ids); for a DFlash drafter the
     same plan `--write-fix` writes (backend/drafter/fix.py: its ids and key differ from EAGLE-3's), else the
@@ -300,42 +287,35 @@ def _fix_words(cfg, reading, trained: list[str], target) -> tuple[str, list[int]
     return (where_to_write(reading), ids) if ids is not None else None
 
 
+def _fix_figure(how) -> dict:
+    """`_fix_words`' answer as a finding's figure: where and ids, or why no ids can ({} when no id captures them)."""
+    return {"where": how[0], "ids": how[1]} if isinstance(how, tuple) else {"refused": how} if how else {}
+
+
 def _verdict(focus, fed, best, convention, target, K: int, chance=None, candidates=(), cfg=None):
+    """The finder's verdict as a finding (backend/text/check_text.py words it: match, mismatch, inconclusive, ...)."""
     from backend.drafter.finder import SURE_Z
     from backend.drafter.lint import Finding
 
     if best is None:
-        return Finding("error", "no candidate could be scored", "finder")
+        return Finding("error", "no_candidate", {}, "finder")
     if chance is not None and not any(chance.beaten_by(c) for c in candidates):
         top = max(candidates, key=lambda c: c.step1 or 0)
-        return Finding("warning", (
-            f"{AT_CHANCE} on every one of the {len(candidates)} candidate "
-            f"boundary sets (best step-1 accuracy {_pct(top.step1)} on {', '.join(top.boundaries)}, against "
-            f"{_pct(chance.accuracy)} for always guessing the target's most frequent next token, {best.tokens} slots), "
-            f"so the sample cannot tell which boundaries it was trained on. Its weights may be untrained or random, "
-            f"or made for another target or tokenizer. To settle it: check that model.safetensors holds the trained "
-            f"weights and that --target is the drafter's own target; with a trained drafter, more prompts "
-            f"(--num-prompts) narrow it down."), "finder")
-    b = ", ".join(best.boundaries)
-    trained = (f"trained on {b} ({convention}): step-1 accuracy {_pct(best.step1)}, steps 1..{K} "
-               f"{' / '.join(_pct(a) for a in best.accuracy)}, predicted tau {best.tau:.2f} at k={K}")
+        return Finding("warning", "at_chance", {"candidates": len(candidates), "top_step1": top.step1,
+                                                "top": list(top.boundaries), "chance": chance.accuracy,
+                                                "slots": best.tokens}, "finder")
+    trained = {"best": list(best.boundaries), "convention": convention, "step1": best.step1, "k": K,
+               "accuracy": list(best.accuracy), "tau": best.tau, "name": focus.name}
     if focus.boundaries is None:
-        return Finding("error", f"The drafter was {trained}. {focus.name} cannot serve it as configured: {focus.error}",
-                       "finder")
-    f = ", ".join(focus.boundaries)
+        return Finding("error", "cannot_serve_trained", {**trained, "error": focus.error}, "finder")
+    trained["feeds"] = list(focus.boundaries)
     if fed is best:
-        return Finding("ok", f"Match: {focus.name} feeds {f}; the drafter was {trained}.", "finder")
-    how = _fix_words(cfg, focus, best.boundaries, target)
-    fix = (f" Fix: write {how[0]}: {how[1]} in the drafter's config.json." if isinstance(how, tuple) else
-           f" No fix in the config: {how}; retrain the drafter on boundaries the engine can feed." if how else
-           f" No id of {focus.name} captures {b}: retrain the drafter on boundaries the engine can feed.")
-    got = (f"step-1 accuracy {_pct(fed.step1)} instead of {_pct(best.step1)}, predicted tau {fed.tau:.2f} instead of "
-           f"{best.tau:.2f}" if fed else "not scored")
+        return Finding("ok", "match", trained, "finder")
+    g = {**trained, "fed": fed is not None, "fed_step1": fed.step1 if fed else None,
+         "fed_tau": fed.tau if fed else None, "fix": _fix_figure(_fix_words(cfg, focus, best.boundaries, target))}
     if fed is not None and (fed.z is None or not fed.z >= SURE_Z):
-        return Finding("warning", f"Inconclusive: the drafter may have been {trained}; {focus.name} feeds {f} "
-                                  f"({got}), too close to tell apart on this sample (paired z {fed.z:.1f} < {SURE_Z}); "
-                                  f"add prompts with --num-prompts.", "finder")
-    return Finding("error", f"Mismatch: the drafter was {trained}, but {focus.name} feeds {f}: {got}.{fix}", "finder")
+        return Finding("warning", "inconclusive", {**g, "z": fed.z, "sure_z": SURE_Z}, "finder")
+    return Finding("error", "mismatch", g, "finder")
 
 
 def _other_engines(readings, focus, best, target, cfg=None) -> list:
@@ -346,14 +326,11 @@ def _other_engines(readings, focus, best, target, cfg=None) -> list:
         if r is focus or not r.boundaries or r.error or not r.picked:
             continue
         if r.boundaries == best.boundaries:
-            out.append(Finding("ok", f"{r.name} feeds {', '.join(r.boundaries)}: what the drafter was trained on.",
-                               "finder"))
+            out.append(Finding("ok", "other_engine_matches", {"name": r.name, "feeds": list(r.boundaries)}, "finder"))
         else:
-            how = _fix_words(cfg, r, best.boundaries, target)
-            fix = (f" Fix: write {how[0]}: {how[1]}." if isinstance(how, tuple) else
-                   f" No fix in the config: {how}." if how else "")
-            out.append(Finding("warning", f"{r.name} feeds {', '.join(r.boundaries)}, not the trained "
-                                          f"{', '.join(best.boundaries)}.{fix}", "finder"))
+            out.append(Finding("warning", "other_engine_differs", {
+                "name": r.name, "feeds": list(r.boundaries), "trained": list(best.boundaries),
+                "fix": _fix_figure(_fix_words(cfg, r, best.boundaries, target))}, "finder"))
     return out
 
 
@@ -364,10 +341,8 @@ def _ranking_notes(cands) -> list:
         return []
     top_acc = max(cands, key=lambda c: c.step1 or 0)
     if top_acc is not cands[0] and (top_acc.step1 or 0) > (cands[0].step1 or 0) + 0.01:
-        return [Finding("info", f"By step-1 accuracy alone {', '.join(top_acc.boundaries)} ranks first "
-                                f"({_pct(top_acc.step1)} vs {_pct(cands[0].step1)}); the ranking uses the "
-                                f"cross-entropy against the target's distribution, which tells candidates apart with "
-                                f"far fewer tokens.", "finder")]
+        return [Finding("info", "ranked_by_step1", {"top": list(top_acc.boundaries), "top_step1": top_acc.step1,
+                                                    "first_step1": cands[0].step1}, "finder")]
     return []
 
 
@@ -463,6 +438,9 @@ def _write_and_prove(report: dict, a: argparse.Namespace) -> int:
 
 
 def print_report(rep: dict, out=None) -> None:
+    from backend.text.check_text import pct as _pct
+    from backend.text.check_text import stored_text
+
     out = out or sys.stdout
     w = lambda s="": print(s, file=out)  # noqa: E731
     w(f"[{rep['verdict_severity']}] {rep['verdict']}")
@@ -489,7 +467,7 @@ def print_report(rep: dict, out=None) -> None:
     w()
     w("Findings:")
     for f in rep["findings"]:
-        w(f"  [{f['severity']}] {f['text']}")
+        w(f"  [{f['severity']}] {stored_text(f)}")
     w("\ntiming: " + ", ".join(f"{k} {v:.1f} s" for k, v in rep["timing"].items()))
 
 

@@ -18,7 +18,6 @@ import numpy as np
 from backend.align import Alignment, Sample, align_samples
 from backend.drafter.lint import Finding
 from backend.errors import SpecLensError
-from backend.text.align_text import finding_sentence
 
 if TYPE_CHECKING:
     from backend.hf_model import LoadedModel
@@ -97,40 +96,31 @@ def compare(lm: LoadedModel, path: str | Path, fmt: str | None, drafter_dir: str
                           plan.ids_from, holds, holds[:n_aux], al)
 
 
-def ids_text(dc: DataComparison) -> str:
-    return f"ids {dc.ids} from {dc.ids_from}" if dc.ids else "the producer's default ids"
-
-
 def findings(dc: DataComparison, feeds: list[str] | None, engine: str, best: list[str] | None) -> list[Finding]:
-    """What the comparison says, in words: labels right or not, and training vs serving."""
+    """What the comparison says, as findings (backend/text/check_text.py words them): labels right or not, and
+    training vs serving."""
+    from dataclasses import asdict
+
     out = []
     kinds = [f.kind for f in dc.alignment.verdict]
     aux_labels = dc.labels[:len(dc.aux_holds)]
     if dc.holds == dc.labels:
-        out.append(Finding("ok", f"The {dc.format} files hold what their producer's convention says "
-                                 f"({', '.join(dc.labels)}, {ids_text(dc)}): checked against a fresh capture of the "
-                                 f"same {dc.tokens} tokens.", "training_data"))
+        out.append(Finding("ok", "td_labels_right", {"format": dc.format, "labels": list(dc.labels), "ids": dc.ids,
+                                                     "ids_from": dc.ids_from, "tokens": dc.tokens}, "training_data"))
     else:
-        wrong = [f"{lbl} is really {h}" for lbl, h in zip(dc.labels, dc.holds) if lbl != h]
-        out.append(Finding("error", f"The {dc.format} files are mislabelled by their convention: {'; '.join(wrong)} "
-                                    f"(verdict: {', '.join(kinds)}). " + finding_sentence(dc.alignment.verdict[0]),
-                                    "training_data"))
+        wrong = [[lbl, h] for lbl, h in zip(dc.labels, dc.holds) if lbl != h]
+        out.append(Finding("error", "td_mislabelled", {"format": dc.format, "wrong": wrong, "kinds": kinds,
+                                                       "alignment": asdict(dc.alignment.verdict[0])}, "training_data"))
     if "rotation" in kinds:
-        out.append(Finding("error", "The training data come from a rotated or transformed copy of this target: "
-                                    "no boundary set will serve this drafter well.", "training_data"))
+        out.append(Finding("error", "td_rotated", {}, "training_data"))
         return out
     if feeds is not None:
+        g = {"holds": list(dc.aux_holds), "engine": engine, "feeds": list(feeds)}
         if dc.aux_holds == list(feeds):
-            out.append(Finding("ok", f"Training data and serving agree: the drafter was trained on "
-                                     f"{', '.join(dc.aux_holds)} and {engine} feeds {', '.join(feeds)}.",
-                               "training_data"))
+            out.append(Finding("ok", "td_agree", g, "training_data"))
         else:
-            labelled = f" (labelled {', '.join(aux_labels)})" if aux_labels != dc.aux_holds else ""
-            out.append(Finding("error", f"Training data and serving disagree: the drafter was trained on "
-                                        f"{', '.join(dc.aux_holds)}{labelled} but {engine} feeds {', '.join(feeds)}.",
-                               "training_data"))
+            out.append(Finding("error", "td_disagree", {**g, "labels": list(aux_labels)}, "training_data"))
     if best is not None and dc.aux_holds != list(best):
-        out.append(Finding("warning", f"The finder's best candidate ({', '.join(best)}) is not what these training "
-                                      f"files hold ({', '.join(dc.aux_holds)}): the files may not be this drafter's "
-                                      f"training data.", "training_data"))
+        out.append(Finding("warning", "td_not_best", {"best": list(best), "holds": list(dc.aux_holds)},
+                           "training_data"))
     return out

@@ -14,6 +14,7 @@ from backend.drafter.fix import where_key
 from backend.drafter.lint import SEVERITIES
 from backend.options import engine_label
 from backend.runs.manifest import StoredManifest
+from backend.text.check_text import stored_text
 from dashboard import severity
 
 # metric -> (axis title, lower is better, number format)
@@ -48,7 +49,7 @@ def _reading_problem(r: dict, rep: dict) -> str:
         return f"feeds {fed}; the finder could not tell what the drafter was trained on (see the verdict)"
     if r["boundaries"] == best:
         return f"none: feeds {fed}, what the drafter was trained on"
-    said = [f["text"] for f in rep["findings"] if f["text"].startswith(r["name"] + " feeds")]
+    said = [t for t in map(stored_text, rep["findings"]) if t.startswith(r["name"] + " feeds")]
     if said:
         return said[0]
     return f"feeds {fed}, not the trained {_bounds(best)}" + (
@@ -274,6 +275,7 @@ def findings(rep: dict) -> list[tuple[str, str, str]]:
     by_set = {tuple(c["boundaries"]): c for c in rep.get("candidates") or []}
     fs = []
     for f in rep["findings"]:
+        f = {**f, "text": stored_text(f)}            # worded from its code and figures (an older check: as stored)
         if f["text"] == rep["verdict"]:
             continue
         sev = f["severity"]

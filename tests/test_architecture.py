@@ -550,10 +550,19 @@ _SENTENCES = {
               "The captures share no boundary names"),
     "feeds": ("first change", "the same over every release in the table", "no full drafter check of this pair",
               "ids and releases read from the kind rows"),
-    "drafter": ("not served", "no ids (fed the target's last hidden state)"),
+    "drafter": ("not served", "no ids (fed the target's last hidden state)", "top-level ids only",
+                "eagle_config ids only", "top-level ids, then eagle_config"),
+    "check": ("cannot serve this drafter as configured", "are written only in eagle_config", "d2t maps ",
+              "does not take a multiple of the target hidden", "Training data and serving", "Lint only (config files",
+              "the drafter predicts no better than chance", "Mismatch: the drafter was", "Match: ",
+              "the finder runs the drafter with", "The finder did not run", "files are mislabelled by their convention",
+              "Measured on the toy pair", "is true: vLLM", "what the drafter was trained on."),
 }
 _WORDED_IN = {"align": "backend/text/align_text.py", "feeds": "backend/text/feeds_text.py",
-              "drafter": "backend/text/drafter_text.py"}
+              "drafter": "backend/text/drafter_text.py", "check": "backend/text/check_text.py"}
+# the drafter check's findings are data (backend/drafter/lint.py `Finding`: severity, code, figures, source): the
+# modules that build them pass no sentence, only a code and its figures (backend/text/check_text.py words them)
+_FINDINGS_BUILT_IN = ("backend/drafter/lint.py", "backend/check_drafter.py", "backend/training_data.py")
 
 
 def _literals(source: str) -> list[tuple[int, str]]:
@@ -569,6 +578,51 @@ def _literals(source: str) -> list[tuple[int, str]]:
 def _sentences(source: str) -> list[tuple[int, str]]:
     return [(line, text) for line, text in _literals(source)
             if any(t in text for ts in _SENTENCES.values() for t in ts)]
+
+
+def _worded_findings(source: str) -> list[tuple[int, str]]:
+    """(line, text) of each `Finding(...)` call of `source` that passes words: an f-string, or a string literal
+    other than a one-word severity, code or source."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and (getattr(node.func, "id", None) == "Finding"
+                                                or getattr(node.func, "attr", None) == "Finding")):
+            continue
+        for arg in [*node.args, *(k.value for k in node.keywords)]:
+            words = [n for n in ast.walk(arg) if isinstance(n, ast.JoinedStr) or (
+                isinstance(n, ast.Constant) and isinstance(n.value, str) and not re.fullmatch(r"\w+", n.value))]
+            if words:
+                out.append((arg.lineno, ast.unparse(arg)))
+    return sorted(out)
+
+
+def test_drafter_check_findings_are_data() -> None:
+    """Issue 21 item 4: the drafter check's findings (lint, finder, training data) carry a code and its figures, no
+    sentence; backend/text/check_text.py words every code, and check.json stores the words beside the data."""
+    import dataclasses
+
+    from backend.drafter import lint
+    from backend.text import check_text
+
+    assert {f.name for f in dataclasses.fields(lint.Finding)} == {"severity", "code", "figures", "source"}
+    found = {f: hits for f in _FINDINGS_BUILT_IN if (hits := _worded_findings((REPO / f).read_text()))}
+    assert found == {}, "pass a code and figures; word it in backend/text/check_text.py"
+    codes = set()
+    for f in _FINDINGS_BUILT_IN:
+        for node in ast.walk(ast.parse((REPO / f).read_text())):
+            if isinstance(node, ast.Call) and "Finding" in (getattr(node.func, "id", ""),
+                                                            getattr(node.func, "attr", "")):
+                assert len(node.args) >= 2 and isinstance(node.args[1], ast.Constant), (f, node.lineno)
+                codes.add(node.args[1].value)
+    assert codes == set(check_text.CODES), codes ^ set(check_text.CODES)      # every code worded, no word unused
+
+
+def test_the_worded_finding_check_can_fail() -> None:
+    snippet = ('out.append(Finding("warning", f"{f}: norm_before_fc is true"))\n'
+               'x = L.Finding("info", "no_embed_tokens", {}, "finder")\n'
+               'y = L.Finding("error", "The finder did not run", source="finder")\n'
+               'z = Finding(sev, "cannot_serve", {"name": r.name, "why": "not " + r.why})\n')
+    assert [n for n, _ in _worded_findings(snippet)] == [1, 3, 4]
 
 
 def test_verdicts_are_worded_once_in_the_text_layer() -> None:

@@ -17,6 +17,7 @@ from backend.demo import PAIR_TARBALL, toy_pair
 from backend.drafter import lint as L
 from backend.errors import SpecLensError
 from backend.store.data_root import DataRoot
+from backend.text.check_text import finding_sentence as words
 
 pytestmark = pytest.mark.skipif(not PAIR_TARBALL.exists(), reason="needs the toy pair (models/toy-pair.tar.gz)")
 ALL = ["S_0", "S_1", "S_2", "S_3", "S_4", "S_5", "S_6", "S_7", "S_8", "F"]
@@ -171,10 +172,10 @@ def test_lint_nested_ids_for_vllm_v2_runner(pair, tmp_path) -> None:
     assert rows[("vllm", "v2")].boundaries == ["S_2", "S_4", "S_5"] and rows[("vllm", "v2")].ids is None
     assert rows[("vllm", "v1")].boundaries == ["S_1", "S_4", "S_6"]
     assert rows[("sglang", None)].boundaries == ["S_2", "S_5", "S_7"]
-    hit = [f for f in fs if "V2 model runner" in f.text]
-    assert hit and hit[0].severity == "error"
-    assert "feeds its default S_2, S_4, S_5" in hit[0].text and "S_1, S_4, S_6" in hit[0].text
-    assert "top-level eagle_aux_hidden_state_layer_ids: [1, 4, 6]" in hit[0].text
+    hit = [(f, words(f)) for f in fs if "V2 model runner" in words(f)]
+    assert hit and hit[0][0].severity == "error" and hit[0][0].code == "nested_ids_v2_picked"
+    assert "feeds its default S_2, S_4, S_5" in hit[0][1] and "S_1, S_4, S_6" in hit[0][1]
+    assert "top-level eagle_aux_hidden_state_layer_ids: [1, 4, 6]" in hit[0][1]
 
 
 def test_lint_top_level_ids_for_sglang(pair, tmp_path) -> None:
@@ -185,9 +186,9 @@ def test_lint_top_level_ids_for_sglang(pair, tmp_path) -> None:
     rows, fs = static(drafter_copy(pair, tmp_path, edit=top), pair / "target", engine="sglang", runner=None)
     assert rows[("sglang", None)].boundaries == ["S_2", "S_4", "S_5"]
     assert rows[("vllm", "v2")].boundaries == ["S_1", "S_3", "S_6"] == rows[("vllm", "v1")].boundaries
-    hit = [f for f in fs if "SGLang reads only eagle_config" in f.text]
-    assert hit and hit[0].severity == "error"
-    assert "feeds its default S_2, S_4, S_5" in hit[0].text and "vLLM feeds S_1, S_3, S_6" in hit[0].text
+    hit = [(f, words(f)) for f in fs if "SGLang reads only eagle_config" in words(f)]
+    assert hit and hit[0][0].severity == "error" and hit[0][0].figures["sglang"] == ["S_2", "S_4", "S_5"]
+    assert "feeds its default S_2, S_4, S_5" in hit[0][1] and "vLLM feeds S_1, S_3, S_6" in hit[0][1]
 
 
 def test_lint_flags_weights_and_engine_specific_flags(pair, tmp_path) -> None:
@@ -200,7 +201,7 @@ def test_lint_flags_weights_and_engine_specific_flags(pair, tmp_path) -> None:
     _, fs = static(drafter_copy(pair, tmp_path, edit=cfg, weights=w), pair / "target")
     text = {f.severity: [] for f in fs}
     for f in fs:
-        text[f.severity].append(f.text)
+        text[f.severity].append(words(f))
     errors = " ".join(text.get("error", []))
     assert "d2t maps 1 draft id(s) outside the target vocab" in errors and "7 -> 5007" in errors
     assert "fc.weight takes 3 aux states" in errors and "num_aux_hidden_states: 3" in errors
@@ -257,8 +258,8 @@ def test_mislabelled_training_data_is_found(pair, tmp_path, one_torch_thread) ->
     assert dc.labels == ["S_2", "S_4", "S_5", "S_8"]
     assert dc.holds == ["S_3", "S_5", "S_6", "S_8"] and dc.aux_holds == ["S_3", "S_5", "S_6"]
     fs = td.findings(dc, ["S_2", "S_4", "S_5"], "vLLM 0.24.0 (V2 runner)", ["S_2", "S_4", "S_5"])
-    assert fs[0].severity == "error" and "S_2 is really S_3" in fs[0].text
-    assert any(f.text.startswith("Training data and serving disagree") for f in fs)
+    assert fs[0].severity == "error" and "S_2 is really S_3" in words(fs[0])
+    assert any(words(f).startswith("Training data and serving disagree") for f in fs)
 
 
 # ---------------------------------------------------------------------------- the page

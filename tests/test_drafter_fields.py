@@ -257,13 +257,14 @@ def test_the_rederivation_passes_over_every_release() -> None:
 def test_rope_cost_measured_on_the_toy_pair_is_quoted() -> None:
     """docs/results/field_cost_toy.json (tools/field_cost.py): the rope finding quotes tau with and without, and the
     interval of the difference; a field without a measurement gets no cost."""
-    from backend.drafter.lint import _field_cost, field_costs
+    from backend.drafter.lint import field_costs
+    from backend.text.check_text import field_cost_words
 
     c = field_costs()["rope_theta"]
     assert c["prompts"] >= 30 and c["ci95"][0] <= c["difference"] <= c["ci95"][1]
-    text = _field_cost("rope_theta")
+    text = field_cost_words("rope_theta", c)
     assert f"tau {c['tau_trained']:.2f} -> {c['tau_dropped']:.2f}" in text and "95% CI" in text
-    assert _field_cost("sliding_window") == ""
+    assert "sliding_window" not in field_costs() and field_cost_words("sliding_window", None) == ""
 
 
 def test_norm_before_fc_cost_measured_on_the_toy_pair() -> None:

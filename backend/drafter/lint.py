@@ -35,15 +35,17 @@ if TYPE_CHECKING:
 SEVERITIES = ("error", "warning", "info", "ok")
 # (producer, runner) of each engine reading the lint reports: backend/options.py ENGINE_READINGS; versions default
 # to coords.DEFAULT_VERSIONS
-_WHERE = {"top_level": "top-level ids only", "top_then_nested": "top-level ids, then eagle_config",
-          "nested": "eagle_config ids only"}
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 
 
 @dataclass
 class Finding:
+    """One finding of the drafter check, as data: backend/text/check_text.py words it (`finding_sentence`, one
+    template per `code`) for the command line, check.json and the Drafter check page. `figures` holds what its
+    sentence names, JSON-safe (check.json stores them, so a page words a stored finding the same way)."""
     severity: str                 # error | warning | info | ok
-    text: str
+    code: str                     # which finding: a key of backend/text/check_text.py's templates
+    figures: dict = field(default_factory=dict)
     source: str = "lint"          # lint | finder | training_data
 
 
@@ -53,8 +55,7 @@ class Reading:
     engine: str                   # "vllm" | "sglang"
     version: str
     runner: str | None            # "v1" | "v2" for vLLM
-    reads: str                    # where it reads EAGLE-3 ids from, in words (another kind's: backend/text/
-    #                               drafter_text.py reads_words, filled in by backend/check_drafter.py)
+    ids_rule: str                 # where it reads EAGLE-3 ids from: top_level | top_then_nested | nested
     ids: list[int] | None         # the ids it finds (None: none, so its default)
     ids_from: str | None          # "top level" | "eagle_config" | "<engine> default"
     boundaries: list[str] | None  # what it feeds, ascending (None: it cannot serve this drafter, see error)
@@ -62,6 +63,8 @@ class Reading:
     captures: list[str] | None = None  # what it would capture from the ids it reads, even when it cannot serve
     picked: bool = True           # vLLM: the runner vLLM itself picks for this target (backend/vllm_runner.py)
     why: str | None = None        # vLLM: why that runner is (or is not) the one vLLM picks
+    reads: str | None = None      # where it reads this kind's ids, in words: backend/text/drafter_text.py
+    #                               reading_words, filled in by backend/check_drafter.py (None: not worded)
 
     @property
     def name(self) -> str:
@@ -218,7 +221,7 @@ def engine_readings(cfg: DrafterConfig, target: TargetInfo, versions: dict[str, 
         version = versions[producer]
         conv = coords.convention_for(producer, version, target.family, rn)   # unknown version: one-line error
         rule = (conv.ids_from.get(rn) if rn else None) or conv.ids_from.get("any") or "top_then_nested"
-        row = Reading(producer, version, rn, _WHERE.get(rule, rule), None, None, None)
+        row = Reading(producer, version, rn, rule, None, None, None)
         if rn:
             row.picked = rn == choice.runner
             row.why = (choice.reason if row.picked else
@@ -275,14 +278,10 @@ def where_to_write(reading: Reading) -> str:
 
 # ---------------------------------------------------------------------------- findings
 
-def _b(labels: list[str] | None) -> str:
-    return ", ".join(labels) if labels else "-"
-
-
 def lint(cfg: DrafterConfig, target: TargetInfo, weights: WeightInfo | None, readings: list[Reading],
          focus: Reading) -> list[Finding]:
     """Findings about the config, the weights (None: a config alone, so no shape, d2t or embedding checks) and
-    the engine readings (most severe first)."""
+    the engine readings (most severe first); backend/text/check_text.py words each `code`."""
     out: list[Finding] = []
     f = _cfg_file(cfg)
     by = {(r.engine, r.runner): r for r in readings}
@@ -291,56 +290,38 @@ def lint(cfg: DrafterConfig, target: TargetInfo, weights: WeightInfo | None, rea
 
     for r in readings:
         if r.error:
-            out.append(Finding("error" if r is focus else "warning", f"{r.name} cannot serve this drafter as "
-                               f"configured: {r.error}"))
+            out.append(Finding("error" if r is focus else "warning", "cannot_serve",
+                               {"name": r.name, "error": r.error}))
 
     # where the ids are written, against where each engine reads them
     if nested and not top and v2 and v1 and v2.boundaries:
         same = v1.boundaries == v2.boundaries
+        g = {"file": f, "ids": nested, "key": IDS_KEY, "v1": v1.boundaries, "v2": v2.boundaries, "same": same}
         if v2.picked:
-            out.append(Finding("info" if same else "error" if focus is v2 else "warning", (
-                f"{f}: ids {nested} are written only in eagle_config; vLLM {v2.version} picks its V2 model runner "
-                f"for this target ({v2.why}), which reads only the top-level {IDS_KEY}, ignores them and feeds its "
-                f"default {_b(v2.boundaries)}" + (", which happens to be what the V1 runner reads them as" if same else
-                                                  f" (the V1 runner, VLLM_USE_V2_MODEL_RUNNER=0, feeds "
-                                                  f"{_b(v1.boundaries)})")
-                + f". Fix: also write top-level {IDS_KEY}: {nested}.")))
+            out.append(Finding("info" if same else "error" if focus is v2 else "warning", "nested_ids_v2_picked",
+                               {**g, "version": v2.version, "why": v2.why}))
         else:
-            out.append(Finding("info" if same else "warning", (
-                f"{f}: ids {nested} are written only in eagle_config; vLLM {v1.version} picks its V1 model runner "
-                f"for this target ({v1.why}), which reads them and feeds {_b(v1.boundaries)}" + (
-                    "." if same else
-                    f"; the V2 runner (VLLM_USE_V2_MODEL_RUNNER=1, or a release that moves this architecture to V2) "
-                    f"would ignore them and feed its default {_b(v2.boundaries)}. Fix, to be safe on both runners: "
-                    f"also write top-level {IDS_KEY}: {nested}."))))
+            out.append(Finding("info" if same else "warning", "nested_ids_v1_picked",
+                               {**g, "version": v1.version, "why": v1.why}))
     if top and not nested and sg and (sg.boundaries or sg.error):
         vl = next((r for r in (v2, v1) if r and r.picked), v2 or v1)
         same = bool(vl and vl.boundaries == sg.boundaries)
-        out.append(Finding("info" if same else "error" if focus is sg else "warning", (
-            f"{f}: ids {top} are written only at the top level; SGLang reads only eagle_config.{IDS_KEY}, ignores "
-            f"them and {'feeds' if sg.boundaries else 'would feed'} its default {_b(sg.boundaries or sg.captures)}"
-            + (f", where vLLM feeds {_b(vl.boundaries)}" if vl and vl.boundaries else "")
-            + f". Fix: write eagle_config.{IDS_KEY} as SGLang numbers them (id a -> S_(a+1) for most families).")))
+        out.append(Finding("info" if same else "error" if focus is sg else "warning", "top_ids_sglang", {
+            "file": f, "ids": top, "key": IDS_KEY, "feeds": bool(sg.boundaries), "sglang": sg.boundaries or sg.captures,
+            "vllm": vl.boundaries if vl and vl.boundaries else None}))
     if top and nested and top != nested:
-        out.append(Finding("info", f"{f}: top-level ids {top} and eagle_config ids {nested} differ: vLLM reads the "
-                                   f"top-level ones, SGLang the eagle_config ones (fine when each is written in that "
-                                   f"engine's numbering)."))
+        out.append(Finding("info", "top_and_nested_ids_differ", {"file": f, "top": top, "nested": nested}))
     fed = {r.name: tuple(r.boundaries) for r in readings if r.boundaries and not r.error and r.picked}
     if len(set(fed.values())) > 1:
-        out.append(Finding("warning", "The engines feed different boundaries: " + "; ".join(
-            f"{name} {_b(list(b))}" for name, b in fed.items()) + ". At most one of them is what the drafter was "
-            "trained on; the finder (check-drafter without --lint-only) says which."))
+        out.append(Finding("warning", "engines_differ", {"fed": [[name, list(b)] for name, b in fed.items()]}))
     ids_any = top if top is not None else nested
     if ids_any and any(a < 0 for a in ids_any):
-        out.append(Finding("warning", f"{f}: negative id(s) {[a for a in ids_any if a < 0]}: vLLM never captures "
-                                      f"them (silently), SGLang reads -1 as the embeddings (S_0)."))
+        out.append(Finding("warning", "negative_ids", {"file": f, "ids": [a for a in ids_any if a < 0]}))
     if ids_any and list(ids_any) != sorted(ids_any):
-        out.append(Finding("info", f"{f}: ids {ids_any} are not ascending; vLLM concatenates aux states in "
-                                   f"ascending layer order whatever the order written."))
+        out.append(Finding("info", "ids_not_ascending", {"file": f, "ids": ids_any}))
 
     if weights is None:
-        out.append(Finding("info", f"No model.safetensors next to {f}: fc width, d2t, embeddings and LM head were not "
-                                   f"checked (config only)."))
+        out.append(Finding("info", "config_only", {"file": f}))
         out.extend(_flag_findings(cfg, f, focus))
         return sort_findings(out)
 
@@ -349,68 +330,44 @@ def lint(cfg: DrafterConfig, target: TargetInfo, weights: WeightInfo | None, rea
     if fc is not None and cfg.target_hidden_size and fc[1] % cfg.target_hidden_size == 0:
         k_w = fc[1] // cfg.target_hidden_size
         if k_w != cfg.num_aux:
-            out.append(Finding("error", (
-                f"{weights.file}: fc.weight takes {k_w} aux states x {cfg.target_hidden_size} but vLLM and SGLang "
-                f"build fc for k={cfg.num_aux} (from {cfg.num_aux_source}; they assume 3 unless "
-                f"num_aux_hidden_states or eagle_config ids say otherwise). Fix: add num_aux_hidden_states: {k_w} "
-                f"to {f}.")))
+            out.append(Finding("error", "fc_k_differs", {
+                "weights": weights.file, "k": k_w, "target_hidden_size": cfg.target_hidden_size,
+                "num_aux": cfg.num_aux, "num_aux_source": cfg.num_aux_source, "file": f}))
         elif k_w != 3 and cfg.num_aux_source != "num_aux_hidden_states":
-            out.append(Finding("warning", (
-                f"{f}: k={k_w} aux states is known only from the length of eagle_config ids ({cfg.num_aux_source}); "
-                f"vLLM's V2 runner takes ids from the top level only. Fix: add num_aux_hidden_states: {k_w}.")))
+            out.append(Finding("warning", "k_from_nested_ids", {"file": f, "k": k_w,
+                                                                 "num_aux_source": cfg.num_aux_source}))
     elif fc is not None:
-        out.append(Finding("error", f"{weights.file}: fc.weight {fc} does not take a multiple of the target hidden "
-                                    f"size {cfg.target_hidden_size}; use the drafter trained for this target."))
+        out.append(Finding("error", "fc_width", {"weights": weights.file, "fc": fc,
+                                                 "target_hidden_size": cfg.target_hidden_size}))
 
     # d2t offsets
     if weights.d2t is not None:
         mapped = [i + o for i, o in enumerate(weights.d2t)]
         bad = [i for i, t in enumerate(mapped) if not 0 <= t < target.vocab_size]
         if bad:
-            out.append(Finding("error", (
-                f"{weights.file}: d2t maps {len(bad)} draft id(s) outside the target vocab 0..{target.vocab_size - 1} "
-                f"(e.g. draft id {bad[0]} -> {mapped[bad[0]]}): d2t holds offsets (target_id = draft_id + d2t), not "
-                f"target ids. Fix: save d2t[i] = target_id(i) - i.")))
+            out.append(Finding("error", "d2t_out_of_range", {
+                "weights": weights.file, "count": len(bad), "vocab_size": target.vocab_size, "draft_id": bad[0],
+                "target_id": mapped[bad[0]]}))
         elif len(set(mapped)) != len(mapped):
-            out.append(Finding("warning", f"{weights.file}: d2t maps {len(mapped) - len(set(mapped))} draft id(s) onto "
-                                          f"target ids already taken; those draft tokens can never be told apart."))
+            out.append(Finding("warning", "d2t_collisions", {"weights": weights.file,
+                                                             "count": len(mapped) - len(set(mapped))}))
         elif all(o == 0 for o in weights.d2t) and cfg.draft_vocab_size < target.vocab_size:
-            out.append(Finding("info", f"{weights.file}: d2t is all zeros with a draft vocab of "
-                                       f"{cfg.draft_vocab_size}: "
-                                       f"the draft vocab is the first {cfg.draft_vocab_size} target ids."))
+            out.append(Finding("info", "d2t_zeros", {"weights": weights.file,
+                                                     "draft_vocab_size": cfg.draft_vocab_size}))
 
     out.extend(_flag_findings(cfg, f, focus))
 
     # embeddings and LM head the engines substitute
     if not weights.has_embed:
-        out.append(Finding("info", "The checkpoint has no embed_tokens: both engines use the target's embeddings."))
+        out.append(Finding("info", "no_embed_tokens"))
     if not weights.has_lm_head and not cfg.tie_word_embeddings and not _target_head_kind(cfg):
-        out.append(Finding("warning", f"{weights.file}: no lm_head.weight: vLLM would start from an uninitialised "
-                                      f"LM head; SGLang uses the target's only without draft_vocab_size."))
+        out.append(Finding("warning", "no_lm_head", {"weights": weights.file}))
     return sort_findings(out)
 
 
 FIELDS_FILE = Path(__file__).resolve().parents[1] / "drafter_fields.yaml"
 # the drafter model file each engine loads SpecLens's three formats with (LlamaForCausalLMEagle3 et al.)
 LLAMA_DRAFTER = {"vllm": "vllm/model_executor/models/llama_eagle3.py", "sglang": "sglang/srt/models/llama_eagle3.py"}
-_IGNORED = {  # field -> (what the file lacks, what the drafter is fed instead)
-    "norm_before_fc": ("builds no input norm", "un-normed aux states it was not trained on"),
-    "fc_norm": ("builds no per-aux fc_norm", "aux states without the per-chunk norm it was trained with"),
-    "use_aux_norm": ("builds no per-aux fc_norm for this legacy key",
-                     "aux states without the per-chunk norm it was trained with"),
-    "norm_before_residual": ("never reads it, the residual is the un-normed fc output",
-                             "a residual it was not trained on"),
-    # the other fields of the table (tools/rederive_conventions.py MORE_FIELDS); "{v}" is the config's value
-    "draft_vocab_size": ("never reads it", "an LM head over the whole vocab instead of its {v}-token draft vocab"),
-    "d2t": ("never loads d2t", "draft ids taken as target ids"),
-    "target_hidden_size": ("never reads it", "an fc built for its own hidden size instead of {v}"),
-    "rope_theta": ("never reads rope_theta / rope_parameters", "positions rotated with another base than {v}"),
-    "rope_scaling": ("never reads rope_scaling / rope_parameters", "positions without the scaling {v}"),
-    "sliding_window": ("never reads sliding_window", "full attention instead of the {v}-token window"),
-    "tie_word_embeddings": ("never reads it (the drafter's own lm_head, or the target's when the checkpoint has "
-                            "none, scores the draft)", "an LM head other than the tied embedding it was trained with"),
-    "head_dim": ("never reads it", "attention heads of hidden_size / num_attention_heads instead of {v}"),
-}
 FIELD_COST_FILE = Path(__file__).resolve().parents[2] / "docs" / "results" / "field_cost_toy.json"
 
 
@@ -477,21 +434,6 @@ def field_costs() -> dict[str, dict]:
     return {e["field"]: e for e in ([c] if isinstance(c, dict) else c) if isinstance(e, dict) and "field" in e}
 
 
-def _field_cost(key: str) -> str:
-    """The measured cost of dropping this field on the toy pair (tools/field_cost.py), when there is one."""
-    c = field_costs().get(key)
-    if c is None:
-        return ""
-
-    def shown(v) -> str:
-        return json.dumps(v) if isinstance(v, bool) or v is None else str(v)
-    return (f" Measured on the toy pair (tools/field_cost.py, {c['prompts']} prompts, K={c['k']}): trained with "
-            f"{key} {shown(c['trained_with'][key])}, served with {shown(c['served_with'][key])}: tau "
-            f"{c['tau_trained']:.2f} -> {c['tau_dropped']:.2f} ({c['difference']:+.2f}, 95% CI {c['ci95'][0]:+.2f} "
-            f"to {c['ci95'][1]:+.2f}" + ("; the interval includes 0: not resolved on this pair" if
-                                         c["ci95"][0] <= 0 <= c["ci95"][1] else "") + ").")
-
-
 def _release_field_findings(cfg: DrafterConfig, f: str, focus: Reading | None) -> tuple[list[Finding], set[str]]:
     """A finding per field the config sets that the chosen release ignores; the fields the table covers for it."""
     out: list[Finding] = []
@@ -507,16 +449,11 @@ def _release_field_findings(cfg: DrafterConfig, f: str, focus: Reading | None) -
         gated = (key == "sliding_window" and row["status"] == "honoured" and "layer_types" in row["decided_by"]
                  and "sliding_attention" not in (raw.get("layer_types") or []))
         if row["status"] == "ignored" or gated:
-            lacks, fed = _IGNORED[key]
             v = _field_value(raw, key)
-            if gated:
-                lacks = "reads sliding_window only for the layers layer_types marks sliding_attention, and this " \
-                        "config has none"
-            eng = engine_label(focus.engine)
-            shown = "true" if v is True else json.dumps(v)
-            out.append(Finding("warning", f"{eng} {focus.version} ignores {key}: {shown} ({row['file']} {lacks}): "
-                                          f"the drafter will be fed {fed.format(v=shown)}. ({f}; "
-                                          f"backend/drafter_fields.yaml, {row['decided_by']})" + _field_cost(key)))
+            out.append(Finding("warning", "release_ignores_field", {
+                "engine": focus.engine, "version": focus.version, "key": key,
+                "value": "true" if v is True else json.dumps(v), "model_file": row["file"], "gated": gated,
+                "file": f, "decided_by": row["decided_by"], "cost": field_costs().get(key)}))
     return out, covered
 
 
@@ -524,24 +461,17 @@ def _flag_findings(cfg: DrafterConfig, f: str, focus: Reading | None = None) -> 
     """Flags whose meaning differs between engines, from the config alone; with `focus`, the fields that release
     ignores (backend/drafter_fields.yaml)."""
     out, covered = _release_field_findings(cfg, f, focus)
-    if cfg.norm_before_residual and not any("ignores norm_before_residual" in x.text for x in out):
-        why = (" (absent in this speculators config: vLLM's converter defaults it to True)"
-               if cfg.norm_before_residual_defaulted else "")
-        out.append(Finding("warning", f"{f}: norm_before_residual is true{why}: vLLM uses the normed fc output as "
-                                      f"the residual, SGLang ignores the flag; "
-                                      f"the two engines run different drafters."))
+    if cfg.norm_before_residual and not any(x.figures.get("key") == "norm_before_residual" for x in out):
+        out.append(Finding("warning", "norm_before_residual", {"file": f,
+                                                               "defaulted": cfg.norm_before_residual_defaulted}))
     if cfg.norm_before_fc and "norm_before_fc" not in covered:   # the release's own answer is above
-        out.append(Finding("warning", f"{f}: norm_before_fc is true: vLLM applies input_norm before fc, SGLang has no "
-                                      f"input_norm and skips it."))
+        out.append(Finding("warning", "norm_before_fc", {"file": f}))
     if cfg.tie_word_embeddings:
-        out.append(Finding("warning", f"{f}: tie_word_embeddings is true: SGLang uses the embedding as the LM head "
-                                      f"(logits over the whole vocab), vLLM ignores the flag and uses lm_head."))
+        out.append(Finding("warning", "tie_word_embeddings", {"file": f}))
     if cfg.norm_output:
-        out.append(Finding("info", f"{f}: norm_output is true: vLLM and SGLang feed the normed state to the next "
-                                   f"draft step; SpecForge reads the flag as 'norm before lm_head'."))
+        out.append(Finding("info", "norm_output", {"file": f}))
     if not cfg.draft_vocab_size_given and not _target_head_kind(cfg):
-        out.append(Finding("warning", f"{f}: no draft_vocab_size: SGLang then takes the target's LM head, vLLM uses "
-                                      f"the drafter's own lm_head over the full vocab."))
+        out.append(Finding("warning", "no_draft_vocab_size", {"file": f}))
     return out
 
 
@@ -552,12 +482,8 @@ def embedding_findings(own: object | None, target_embed: object, engine: str) ->
     a, b = own.detach().float(), target_embed.detach().float().to(own.device)
     rel = float((a - b).norm() / b.norm().clamp_min(1e-12))
     if rel < 1e-3:
-        return [Finding("ok", f"The drafter's embed_tokens equal the target's (relative difference {rel:.1e}): "
-                              f"SGLang's "
-                              f"substitution changes nothing.")]
-    return [Finding("warning", f"The drafter's embed_tokens differ from the target's (relative difference {rel:.2f}): "
-                               f"vLLM uses the drafter's, SGLang substitutes the target's, so the engines draft "
-                               f"differently; the finder uses {engine}'s choice.")]
+        return [Finding("ok", "embeddings_equal", {"rel": rel})]
+    return [Finding("warning", "embeddings_differ", {"rel": rel, "engine": engine})]
 
 
 def sort_findings(fs: list[Finding]) -> list[Finding]:

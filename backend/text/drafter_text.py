@@ -1,9 +1,14 @@
-"""Where an engine release reads a drafter kind's ids, in words (the lint table's "reads" column, backend/drafter/
-kinds.py's kind rows): the drafter check's report (backend/check_drafter.py) fills each reading's `reads` with it."""
+"""Where an engine release reads a drafter kind's ids, in words (the lint table's "reads" column: an EAGLE-3
+reading's `ids_rule`, backend/drafter/lint.py; another kind's rows of backend/drafter/kinds.py): the drafter check's
+report (backend/check_drafter.py) fills each reading's `reads` with it."""
 
 from __future__ import annotations
 
 from backend.drafter.kinds import kind_row
+
+# where an EAGLE-3 reading takes its ids from (backend/drafter/lint.py `Reading.ids_rule`, conventions.yaml ids_from)
+EAGLE3_READS = {"top_level": "top-level ids only", "top_then_nested": "top-level ids, then eagle_config",
+                "nested": "eagle_config ids only"}
 
 
 def reads_words(engine: str, version: str, kind: str, runner: str | None) -> str | None:
@@ -20,3 +25,9 @@ def reads_words(engine: str, version: str, kind: str, runner: str | None) -> str
     names = [(r["key"] if r["in"] == "top" else f"{r['in']}.{r['key']}") + (" +1" if r["add"] else "")
              for b in blocks or [] for r in b if not r.get("when") and "dspark" not in r["key"]]
     return ", then ".join(names) or None
+
+
+def reading_words(engine: str, version: str, kind: str, runner: str | None, ids_rule: str) -> str:
+    """The lint table's "reads" column for one engine reading: the kind's own words, else the EAGLE-3 ones."""
+    return ((reads_words(engine, version, kind, runner) if kind != "eagle3" else None)
+            or EAGLE3_READS.get(ids_rule, ids_rule))
