@@ -200,6 +200,7 @@ def _empirical(s: CheckSettings, cfg, target, weights, readings, focus, findings
         "ranked_by": "cross_entropy",
         "verdict": finding_sentence(verdict) if candidates else NO_FINDER,
         "verdict_severity": verdict.severity if candidates else "error",
+        "verdict_code": verdict.code if candidates else "no_finder",
         "training_data": data,
         "sample": {"prompts_file": str(Path(prompts_file).resolve()), "prompts": len(prompts),
                    "answer_tokens": sample.answer_tokens, "scored_slots": candidates[0].tokens if candidates else 0,

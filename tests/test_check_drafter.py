@@ -419,6 +419,14 @@ def test_no_fix_for_a_match_a_lint_only_or_an_inconclusive_check(checks, pair, d
                                   new_tokens=32, prompts=str(_heldout(pair))), data=DataRoot(data_root),
                     progress=False).report
     assert rnd["fix"]["refused"].startswith("no fix written: the check is inconclusive")
+    assert rnd["verdict_code"] in ("inconclusive", "at_chance")
+    # the planner reads the verdict's code, not its words; a check.json from before the code reads by its words
+    from backend.drafter.fix import FixRefused, plan_fix
+    with pytest.raises(FixRefused, match="inconclusive"):
+        plan_fix({**rnd, "verdict": "Reworded: a verdict whose words changed"})
+    old = {k: v for k, v in rnd.items() if k != "verdict_code"}
+    with pytest.raises(FixRefused, match="inconclusive"):
+        plan_fix(old)
 
 
 def test_write_fix_cli_refuses_in_one_line_and_keeps_the_check(pair, data_root, tmp_path, capsys,

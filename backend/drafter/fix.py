@@ -58,6 +58,9 @@ class FixPlan:
         return asdict(self)
 
 
+INCONCLUSIVE = ("inconclusive", "at_chance", "no_finder")   # verdict codes that cannot say what it was trained on
+
+
 def _first_sentence(text: str) -> str:
     return (text.split(". ")[0] if text else "").rstrip(".")
 
@@ -71,7 +74,9 @@ def plan_fix(report: dict) -> FixPlan:
                          "check-drafter without --lint-only (it loads the target and the drafter)")
     best = report.get("best_candidate")
     verdict = report.get("verdict") or ""
-    if best is None or verdict.startswith("Inconclusive"):
+    code = report.get("verdict_code")         # the verdict finding's code (a check.json written before it: its words)
+    inconclusive = code in INCONCLUSIVE if code else verdict.startswith("Inconclusive")
+    if best is None or inconclusive:
         why = _first_sentence(verdict) or "the finder did not run"
         raise FixRefused(f"no fix written: the check is inconclusive ({why[:160]}); more prompts (--num-prompts) or "
                          "the drafter's training data (--training-data) would settle what it was trained on")
