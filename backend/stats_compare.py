@@ -1,6 +1,7 @@
 """Per-boundary statistics of captures against a reference capture: where each boundary sits in depth, the candidate
-minus the reference at every boundary both hold, the relative change, and a one-line verdict (the largest change and
-where). The Stats page's difference mode (`/stats?runs=...&ref=RUN&mode=diff|rel`) shows these; no Streamlit here.
+minus the reference at every boundary both hold, the relative change, and where the largest change is. The Stats
+page's difference mode (`/stats?runs=...&ref=RUN&mode=diff|rel`) shows these and words the verdict from them
+(dashboard/stats_words.py); no Streamlit and no words here.
 
 Depth: S_b sits at b (the input of layer b), F one step after S_N (N = the run's number of layers), so a capture of
 S_0, S_3, S_6, F is drawn at 0, 3, 6, N + 1 and the boundaries it lacks stay gaps.
@@ -47,8 +48,23 @@ class StatComparison:
     stat: str
     reference: str
     frame: pd.DataFrame          # DIFF_COLUMNS: one row per (candidate, boundary both hold), in depth order
-    verdict: str                 # one line: the largest change, where, and how large the rest are
     missing: dict[str, list[str]]    # candidate -> boundaries the reference holds and the candidate lacks, and back
+    candidates: list[str]        # the runs compared with the reference, in the order given
+    label: str                   # how the statistic is named (the column name unless told)
+
+    def largest(self) -> tuple[pd.Series | None, float | None]:
+        """The row of the largest relative change, with its `size` (|rel|; a change from 0 is infinite, an unknown
+        one -1; ties: the first in depth order), and the largest change among the other rows (None: no other row
+        with a known change)."""
+        if self.frame.empty:
+            return None, None
+        size = self.frame["rel"].abs().where(self.frame["rel"].notna(), -1.0)
+        order = size.sort_values(ascending=False, kind="stable").index
+        rest = size.loc[order[1:]]
+        rest = rest[rest >= 0]
+        top = self.frame.loc[order[0]].copy()
+        top["size"] = size.loc[order[0]]
+        return top, (None if rest.empty else float(rest.max()))
 
 
 def compare(stats: pd.DataFrame, stat: str, reference: str, runs: list[str], n_layers: Mapping[str, int | None],
@@ -75,8 +91,7 @@ def compare(stats: pd.DataFrame, stat: str, reference: str, runs: list[str], n_l
                                     "value": v.to_numpy(), "diff": diff.to_numpy(), "rel": rel}))
     frame = (pd.concat(frames, ignore_index=True).sort_values(["run_id", "depth"], kind="stable")
              .reset_index(drop=True) if frames else pd.DataFrame(columns=DIFF_COLUMNS))
-    return StatComparison(stat, reference, frame[DIFF_COLUMNS], _verdict(frame, label, reference, cands, missing),
-                          missing)
+    return StatComparison(stat, reference, frame[DIFF_COLUMNS], missing, cands, label)
 
 
 def _rel(value: float, ref: float) -> float:
@@ -93,46 +108,3 @@ def _nan(x) -> bool:
         return math.isnan(float(x))
     except (TypeError, ValueError):
         return True
-
-
-def pct(x: float) -> str:
-    """A relative change as a signed percentage with two significant digits: +12%, -1.2%, +0.30%, +0.0042%."""
-    p = float(f"{100 * x:.2g}")              # two significant digits first: 0.0999999 -> 0.1, not 0.100
-    if p == 0:
-        return "0%"
-    digits = min(6, max(0, 1 - math.floor(math.log10(abs(p)))))
-    return f"{p:+.{digits}f}%"
-
-
-def _change(row) -> str:
-    if math.isinf(row.rel):
-        return f"from 0 to {row.value:.4g}"
-    return pct(row.rel)
-
-
-def _verdict(frame: pd.DataFrame, label: str, reference: str, cands: list[str], missing: dict[str, list[str]]) -> str:
-    if not cands:
-        return f"Pick a capture other than the reference `{reference}` to compare with it."
-    if frame.empty:
-        return f"No boundary in common between {', '.join(cands)} and the reference {reference}: nothing to compare."
-    size = frame["rel"].abs().where(frame["rel"].notna(), -1.0)
-    order = size.sort_values(ascending=False, kind="stable").index
-    top = frame.loc[order[0]]
-    gaps = {r: m for r, m in missing.items() if m}
-    tail = (f" Boundaries only one side holds ({'; '.join(f'{r}: {_few(m)}' for r, m in gaps.items())}) "
-            "are gaps." if gaps else "")
-    n = len(frame)
-    if size.loc[order[0]] <= 0:
-        return (f"No change: {label} is identical at all {n} boundaries compared "
-                f"({', '.join(cands)} vs {reference}).{tail}")
-    rest = size.loc[order[1:]]
-    rest = rest[rest >= 0]
-    elsewhere = "" if rest.empty else "; elsewhere no change" if rest.max() == 0 else (
-        "; other boundaries also change from 0" if math.isinf(rest.max()) else
-        f"; elsewhere within {pct(rest.max()).lstrip('+')}")
-    return (f"Largest change: {label} {_change(top)} at {top.boundary} ({top.run_id} vs {reference})"
-            f"{elsewhere}.{tail}")
-
-
-def _few(labels: list[str], n: int = 4) -> str:
-    return ", ".join(labels[:n]) + (f" and {len(labels) - n} more" if len(labels) > n else "")

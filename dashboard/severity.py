@@ -114,7 +114,7 @@ def stat_headline(frame, mode: str, label: str, reference: str, verdict: str,
     values: the curves' spread, against the first capture). `verdict`: stats_compare's line (relative), kept for
     "rel"; then whether it matters: a change of `threshold` of the reference's value or more, at how many
     boundaries."""
-    from backend.stats_compare import pct
+    from dashboard.stats_words import pct
 
     f = frame[frame["rel"].notna()] if len(frame) else frame
     if not len(f):

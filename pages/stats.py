@@ -4,7 +4,7 @@ capture's outlier dimensions (?runs=a,b&stat=&mode=values|diff|rel&ref=&run=).""
 import streamlit as st
 
 from backend import stats_compare
-from dashboard import charts, severity, ui
+from dashboard import charts, severity, stats_words, ui
 
 st.title("Hidden-state statistics")
 runs = ui.load_runs()
@@ -38,7 +38,8 @@ if mode == "values":
         ui.no_verdict_for_substitute(["runs"], "headline")
     elif len(chosen) > 1:   # a headline here too: how far the curves lie from the first, by the same rule
         comp = stats_compare.compare(stats, stat, chosen[0], chosen, n_layers, label=charts.STATS[stat])
-        level, line = severity.stat_headline(comp.frame, "values", charts.STATS[stat], chosen[0], comp.verdict)
+        level, line = severity.stat_headline(comp.frame, "values", charts.STATS[stat], chosen[0],
+                                             stats_words.verdict(comp))
         ui.level_banner(level, line)
     st.caption("x is depth: S_b at b, F one step after S_N; a boundary a capture lacks is a gap in its line. "
                "`Show: difference` compares every capture with a reference.")
@@ -47,7 +48,7 @@ if mode == "values":
 else:
     comp = stats_compare.compare(stats, stat, ref, shown, n_layers, label=charts.STATS[stat])
     # one definition of change for the headline and the chart: absolute in `diff`, relative in `rel`
-    level, line = severity.stat_headline(comp.frame, mode, charts.STATS[stat], ref, comp.verdict)
+    level, line = severity.stat_headline(comp.frame, mode, charts.STATS[stat], ref, stats_words.verdict(comp))
     if ui.instead("runs", "ref"):
         ui.no_verdict_for_substitute(ui.instead("runs", "ref"), "headline")
     else:

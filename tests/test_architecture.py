@@ -528,12 +528,16 @@ def test_feeds_and_align_return_data_not_words() -> None:
     they return data (feeds.summary a `Summary`, an `Alignment`'s CKA figures and findings) and backend/text/ words
     it for the command line and the pages alike (dashboard/feeds_words.py the Feeds page's summary lines,
     dashboard/align_words.py the alignment's CKA words and verdict)."""
-    from backend import align, feeds
+    import dataclasses
 
-    for name in ("feeds.py", "align.py"):
+    from backend import align, feeds
+    from backend.stats_compare import StatComparison
+
+    for name in ("feeds.py", "align.py", "stats_compare.py"):
         f = REPO / "backend" / name
         assert not _markdown_strings(f.read_text()), (name, _markdown_strings(f.read_text()))
         assert not [m for m in _imports(f) if m.split(".")[0] == "dashboard"], name
+    assert "verdict" not in {f.name for f in dataclasses.fields(StatComparison)}     # dashboard/stats_words.py words it
     assert not hasattr(align.Alignment, "cka_words") and not hasattr(align.Alignment, "headline")
     assert not hasattr(feeds, "print_text")
     assert feeds.summary.__annotations__["return"] in ("Summary", feeds.Summary)
@@ -557,9 +561,11 @@ _SENTENCES = {
               "the drafter predicts no better than chance", "Mismatch: the drafter was", "Match: ",
               "the finder runs the drafter with", "The finder did not run", "files are mislabelled by their convention",
               "Measured on the toy pair", "is true: vLLM", "what the drafter was trained on."),
+    "stats": ("Largest change: ", "No change: ", "No boundary in common between", "Pick a capture other than"),
 }
 _WORDED_IN = {"align": "backend/text/align_text.py", "feeds": "backend/text/feeds_text.py",
-              "drafter": "backend/text/drafter_text.py", "check": "backend/text/check_text.py"}
+              "drafter": "backend/text/drafter_text.py", "check": "backend/text/check_text.py",
+              "stats": "dashboard/stats_words.py"}      # the Stats page's verdict: page words only (no command)
 # the drafter check's findings are data (backend/drafter/lint.py `Finding`: severity, code, figures, source): the
 # modules that build them pass no sentence, only a code and its figures (backend/text/check_text.py words them)
 _FINDINGS_BUILT_IN = ("backend/drafter/lint.py", "backend/check_drafter.py", "backend/training_data.py")

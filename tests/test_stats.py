@@ -5,6 +5,7 @@ import torch
 
 from backend.stats import StreamingStats, TokenSample, context_hashes
 from backend.store.data_root import DataRoot
+from dashboard.stats_words import pct, verdict
 
 
 def _data(seed=0, n=3000, h=16):
@@ -94,7 +95,7 @@ def test_verdict_names_the_largest_change_and_where():
     cand = {"S_0": 10.01, "S_1": 22.4, "S_2": 30.0, "F": 40.04}       # +0.1%, +12%, 0, +0.1%
     stats = pd.concat([_boundary_stats("fp32", ref), _boundary_stats("bf16", cand)])
     c = sc.compare(stats, "mean_norm", "fp32", ["fp32", "bf16"], {"fp32": 2, "bf16": 2}, label="mean norm")
-    assert c.verdict == "Largest change: mean norm +12% at S_1 (bf16 vs fp32); elsewhere within 0.10%."
+    assert verdict(c) == "Largest change: mean norm +12% at S_1 (bf16 vs fp32); elsewhere within 0.10%."
     row = c.frame.set_index("boundary").loc["S_1"]
     assert row["diff"] == pytest.approx(2.4) and row["rel"] == pytest.approx(0.12)
     assert c.frame["depth"].tolist() == [0.0, 1.0, 2.0, 3.0]                 # F one step after S_N (N = 2)
@@ -109,20 +110,18 @@ def test_verdict_identical_and_missing_boundaries_and_zero_reference():
     sparse = {"S_0": 1.0, "S_3": 4.0, "F": 5.0}
     stats = pd.concat([_boundary_stats("full", ref), _boundary_stats("sparse", sparse)])
     c = sc.compare(stats, "mean_norm", "full", ["full", "sparse"], {"full": 3, "sparse": 3})
-    assert c.verdict.startswith("No change: mean_norm is identical at all 3 boundaries compared (sparse vs full).")
-    assert "sparse: S_1, S_2" in c.verdict and c.missing["sparse"] == ["S_1", "S_2"]
+    assert verdict(c).startswith("No change: mean_norm is identical at all 3 boundaries compared (sparse vs full).")
+    assert "sparse: S_1, S_2" in verdict(c) and c.missing["sparse"] == ["S_1", "S_2"]
     assert c.frame["boundary"].tolist() == ["S_0", "S_3", "F"] and c.frame["depth"].tolist() == [0.0, 3.0, 4.0]
 
     nf = pd.concat([_boundary_stats("ok", {"S_0": 0, "S_1": 0}, "nonfinite_tokens"),
                     _boundary_stats("nan", {"S_0": 0, "S_1": 37}, "nonfinite_tokens")])
-    v = sc.compare(nf, "nonfinite_tokens", "ok", ["ok", "nan"], {}).verdict
+    v = verdict(sc.compare(nf, "nonfinite_tokens", "ok", ["ok", "nan"], {}))
     assert v == "Largest change: nonfinite_tokens from 0 to 37 at S_1 (nan vs ok); elsewhere no change."
-    assert sc.compare(nf, "nonfinite_tokens", "ok", ["ok"], {}).verdict.startswith("Pick a capture other than")
+    assert verdict(sc.compare(nf, "nonfinite_tokens", "ok", ["ok"], {})).startswith("Pick a capture other than")
 
 
 def test_pct_keeps_two_significant_digits():
-    from backend.stats_compare import pct
-
     assert [pct(x) for x in (0.12, -0.0123, 0.003, 4.2e-5, 0.0)] == ["+12%", "-1.2%", "+0.30%", "+0.0042%", "0%"]
 
 
@@ -138,7 +137,7 @@ def test_verdict_on_real_captures_matches_the_catalog(dash_root):
     rel = ((b - a) / a.abs()).dropna()
     top = rel.abs().idxmax()
     assert 0 < abs(rel[top]) < 0.05                       # bf16 rounding: a small, non-zero change
-    assert c.verdict.startswith(f"Largest change: RMS {sc.pct(rel[top])} at {top} (b16 vs a1); elsewhere within ")
+    assert verdict(c).startswith(f"Largest change: RMS {pct(rel[top])} at {top} (b16 vs a1); elsewhere within ")
     assert len(c.frame) == len(rel) == 10
 
 
