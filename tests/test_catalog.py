@@ -113,6 +113,40 @@ def test_shared_reads_open_the_file_once_and_see_this_process_reindex(data_root,
     assert len(opened) == n + 2                                     # outside a scope: one open per query, as before
 
 
+def test_page_scopes_share_one_kept_connection_per_catalog_version(data_root, monkeypatch):
+    """A server's page scopes read through cursors of one connection kept per process for the catalog's current
+    files: a second page opens no file; another process's rebuilt base, or a run's state change through the delta,
+    replaces a file, so the next scope opens the new version and sees it."""
+    from backend.store import catalog as store
+
+    data = DataRoot(data_root)
+    data.new_run_dir("a", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    data.catalog.write.refresh()
+    opened = []
+    real = store._open
+    monkeypatch.setattr(store, "_open", lambda path: opened.append(path) or real(path))
+    read = data.catalog.read
+    for _ in range(3):                                              # three page runs
+        with store.shared_reads():
+            assert read.list_runs()["run_id"].tolist() == ["a"]
+    assert len(opened) == 1
+    data.new_run_dir("b", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    store._refresh(data.paths)                                      # as another process would: no scope dropped
+    n = len(opened)
+    with store.shared_reads():
+        assert sorted(read.list_runs()["run_id"]) == ["a", "b"]
+    assert len(opened) == n + 1
+    data.run_dir("a").update(status="failed", error="x")
+    store._refresh_runs(data.paths, ["a"])                          # through the delta
+    n = len(opened)
+    with store.shared_reads():
+        assert read.run_states(["a"]).loc[0, "status"] == "failed"
+        assert read.run_states(["b"]).loc[0, "status"] == "complete"
+    with store.shared_reads():
+        assert read.run_states(["a"]).loc[0, "status"] == "failed"
+    assert len(opened) == n + 1
+
+
 def test_a_rescan_that_finds_nothing_opens_no_file_and_still_sees_every_change(data_root, monkeypatch):
     """What a page's rescan costs when nothing changed: the indexed signatures are kept per process for the catalog
     files they came from, so the second rescan opens no DuckDB file; a change made through the delta (a run's state
