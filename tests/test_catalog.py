@@ -147,6 +147,33 @@ def test_page_scopes_share_one_kept_connection_per_catalog_version(data_root, mo
     assert len(opened) == n + 1
 
 
+def test_whole_catalog_lists_are_read_once_per_version_and_handed_out_as_copies(data_root):
+    """The pickers' lists and the Runs table (keep=True queries) are read once per process and catalog version inside
+    page scopes: a caller changing its frame does not change the next page's; a re-index is seen at once."""
+    from backend.store import catalog as store
+
+    data = DataRoot(data_root)
+    data.new_run_dir("a", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    data.catalog.write.refresh()
+    read = data.catalog.read
+    with store.shared_reads():
+        first = read.run_choices()
+        first.loc[0, "status"] = "changed by a caller"
+    with store.shared_reads():
+        again = read.run_choices()
+        assert again["status"].tolist() == ["complete"]
+        assert read.list_runs()["run_id"].tolist() == ["a"]
+    data.run_dir("a").update(status="failed", error="x")
+    data.catalog.write.refresh_runs(["a"])
+    with store.shared_reads():
+        assert read.run_choices()["status"].tolist() == ["failed"]
+        assert read.runs_overview()["status"].tolist() == ["failed"]
+    data.new_run_dir("b", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    with store.shared_reads():
+        data.catalog.write.refresh()                                # a page's rescan that wrote
+        assert sorted(read.run_choices()["run_id"]) == ["a", "b"]
+
+
 def test_a_rescan_that_finds_nothing_opens_no_file_and_still_sees_every_change(data_root, monkeypatch):
     """What a page's rescan costs when nothing changed: the indexed signatures are kept per process for the catalog
     files they came from, so the second rescan opens no DuckDB file; a change made through the delta (a run's state
