@@ -1008,6 +1008,16 @@ class CatalogReader:
             _SNAPSHOT.reset(token)
             snap.con.close()
 
+    def version(self) -> tuple[str, str] | None:
+        """Which version of the catalog this page scope reads (its base and delta files' stamps): results computed
+        from this catalog's rows alone may be kept under it (backend/compare.py). None outside a `shared_reads`
+        scope, or when the scope reads through a connection of its own (a swap got in the way)."""
+        shared = _SHARED.get()
+        p = self.paths
+        if shared is None or not p.catalog.exists():
+            return None
+        return _with_retry(lambda: shared.version(p.catalog))
+
     def _df(self, sql: str, params: list | None = None, keep: bool = False) -> pd.DataFrame:
         """The query's result; keep=True (a whole-catalog query a page makes on every visit): inside a page's scope,
         read once per process and catalog version (_kept_result)."""
