@@ -30,7 +30,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,38 +202,16 @@ class Acceptance:
     positions: pd.DataFrame
 
 
-# (catalog file, version, what, arguments) -> result: comparisons computed from one catalog version, kept per process
-# (a server's page re-runs on every tab switch and visit; the Speed tab's comparison is 90 ms on the 10,000-run
-# catalog), handed out as copies
-_KEPT: dict[tuple, object] = {}
-_KEPT_MAX = 16
-_KEPT_LOCK = threading.Lock()
-
-
 def _kept(data: DataRoot, what: str, args: tuple, compute):
-    """compute()'s result, computed once per catalog version the page reads (CatalogReader.version); computed
-    every time outside a page's scope."""
-    version = data.catalog.read.version()
-    if version is None:
-        return compute()
-    key = (data.paths.catalog, version, what, args)
-    with _KEPT_LOCK:
-        hit = _KEPT.get(key)
-    if hit is None:
-        hit = compute()
-        with _KEPT_LOCK:
-            for k in [k for k in _KEPT if k[0] == key[0] and k[1] != version]:
-                del _KEPT[k]
-            _KEPT[key] = hit
-            while len(_KEPT) > _KEPT_MAX:
-                _KEPT.pop(next(iter(_KEPT)))
-    return copy.deepcopy(hit)
+    """compute()'s result, computed once per catalog version a page reads and kept per process (a server's page re-runs
+    on every tab switch and visit; the Speed tab's comparison is 90 ms on the 10,000-run catalog), as a copy."""
+    return copy.deepcopy(data.catalog.read.kept(what, args, compute))
 
 
 def load_acceptance(run_ids: list[str], data: DataRoot | None = None) -> Acceptance:
     """Accepted-length histograms (GROUP BY in DuckDB) and, from them, tau and per-position rates (metrics)."""
     data = DataRoot.of(data)
-    return _kept(data, "acceptance", tuple(run_ids), lambda: _load_acceptance(run_ids, data))
+    return _kept(data, "compare.acceptance", tuple(run_ids), lambda: _load_acceptance(run_ids, data))
 
 
 def _load_acceptance(run_ids: list[str], data: DataRoot) -> Acceptance:
@@ -258,7 +235,8 @@ def compare(run_ids: list[str], baseline: str = "paired", data: DataRoot | None 
     def compute() -> Comparison:
         with data.catalog.read.snapshot():
             return _compare(acceptance or load_acceptance(run_ids, data), baseline, data)
-    return _kept(data, "compare", (tuple(run_ids), baseline, acceptance and tuple(acceptance.run_ids)), compute)
+    return _kept(data, "compare.comparison", (tuple(run_ids), baseline, acceptance and tuple(acceptance.run_ids)),
+                 compute)
 
 
 def _compare(ac: Acceptance, baseline: str, data: DataRoot) -> Comparison:

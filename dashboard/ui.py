@@ -4,6 +4,7 @@ the empty-catalog message, the verdict banner and charts with their downloads.""
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -449,6 +450,16 @@ def shared_catalog_reads():
     """The scope of one page run in which the catalog's queries share one connection (app.py wraps every page in
     it): a page makes 3-7 queries, each opening a 10,000-run catalog took 15-25 ms."""
     return catalog_store.shared_reads()
+
+
+def kept(what: str, args: tuple, compute: Callable[[], T]) -> T:
+    """compute()'s result (figures, their frames, words made from the catalog's rows alone), computed once per catalog
+    version this page reads and kept per process (CatalogReader.kept), as a copy; plotly figures in it are shared, not
+    copied (copying one validates it again; nothing changes a figure once drawn: exports copy theirs)."""
+    hit = catalog().kept(what, args, compute)
+    figures = hit if isinstance(hit, go.Figure) else (
+        [x for x in hit if isinstance(x, go.Figure)] if isinstance(hit, tuple | list) else [])
+    return hit if isinstance(hit, go.Figure) else copy.deepcopy(hit, {id(f): f for f in figures})
 
 
 def rescan() -> None:

@@ -205,3 +205,36 @@ def test_a_rescan_that_finds_nothing_opens_no_file_and_still_sees_every_change(d
     m = len(opened)
     assert store._plan(data.catalog.paths).empty and len(opened) == m + 1
     assert data.catalog.read.run_states(["b"]).loc[0, "status"] == "failed"
+
+
+def test_kept_results_are_computed_once_per_catalog_version(data_root, monkeypatch):
+    """CatalogReader.kept (a comparison, a page's figures): once per version inside page scopes, again after a re-index;
+    outside a scope every time. ui.kept hands out copies that share the plotly figures."""
+    import plotly.graph_objects as go
+
+    from backend.store import catalog as store
+    from dashboard import ui
+
+    monkeypatch.setenv("SPECLENS_DATA", str(data_root))
+    data = DataRoot(data_root)
+    data.new_run_dir("a", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    data.catalog.write.refresh()
+    read = data.catalog.read
+    ran = []
+    compute = lambda: ran.append(1) or (go.Figure(), {"words": ["x"]})  # noqa: E731
+    assert read.version() is None
+    read.kept("t", (1,), compute)
+    read.kept("t", (1,), compute)
+    assert len(ran) == 2                                            # outside a page scope
+    with store.shared_reads():
+        first = ui.kept("t", (1,), compute)
+        first[1]["words"].append("changed by a caller")
+        again = ui.kept("t", (1,), compute)
+        assert len(ran) == 3 and again[1] == {"words": ["x"]} and again[0] is first[0]
+        ui.kept("t", (2,), compute)
+        assert len(ran) == 4
+    data.new_run_dir("b", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    data.catalog.write.refresh()
+    with store.shared_reads():
+        ui.kept("t", (1,), compute)
+    assert len(ran) == 5

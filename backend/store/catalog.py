@@ -29,12 +29,12 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import duckdb
 
@@ -46,6 +46,8 @@ from backend.store.rundir import RUNNING, RunDir, atomic_write_json, valid_run_i
 
 if TYPE_CHECKING:  # pandas is imported where frames are made: a run's state change and a config check need none
     import pandas as pd
+
+T = TypeVar("T")
 
 SCHEMA_VERSION = "8"          # 8: catalog_meta generation and a delta beside the base
                               # 7: load_levels gpu_processes, gpu_util; 6: load_levels and load_cells (load runs)
@@ -867,6 +869,11 @@ def _version_cursor(catalog: Path) -> tuple[duckdb.DuckDBPyConnection, tuple[str
     return cur, key
 
 
+# (catalog file, version, what, arguments) -> a result computed from that version's rows (CatalogReader.kept)
+_KEPT: dict[tuple, object] = {}
+_KEPT_MAX = 64
+_MISSING = object()
+
 # (catalog file, version, query, parameters) -> result: whole-catalog queries a page makes on every visit (the run
 # pickers' lists, the Runs table), kept per process for the catalog version they were read from
 _RESULTS: dict[tuple, pd.DataFrame] = {}
@@ -1007,6 +1014,27 @@ class CatalogReader:
         finally:
             _SNAPSHOT.reset(token)
             snap.con.close()
+
+    def kept(self, what: str, args: tuple, compute: Callable[[], T]) -> T:
+        """compute()'s result for (what, args), computed once per version of this catalog that a page scope reads
+        (`version`) and kept per process: for results made from the catalog's rows alone (a comparison, a page's
+        figures and words), the same on every visit until the catalog changes. The kept object itself is returned:
+        callers that may change theirs copy it. Outside a page scope compute() runs every time."""
+        version = self.version()
+        if version is None:
+            return compute()
+        key = (self.paths.catalog, version, what, args)
+        with _OPENED_LOCK:
+            hit = _KEPT.get(key, _MISSING)
+        if hit is _MISSING:
+            hit = compute()
+            with _OPENED_LOCK:
+                for k in [k for k in _KEPT if k[0] == key[0] and k[1] != version]:
+                    del _KEPT[k]
+                _KEPT[key] = hit
+                while len(_KEPT) > _KEPT_MAX:
+                    _KEPT.pop(next(iter(_KEPT)))
+        return hit
 
     def version(self) -> tuple[str, str] | None:
         """Which version of the catalog this page scope reads (its base and delta files' stamps): results computed
