@@ -3,6 +3,8 @@ notes; the words beside the acceptance chart and the definitions. Figures and wo
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import pandas as pd
 import streamlit as st
 
@@ -22,37 +24,62 @@ ACCEPTANCE_HOW = ("**Two counts of acceptance.** The server's counters (vLLM `sp
                   "the requests' own count misses steps and reads tau too high (hollow red points).")
 
 
-def run_summary(rid: str, c: pd.DataFrame, lv: pd.DataFrame, manifest: StoredManifest, multi: bool,
-                instead: bool) -> None:
+@dataclass
+class Summary:
+    """One run's caption and, unless it is shown instead of the link's run, its tiles, words and notes (computed
+    from the catalog's rows alone: pages/load.py keeps it per catalog version, ui.kept)."""
+
+    caption: str
+    tiles: list = field(default_factory=list)
+    several_configs: bool = False
+    best: list[str] = field(default_factory=list)
+    stops: list[str] = field(default_factory=list)
+    headline: str = ""
+    notes: list = field(default_factory=list)
+
+
+def summarize(rid: str, c: pd.DataFrame, lv: pd.DataFrame, manifest: StoredManifest, instead: bool) -> Summary:
+    """What run_summary shows of run `rid` (its cells `c` and levels `lv`)."""
+    caption = lc.run_caption(manifest, lv, c)
+    if instead:
+        return Summary(caption)
+    tiles = lc.tiles(c)
+    best = lc.best_lines(c)
+    stops = lc.stops_lines(c)
+    several = bool(best) and lc.real(c)["config"].nunique() > 1
+    return Summary(caption, tiles, several, best, stops, lc.headline(rid, c),
+                   [lc.noise_note(c, lv), lc.agreement_note(c)])
+
+
+def run_summary(rid: str, summary: Summary, multi: bool, instead: bool) -> None:
     """One run: what ran; unless it is shown instead of the link's run, its tiles, words and notes."""
     with st.container(key=f"load_run_{rid}"):
         if multi:
             st.subheader(rid)
-        st.caption(lc.run_caption(manifest, lv, c))
+        st.caption(summary.caption)
         if instead:
             text = (f"No verdict: `{rid}` is shown instead of the run the link names (see the notice above); its "
                     "charts and tables are below, without tiles or verdict lines.")
             st.info(text, icon=":material/info:")
             ui.note_verdict(text)
             return
-        row_tiles = lc.tiles(c)
+        row_tiles = summary.tiles
         for start in range(0, len(row_tiles), 4):
             for col, (i, tile) in zip(st.columns(4), enumerate(row_tiles[start:start + 4], start=start)):
                 with col.container(border=True, key=f"tile_{rid}_{i}"):
                     st.metric(tile.label, tile.value, tile.delta, delta_color=TONE.get(tile.tone, "off"),
                               delta_arrow="off" if tile.tone in ("noisy", "unclear") else "auto")
                     st.caption("  \n".join(tile.lines))
-        words = lc.best_lines(c)
-        stops = lc.stops_lines(c)
+        words, stops = summary.best, summary.stops
         if words or stops:
             with st.container(border=True, key=f"verdict_{rid}"):
                 if words:
-                    st.markdown(("**Best K at each concurrency**" if lc.real(c)["config"].nunique() > 1
+                    st.markdown(("**Best K at each concurrency**" if summary.several_configs
                                  else "**Speedup at each concurrency**") + "  \n" + "  \n".join(words))
                 if stops:
                     st.markdown("**Where speculative decoding stops paying**  \n" + "  \n".join(stops))
-        ui.note_verdict(lc.headline(rid, c))
-        for note in (lc.noise_note(c, lv), lc.agreement_note(c)):
+        ui.note_verdict(summary.headline)
+        for note in summary.notes:
             if note is None:
                 continue
             kind, text = note

@@ -4,6 +4,7 @@ the empty-catalog message, the verdict banner and charts with their downloads.""
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -365,11 +366,14 @@ def unknown_runs(params: Sequence[str], known: Sequence[str], runs: pd.DataFrame
     """Why each run id in these URL parameters cannot be shown: not in the catalog, or not a complete `what`. Call
     it before the pickers of these params: their notice (select, multiselect) names the reason and what is shown
     instead. Two single pickers of these params on one run (a pair) are named too."""
-    status = dict(zip(runs["run_id"], runs["status"]))
-    kind = dict(zip(runs["run_id"], runs["kind"]))
     known = set(known)
     notes = _notes()
     notes["groups"].append(list(params))
+    unknown = {rid for p in params for rid in qp_list(p) if rid not in known}
+    # only the URL's unknown runs are looked up (the run page passes all 10,000 runs: a dict of them took 25 ms)
+    of = runs[runs["run_id"].isin(unknown)] if unknown else runs.iloc[:0]
+    status = dict(zip(of["run_id"], of["status"]))
+    kind = dict(zip(of["run_id"], of["kind"]))
     for p in params:
         for rid in qp_list(p):
             if rid in known:
@@ -446,6 +450,16 @@ def shared_catalog_reads():
     """The scope of one page run in which the catalog's queries share one connection (app.py wraps every page in
     it): a page makes 3-7 queries, each opening a 10,000-run catalog took 15-25 ms."""
     return catalog_store.shared_reads()
+
+
+def kept(what: str, args: tuple, compute: Callable[[], T]) -> T:
+    """compute()'s result (figures, their frames, words made from the catalog's rows alone), computed once per catalog
+    version this page reads and kept per process (CatalogReader.kept), as a copy; plotly figures in it are shared, not
+    copied (copying one validates it again; nothing changes a figure once drawn: exports copy theirs)."""
+    hit = catalog().kept(what, args, compute)
+    figures = hit if isinstance(hit, go.Figure) else (
+        [x for x in hit if isinstance(x, go.Figure)] if isinstance(hit, tuple | list) else [])
+    return hit if isinstance(hit, go.Figure) else copy.deepcopy(hit, {id(f): f for f in figures})
 
 
 def rescan() -> None:

@@ -87,6 +87,7 @@ with cat.snapshot():
     cells = ui.guarded(cat.load_cells, done)
     levels = ui.guarded(cat.load_levels, done)
 multi = len(done) > 1
+queried = tuple(done)                # what cells and levels hold (the runs without results are dropped below)
 empty = [r for r in done if lc.of_run(cells, r).empty]
 if empty:
     st.warning(f"No results indexed for {', '.join(f'`{r}`' for r in empty)} (no summary.json).",
@@ -97,27 +98,34 @@ if not done:
 
 # ---------------------------------------------------------------------------- per run: what ran, tiles, words
 
+# figures, frames and words come from the catalog's rows alone: kept per catalog version (ui.kept), a repeat visit
+# draws them without computing them again
 for rid in done:
-    parts.run_summary(rid, lc.of_run(cells, rid), lc.of_run(levels, rid), manifests.get(rid, StoredManifest()),
-                      multi, rid in instead)
+    summary = ui.kept("load.summary", (rid, rid in instead), lambda rid=rid: parts.summarize(
+        rid, lc.of_run(cells, rid), lc.of_run(levels, rid), manifests.get(rid, StoredManifest()), rid in instead))
+    parts.run_summary(rid, summary, multi, rid in instead)
 
 # ---------------------------------------------------------------------------- charts
 
 stem = "_".join(done)
 own = lc.real(cells)
 syn = lc.synthetic(cells)
+key = (queried, tuple(done))          # the figures' and tables' inputs, with the catalog version (ui.kept)
 left, right = st.columns(2)
 with left:
     shown = own if len(own) else syn
-    ui.chart_with_downloads(lc.speedup_figure(shown, multi), lc.speedup_frame(shown), f"load_speedup_{stem}")
+    ui.chart_with_downloads(*ui.kept("load.speedup", key, lambda: (lc.speedup_figure(shown, multi),
+                                                                    lc.speedup_frame(shown))), f"load_speedup_{stem}")
 with right:
-    ui.chart_with_downloads(lc.pareto_figure(shown, multi), lc.pareto_frame(shown), f"load_pareto_{stem}")
+    ui.chart_with_downloads(*ui.kept("load.pareto", key, lambda: (lc.pareto_figure(shown, multi),
+                                                                   lc.pareto_frame(shown))), f"load_pareto_{stem}")
 if len(syn):
     st.subheader("What a better drafter is worth: the speedup ceiling map")
     st.caption("Configs with a synthetic acceptance length tau*: the engine accepts draft tokens at that set mean "
                "length instead of checking the drafter's guesses, so the speed at each tau* is what a drafter "
                "that good would give on this target and server. Stars: this drafter's own acceptance, measured.")
-    ui.chart_with_downloads(lc.ceiling_figure(syn, own), lc.ceiling_frame(syn), f"load_ceiling_{stem}")
+    ui.chart_with_downloads(*ui.kept("load.ceiling", key, lambda: (lc.ceiling_figure(syn, own),
+                                                                    lc.ceiling_frame(syn))), f"load_ceiling_{stem}")
     st.markdown("  \n".join(lc.ceiling_lines(syn, own)))
 
 pct_slot = ui.slot(PICKERS_PX, "pct")   # the percentile picker, drawn last like the run pickers
@@ -125,10 +133,13 @@ pct_pick = ui.select_later("Latency percentile", list(lc.PERCENTILES), "pct", "p
                            format_func=lc.PERCENTILES.get)
 ui.draw_last(lambda: pct_pick.draw(where=pct_slot.container().columns([1, 3])[0]), "pct")
 pct = pct_pick.value
-ui.chart_with_downloads(lc.latency_figure(levels, pct, multi), lc.latency_frame(levels), f"load_latency_{stem}")
+ui.chart_with_downloads(*ui.kept("load.latency", (*key, pct), lambda: (lc.latency_figure(levels, pct, multi),
+                                                                        lc.latency_frame(levels))),
+                        f"load_latency_{stem}")
 left, right = st.columns(2)
 with left:
-    ui.chart_with_downloads(lc.acceptance_figure(cells, multi), lc.acceptance_frame(cells),
+    ui.chart_with_downloads(*ui.kept("load.acceptance", key, lambda: (lc.acceptance_figure(cells, multi),
+                                                                       lc.acceptance_frame(cells))),
                             f"load_acceptance_{stem}")
 with right.container(border=True, key="acceptance_how"):
     st.markdown(parts.ACCEPTANCE_HOW)
@@ -136,12 +147,13 @@ with right.container(border=True, key="acceptance_how"):
 # ---------------------------------------------------------------------------- tables and definitions
 
 st.subheader("Per config and concurrency")
-st.dataframe(lc.cells_table(cells, multi), hide_index=True, key="load_cells",
+st.dataframe(ui.kept("load.cells_table", key, lambda: lc.cells_table(cells, multi)), hide_index=True, key="load_cells",
              column_config={"note": st.column_config.TextColumn(width="large")})
 st.subheader("Per level")
 st.caption("Each measurement in the order it ran: TTFT, TPOT and ITL percentiles over the level's requests (ms), "
            "tau from the server's counters and from the requests' own count, and the machine's load.")
-st.dataframe(lc.levels_table(levels, multi), hide_index=True, key="load_levels")
+st.dataframe(ui.kept("load.levels_table", key, lambda: lc.levels_table(levels, multi)), hide_index=True,
+             key="load_levels")
 parts.definitions()
 st.caption(HOW)
 

@@ -113,6 +113,67 @@ def test_shared_reads_open_the_file_once_and_see_this_process_reindex(data_root,
     assert len(opened) == n + 2                                     # outside a scope: one open per query, as before
 
 
+def test_page_scopes_share_one_kept_connection_per_catalog_version(data_root, monkeypatch):
+    """A server's page scopes read through cursors of one connection kept per process for the catalog's current
+    files: a second page opens no file; another process's rebuilt base, or a run's state change through the delta,
+    replaces a file, so the next scope opens the new version and sees it."""
+    from backend.store import catalog as store
+
+    data = DataRoot(data_root)
+    data.new_run_dir("a", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    data.catalog.write.refresh()
+    opened = []
+    real = store._open
+    monkeypatch.setattr(store, "_open", lambda path: opened.append(path) or real(path))
+    read = data.catalog.read
+    for _ in range(3):                                              # three page runs
+        with store.shared_reads():
+            assert read.list_runs()["run_id"].tolist() == ["a"]
+    assert len(opened) == 1
+    data.new_run_dir("b", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    store._refresh(data.paths)                                      # as another process would: no scope dropped
+    n = len(opened)
+    with store.shared_reads():
+        assert sorted(read.list_runs()["run_id"]) == ["a", "b"]
+    assert len(opened) == n + 1
+    data.run_dir("a").update(status="failed", error="x")
+    store._refresh_runs(data.paths, ["a"])                          # through the delta
+    n = len(opened)
+    with store.shared_reads():
+        assert read.run_states(["a"]).loc[0, "status"] == "failed"
+        assert read.run_states(["b"]).loc[0, "status"] == "complete"
+    with store.shared_reads():
+        assert read.run_states(["a"]).loc[0, "status"] == "failed"
+    assert len(opened) == n + 1
+
+
+def test_whole_catalog_lists_are_read_once_per_version_and_handed_out_as_copies(data_root):
+    """The pickers' lists and the Runs table (keep=True queries) are read once per process and catalog version inside
+    page scopes: a caller changing its frame does not change the next page's; a re-index is seen at once."""
+    from backend.store import catalog as store
+
+    data = DataRoot(data_root)
+    data.new_run_dir("a", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    data.catalog.write.refresh()
+    read = data.catalog.read
+    with store.shared_reads():
+        first = read.run_choices()
+        first.loc[0, "status"] = "changed by a caller"
+    with store.shared_reads():
+        again = read.run_choices()
+        assert again["status"].tolist() == ["complete"]
+        assert read.list_runs()["run_id"].tolist() == ["a"]
+    data.run_dir("a").update(status="failed", error="x")
+    data.catalog.write.refresh_runs(["a"])
+    with store.shared_reads():
+        assert read.run_choices()["status"].tolist() == ["failed"]
+        assert read.runs_overview()["status"].tolist() == ["failed"]
+    data.new_run_dir("b", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    with store.shared_reads():
+        data.catalog.write.refresh()                                # a page's rescan that wrote
+        assert sorted(read.run_choices()["run_id"]) == ["a", "b"]
+
+
 def test_a_rescan_that_finds_nothing_opens_no_file_and_still_sees_every_change(data_root, monkeypatch):
     """What a page's rescan costs when nothing changed: the indexed signatures are kept per process for the catalog
     files they came from, so the second rescan opens no DuckDB file; a change made through the delta (a run's state
@@ -144,3 +205,36 @@ def test_a_rescan_that_finds_nothing_opens_no_file_and_still_sees_every_change(d
     m = len(opened)
     assert store._plan(data.catalog.paths).empty and len(opened) == m + 1
     assert data.catalog.read.run_states(["b"]).loc[0, "status"] == "failed"
+
+
+def test_kept_results_are_computed_once_per_catalog_version(data_root, monkeypatch):
+    """CatalogReader.kept (a comparison, a page's figures): once per version inside page scopes, again after a re-index;
+    outside a scope every time. ui.kept hands out copies that share the plotly figures."""
+    import plotly.graph_objects as go
+
+    from backend.store import catalog as store
+    from dashboard import ui
+
+    monkeypatch.setenv("SPECLENS_DATA", str(data_root))
+    data = DataRoot(data_root)
+    data.new_run_dir("a", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    data.catalog.write.refresh()
+    read = data.catalog.read
+    ran = []
+    compute = lambda: ran.append(1) or (go.Figure(), {"words": ["x"]})  # noqa: E731
+    assert read.version() is None
+    read.kept("t", (1,), compute)
+    read.kept("t", (1,), compute)
+    assert len(ran) == 2                                            # outside a page scope
+    with store.shared_reads():
+        first = ui.kept("t", (1,), compute)
+        first[1]["words"].append("changed by a caller")
+        again = ui.kept("t", (1,), compute)
+        assert len(ran) == 3 and again[1] == {"words": ["x"]} and again[0] is first[0]
+        ui.kept("t", (2,), compute)
+        assert len(ran) == 4
+    data.new_run_dir("b", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    data.catalog.write.refresh()
+    with store.shared_reads():
+        ui.kept("t", (1,), compute)
+    assert len(ran) == 5

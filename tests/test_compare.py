@@ -239,6 +239,35 @@ def test_speedup_against_the_pinned_baseline(own: Path) -> None:
     assert not c.warnings
 
 
+def test_a_page_scope_keeps_a_comparison_per_catalog_version(own: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside page scopes (app.py) a comparison is computed once per catalog version and handed out as a copy; the
+    pin that changes the catalog is seen at the next page; outside a scope it is computed every time."""
+    from backend.store import catalog as store
+
+    ran = []
+    real = compare._compare
+    monkeypatch.setattr(compare, "_compare", lambda *a: ran.append(1) or real(*a))
+    data = DataRoot(own)
+    ids = ["spec-random", "spec-oracle"]
+    with store.shared_reads():
+        first = compare.compare(ids, "pinned", data=data)
+        first.figures.loc[0, "speedup"] = -1.0                    # a caller changing its copy
+    with store.shared_reads():
+        again = compare.compare(ids, "pinned", data=data)
+        assert compare.compare(ids, "pinned", data=data, acceptance=compare.load_acceptance(ids, data)
+                               ).figures.equals(again.figures)
+    assert len(ran) == 2 and not (again.figures["speedup"] == -1.0).any()
+    assert "No pinned baseline" in " ".join(compare_words.view(again).warnings)
+    annotations.save("spec-random", pinned=True, data=data)
+    data.catalog.write.refresh()
+    with store.shared_reads():
+        pinned = compare.compare(ids, "pinned", data=data)
+    assert len(ran) == 3 and pinned.figures.set_index("run_id").loc["spec-oracle", "baseline_run"] == "spec-random"
+    compare.compare(ids, "pinned", data=data)
+    compare.compare(ids, "pinned", data=data)
+    assert len(ran) == 5
+
+
 def _quiet(root: Path, run: str, edit=None) -> None:
     """Bench run `run` under `root` without its stored noise finding (what this shared machine did while the fixture
     ran must not decide a test), its prompts.parquet changed by `edit` (a frame -> frame), the manifest rewritten so
