@@ -7,11 +7,12 @@
 # The chain, one thing on the GPU at a time:
 #   1. bench/stats_update_bench.py --exact: one boundary update, compiled / one-pass / exact (order-free integer)
 #      sums, and the exact sums of the same tokens in other batches compared bit for bit (no engine);
-#   2. once the vLLM bundle's parts (as many as /tmp/stage_v/NPARTS says) lie in /tmp/stage_v and the extras in /tmp/whl: vLLM 0.24.0 installed, then
-#      gpu/fault_suite.py vllm-capture --exact-sums under VLLM_BATCH_INVARIANT=1 (kill -9 mid-capture, resume,
-#      compare with the uninterrupted reference: bit-equal expected, sums included);
-#   3. once SGLang's parts (/tmp/stage_s/NPARTS) lie in /tmp/stage_s: SGLang 0.5.15 installed, then gpu/fault_suite.py sglang-bench
-#      under --enable-deterministic-inference on a short bench (8 prompts x 32 new tokens), the time left allowing;
+#   2. once the vLLM bundle's parts (as many as /tmp/stage_v/NPARTS says) lie in /tmp/stage_v and the extras in
+#      /tmp/whl: vLLM 0.24.0 installed, then gpu/fault_suite.py vllm-capture --exact-sums under VLLM_BATCH_INVARIANT=1
+#      (kill -9 mid-capture, resume, compare with the uninterrupted reference: bit-equal expected, sums included);
+#   3. once SGLang's parts (/tmp/stage_s/NPARTS) lie in /tmp/stage_s: SGLang 0.5.15 installed, then
+#      gpu/fault_suite.py sglang-bench under --enable-deterministic-inference on a short bench (8 prompts x 32 new
+#      tokens), the time left allowing;
 #   4. the vLLM speed suite (issue 24 item 3) if 330 s are left.
 set -u
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
