@@ -209,20 +209,29 @@ def _compiled_moments():
         compiled = torch.compile(batch_moments, dynamic=True, options=compile_options() or None)
     except Exception:  # pragma: no cover - depends on the GPU node's toolchain
         return batch_moments
-    state = {"fn": compiled}
     warmed: set = set()
 
     def moments(x: torch.Tensor, ref: torch.Tensor):
+        key = (x.dtype, x.dim(), x.shape[-1], x.device)
+        if key not in warmed:
+            warmed.add(key)
+            compiled(torch.zeros(*x.shape[:-2], WARM_TOKENS, x.shape[-1], dtype=x.dtype, device=x.device), ref)
+        return compiled(x, ref)
+    return _eager_on_failure(moments, batch_moments)
+
+
+def _eager_on_failure(compiled, eager):
+    """`compiled`, replaced by `eager` for good the first time it raises (a host process, e.g. an engine worker,
+    whose compiler setup fails): the call that failed is made again eagerly."""
+    state = {"fn": compiled}
+
+    def call(*args):
         try:
-            key = (x.dtype, x.dim(), x.shape[-1], x.device)
-            if key not in warmed:
-                warmed.add(key)
-                state["fn"](torch.zeros(*x.shape[:-2], WARM_TOKENS, x.shape[-1], dtype=x.dtype, device=x.device), ref)
-            return state["fn"](x, ref)
-        except Exception:  # pragma: no cover - a host process (e.g. an engine worker) whose compiler setup fails
-            state["fn"] = batch_moments
-            return batch_moments(x, ref)
-    return moments
+            return state["fn"](*args)
+        except Exception:  # pragma: no cover - depends on the host's compiler setup
+            state["fn"] = eager
+            return eager(*args)
+    return call
 
 
 @cache
@@ -236,15 +245,7 @@ def _exact_fn(device_type: str):
         compiled = torch.compile(exact_batch, dynamic=True)
     except Exception:  # pragma: no cover - depends on the GPU node's toolchain
         return exact_batch
-    state = {"fn": compiled}
-
-    def fn(x: torch.Tensor):
-        try:
-            return state["fn"](x)
-        except Exception:  # pragma: no cover - an engine worker whose compiler setup fails
-            state["fn"] = exact_batch
-            return exact_batch(x)
-    return fn
+    return _eager_on_failure(compiled, exact_batch)
 
 
 def _one_pass_update(device: torch.device | str):
@@ -295,6 +296,12 @@ class StreamingStats:
         moments, max_abs, scalars, nmin, nmax, logn = self._moments(x, s.ref[i])
         s.moments[i] += moments
         s.scalars[i] += scalars
+        self._add_extremes(i, max_abs, nmin, nmax, logn)
+
+    def _add_extremes(self, i: int, max_abs: torch.Tensor, nmin: torch.Tensor, nmax: torch.Tensor,
+                      logn: torch.Tensor) -> None:
+        """A batch's order-free figures into boundary i: max |x| per dimension, the norm extremes, the histogram."""
+        s = self.state
         s.max_abs[i].clamp_min_(max_abs)
         s.norm_min[i:i + 1].clamp_max_(nmin)
         s.norm_max[i:i + 1].clamp_min_(nmax)
@@ -308,10 +315,7 @@ class StreamingStats:
         s.exact_norm[i] += nrows
         s.scalars[i, 0] += n_good
         s.scalars[i, 1] += n_bad
-        s.max_abs[i].clamp_min_(max_abs)
-        s.norm_min[i:i + 1].clamp_max_(nmin)
-        s.norm_max[i:i + 1].clamp_min_(nmax)
-        s.norm_hist[i] += torch.histc(logn, bins=NORM_BINS, min=NORM_LO, max=NORM_HI)
+        self._add_extremes(i, max_abs, nmin, nmax, logn)
 
     def use_one_pass(self, on: bool) -> bool:
         """Turn the one-pass update on (where it runs here) or off; returns whether it is in use."""
@@ -365,18 +369,12 @@ class StreamingStats:
     # ------------------------------------------------------------------ results
     def vectors(self) -> dict[str, np.ndarray]:
         """Per-dimension mean, variance and max-abs: {label: {...}} flattened for safetensors."""
-        s = self.state.materialized()
-        n = s.count.clamp_min(1)[:, None]
-        mean_d = s.moments[:, 0] / n
-        var = (s.moments[:, 1] / n - mean_d ** 2).clamp_min(0)
-        mean = s.ref.double() + mean_d
-        return {"mean": mean.cpu().numpy(), "var": var.cpu().numpy(), "max_abs": s.max_abs.double().cpu().numpy(),
-                "norm_hist": s.norm_hist.cpu().numpy()}
+        return _vectors(self.state.materialized())
 
     def table(self) -> pd.DataFrame:
         """One row per boundary: the headline figures the catalog and the pages use."""
         s = self.state.materialized()
-        v = self.vectors()
+        v = _vectors(s)
         cnt = s.count.cpu().numpy()
         rows = []
         for i, lbl in enumerate(self.labels):
@@ -417,6 +415,16 @@ class StreamingStats:
                 "top_dims": [int(d) for d in top], "top_dims_max_abs": [float(ma[d]) for d in top],
             })
         return pd.DataFrame(rows)
+
+
+def _vectors(s: StatsState) -> dict[str, np.ndarray]:
+    """Per-dimension mean, variance and max-abs, and the norm histograms, of a (materialized) state."""
+    n = s.count.clamp_min(1)[:, None]
+    mean_d = s.moments[:, 0] / n
+    var = (s.moments[:, 1] / n - mean_d ** 2).clamp_min(0)
+    mean = s.ref.double() + mean_d
+    return {"mean": mean.cpu().numpy(), "var": var.cpu().numpy(), "max_abs": s.max_abs.double().cpu().numpy(),
+            "norm_hist": s.norm_hist.cpu().numpy()}
 
 
 def _hist_quantiles(hist: np.ndarray, qs: list[float]) -> list[float]:
