@@ -880,21 +880,27 @@ _RESULTS: dict[tuple, pd.DataFrame] = {}
 _RESULTS_MAX = 32
 
 
+def _keep(store: dict, most: int, catalog: Path, version: tuple[str, str], what: tuple, compute: Callable[[], T]) -> T:
+    """compute()'s result under (catalog, version, *what) in `store`, computed once per process; results of this
+    catalog's other versions are dropped, and the oldest beyond `most`."""
+    key = (catalog, version, *what)
+    with _OPENED_LOCK:
+        hit = store.get(key, _MISSING)
+    if hit is _MISSING:
+        hit = compute()
+        with _OPENED_LOCK:
+            for k in [k for k in store if k[0] == catalog and k[1] != version]:
+                del store[k]
+            store[key] = hit
+            while len(store) > most:
+                store.pop(next(iter(store)))
+    return hit
+
+
 def _kept_result(catalog: Path, version: tuple[str, str], sql: str, params: list, read) -> pd.DataFrame:
     """`read()`'s result for this query on this catalog version, read once per process (a copy each time: callers
-    may change theirs); results of this catalog's other versions are dropped."""
-    key = (catalog, version, sql, json.dumps(params))
-    with _OPENED_LOCK:
-        hit = _RESULTS.get(key)
-    if hit is None:
-        hit = read()
-        with _OPENED_LOCK:
-            for k in [k for k in _RESULTS if k[0] == catalog and k[1] != version]:
-                del _RESULTS[k]
-            _RESULTS[key] = hit
-            while len(_RESULTS) > _RESULTS_MAX:
-                _RESULTS.pop(next(iter(_RESULTS)))
-    return hit.copy()
+    may change theirs)."""
+    return _keep(_RESULTS, _RESULTS_MAX, catalog, version, (sql, json.dumps(params)), read).copy()
 
 
 def _forget_version(catalog: Path) -> None:
@@ -1023,18 +1029,7 @@ class CatalogReader:
         version = self.version()
         if version is None:
             return compute()
-        key = (self.paths.catalog, version, what, args)
-        with _OPENED_LOCK:
-            hit = _KEPT.get(key, _MISSING)
-        if hit is _MISSING:
-            hit = compute()
-            with _OPENED_LOCK:
-                for k in [k for k in _KEPT if k[0] == key[0] and k[1] != version]:
-                    del _KEPT[k]
-                _KEPT[key] = hit
-                while len(_KEPT) > _KEPT_MAX:
-                    _KEPT.pop(next(iter(_KEPT)))
-        return hit
+        return _keep(_KEPT, _KEPT_MAX, self.paths.catalog, version, (what, args), compute)
 
     def version(self) -> tuple[str, str] | None:
         """Which version of the catalog this page scope reads (its base and delta files' stamps): results computed
