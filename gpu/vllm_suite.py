@@ -10,7 +10,10 @@ toy   (the toy pair shipped in models/toy-pair.tar.gz; minutes)
          runner (default) and the V1 runner, next to what SpecLens predicted from the config.
 speed (a Llama-3.1-8B-shaped target with random bf16 weights, load_format="dummy"; 64 prompts x 2048 tokens)
       plain prefill (compiled, max_tokens=1) vs the same in eager mode vs SpecLens capture with streaming statistics
-      of the EAGLE set (S_2, S_16, S_29, S_32) and of all 33 boundaries S_0..S_32; bytes written per token.
+      of the EAGLE set (S_2, S_16, S_29, S_32) and of all 33 boundaries S_0..S_32; bytes written per token;
+      then the same captures in the compiled engine (`--engine-option compiled=true`: vLLM's aux outputs armed at
+      load, no CUDA graphs) against plain compiled prefill, both engines up at once and their runs interleaved,
+      with the compiled capture's statistics compared to the eager hooks' of the same tokens.
 
 Every experiment (step) runs on its own: an exception is recorded as `{"error": ..., "traceback": ...}` under the
 step's key and the suite goes on; DIR/vllm_<section>.json is rewritten after every step, so a run killed at its
@@ -27,6 +30,7 @@ CUDA GPU.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import json
@@ -52,7 +56,8 @@ STEPS = {
     "toy": ["capture_hf", "capture_vllm", "extract", "bench_hf_matched", "bench_hf_after_layer",
             "bench_vllm_matched", "bench_vllm_after_layer", "nested_v2", "nested_v1", "recorded"],
     "speed": ["plain_prefill_compiled", "plain_prefill_eager", "capture_eagle_set", "capture_all_33",
-              "capture_eagle_set_compiled_stats", "capture_all_33_compiled_stats"],
+              "capture_eagle_set_compiled_stats", "capture_all_33_compiled_stats",
+              "capture_eagle_set_compiled", "capture_all_33_compiled"],
 }
 PART_BYTES = 15 * 1024 * 1024          # files back from $OUT: at most 8, 16 MiB each, 64 MiB together
 MAX_OUT_FILES = 8
@@ -374,6 +379,7 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
     if not wanted:
         return
     holder: dict = {}
+    kept: dict = {}      # each capture step's statistics state, for the compiled captures' comparison
 
     def eager_engine():
         """The capture-ready engine (enforce_eager, no prefix caching), started once for the steps below."""
@@ -410,6 +416,7 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
                 llm.collective_rpc("speclens_remove")
             except Exception as e:
                 print("speclens_remove failed:", e, flush=True)
+        kept[name] = got["state"]
         seen = int(got["tokens_seen"])
         # one run's worth of files, written as a capture run writes them: bytes per token
         rd = Run.create(f"{gpu_tag()}-speed-{name}-{int(time.time())}",      # finish() completes a lifecycle Run
@@ -428,9 +435,9 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
         print(name, r, flush=True)
         return r
 
+    sets = {"eagle_set": ["S_2", "S_16", "S_29", "S_32"], "all_33": [f"S_{i}" for i in range(33)]}
     try:
         sec.run("plain_prefill_eager", eager_step)
-        sets = {"eagle_set": ["S_2", "S_16", "S_29", "S_32"], "all_33": [f"S_{i}" for i in range(33)]}
         for name, labels in sets.items():
             sec.run(f"capture_{name}", capture_step, name, labels)
         for name, labels in sets.items():     # the same, with the compiled statistics (the path before the kernel)
@@ -439,6 +446,80 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
         if "llm" in holder:
             V.shutdown(holder.pop("llm"))
         _gpu_cleanup()
+
+    plain: dict = {}
+    # two engines up at once: 10 GiB of KV cache each (80 prompt-lengths; a forward pass holds 8) fits an 80 GB card
+    pair_opts = dataclasses.replace(opts, extra={**opts.extra, "kv_cache_memory_bytes": 10 * 2**30})
+
+    def compiled_capture_step(name: str, labels: list[str]) -> dict:
+        """The capture in the compiled engine (aux outputs armed at load, no CUDA graphs) against plain compiled
+        prefill, both engines up at once and their timed runs interleaved (ABAB...: the first of each pair
+        alternates), so that a drift of the card or the machine falls on both."""
+        if "llm" not in plain:
+            plain["llm"] = V.make_llm(str(mdir), pair_opts, eager=False)
+            V.prefill(plain["llm"], warm)
+        t = time.perf_counter()
+        cap = V.make_llm(str(mdir), pair_opts, capture=True, aux_ids=V.aux_ids_for(labels, 32))
+        start = time.perf_counter() - t
+        try:
+            V.install(cap, labels, sample_tokens=512, sample_per_prompt=64)
+            path = cap.collective_rpc("speclens_stats_path", args=(True,))[0]
+            V.prefill(cap, warm)
+            tp, tc = [], []
+            for i in range(repeats):
+                for which in (("plain", "cap") if i % 2 == 0 else ("cap", "plain")):
+                    torch.cuda.synchronize()
+                    (tp if which == "plain" else tc).append(V.prefill(plain["llm"] if which == "plain" else cap, seqs))
+            got = V.collect(cap)
+        finally:
+            V.shutdown(cap)
+            del cap
+        mp, mc = statistics.median(tp), statistics.median(tc)
+        r = {"engine_start_s": round(start, 1), "stats_update": path, "boundaries": len(labels),
+             "kv_cache_gib_each": 10, "cudagraph_mode_capture": "NONE", "plain_engine": "compiled, CUDA graphs",
+             "plain_seconds": [round(x, 4) for x in tp], "capture_seconds": [round(x, 4) for x in tc],
+             "plain_median_s": round(mp, 4), "capture_median_s": round(mc, 4), "ratio": round(mc / mp, 4),
+             "paired_ratios": [round(c / q, 4) for q, c in zip(tp, tc)],
+             "tokens_seen_by_hooks": int(got["tokens_seen"]), "forwards_seen_by_hooks": int(got.get("forwards", 0)),
+             "tokens_expected": tokens * repeats + len(warm) * prompt_len}
+        ref = kept.get(name)                       # the eager hooks' statistics of the same tokens, when measured
+        if ref is not None:
+            r["against_eager_hooks"] = compare_states(ref, got["state"], labels)
+        print(f"capture_{name}_compiled", r, flush=True)
+        return r
+
+    try:
+        for name, labels in sets.items():
+            sec.run(f"capture_{name}_compiled", compiled_capture_step, name, labels)
+    finally:
+        if "llm" in plain:
+            V.shutdown(plain.pop("llm"))
+        _gpu_cleanup()
+
+
+def compare_states(ref: dict, got: dict, labels: list[str], hidden: int = 4096) -> dict:
+    """Largest difference of two captures' statistics of the same tokens (per-dimension mean, variance, max |x|,
+    the norm histogram, ...), per figure and boundary, relative to the largest value of the reference's figure (the
+    engines batch the tokens differently, so their fp32 sums differ in the last bits; each state's moments are
+    about its own shift, so the raw tensors are not compared)."""
+    import numpy as np
+
+    from backend.stats import StatsState, StreamingStats
+
+    def vec(state: dict) -> dict:
+        return StreamingStats(labels, hidden, "cpu", StatsState.from_tensors(state, "cpu"), compile=False).vectors()
+
+    a, b = vec(ref), vec(got)
+    out = {}
+    for k, x in a.items():
+        y = b.get(k)
+        if y is None or np.shape(x) != np.shape(y):
+            out[k] = "missing or other shape"
+            continue
+        x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        scale = float(np.nanmax(np.abs(x))) if x.size else 0.0
+        out[k] = float(np.nanmax(np.abs(x - y))) / (scale or 1.0) if x.size else 0.0
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- packing

@@ -287,3 +287,30 @@ def test_stderr_tail_keeps_what_a_child_process_printed(monkeypatch):
     msg = V.short_error(RuntimeError("Engine core initialization failed."), root_cause(tail.text()),
                         {"gpu_memory_utilization": 0.3})
     assert "raise --engine-option gpu_memory_utilization (now 0.3)" in msg
+
+
+def test_compiled_capture_options_and_aux_ids():
+    """`--engine-option compiled=true` makes a compiled capture (not a vllm.LLM keyword); the aux ids its engine arms
+    are the S_i asked for (F needs none); anything but true/false is a one-line error."""
+    from backend.settings import CaptureSettings
+
+    s = CaptureSettings(model="m", prompts="p", engine="vllm")
+    o = V.capture_options(s, 1, {"compiled": True, "gpu_memory_utilization": 0.5})
+    assert o.compiled is True and "compiled" not in o.extra and o.gpu_memory_utilization == 0.5
+    assert V.capture_options(s, 1, {}).compiled is False
+    with pytest.raises(SpecLensError, match="compiled=yes: expected true or false"):
+        V.capture_options(s, 1, {"compiled": "yes"})
+    assert V.aux_ids_for(["S_29", "S_2", "F", "S_16", "S_32"], 32) == [2, 16, 29, 32]
+    assert V.aux_ids_for(["F"], 32) == []
+
+
+def test_a_resumed_capture_keeps_its_engine_mode():
+    """A capture started in the compiled engine resumes only in it, and an eager one only in the eager engine: the
+    error names the option; the same mode, or a run of another engine, passes."""
+    V.check_same_mode("r", "vllm 0.24.0, compiled", True)
+    V.check_same_mode("r", "vllm 0.24.0", False)
+    V.check_same_mode("r", "transformers 5.17.0", False)
+    with pytest.raises(SpecLensError, match="compiled engine; resume it with --engine-option compiled=true"):
+        V.check_same_mode("r", "vllm 0.24.0, compiled", False)
+    with pytest.raises(SpecLensError, match="eager engine; resume it without --engine-option compiled=true"):
+        V.check_same_mode("r", "vllm 0.24.0", True)

@@ -7,7 +7,9 @@ output recorded on the H200 (tests/test_vllm_adapter.py, fixtures under tests/da
 - capture: `LLM(enforce_eager=True, enable_prefix_caching=False, worker_extension_cls=SpecLensWorker)`,
   hooks installed in every worker by `collective_rpc("speclens_install")` reduce each boundary to
   streaming statistics on the GPU (backend/engines/vllm_worker.py); prompts go in as token ids with
-  max_tokens=1 (prefill only), so the tokens are exactly the HF capture's.
+  max_tokens=1 (prefill only), so the tokens are exactly the HF capture's. With `--engine-option compiled=true`
+  the engine stays compiled (no CUDA graphs) and its inner stack hands out the boundaries itself (vLLM's EAGLE-3
+  aux outputs, armed at model load: vllm_worker.arm_aux); the same reducer takes them.
 - extract: vLLM's own `extract_hidden_states` method + `ExampleHiddenStatesConnector` (what vLLM feeds a
   drafter, aux ids plus the last layer), files read back, reduced and deleted.
 - bench: `LLM(speculative_config={"method": "eagle3", ...})`, one request at a time (Spec-Bench, batch 1),
@@ -67,6 +69,7 @@ class VllmOptions(EngineOptions):
     max_model_len: int | None = None
     dtype: str = "auto"
     load_format: str | None = None
+    compiled: bool = False        # a capture in the compiled engine (aux outputs armed at load), not in an eager one
     extra: dict = field(default_factory=dict)
 
 
@@ -99,17 +102,30 @@ def short_error(e: BaseException, cause: str | None = None, settings: dict | Non
     return f"GPU memory too small for these settings ({reason}): {' or '.join(fix)}"
 
 
+def aux_ids_for(labels: list[str], n_layers: int) -> list[int]:
+    """The aux ids a compiled capture engine must hand out for these boundaries: i for S_i (F needs none)."""
+    return sorted({b.index for b in (coords.parse(lbl, n_layers) for lbl in labels) if not b.final})
+
+
 def make_llm(model: str, opts: VllmOptions, *, drafter: str | None = None, num_spec_tokens: int | None = None,
-             capture: bool = False, eager: bool = True, extract: dict | None = None):
-    """A `vllm.LLM` for one purpose. capture: hooks need eager mode and no prefix caching."""
+             capture: bool = False, eager: bool = True, extract: dict | None = None,
+             aux_ids: list[int] | None = None):
+    """A `vllm.LLM` for one purpose. capture: hooks need eager mode and no prefix caching; with aux_ids (a compiled
+    capture) the engine stays compiled, without CUDA graphs, and its workers arm those aux outputs at model load."""
     require()
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")   # collective_rpc returns tensors
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")         # 2 minutes of JIT otherwise
     from vllm import LLM
 
+    from backend.engines.vllm_worker import AUX_ENV
+
+    compiled = aux_ids is not None
     kw = dict(model=model, tensor_parallel_size=opts.tensor_parallel_size, dtype=opts.dtype,
-              gpu_memory_utilization=opts.gpu_memory_utilization, enforce_eager=eager or capture,
+              gpu_memory_utilization=opts.gpu_memory_utilization,
+              enforce_eager=(eager or capture) and not compiled,
               disable_log_stats=False, seed=0, skip_tokenizer_init=True, worker_extension_cls=WORKER_EXT)
+    if compiled:    # padded CUDA-graph batches would put padding rows into the statistics
+        kw["compilation_config"] = {"cudagraph_mode": "NONE"}
     if opts.max_model_len:
         kw["max_model_len"] = opts.max_model_len
     if opts.load_format:
@@ -131,6 +147,9 @@ def make_llm(model: str, opts: VllmOptions, *, drafter: str | None = None, num_s
     kw.update(opts.extra)
     from backend.engines.stderr_tail import StderrTail, root_cause
 
+    before = os.environ.pop(AUX_ENV, None)
+    if compiled:                    # read by the workers (children of this process) when they load the model
+        os.environ[AUX_ENV] = ",".join(map(str, aux_ids))
     with StderrTail() as tail:      # the engine core is a child process: its root cause is on stderr
         try:
             return LLM(**kw)
@@ -139,6 +158,10 @@ def make_llm(model: str, opts: VllmOptions, *, drafter: str | None = None, num_s
             what = f"drafter {drafter}" if drafter else f"model {model}"
             raise SpecLensError(f"vLLM could not start with {what}: "
                                 f"{short_error(e, root_cause(tail.text()), kw)}") from e
+        finally:
+            os.environ.pop(AUX_ENV, None)
+            if before is not None:
+                os.environ[AUX_ENV] = before
 
 
 def shutdown(llm) -> None:
@@ -428,6 +451,19 @@ def collect(llm) -> dict:
     return llm.collective_rpc("speclens_collect")[0]
 
 
+COMPILED_MARK = ", compiled"       # the engine_version suffix of a capture run in the compiled engine
+
+
+def check_same_mode(run_id: str, stored_version: str, compiled: bool) -> None:
+    """A resumed capture keeps the engine mode it started in: the compiled engine's final norm rounds differently
+    from the eager engine's, so the two halves would not add up to either run."""
+    was = stored_version.endswith(COMPILED_MARK)
+    if stored_version.startswith("vllm") and was != compiled:
+        mode = "compiled" if was else "eager"
+        raise SpecLensError(f"capture {run_id} was started in vLLM's {mode} engine; resume it "
+                            f"{'with' if was else 'without'} --engine-option compiled=true, or pick another --name")
+
+
 class VllmCapture:
     """vLLM's side of the one capture loop (backend/engines/capture_loop.py): an eager `LLM` without prefix caching,
     hooks installed in every worker (with the resumed state), prompts prefilled `4 x checkpoint_every` at a time and
@@ -437,7 +473,7 @@ class VllmCapture:
 
     def __init__(self, settings: CaptureSettings, opts: VllmOptions | None = None):
         self.settings, self.opts = settings, own_options(VllmOptions, opts)
-        self.engine_version = f"vllm {require()}"
+        self.engine_version = f"vllm {require()}{COMPILED_MARK if self.opts.compiled else ''}"
         self.chunk = max(1, settings.checkpoint_every) * 4
         self.llm = None
         self.res: dict | None = None
@@ -451,6 +487,8 @@ class VllmCapture:
 
     def begin(self, rd: Run, run_id: str, start: int, labels: list[str], wanted: list[coords.Boundary],
               state: StatsState | None, sample: dict[str, torch.Tensor] | None) -> None:
+        if start > 0:
+            check_same_mode(run_id, str(rd.manifest.get("engine_version") or ""), self.opts.compiled)
         self.labels, self.state, self.sample = labels, state, sample
 
     def guard_options(self, run_id: str, where: Callable[[], str], save: Callable[[], None]) -> dict:
@@ -460,7 +498,8 @@ class VllmCapture:
 
     def start(self, rd: Run) -> None:
         s = self.settings
-        self.llm = make_llm(s.model, self.opts, capture=True)
+        self.llm = make_llm(s.model, self.opts, capture=True,
+                            aux_ids=aux_ids_for(self.labels, self.info.n_layers) if self.opts.compiled else None)
         install(self.llm, self.labels, s.sample_tokens, s.sample_per_prompt,
                 {k: v.cpu() for k, v in self.state.tensors().items()} if self.state is not None else None,
                 self.sample, s.exact_sums)
@@ -496,10 +535,13 @@ def capture_options(settings: CaptureSettings, tensor_parallel_size: int = 1,
     """`--tensor-parallel-size` and the `--engine-option KEY=VALUE`s of a capture (command line or job):
     gpu_memory_utilization and max_model_len typed, the rest passed to `vllm.LLM` as given; the dtype the capture's."""
     extra = dict(engine_options or {})
+    compiled = extra.pop("compiled", False)
+    if not isinstance(compiled, bool):
+        raise SpecLensError(f"--engine-option compiled={compiled}: expected true or false")
     return VllmOptions(tensor_parallel_size=int(tensor_parallel_size),
                        gpu_memory_utilization=float(extra.pop("gpu_memory_utilization", 0.3)),
                        max_model_len=extra.pop("max_model_len", None),
-                       dtype=TORCH_DTYPES.get(settings.dtype, settings.dtype), extra=extra)
+                       dtype=TORCH_DTYPES.get(settings.dtype, settings.dtype), compiled=compiled, extra=extra)
 
 
 def capture_session(settings: CaptureSettings, options: EngineOptions | None = None) -> VllmCapture:

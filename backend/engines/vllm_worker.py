@@ -24,15 +24,31 @@ so captures by different engines of the same prompts line up token by token. vLL
 `generate` as its scheduler finds them (its engine core starts stepping as soon as the first request has arrived),
 so the client plans the prompts of each chunk first (`speclens_plan`, TokenSample.plan) and every row goes to the
 slot of its prompt, whatever forward pass, order or prefill chunk it comes in (hook_reduce.plan_rows).
+
+Compiled capture (`--engine-option compiled=true`): the hooks above need an eager engine, and on the 8B shape the eager
+engine alone costs about 1% over vLLM's compiled one. A compiled engine still runs the outer `*ForCausalLM` in Python;
+its inner stack can hand out boundaries itself: vLLM's EAGLE-3 support adds up `hidden + residual` for the ids in
+`aux_hidden_state_layers` inside the compiled graph (vllm/model_executor/models/interfaces.py
+`_maybe_add_hidden_state`: id i = S_i, 0 = embeddings, ascending) and returns `(final-norm output, [S_i ...])`. When
+the engine is started with SPECLENS_VLLM_AUX_IDS set (backend/engines/vllm.py does, for the capture's S_i), importing
+this module in the worker wraps the worker's `load_model` so that, after the model is built and before its first
+forward (which compiles it), the model's aux ids are set and a hook on the outer model strips the pair back to the
+final-norm output the runner expects, handing both to the installed reducer (`take_aux`): S_i from the list, F from
+the first element. The engine runs with `cudagraph_mode=NONE`: vLLM pads a batch to a captured CUDA-graph size and
+the padded rows would reach the statistics (the token count check would fail the run).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
 from backend import coords
 from backend.engines.hook_reduce import layer_pair, plan_rows, plan_sample, stage_rows, stage_runs
 from backend.stats import StatsState, StreamingStats, TokenSample
+
+AUX_ENV = "SPECLENS_VLLM_AUX_IDS"     # comma-separated aux ids (S_i -> i) a compiled capture engine hands out
 
 
 def decoder_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.ModuleList, torch.nn.Module | None]:
@@ -71,6 +87,64 @@ def entry_module(model: torch.nn.Module, inner: torch.nn.Module) -> torch.nn.Mod
     return None
 
 
+def arm_aux(model: torch.nn.Module, ids: list[int]) -> None:
+    """Make a vLLM model return `(final-norm output, [S_i for i in ids])` from its (compiled) inner stack, and put a
+    hook on the outer model that hands the pair to `model._speclens_aux_sink` (a reducer's `take_aux`, when one is
+    installed) and returns the final-norm output alone, as the runner expects. Must run before the first forward:
+    vLLM compiles the inner stack then, with the aux ids it finds."""
+    ids = sorted({int(i) for i in ids})
+    setter = getattr(model, "set_aux_hidden_state_layers", None)
+    if setter is None:
+        raise RuntimeError(f"{type(model).__name__} has no set_aux_hidden_state_layers (no EAGLE-3 support in vLLM): "
+                           "capture it without --engine-option compiled=true")
+    setter(tuple(ids))
+    model._speclens_aux_ids = ids
+    model._speclens_aux_sink = None
+
+    def strip(module, args, out):
+        if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], (list, tuple)):
+            sink = module._speclens_aux_sink
+            if sink is not None:
+                sink(out[0], out[1])
+            return out[0]
+        return out
+
+    model.register_forward_hook(strip)
+
+
+def aux_ids_from_env() -> list[int] | None:
+    text = os.environ.get(AUX_ENV, "").strip()
+    return [int(x) for x in text.split(",") if x.strip()] if text else None
+
+
+def _arm_at_load() -> None:
+    """When this module is imported in a vLLM worker of an engine started for a compiled capture (AUX_ENV set), wrap
+    the worker's `load_model` once: after the model is built, `arm_aux` it (before the profiling forward compiles
+    it). vLLM offers no hook between building and compiling a model, and a worker extension cannot override a method
+    of the worker class (vllm/v1/worker/worker_base.py appends it to the worker's bases)."""
+    if aux_ids_from_env() is None:
+        return
+    try:
+        from vllm.v1.worker.gpu_worker import Worker
+    except ImportError:                       # not inside vLLM (tests, the CPU build without a GPU worker)
+        return
+    if getattr(Worker.load_model, "_speclens_armed", False):
+        return
+    orig = Worker.load_model
+
+    def load_model(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
+        mr = self.model_runner
+        m = mr.get_model() if hasattr(mr, "get_model") else mr.model
+        arm_aux(getattr(m, "module", m), aux_ids_from_env() or [])
+
+    load_model._speclens_armed = True
+    Worker.load_model = load_model
+
+
+_arm_at_load()
+
+
 def aux_layers_of(model: torch.nn.Module) -> list[int] | None:
     """The ids vLLM's model adds up for the drafter (`aux_hidden_state_layers`), read from the live model."""
     for m in model.modules():
@@ -106,11 +180,17 @@ class BoundaryReducer:
         self._segs: list[tuple[torch.Tensor, int]] = []
         self._pending_ids: torch.Tensor | None = None
         self._handles = []
+        self._armed: torch.nn.Module | None = None     # the compiled engine's model whose aux pair comes here
+        self._aux_pos: list[int | None] = []
         self._install(model)
 
     # -------------------------------------------------------------- hooks
     def _install(self, model: torch.nn.Module) -> None:
         entry = entry_module(model, self.inner)
+        ids = getattr(model, "_speclens_aux_ids", None)
+        if ids is not None:                      # a compiled engine armed at load (arm_aux): no layer hooks
+            self._install_aux(model, entry, list(ids))
+            return
         if entry is not None:
             self._handles.append(entry.register_forward_pre_hook(self._begin, with_kwargs=True))
             self._handles.append(entry.register_forward_hook(self._end))
@@ -131,10 +211,34 @@ class BoundaryReducer:
             else:
                 self._handles.append(self.layers[b.index - 1].register_forward_hook(self._post(k)))
 
+    def _install_aux(self, model: torch.nn.Module, entry: torch.nn.Module | None, ids: list[int]) -> None:
+        """Boundaries from the pair the armed model's strip hook hands over (arm_aux): S_i at its place among the
+        aux ids, F the final-norm output. The forward is bracketed on the outer model, as in hook mode."""
+        if entry is not model:
+            raise RuntimeError(f"{type(model).__name__}: its forward hooks do not fire; a compiled capture needs them")
+        missing = [lbl for lbl, b in zip(self.labels, self.bounds) if not b.final and b.index not in ids]
+        if missing:
+            raise RuntimeError(f"this engine was started to hand out S_{', S_'.join(map(str, ids))} only, not "
+                               f"{', '.join(missing)}; start it for these boundaries")
+        self._aux_pos = [None if b.final else ids.index(b.index) for b in self.bounds]
+        self._handles.append(model.register_forward_pre_hook(self._begin, with_kwargs=True))
+        self._handles.append(model.register_forward_hook(self._end))
+        model._speclens_aux_sink = self.take_aux
+        self._armed = model
+
+    def take_aux(self, final: torch.Tensor, aux: list[torch.Tensor]) -> None:
+        """One forward's boundaries from a compiled engine: `final` (F) and `aux` (S_i in ascending id order)."""
+        for k, pos in enumerate(self._aux_pos):
+            self._sink(k, final if pos is None else aux[pos])
+
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
+        armed = getattr(self, "_armed", None)
+        if armed is not None and armed._speclens_aux_sink == self.take_aux:
+            armed._speclens_aux_sink = None
+        self._armed = None
 
     def _begin(self, module, args, kwargs):
         ids = kwargs["input_ids"] if "input_ids" in kwargs else (args[0] if args else None)

