@@ -481,6 +481,7 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
              "plain_median_s": round(mp, 4), "capture_median_s": round(mc, 4), "ratio": round(mc / mp, 4),
              "paired_ratios": [round(c / q, 4) for q, c in zip(tp, tc)],
              "tokens_seen_by_hooks": int(got["tokens_seen"]), "forwards_seen_by_hooks": int(got.get("forwards", 0)),
+             "forwards_without_aux": int(got.get("aux_missing", 0)),
              "tokens_expected": tokens * repeats + len(warm) * prompt_len}
         ref = kept.get(name)                       # the eager hooks' statistics of the same tokens, when measured
         if ref is not None:

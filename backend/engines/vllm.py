@@ -126,6 +126,8 @@ def make_llm(model: str, opts: VllmOptions, *, drafter: str | None = None, num_s
               disable_log_stats=False, seed=0, skip_tokenizer_init=True, worker_extension_cls=WORKER_EXT)
     if compiled:    # padded CUDA-graph batches would put padding rows into the statistics
         kw["compilation_config"] = {"cudagraph_mode": "NONE"}
+        # part of vLLM's compile-cache key: a graph compiled without these aux outputs is never reused here
+        kw["additional_config"] = {"speclens_aux_ids": list(aux_ids)}
     if opts.max_model_len:
         kw["max_model_len"] = opts.max_model_len
     if opts.load_format:
@@ -528,6 +530,12 @@ class VllmCapture:
 
         check_hook_tokens(rd, self.res, tokens_expected, "vLLM",
                           hint=" (prefix caching or padding on?); the statistics would not be the prompts'")
+        missing = int(self.res.get("aux_missing") or 0)
+        if missing:
+            rd.fail(f"{missing} forward passes of vLLM's compiled engine handed out no boundaries")
+            raise SpecLensError(f"capture {rd.run_id}: {missing} forward passes of vLLM's compiled engine handed out "
+                                "no boundaries (its graph was built without them); run it without "
+                                "--engine-option compiled=true")
 
 
 def capture_options(settings: CaptureSettings, tensor_parallel_size: int = 1,

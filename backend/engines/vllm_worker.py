@@ -102,12 +102,11 @@ def arm_aux(model: torch.nn.Module, ids: list[int]) -> None:
     model._speclens_aux_sink = None
 
     def strip(module, args, out):
-        if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], (list, tuple)):
-            sink = module._speclens_aux_sink
-            if sink is not None:
-                sink(out[0], out[1])
-            return out[0]
-        return out
+        pair = isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], (list, tuple))
+        sink = module._speclens_aux_sink
+        if sink is not None:
+            sink(out[0] if pair else out, out[1] if pair else None)    # None: this forward handed out nothing
+        return out[0] if pair else out
 
     model.register_forward_hook(strip)
 
@@ -182,6 +181,8 @@ class BoundaryReducer:
         self._handles = []
         self._armed: torch.nn.Module | None = None     # the compiled engine's model whose aux pair comes here
         self._aux_pos: list[int | None] = []
+        self._aux_ids: list[int] = []
+        self.aux_missing = 0          # forwards of a compiled engine that handed out no boundaries
         self._install(model)
 
     # -------------------------------------------------------------- hooks
@@ -221,13 +222,19 @@ class BoundaryReducer:
             raise RuntimeError(f"this engine was started to hand out S_{', S_'.join(map(str, ids))} only, not "
                                f"{', '.join(missing)}; start it for these boundaries")
         self._aux_pos = [None if b.final else ids.index(b.index) for b in self.bounds]
+        self._aux_ids = ids
         self._handles.append(model.register_forward_pre_hook(self._begin, with_kwargs=True))
         self._handles.append(model.register_forward_hook(self._end))
         model._speclens_aux_sink = self.take_aux
         self._armed = model
 
-    def take_aux(self, final: torch.Tensor, aux: list[torch.Tensor]) -> None:
-        """One forward's boundaries from a compiled engine: `final` (F) and `aux` (S_i in ascending id order)."""
+    def take_aux(self, final: torch.Tensor, aux: list[torch.Tensor] | None) -> None:
+        """One forward's boundaries from a compiled engine: `final` (F) and `aux` (S_i in ascending id order). aux
+        None: the compiled graph returned no aux states (built without them, e.g. a compile cache of another engine);
+        counted, so that the capture fails instead of missing those tokens."""
+        if aux is None or len(aux) != len(self._aux_ids):
+            self.aux_missing += 1
+            return
         for k, pos in enumerate(self._aux_pos):
             self._sink(k, final if pos is None else aux[pos])
 
@@ -335,7 +342,7 @@ class BoundaryReducer:
             torch.cuda.synchronize(self.device)
         return {"labels": self.labels, "state": {k: v.detach().cpu() for k, v in self.stats.state.tensors().items()},
                 "sample": {k: v.clone() for k, v in self.sample.tensors().items()},
-                "tokens_seen": self.tokens, "forwards": self.forwards}
+                "tokens_seen": self.tokens, "forwards": self.forwards, "aux_missing": self.aux_missing}
 
 
 def _tensors(d: dict | bytes | None) -> dict | None:
