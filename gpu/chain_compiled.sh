@@ -59,13 +59,56 @@ case $1 in
       echo "SGLang load kill not run: $(left) s left, $(ls /tmp/stage_s/part* 2>/dev/null | wc -l) parts"
     fi
     echo "chain done at $(el) s $(date -u +%FT%TZ)" ;;
+  start2)
+    mkdir -p $d
+    setsid nohup bash "$0" chain2 "${2:-900}" > $d/suite.log 2>&1 < /dev/null & echo $! > $d/pid
+    sleep 2; tail -3 $d/suite.log ;;
+  chain2)   # a fresh machine with less time: the SGLang sweep kill first, then the compiled EAGLE-set capture alone
+    budget=$2 t0=$(date +%s)
+    el() { echo $(( $(date +%s) - t0 )); }
+    left() { echo $(( budget - ($(date +%s) - t0) )); }
+    echo "chain2 start $(date -u +%FT%TZ), budget $budget s"
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+    while [ "$(ls /tmp/stage_s/part* 2>/dev/null | wc -l)" != "$(cat /tmp/stage_s/NPARTS)" ] || [ ! -d /tmp/whl2 ]; do
+      sleep 2; done
+    bash gpu/load_h200.sh install-sgl "$(cat /tmp/stage_s/SHA256)" 2>&1 | tail -3
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_duck /tmp/whl/*.whl 2>&1 | tail -2
+    echo "sglang installed at $(el) s"
+    PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out $d/fault_s --root /tmp/fault_root_s --engines sglang \
+      --engine-path sglang=/tmp/site_sgl --steps sglang-load --load-ks 1 --load-concurrency 1,4 --load-requests 8 \
+      --max-new-tokens 32 --sglang-option attention-backend=triton --sglang-option disable-cuda-graph=true \
+      --sglang-option enable-deterministic-inference=true --budget-s $(( $(left) - 30 )) > $d/fault_s.log 2>&1
+    tail -8 $d/fault_s.log; echo "sglang load kill done at $(el) s"
+    if [ "$(ls /tmp/stage_v/part* 2>/dev/null | wc -l)" = "$(cat /tmp/stage_v/NPARTS)" ] && [ "$(left)" -gt 260 ]; then
+      bash gpu/load_h200.sh install-vllm "$(cat /tmp/stage_v/SHA256)" 2>&1 | tail -2
+      env PYTHONPATH=/tmp/site_vllm timeout $(( $(left) - 10 )) python3 gpu/vllm_suite.py speed --out $d/alone \
+        --root /tmp/data-speed --compiled-alone --only plain_prefill_compiled,capture_eagle_set_compiled \
+        > $d/alone.log 2>&1
+      grep -E '^(plain_|capture_)' $d/alone.log | cut -c1-1500
+    else
+      echo "compiled capture alone not run: $(left) s left"
+    fi
+    echo "chain2 done at $(el) s $(date -u +%FT%TZ)" ;;
+  alone)
+    setsid nohup bash -c "env PYTHONPATH=/tmp/site_vllm timeout ${2:-400} python3 gpu/vllm_suite.py speed \
+      --out $d/alone --root /tmp/data-speed --compiled-alone \
+      --only plain_prefill_compiled,capture_eagle_set_compiled,capture_all_33_compiled > $d/alone.log 2>&1; \
+      grep -E '^(plain_|capture_)' $d/alone.log | cut -c1-1500 >> $d/suite.log; echo 'alone done' >> $d/suite.log" \
+      > /dev/null 2>&1 < /dev/null & echo $! > $d/pid
+    sleep 2; echo started ;;
   poll)
     end=$(( $(date +%s) + ${2:-500} ))
     while kill -0 "$(cat $d/pid)" 2>/dev/null && [ "$(date +%s)" -lt $end ]; do sleep 3; done
     tail -40 $d/suite.log; kill -0 "$(cat $d/pid)" 2>/dev/null && echo "STILL RUNNING" || echo "FINISHED"
     cp $d/suite.log "$OUT/" 2>/dev/null
     [ -f $d/speed/vllm_speed.json ] && cp $d/speed/vllm_speed.json "$OUT/"
+    [ -f $d/alone/vllm_speed.json ] && cp $d/alone/vllm_speed.json "$OUT/vllm_speed_alone.json"
     [ -f $d/speed.log ] && tail -c 3000000 $d/speed.log > "$OUT/speed.log"
     [ -d $d/fault_s ] && (cd $d && tar czf "$OUT/fault_s.tar.gz" --exclude='*.safetensors' fault_s fault_s.log 2>/dev/null)
+    [ -f $d/alone.log ] && tail -c 2000000 $d/alone.log > "$OUT/alone.log"
     nvidia-smi --query-gpu=name,memory.used --format=csv,noheader; ls -la "$OUT" ;;
 esac
+# Second pass (after the chain): the compiled captures' engine alone on the card, with and without statistics:
+#   bash gpu/chain_compiled.sh alone BUDGET_S   (in the background; `poll` shows it too)
+# On a fresh machine with less time: `start2 BUDGET_S` runs the SGLang sweep kill, then the compiled EAGLE-set
+# capture alone (both bundles' parts moved as for `start`).

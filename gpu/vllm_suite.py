@@ -324,7 +324,8 @@ def toy(sec: Section, out: Path, root: Path, n_capture: int, n_bench: int, max_n
 
 # ---------------------------------------------------------------------------------------------------- speed
 
-def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: int) -> None:
+def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: int,
+          compiled_alone: bool = False) -> None:
     import torch
     from load_suite import gpu_tag  # gpu/load_suite.py: the card tag its load runs are named with
 
@@ -455,6 +456,8 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
         """The capture in the compiled engine (aux outputs armed at load, no CUDA graphs) against plain compiled
         prefill, both engines up at once and their timed runs interleaved (ABAB...: the first of each pair
         alternates), so that a drift of the card or the machine falls on both."""
+        if compiled_alone:
+            return compiled_alone_step(name, labels)
         if "llm" not in plain:
             plain["llm"] = V.make_llm(str(mdir), pair_opts, eager=False)
             V.prefill(plain["llm"], warm)
@@ -484,6 +487,37 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
              "forwards_without_aux": int(got.get("aux_missing", 0)),
              "tokens_expected": tokens * repeats + len(warm) * prompt_len}
         ref = kept.get(name)                       # the eager hooks' statistics of the same tokens, when measured
+        if ref is not None:
+            r["against_eager_hooks"] = compare_states(ref, got["state"], labels)
+        print(f"capture_{name}_compiled", r, flush=True)
+        return r
+
+    def compiled_alone_step(name: str, labels: list[str]) -> dict:
+        """The compiled capture engine alone on the card (as the eager steps run): timed with the statistics, then
+        with the reducer removed (the aux outputs still materialised, no statistics), against this run's plain
+        compiled prefill."""
+        t = time.perf_counter()
+        cap = V.make_llm(str(mdir), opts, capture=True, aux_ids=V.aux_ids_for(labels, 32))
+        start = time.perf_counter() - t
+        try:
+            V.install(cap, labels, sample_tokens=512, sample_per_prompt=64)
+            path = cap.collective_rpc("speclens_stats_path", args=(True,))[0]
+            with_stats = timed(cap)
+            got = V.collect(cap)
+            cap.collective_rpc("speclens_remove")
+            no_stats = timed(cap)
+        finally:
+            V.shutdown(cap)
+            del cap
+        r = {"engine_start_s": round(start, 1), "stats_update": path, "boundaries": len(labels), "alone": True,
+             "cudagraph_mode_capture": "NONE", "with_statistics": with_stats, "aux_only_no_statistics": no_stats,
+             "tokens_seen_by_hooks": int(got["tokens_seen"]), "forwards_seen_by_hooks": int(got.get("forwards", 0)),
+             "forwards_without_aux": int(got.get("aux_missing", 0)),
+             "tokens_expected": tokens * repeats + len(warm) * prompt_len}
+        if base:
+            r["ratio_vs_compiled"] = round(with_stats["median_s"] / base, 4)
+            r["aux_only_ratio_vs_compiled"] = round(no_stats["median_s"] / base, 4)
+        ref = kept.get(name)
         if ref is not None:
             r["against_eager_hooks"] = compare_states(ref, got["state"], labels)
         print(f"capture_{name}_compiled", r, flush=True)
@@ -593,6 +627,9 @@ def main() -> int:
     p.add_argument("--only", default=None, help="comma-separated step names: " +
                    ", ".join(STEPS["toy"] + STEPS["speed"]))
     p.add_argument("--budget-s", type=float, default=None, help="start no step after this many seconds")
+    p.add_argument("--compiled-alone", action="store_true",
+                   help="the compiled captures' engine alone on the card (with and without statistics) instead of "
+                        "interleaved with a plain compiled engine up beside it")
     p.add_argument("--kv-cache-gib", type=float, default=4.0,
                    help="toy engines' KV cache (GiB) instead of vLLM's profiling; 0 = let vLLM profile")
     p.add_argument("--kv-cache-gib-speed", type=float, default=24.0, help="the same for the 8B-shape engines")
@@ -631,7 +668,7 @@ def main() -> int:
             sec = Section("speed", a.out, only, deadline)
             sections.append(sec)
             try:
-                speed(sec, a.root, a.speed_prompts, a.speed_len, a.repeats)
+                speed(sec, a.root, a.speed_prompts, a.speed_len, a.repeats, a.compiled_alone)
             except Exception as e:
                 sec.res["error"] = f"{type(e).__name__}: {e}"
                 sec.res["traceback"] = traceback.format_exc()[-6000:]
