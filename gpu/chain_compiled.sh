@@ -89,6 +89,22 @@ case $1 in
       echo "compiled capture alone not run: $(left) s left"
     fi
     echo "chain2 done at $(el) s $(date -u +%FT%TZ)" ;;
+  start3)  # a fresh machine, vLLM only: the compiled captures' engine alone (EAGLE set; all 33 if the time allows)
+    mkdir -p $d
+    setsid nohup bash "$0" chain3 "${2:-300}" > $d/suite.log 2>&1 < /dev/null & echo $! > $d/pid
+    sleep 2; tail -3 $d/suite.log ;;
+  chain3)
+    t0=$(date +%s)
+    echo "chain3 start $(date -u +%FT%TZ)"; nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+    while [ "$(ls /tmp/stage_v/part* 2>/dev/null | wc -l)" != "$(cat /tmp/stage_v/NPARTS)" ] || [ ! -d /tmp/whl ]; do
+      sleep 2; done
+    bash gpu/load_h200.sh install-vllm "$(cat /tmp/stage_v/SHA256)" 2>&1 | tail -2
+    echo "vllm installed at $(( $(date +%s) - t0 )) s"
+    env PYTHONPATH=/tmp/site_vllm timeout 560 python3 gpu/vllm_suite.py speed --out $d/alone --root /tmp/data-speed \
+      --compiled-alone --budget-s "$2" --only plain_prefill_compiled,capture_eagle_set_compiled,capture_all_33_compiled \
+      > $d/alone.log 2>&1
+    grep -E '^(plain_|capture_|\[speed\])' $d/alone.log | cut -c1-1500
+    echo "chain3 done at $(( $(date +%s) - t0 )) s $(date -u +%FT%TZ)" ;;
   alone)
     setsid nohup bash -c "env PYTHONPATH=/tmp/site_vllm timeout ${2:-400} python3 gpu/vllm_suite.py speed \
       --out $d/alone --root /tmp/data-speed --compiled-alone \
