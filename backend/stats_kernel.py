@@ -36,6 +36,7 @@ import triton.language as tl
 BLOCK_T, BLOCK_H = 16, 128  # a tile of the batch: rows x columns
 ROW_BLOCK = 256             # rows per program when the row norms are finished
 MAX_GROUPS = 32             # row groups per batch: enough programs to fill a GPU beside the column blocks
+NRB_BLOCK = 64              # row blocks the scalar reduction sums a step (64 x ROW_BLOCK = 16,384 rows in one step)
 
 
 @triton.jit
@@ -152,15 +153,16 @@ def _reduce(part_ptr, rs_ptr, mom_ptr, maxabs_ptr, scal_ptr, nmin_ptr, nmax_ptr,
         old = tl.load(maxabs_ptr + cols, mask=cols < H, other=0.0)
         tl.store(maxabs_ptr + cols, tl.maximum(old, mx), mask=cols < H)
     else:
-        ri = tl.arange(0, NRB)
-        rm = ri < n_rb
-        for k in tl.static_range(4):
-            v = tl.load(rs_ptr + ri * 6 + k, mask=rm, other=0.0).to(tl.float64)
-            tl.store(scal_ptr + k, tl.load(scal_ptr + k) + tl.sum(v, axis=0))
-        lo = tl.min(tl.load(rs_ptr + ri * 6 + 4, mask=rm, other=float("inf")), axis=0)
-        hi = tl.max(tl.load(rs_ptr + ri * 6 + 5, mask=rm, other=0.0), axis=0)
-        tl.store(nmin_ptr, tl.minimum(tl.load(nmin_ptr), lo))
-        tl.store(nmax_ptr, tl.maximum(tl.load(nmax_ptr), hi))
+        for s in range(0, n_rb, NRB):          # NRB row blocks at a time: no constant depends on the batch size
+            ri = s + tl.arange(0, NRB)
+            rm = ri < n_rb
+            for k in tl.static_range(4):
+                v = tl.load(rs_ptr + ri * 6 + k, mask=rm, other=0.0).to(tl.float64)
+                tl.store(scal_ptr + k, tl.load(scal_ptr + k) + tl.sum(v, axis=0))
+            lo = tl.min(tl.load(rs_ptr + ri * 6 + 4, mask=rm, other=float("inf")), axis=0)
+            hi = tl.max(tl.load(rs_ptr + ri * 6 + 5, mask=rm, other=0.0), axis=0)
+            tl.store(nmin_ptr, tl.minimum(tl.load(nmin_ptr), lo))
+            tl.store(nmax_ptr, tl.maximum(tl.load(nmax_ptr), hi))
 
 
 def available(device: torch.device | str) -> bool:
@@ -219,6 +221,9 @@ def update(state, i: int, h: torch.Tensor, r: torch.Tensor | None) -> torch.Tens
     _rows[(n_rb,)](sq, norm, logn, rs, T, n_cb, RB=ROW_BLOCK, NCB=_pow2(n_cb))
     _fixup[(n_cb, n_g)](h, rr, ref, norm, rs, part, T, H, h.stride(0), rr.stride(0), per, n_rb,
                         HAS_R=has_r, ROUND=rnd, BT=BLOCK_T, BH=BLOCK_H, RB=ROW_BLOCK)
+    # the block sizes are fixed (at most MAX_GROUPS groups; NRB_BLOCK row blocks a step), not powers of two of this
+    # batch's counts: a constant that followed the batch size would make Triton build the kernel again for each new
+    # size class, inside an engine's timed forward passes (0.2-1 s each on an H100, seen in vLLM's JIT monitor)
     _reduce[(n_cb + 1,)](part, rs, state.moments[i], state.max_abs[i], state.scalars[i], state.norm_min[i:i + 1],
-                         state.norm_max[i:i + 1], H, n_g, n_cb, n_rb, BH=BLOCK_H, NG=_pow2(n_g), NRB=_pow2(n_rb))
+                         state.norm_max[i:i + 1], H, n_g, n_cb, n_rb, BH=BLOCK_H, NG=MAX_GROUPS, NRB=NRB_BLOCK)
     return logn

@@ -347,7 +347,8 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
     tokens = n_prompts * prompt_len
     warm = seqs[:12]    # two forward passes: the first sets each boundary's shift, the second compiles the kernels
     opts = V.VllmOptions(gpu_memory_utilization=0.4, max_model_len=prompt_len + 64, dtype="bfloat16",
-                           load_format="dummy", extra={"enable_prefix_caching": False, **KV_CACHE_SPEED})
+                           load_format="dummy", extra={"enable_prefix_caching": False, **KV_CACHE_SPEED,
+                                                       "jit_monitor_verbose": True})   # every Triton build logged
     sec.res.update({"model": "Llama-3.1-8B shape, random bf16 (load_format=dummy)", "prompts": n_prompts,
                     "prompt_tokens": prompt_len, "tokens": tokens, "repeats": repeats})
 
