@@ -223,7 +223,8 @@ def update(state, i: int, h: torch.Tensor, r: torch.Tensor | None) -> torch.Tens
                         HAS_R=has_r, ROUND=rnd, BT=BLOCK_T, BH=BLOCK_H, RB=ROW_BLOCK)
     # the block sizes are fixed (at most MAX_GROUPS groups; NRB_BLOCK row blocks a step), not powers of two of this
     # batch's counts: a constant that followed the batch size would make Triton build the kernel again for each new
-    # size class, inside an engine's timed forward passes (0.2-1 s each on an H100, seen in vLLM's JIT monitor)
+    # size class, inside an engine's timed forward passes (the likely cause of the 0.2-1 s excursions of timed runs
+    # on an H100 on 2026-12-07; vLLM's JIT monitor logs only the first build of each kernel)
     _reduce[(n_cb + 1,)](part, rs, state.moments[i], state.max_abs[i], state.scalars[i], state.norm_min[i:i + 1],
                          state.norm_max[i:i + 1], H, n_g, n_cb, n_rb, BH=BLOCK_H, NG=MAX_GROUPS, NRB=NRB_BLOCK)
     return logn

@@ -219,8 +219,9 @@ class BoundaryReducer:
             raise RuntimeError(f"{type(model).__name__}: its forward hooks do not fire; a compiled capture needs them")
         missing = [lbl for lbl, b in zip(self.labels, self.bounds) if not b.final and b.index not in ids]
         if missing:
-            raise RuntimeError(f"this engine was started to hand out S_{', S_'.join(map(str, ids))} only, not "
-                               f"{', '.join(missing)}; start it for these boundaries")
+            have = ", ".join(f"S_{i}" for i in ids) or "no S_i"
+            raise RuntimeError(f"this engine was started to hand out {have} only, not {', '.join(missing)}; "
+                               "start it for these boundaries")
         self._aux_pos = [None if b.final else ids.index(b.index) for b in self.bounds]
         self._aux_ids = ids
         self._handles.append(model.register_forward_pre_hook(self._begin, with_kwargs=True))
