@@ -145,7 +145,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--extract-ids", help="vllm: capture exactly these layer ids through vLLM's own "
                                          "extract_hidden_states (what it feeds a drafter, e.g. 2,16,29,32)")
     c.add_argument("--engine-option", action="append", metavar="KEY=VALUE",
-                   help="vllm: passed to vllm.LLM (e.g. gpu_memory_utilization=0.5)")
+                   help="vllm: passed to vllm.LLM (e.g. gpu_memory_utilization=0.5); compiled=true: capture in "
+                        "vLLM's compiled engine (its own aux outputs) instead of an eager one with hooks")
     c.add_argument("--quiet", action="store_true")
     c.set_defaults(fn=cmd_capture)
 
