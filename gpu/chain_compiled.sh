@@ -16,6 +16,20 @@
 set -u
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 d=/tmp/out_comp
+t0=$(date +%s) budget=${2:-0}
+el() { echo $(( $(date +%s) - t0 )); }                  # seconds since this invocation began
+left() { echo $(( budget - ($(date +%s) - t0) )); }     # of the budget given as the second argument
+sglang_sweep_kill() {   # SGLang installed, then the sweep kill trial (item 5) with the budget left
+  bash gpu/load_h200.sh install-sgl "$(cat /tmp/stage_s/SHA256)" 2>&1 | tail -3
+  [ -f /tmp/site_duck/duckdb/__init__.py ] || python3 -m pip install -q --no-index --no-deps --no-compile \
+    --target /tmp/site_duck /tmp/whl/*.whl 2>&1 | tail -2
+  echo "sglang installed at $(el) s"
+  PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out $d/fault_s --root /tmp/fault_root_s --engines sglang \
+    --engine-path sglang=/tmp/site_sgl --steps sglang-load --load-ks 1 --load-concurrency 1,4 --load-requests 8 \
+    --max-new-tokens 32 --sglang-option attention-backend=triton --sglang-option disable-cuda-graph=true \
+    --sglang-option enable-deterministic-inference=true --budget-s $(( $(left) - 30 )) > $d/fault_s.log 2>&1
+  tail -8 $d/fault_s.log; echo "sglang load kill done at $(el) s"
+}
 case $1 in
   part)
     mkdir -p "$2" && mv "$3" "$2/" && ls "$2" | grep -c part ;;
@@ -24,9 +38,6 @@ case $1 in
     setsid nohup bash "$0" chain "${2:-1400}" > $d/suite.log 2>&1 < /dev/null & echo $! > $d/pid
     sleep 3; tail -5 $d/suite.log ;;
   chain)
-    budget=$2 t0=$(date +%s)
-    el() { echo $(( $(date +%s) - t0 )); }
-    left() { echo $(( budget - ($(date +%s) - t0) )); }
     echo "chain start $(date -u +%FT%TZ), budget $budget s"
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
     while [ "$(ls /tmp/stage_v/part* 2>/dev/null | wc -l)" != "$(cat /tmp/stage_v/NPARTS)" ] || [ ! -d /tmp/whl ]; do
@@ -46,15 +57,7 @@ case $1 in
     while [ "$(ls /tmp/stage_s/part* 2>/dev/null | wc -l)" != "$(cat /tmp/stage_s/NPARTS)" ] && [ "$(left)" -gt 300 ]; do
       sleep 2; done
     if [ "$(ls /tmp/stage_s/part* 2>/dev/null | wc -l)" = "$(cat /tmp/stage_s/NPARTS)" ] && [ "$(left)" -gt 300 ]; then
-      bash gpu/load_h200.sh install-sgl "$(cat /tmp/stage_s/SHA256)" 2>&1 | tail -3
-      [ -f /tmp/site_duck/duckdb/__init__.py ] || python3 -m pip install -q --no-index --no-deps --no-compile \
-        --target /tmp/site_duck /tmp/whl/*.whl 2>&1 | tail -2
-      echo "sglang installed at $(el) s"
-      PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out $d/fault_s --root /tmp/fault_root_s --engines sglang \
-        --engine-path sglang=/tmp/site_sgl --steps sglang-load --load-ks 1 --load-concurrency 1,4 --load-requests 8 \
-        --max-new-tokens 32 --sglang-option attention-backend=triton --sglang-option disable-cuda-graph=true \
-        --sglang-option enable-deterministic-inference=true --budget-s $(( $(left) - 30 )) > $d/fault_s.log 2>&1
-      tail -8 $d/fault_s.log; echo "sglang load kill done at $(el) s"
+      sglang_sweep_kill
     else
       echo "SGLang load kill not run: $(left) s left, $(ls /tmp/stage_s/part* 2>/dev/null | wc -l) parts"
     fi
@@ -64,21 +67,11 @@ case $1 in
     setsid nohup bash "$0" chain2 "${2:-900}" > $d/suite.log 2>&1 < /dev/null & echo $! > $d/pid
     sleep 2; tail -3 $d/suite.log ;;
   chain2)   # a fresh machine with less time: the SGLang sweep kill first, then the compiled EAGLE-set capture alone
-    budget=$2 t0=$(date +%s)
-    el() { echo $(( $(date +%s) - t0 )); }
-    left() { echo $(( budget - ($(date +%s) - t0) )); }
     echo "chain2 start $(date -u +%FT%TZ), budget $budget s"
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
     while [ "$(ls /tmp/stage_s/part* 2>/dev/null | wc -l)" != "$(cat /tmp/stage_s/NPARTS)" ] || [ ! -d /tmp/whl2 ]; do
       sleep 2; done
-    bash gpu/load_h200.sh install-sgl "$(cat /tmp/stage_s/SHA256)" 2>&1 | tail -3
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_duck /tmp/whl/*.whl 2>&1 | tail -2
-    echo "sglang installed at $(el) s"
-    PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out $d/fault_s --root /tmp/fault_root_s --engines sglang \
-      --engine-path sglang=/tmp/site_sgl --steps sglang-load --load-ks 1 --load-concurrency 1,4 --load-requests 8 \
-      --max-new-tokens 32 --sglang-option attention-backend=triton --sglang-option disable-cuda-graph=true \
-      --sglang-option enable-deterministic-inference=true --budget-s $(( $(left) - 30 )) > $d/fault_s.log 2>&1
-    tail -8 $d/fault_s.log; echo "sglang load kill done at $(el) s"
+    sglang_sweep_kill
     if [ "$(ls /tmp/stage_v/part* 2>/dev/null | wc -l)" = "$(cat /tmp/stage_v/NPARTS)" ] && [ "$(left)" -gt 260 ]; then
       bash gpu/load_h200.sh install-vllm "$(cat /tmp/stage_v/SHA256)" 2>&1 | tail -2
       env PYTHONPATH=/tmp/site_vllm timeout $(( $(left) - 10 )) python3 gpu/vllm_suite.py speed --out $d/alone \

@@ -453,6 +453,19 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
     # two engines up at once: 10 GiB of KV cache each (80 prompt-lengths; a forward pass holds 8) fits an 80 GB card
     pair_opts = dataclasses.replace(opts, extra={**opts.extra, "kv_cache_memory_bytes": 10 * 2**30})
 
+    def compiled_capture_engine(labels: list[str], o: V.VllmOptions):
+        """(engine, seconds to start, statistics path): the compiled capture engine for these boundaries, its reducer
+        installed with the one-pass update."""
+        t = time.perf_counter()
+        cap = V.make_llm(str(mdir), o, capture=True, aux_ids=V.aux_ids_for(labels, 32))
+        start = time.perf_counter() - t
+        try:
+            V.install(cap, labels, sample_tokens=512, sample_per_prompt=64)
+            return cap, start, cap.collective_rpc("speclens_stats_path", args=(True,))[0]
+        except BaseException:
+            V.shutdown(cap)
+            raise
+
     def compiled_capture_step(name: str, labels: list[str]) -> dict:
         """The capture in the compiled engine (aux outputs armed at load, no CUDA graphs) against plain compiled
         prefill, both engines up at once and their timed runs interleaved (ABAB...: the first of each pair
@@ -462,12 +475,8 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
         if "llm" not in plain:
             plain["llm"] = V.make_llm(str(mdir), pair_opts, eager=False)
             V.prefill(plain["llm"], warm)
-        t = time.perf_counter()
-        cap = V.make_llm(str(mdir), pair_opts, capture=True, aux_ids=V.aux_ids_for(labels, 32))
-        start = time.perf_counter() - t
+        cap, start, path = compiled_capture_engine(labels, pair_opts)
         try:
-            V.install(cap, labels, sample_tokens=512, sample_per_prompt=64)
-            path = cap.collective_rpc("speclens_stats_path", args=(True,))[0]
             V.prefill(cap, warm)
             tp, tc = [], []
             for i in range(repeats):
@@ -497,12 +506,8 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
         """The compiled capture engine alone on the card (as the eager steps run): timed with the statistics, then
         with the reducer removed (the aux outputs still materialised, no statistics), against this run's plain
         compiled prefill."""
-        t = time.perf_counter()
-        cap = V.make_llm(str(mdir), opts, capture=True, aux_ids=V.aux_ids_for(labels, 32))
-        start = time.perf_counter() - t
+        cap, start, path = compiled_capture_engine(labels, opts)
         try:
-            V.install(cap, labels, sample_tokens=512, sample_per_prompt=64)
-            path = cap.collective_rpc("speclens_stats_path", args=(True,))[0]
             with_stats = timed(cap)
             got = V.collect(cap)
             cap.collective_rpc("speclens_remove")
