@@ -175,8 +175,17 @@ def add_load_runs(root: Path) -> list[str]:
 
 _APPTEST = r"""
 import json, resource, sys, time
+from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 page, params = sys.argv[1], json.loads(sys.argv[2])
+# app.py routes with st.navigation, as `python -m dashboard.serve` serves it (its main() sets this flag): the page runs
+# inside app.py (page setup, one catalog connection per page run). AppTest resets the flag on every run, and a pages/
+# folder beside app.py then makes it run the page script alone, each catalog query opening the catalog again.
+_pm_init = PagesManager.__init__
+def _navigation_mode(self, *a, **kw):
+    _pm_init(self, *a, **kw)
+    PagesManager.uses_pages_directory = False
+PagesManager.__init__ = _navigation_mode
 out = {}
 labels = ("cold", "warm")
 components = None
