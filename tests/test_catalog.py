@@ -14,6 +14,21 @@ def _writer(root, n, stop):
     stop.set()
 
 
+def _complete(data: DataRoot, *run_ids: str) -> None:
+    for rid in run_ids:
+        data.new_run_dir(rid, {"kind": "capture", "engine": "hf"}).update(status="complete")
+
+
+def _count_opens(monkeypatch) -> list:
+    """Every DuckDB file the catalog opens from now on, in order."""
+    from backend.store import catalog as store
+
+    opened = []
+    real = store._open
+    monkeypatch.setattr(store, "_open", lambda path: opened.append(path) or real(path))
+    return opened
+
+
 def test_rebuild_and_status(data_root):
     DataRoot(data_root).new_run_dir("done", {"kind": "capture", "engine": "hf"}).update(status="complete")
     rd = DataRoot(data_root).new_run_dir("dead", {"kind": "capture", "engine": "hf"})
@@ -85,11 +100,9 @@ def test_shared_reads_open_the_file_once_and_see_this_process_reindex(data_root,
     from backend.store import catalog as store
 
     data = DataRoot(data_root)
-    data.new_run_dir("a", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    _complete(data, "a")
     data.catalog.write.refresh()
-    opened = []
-    real = store._open
-    monkeypatch.setattr(store, "_open", lambda path: opened.append(path) or real(path))
+    opened = _count_opens(monkeypatch)
     read = data.catalog.read
     with store.shared_reads():
         held = store._SHARED.get()
@@ -120,11 +133,9 @@ def test_page_scopes_share_one_kept_connection_per_catalog_version(data_root, mo
     from backend.store import catalog as store
 
     data = DataRoot(data_root)
-    data.new_run_dir("a", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    _complete(data, "a")
     data.catalog.write.refresh()
-    opened = []
-    real = store._open
-    monkeypatch.setattr(store, "_open", lambda path: opened.append(path) or real(path))
+    opened = _count_opens(monkeypatch)
     read = data.catalog.read
     for _ in range(3):                                              # three page runs
         with store.shared_reads():
@@ -182,12 +193,9 @@ def test_a_rescan_that_finds_nothing_opens_no_file_and_still_sees_every_change(d
     from backend.store import catalog as store
 
     data = DataRoot(data_root)
-    data.new_run_dir("a", {"kind": "capture", "engine": "hf"}).update(status="complete")
-    data.new_run_dir("b", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    _complete(data, "a", "b")
     data.catalog.write.refresh()
-    opened = []
-    real = store._open
-    monkeypatch.setattr(store, "_open", lambda path: opened.append(path) or real(path))
+    opened = _count_opens(monkeypatch)
     data.catalog.write.refresh()
     n = len(opened)
     for _ in range(3):
