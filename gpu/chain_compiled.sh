@@ -98,6 +98,31 @@ case $1 in
       > $d/alone.log 2>&1
     grep -E '^(plain_|capture_|\[speed\])' $d/alone.log | cut -c1-1500
     echo "chain3 done at $(( $(date +%s) - t0 )) s $(date -u +%FT%TZ)" ;;
+  start4)  # one stretch for both: the compiled captures alone (vLLM, suite budget $2), then the SGLang sweep kill
+    mkdir -p $d
+    setsid nohup bash "$0" chain4 "${2:-260}" "${3:-1500}" > $d/suite.log 2>&1 < /dev/null & echo $! > $d/pid
+    sleep 2; tail -3 $d/suite.log ;;
+  chain4)   # $2: the speed suite's --budget-s; $3: seconds from this start by which everything must be done
+    budget=${3:-1500}
+    echo "chain4 start $(date -u +%FT%TZ), budget $budget s"
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+    while [ "$(ls /tmp/stage_v/part* 2>/dev/null | wc -l)" != "$(cat /tmp/stage_v/NPARTS)" ] || [ ! -d /tmp/whl ]; do
+      sleep 2; done
+    bash gpu/load_h200.sh install-vllm "$(cat /tmp/stage_v/SHA256)" 2>&1 | tail -2
+    echo "vllm installed at $(el) s"
+    env PYTHONPATH=/tmp/site_vllm timeout 560 python3 gpu/vllm_suite.py speed --out $d/alone --root /tmp/data-speed \
+      --compiled-alone --budget-s "$2" --only plain_prefill_compiled,capture_eagle_set_compiled,capture_all_33_compiled \
+      > $d/alone.log 2>&1
+    grep -E '^(plain_|capture_|\[speed\])' $d/alone.log | cut -c1-1500
+    echo "speed done at $(el) s"
+    while [ "$(ls /tmp/stage_s/part* 2>/dev/null | wc -l)" != "$(cat /tmp/stage_s/NPARTS)" ] && [ "$(left)" -gt 300 ]; do
+      sleep 2; done
+    if [ "$(ls /tmp/stage_s/part* 2>/dev/null | wc -l)" = "$(cat /tmp/stage_s/NPARTS)" ] && [ "$(left)" -gt 300 ]; then
+      sglang_sweep_kill
+    else
+      echo "SGLang load kill not run: $(left) s left, $(ls /tmp/stage_s/part* 2>/dev/null | wc -l) parts"
+    fi
+    echo "chain4 done at $(el) s $(date -u +%FT%TZ)" ;;
   alone)
     setsid nohup bash -c "env PYTHONPATH=/tmp/site_vllm timeout ${2:-400} python3 gpu/vllm_suite.py speed \
       --out $d/alone --root /tmp/data-speed --compiled-alone \
@@ -119,5 +144,7 @@ case $1 in
 esac
 # Second pass (after the chain): the compiled captures' engine alone on the card, with and without statistics:
 #   bash gpu/chain_compiled.sh alone BUDGET_S   (in the background; `poll` shows it too)
+# Both items in one stretch: `start4 SUITE_BUDGET_S TOTAL_S` (vLLM compiled captures alone, then the SGLang sweep
+# kill with what is left of TOTAL_S).
 # On a fresh machine with less time: `start2 BUDGET_S` runs the SGLang sweep kill, then the compiled EAGLE-set
 # capture alone (both bundles' parts moved as for `start`).
