@@ -21,8 +21,9 @@ el() { echo $(( $(date +%s) - t0 )); }                  # seconds since this inv
 left() { echo $(( budget - ($(date +%s) - t0) )); }     # of the budget given as the second argument
 sglang_sweep_kill() {   # SGLang installed, then the sweep kill trial (item 5) with the budget left
   bash gpu/load_h200.sh install-sgl "$(cat /tmp/stage_s/SHA256)" 2>&1 | tail -3
-  [ -f /tmp/site_duck/duckdb/__init__.py ] || python3 -m pip install -q --no-index --no-deps --no-compile \
-    --target /tmp/site_duck /tmp/whl/*.whl 2>&1 | tail -2
+  [ -f /tmp/site_duck/pydantic/__init__.py ] || python3 -m pip install -q --no-index --no-deps --no-compile \
+    --upgrade --target /tmp/site_duck /tmp/whl/*.whl /tmp/stage_v/w/pydantic*.whl /tmp/stage_v/w/annotated_types*.whl \
+    /tmp/stage_v/w/typing_inspection*.whl 2>&1 | tail -2     # the backend's own needs (the vLLM bundle holds pydantic)
   echo "sglang installed at $(el) s"
   PYTHONPATH=/tmp/site_duck python3 gpu/fault_suite.py --out $d/fault_s --root /tmp/fault_root_s --engines sglang \
     --engine-path sglang=/tmp/site_sgl --steps sglang-load --load-ks 1 --load-concurrency 1,4 --load-requests 8 \
