@@ -32,7 +32,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", type=Path, required=True, help="data root (e.g. pages_bench.py --root DIR --keep)")
     ap.add_argument("--variant", type=Path, action="append", required=True, help="an app tree; give two or more")
-    ap.add_argument("--path", action="append", required=True, help="a view, e.g. /compare or '/load?run=X'")
+    ap.add_argument("--path", action="append", required=True,
+                    help="a view, e.g. /compare or '/load?run=X'; waited on until its first chart (Runs and run pages: "
+                         "first table), or as a prefix says: 'chart:/run?id=X', 'table:/compare'")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--work", type=Path, default=Path("/tmp/pages-ab"))
     a = ap.parse_args()
@@ -57,10 +59,12 @@ def main() -> None:
             for _ in range(a.rounds):
                 times.setdefault("floor", []).append(time_view(browser, servers["floor"][1] + "/", CHART)[0])
                 for path in a.path:
-                    sel = TABLE if path.startswith("/run") else CHART
+                    what, _, url_path = path.partition(":") if path.startswith(("chart:", "table:")) else ("", "", path)
+                    sel = {"chart": CHART, "table": TABLE}.get(what) or (TABLE if path.startswith("/run") else CHART)
                     for name, (_, url) in servers.items():
                         if name != "floor":
-                            times.setdefault(f"{name} {path}", []).append(time_view(browser, url + path, sel)[0])
+                            times.setdefault(f"{name} {path}", []).append(
+                                time_view(browser, url + url_path, sel)[0])
             browser.close()
     finally:
         for proc, _ in servers.values():

@@ -90,13 +90,18 @@ def speed(cmp: words.View, stem: str, against: str) -> None:
         st.markdown("**TTFT** (time to first token: the prompt's prefill) and **TPOT** (time per output token "
                     "after the first), means over prompts with 95% intervals:")
         st.markdown("\n".join(f"- {line}" for line in words.latency_lines(cmp.figures)))
-    two = {"format": "%.2f"}
-    st.dataframe(charts.summary_table(cmp.figures), hide_index=True, key="summary", column_config={
-        "tau": st.column_config.NumberColumn(**two),
-        "acceptance": st.column_config.NumberColumn(format="percent"),
-        **{c: st.column_config.NumberColumn(format="%.1f") for c in ("tok/s per-prompt mean", "tok/s total/time")},
-        **{c: st.column_config.NumberColumn(**two) for c in ("speedup (per-prompt)", "speedup (total)", "TTFT ms",
-                                                             "TPOT ms")}})
+    table = ui.on_demand("Summary table: tau, acceptance, both throughputs, speedups, TTFT and TPOT per run",
+                         "summary_table")
+    if table is None:
+        return
+    with table:
+        two = {"format": "%.2f"}
+        st.dataframe(charts.summary_table(cmp.figures), hide_index=True, key="summary", column_config={
+            "tau": st.column_config.NumberColumn(**two),
+            "acceptance": st.column_config.NumberColumn(format="percent"),
+            **{c: st.column_config.NumberColumn(format="%.1f") for c in ("tok/s per-prompt mean", "tok/s total/time")},
+            **{c: st.column_config.NumberColumn(**two) for c in ("speedup (per-prompt)", "speedup (total)", "TTFT ms",
+                                                                 "TPOT ms")}})
 
 
 def categories(cmp: words.View, stem: str) -> None:

@@ -387,6 +387,15 @@ def unknown_runs(params: Sequence[str], known: Sequence[str], runs: pd.DataFrame
 
 # ---------------------------------------------------------------------------- backend calls
 
+def on_demand(label: str, key: str, opened: bool = False) -> Any | None:
+    """A closed expander whose content is made and sent only once it is opened (None while closed), its state in the
+    view's link (`?KEY=true` opens it): for the tables under a view's charts, which are the numbers behind them
+    (each chart also downloads its data as CSV). Sent closed, they leave the browser's first second to the charts
+    (docs/PERFORMANCE.md, issue 24 item 2). opened=True: open unless the link closes it."""
+    box = st.expander(label, expanded=opened, key=key, bind="query-params")
+    return box if box.open else None
+
+
 def guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Call the backend; on failure show one error line and stop this page (never a traceback)."""
     try:

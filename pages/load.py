@@ -146,14 +146,17 @@ with right.container(border=True, key="acceptance_how"):
 
 # ---------------------------------------------------------------------------- tables and definitions
 
-st.subheader("Per config and concurrency")
-st.dataframe(ui.kept("load.cells_table", key, lambda: lc.cells_table(cells, multi)), hide_index=True, key="load_cells",
-             column_config={"note": st.column_config.TextColumn(width="large")})
-st.subheader("Per level")
-st.caption("Each measurement in the order it ran: TTFT, TPOT and ITL percentiles over the level's requests (ms), "
-           "tau from the server's counters and from the requests' own count, and the machine's load.")
-st.dataframe(ui.kept("load.levels_table", key, lambda: lc.levels_table(levels, multi)), hide_index=True,
-             key="load_levels")
+tables = ui.on_demand("Tables: per config and concurrency, per level (the numbers behind the charts)", "tables")
+if tables is not None:
+    with tables:
+        st.subheader("Per config and concurrency")
+        st.dataframe(ui.kept("load.cells_table", key, lambda: lc.cells_table(cells, multi)), hide_index=True,
+                     key="load_cells", column_config={"note": st.column_config.TextColumn(width="large")})
+        st.subheader("Per level")
+        st.caption("Each measurement in the order it ran: TTFT, TPOT and ITL percentiles over the level's requests "
+                   "(ms), tau from the server's counters and from the requests' own count, and the machine's load.")
+        st.dataframe(ui.kept("load.levels_table", key, lambda: lc.levels_table(levels, multi)), hide_index=True,
+                     key="load_levels")
 parts.definitions()
 st.caption(HOW)
 

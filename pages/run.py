@@ -217,24 +217,30 @@ if kind == "bench":
 
 # ---------------------------------------------------------------------------- settings, files, log
 
-left, right = st.columns([3, 2])
-with left:
-    st.subheader("Settings")
-    st.caption("The manifest flattened (`settings.*` = what a resume must match); results and bookkeeping left out.")
-    st.container(key="run_settings").dataframe(run_view.settings_table(m.to_json()), hide_index=True,
-                                               column_config={"value": st.column_config.TextColumn(width="large")})
-with right:
-    st.subheader("Files")
-    st.caption(f"`{run.get('path')}`")
-    st.container(key="run_files").dataframe(run_files.files(run["path"]), hide_index=True,
-                                            column_order=["file", "size"])
-    st.download_button("manifest.json", data=run_view.manifest_text(m.to_json()), file_name=f"{rid}.manifest.json",
-                       mime="application/json", icon=":material/download:", key="dl_manifest")
+details = ui.on_demand("Settings, files and log", "details", opened=status != "complete")   # why it stopped
+if details is not None:
+    with details:
+        left, right = st.columns([3, 2])
+        with left:
+            st.subheader("Settings")
+            st.caption("The manifest flattened (`settings.*` = what a resume must match); results and bookkeeping "
+                       "left out.")
+            st.container(key="run_settings").dataframe(
+                run_view.settings_table(m.to_json()), hide_index=True,
+                column_config={"value": st.column_config.TextColumn(width="large")})
+        with right:
+            st.subheader("Files")
+            st.caption(f"`{run.get('path')}`")
+            st.container(key="run_files").dataframe(run_files.files(run["path"]), hide_index=True,
+                                                    column_order=["file", "size"])
+            st.download_button("manifest.json", data=run_view.manifest_text(m.to_json()),
+                               file_name=f"{rid}.manifest.json", mime="application/json",
+                               icon=":material/download:", key="dl_manifest")
 
-log = run_files.log_tail(run["path"], m, ui.data())
-if log is not None:
-    st.subheader("Log")
-    st.caption(f"The last {len(log.lines)} lines of `{log.path}`.")
-    st.code("\n".join(log.lines) or "(empty)", language=None)
+        log = run_files.log_tail(run["path"], m, ui.data())
+        if log is not None:
+            st.subheader("Log")
+            st.caption(f"The last {len(log.lines)} lines of `{log.path}`.")
+            st.code("\n".join(log.lines) or "(empty)", language=None)
 
 ui.finish()          # the pickers (ui.draw_last)

@@ -89,7 +89,10 @@ def test_run_page_of_a_bench_run(page, server: str, shots: Path) -> None:
         assert abs(tau - (1 + accepted / (drafted / 3))) < 1e-9, r
         assert r[13] == "true", "greedy oracle proposals: outputs equal the baseline's"
     assert "4 of 4 prompts" in captions(page)
-    # settings (the manifest flattened) and the run directory's files
+    # settings (the manifest flattened) and the run directory's files: closed on a complete run, opened by a click
+    assert page.locator(".st-key-run_settings").count() == 0, "sent only once opened"
+    page.get_by_text("Settings, files and log").click()
+    page.wait_for_url("**details=true**")
     settings = {r[0]: r[1] for r in grid_rows(page, "run_settings")}
     assert settings["engine"] == "hf" and settings["num_spec_tokens"] == "3" and settings["temperature"] == "0.0"
     assert settings["settings.seed"] == "0" and settings["drafter.path"].endswith("drafter-random")

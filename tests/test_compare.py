@@ -488,7 +488,11 @@ def test_compare_page(bench: Path) -> None:
     assert list(bar["x"]) == ["spec-random", "spec-oracle"] and bar["error_y"]["symmetric"] is False
     assert "paired baseline" in speed["layout"]["title"]["text"]
     assert {a["text"] for a in latency["layout"]["annotations"]} >= {"TTFT: time to first token"}
-    (summary,) = (d.value for d in at.dataframe)
+    assert not at.dataframe, "the summary table is sent only once its expander is opened"
+    assert [e.proto.label for e in at.expander if e.proto.query_param_key == "summary_table"] and \
+        not next(e for e in at.expander if e.proto.query_param_key == "summary_table").proto.expanded
+    (summary,) = (d.value for d in open_page("pages/compare.py", runs=RUNS, view="Speed",
+                                             summary_table="true").dataframe)    # a link that opens it
     assert summary["run_id"].tolist() == ["spec-random", "spec-oracle"]
     assert {"tok/s per-prompt mean", "tok/s total/time", "TTFT ms", "TPOT ms", "speedup (total)"} <= set(summary)
     md = texts(at.markdown)
@@ -578,6 +582,10 @@ def test_browser_compare(bench_page, bench_server: str, shots: Path) -> None:
     bench_page.get_by_role("tab", name="Speed").click()
     bench_page.wait_for_url("**view=Speed**")
     bench_page.wait_for_function(f"document.querySelectorAll('{CHART}').length >= 2", timeout=TIMEOUT_MS)
+    bench_page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', state="attached")
+    assert bench_page.locator('[data-testid="stDataFrame"]').count() == 0, "the summary table waits to be opened"
+    bench_page.get_by_text("Summary table: tau").click()            # opening it runs the page with it, in the URL
+    bench_page.wait_for_url("**summary_table=true**")
     bench_page.wait_for_selector('[data-testid="stDataFrame"]')
     bench_page.screenshot(path=str(shots / "compare-speed.png"), full_page=True)
     open_view(bench_page, bench_server, f"/compare?runs={RUNS}&view=Per+category", charts=0)
