@@ -262,3 +262,31 @@ def test_the_h200_records_of_the_evening_say_what_the_docs_say() -> None:
     assert "--exact-sums" in cap["env"]["command"]
     sgl = json.loads((RESULTS / "fault_suite_h200_2026-12-06_sglang_bench_deterministic.json").read_text())
     assert "enable-deterministic-inference" in str(sgl["args"]["sglang_option"])
+
+
+def test_the_h100_records_of_2026_12_07_say_what_the_docs_say() -> None:
+    """Issue 24 items 3 and 5 on an H100 (2026-12-07 03:47-04:05 UTC): the capture in vLLM's compiled engine with the
+    statistics kernels' fixed constants, twice, and the SGLang serving-load sweep killed and resumed, as
+    PERFORMANCE.md and RELIABILITY.md quote them."""
+    one = json.loads((RESULTS / "vllm_speed_h100_2026-12-07_compiled_alone_fixed.json").read_text())
+    two = json.loads((RESULTS / "vllm_speed_h100_2026-12-07_compiled_alone_fixed_2.json").read_text())
+    for rec in (one, two):
+        assert rec["env"]["gpu"] == "NVIDIA H100 80GB HBM3" and rec["env"]["vllm"] == "0.24.0"
+        assert "--compiled-alone" in rec["env"]["command"]
+    eagle = [r["capture_eagle_set_compiled"] for r in (one, two)]
+    assert [e["ratio_vs_compiled"] for e in eagle] == [1.0044, 1.0027]                      # bar 1.01
+    assert one["capture_all_33_compiled"]["ratio_vs_compiled"] == 1.0167                     # bar 1.03
+    for rec, e in zip((one, two), eagle):                                # every timed run, not only the median
+        assert max(e["with_statistics"]["seconds"]) <= 1.006 * rec["plain_prefill_compiled"]["median_s"]
+    for e in (*eagle, one["capture_all_33_compiled"]):
+        assert e["tokens_seen_by_hooks"] == e["tokens_expected"] and e["forwards_without_aux"] == 0
+        assert e["cudagraph_mode_capture"] == "NONE" and e["alone"]
+    rec = json.loads((RESULTS / "fault_suite_sglang_load_h100_2026-12-07.json").read_text())
+    assert "H100" in rec["env"]["gpu"][0] and rec["env"]["sglang_env_sglang"] == "0.5.15"
+    t = rec["steps"]["sglang-load"]["trials"][0]
+    assert t["killed"] and t["kill"]["done"] == 2 and t["kill"]["total"] == 4
+    assert t["status_after_kill"]["catalog"] == {t["name"]: "interrupted"}
+    assert t["interrupted_ok"] and t["never_complete_while_unfinished"] and t["resumed_ok"]
+    assert t["equal"] is True and not t["differences"] and t["figures"]["tau_max_abs_difference"] == 0.0
+    assert t["outlived_kill"] == [] and t["gpu_after_kill"]["freed"] and t["gpu_after_kill"]["seconds"] == 0.55
+    assert "enable-deterministic-inference" in str(rec["args"]["sglang_option"])
