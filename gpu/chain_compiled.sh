@@ -31,6 +31,25 @@ sglang_sweep_kill() {   # SGLang installed, then the sweep kill trial (item 5) w
     --sglang-option enable-deterministic-inference=true --budget-s $(( $(left) - 30 )) > $d/fault_s.log 2>&1
   tail -8 $d/fault_s.log; echo "sglang load kill done at $(el) s"
 }
+have() { [ "$(ls "$1"/part* 2>/dev/null | wc -l)" = "$(cat "$1"/NPARTS 2>/dev/null)" ]; }   # every bundle part of DIR moved
+compiled_alone() {  # vLLM installed once its parts lie here, then the compiled captures alone (suite --budget-s $1)
+  while ! have /tmp/stage_v || [ ! -d /tmp/whl ]; do sleep 2; done
+  bash gpu/load_h200.sh install-vllm "$(cat /tmp/stage_v/SHA256)" 2>&1 | tail -2
+  echo "vllm installed at $(el) s"
+  env PYTHONPATH=/tmp/site_vllm timeout 560 python3 gpu/vllm_suite.py speed --out $d/alone --root /tmp/data-speed \
+    --compiled-alone --budget-s "$1" --only plain_prefill_compiled,capture_eagle_set_compiled,capture_all_33_compiled \
+    > $d/alone.log 2>&1
+  grep -E '^(plain_|capture_|\[speed\])' $d/alone.log | cut -c1-1500
+  echo "speed done at $(el) s"
+}
+sglang_when_here() {  # the SGLang sweep kill once SGLang's parts lie here, while more than 300 s of the budget are left
+  while ! have /tmp/stage_s && [ "$(left)" -gt 300 ]; do sleep 2; done
+  if have /tmp/stage_s && [ "$(left)" -gt 300 ]; then
+    sglang_sweep_kill
+  else
+    echo "SGLang load kill not run: $(left) s left, $(ls /tmp/stage_s/part* 2>/dev/null | wc -l) parts"
+  fi
+}
 case $1 in
   part)
     mkdir -p "$2" && mv "$3" "$2/" && ls "$2" | grep -c part ;;
@@ -41,9 +60,9 @@ case $1 in
   chain)
     echo "chain start $(date -u +%FT%TZ), budget $budget s"
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-    while [ "$(ls /tmp/stage_v/part* 2>/dev/null | wc -l)" != "$(cat /tmp/stage_v/NPARTS)" ] || [ ! -d /tmp/whl ]; do
+    while ! have /tmp/stage_v || [ ! -d /tmp/whl ]; do
       [ "$(left)" -lt 400 ] && { echo "vLLM parts not all here in time"; break; }; sleep 2; done
-    if [ "$(ls /tmp/stage_v/part* 2>/dev/null | wc -l)" = "$(cat /tmp/stage_v/NPARTS)" ]; then
+    if have /tmp/stage_v; then
       bash gpu/load_h200.sh install-vllm "$(cat /tmp/stage_v/SHA256)" 2>&1 | tail -4
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_duck /tmp/whl/*.whl \
         /tmp/stage_v/w/pydantic*.whl /tmp/stage_v/w/annotated_types*.whl /tmp/stage_v/w/typing_inspection*.whl 2>&1 | tail -2
@@ -55,13 +74,7 @@ case $1 in
       grep -E "^(plain_|capture_)" $d/speed.log | cut -c1-600; tail -3 $d/speed.log
       echo "speed done at $(el) s"
     fi
-    while [ "$(ls /tmp/stage_s/part* 2>/dev/null | wc -l)" != "$(cat /tmp/stage_s/NPARTS)" ] && [ "$(left)" -gt 300 ]; do
-      sleep 2; done
-    if [ "$(ls /tmp/stage_s/part* 2>/dev/null | wc -l)" = "$(cat /tmp/stage_s/NPARTS)" ] && [ "$(left)" -gt 300 ]; then
-      sglang_sweep_kill
-    else
-      echo "SGLang load kill not run: $(left) s left, $(ls /tmp/stage_s/part* 2>/dev/null | wc -l) parts"
-    fi
+    sglang_when_here
     echo "chain done at $(el) s $(date -u +%FT%TZ)" ;;
   start2)
     mkdir -p $d
@@ -70,10 +83,10 @@ case $1 in
   chain2)   # a fresh machine with less time: the SGLang sweep kill first, then the compiled EAGLE-set capture alone
     echo "chain2 start $(date -u +%FT%TZ), budget $budget s"
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-    while [ "$(ls /tmp/stage_s/part* 2>/dev/null | wc -l)" != "$(cat /tmp/stage_s/NPARTS)" ] || [ ! -d /tmp/whl2 ]; do
+    while ! have /tmp/stage_s || [ ! -d /tmp/whl2 ]; do
       sleep 2; done
     sglang_sweep_kill
-    if [ "$(ls /tmp/stage_v/part* 2>/dev/null | wc -l)" = "$(cat /tmp/stage_v/NPARTS)" ] && [ "$(left)" -gt 260 ]; then
+    if have /tmp/stage_v && [ "$(left)" -gt 260 ]; then
       bash gpu/load_h200.sh install-vllm "$(cat /tmp/stage_v/SHA256)" 2>&1 | tail -2
       env PYTHONPATH=/tmp/site_vllm timeout $(( $(left) - 10 )) python3 gpu/vllm_suite.py speed --out $d/alone \
         --root /tmp/data-speed --compiled-alone --only plain_prefill_compiled,capture_eagle_set_compiled \
@@ -88,17 +101,9 @@ case $1 in
     setsid nohup bash "$0" chain3 "${2:-300}" > $d/suite.log 2>&1 < /dev/null & echo $! > $d/pid
     sleep 2; tail -3 $d/suite.log ;;
   chain3)
-    t0=$(date +%s)
     echo "chain3 start $(date -u +%FT%TZ)"; nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-    while [ "$(ls /tmp/stage_v/part* 2>/dev/null | wc -l)" != "$(cat /tmp/stage_v/NPARTS)" ] || [ ! -d /tmp/whl ]; do
-      sleep 2; done
-    bash gpu/load_h200.sh install-vllm "$(cat /tmp/stage_v/SHA256)" 2>&1 | tail -2
-    echo "vllm installed at $(( $(date +%s) - t0 )) s"
-    env PYTHONPATH=/tmp/site_vllm timeout 560 python3 gpu/vllm_suite.py speed --out $d/alone --root /tmp/data-speed \
-      --compiled-alone --budget-s "$2" --only plain_prefill_compiled,capture_eagle_set_compiled,capture_all_33_compiled \
-      > $d/alone.log 2>&1
-    grep -E '^(plain_|capture_|\[speed\])' $d/alone.log | cut -c1-1500
-    echo "chain3 done at $(( $(date +%s) - t0 )) s $(date -u +%FT%TZ)" ;;
+    compiled_alone "$2"
+    echo "chain3 done at $(el) s $(date -u +%FT%TZ)" ;;
   start4)  # one stretch for both: the compiled captures alone (vLLM, suite budget $2), then the SGLang sweep kill
     mkdir -p $d
     setsid nohup bash "$0" chain4 "${2:-260}" "${3:-1500}" > $d/suite.log 2>&1 < /dev/null & echo $! > $d/pid
@@ -107,22 +112,8 @@ case $1 in
     budget=${3:-1500}
     echo "chain4 start $(date -u +%FT%TZ), budget $budget s"
     nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
-    while [ "$(ls /tmp/stage_v/part* 2>/dev/null | wc -l)" != "$(cat /tmp/stage_v/NPARTS)" ] || [ ! -d /tmp/whl ]; do
-      sleep 2; done
-    bash gpu/load_h200.sh install-vllm "$(cat /tmp/stage_v/SHA256)" 2>&1 | tail -2
-    echo "vllm installed at $(el) s"
-    env PYTHONPATH=/tmp/site_vllm timeout 560 python3 gpu/vllm_suite.py speed --out $d/alone --root /tmp/data-speed \
-      --compiled-alone --budget-s "$2" --only plain_prefill_compiled,capture_eagle_set_compiled,capture_all_33_compiled \
-      > $d/alone.log 2>&1
-    grep -E '^(plain_|capture_|\[speed\])' $d/alone.log | cut -c1-1500
-    echo "speed done at $(el) s"
-    while [ "$(ls /tmp/stage_s/part* 2>/dev/null | wc -l)" != "$(cat /tmp/stage_s/NPARTS)" ] && [ "$(left)" -gt 300 ]; do
-      sleep 2; done
-    if [ "$(ls /tmp/stage_s/part* 2>/dev/null | wc -l)" = "$(cat /tmp/stage_s/NPARTS)" ] && [ "$(left)" -gt 300 ]; then
-      sglang_sweep_kill
-    else
-      echo "SGLang load kill not run: $(left) s left, $(ls /tmp/stage_s/part* 2>/dev/null | wc -l) parts"
-    fi
+    compiled_alone "$2"
+    sglang_when_here
     echo "chain4 done at $(el) s $(date -u +%FT%TZ)" ;;
   alone)
     setsid nohup bash -c "env PYTHONPATH=/tmp/site_vllm timeout ${2:-400} python3 gpu/vllm_suite.py speed \
