@@ -7,6 +7,12 @@ pyarrow, plotly, the backend modules) and bringing the catalog up to date. Strea
 server's process, so the first visitor after a restart no longer pays about 0.6 s of imports and a catalog
 refresh inside the first render (docs/PERFORMANCE.md, "first render after server start").
 
+The page shell (Streamlit's index.html) is served with a few lines more (page_shell): Streamlit fetches the code
+that draws a chart (Plotly, 4.7 MB) or a table only when the first one arrives, and evaluating Plotly's takes about
+0.8 s on a 2-core machine, so a page waited for it after its script had run. The shell starts that code for the
+opened view's first screen (backend/links.py `Page.first`) while the app connects and the page script runs, on a
+main thread that is idle then (docs/PERFORMANCE.md, "Pages").
+
 Server options come from `.streamlit/config.toml` next to app.py (Streamlit reads it whatever the working directory):
 the viewer's toolbar (no Deploy button) and no usage statistics; flags given here override them. With the favicon
 served from dashboard/assets/, a page makes no request beyond this server (tests/test_browser_offline.py).
@@ -14,7 +20,9 @@ served from dashboard/assets/, a page makes no request beyond this server (tests
 
 from __future__ import annotations
 
+import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,6 +48,62 @@ def preload(refresh: bool = True) -> float:
     return time.perf_counter() - t
 
 
+# what Streamlit's frontend names the lazily loaded code of each kind of element a page's first screen draws
+CHUNKS = {"chart": "PlotlyChart", "table": "DataFrame"}
+_SHELL_ANCHOR = '<link rel="stylesheet"'
+_SHELL_JS = """<script>
+      /* SpecLens (dashboard/serve.py): load the code this view's first screen draws while the page script runs */
+      (() => {
+        const first = %(first)s, files = %(files)s;
+        const view = location.pathname.replace(/\\/+$/, "").split("/").pop();
+        const link = document.createElement("link");
+        window.speclensFirst = "./static/js/" + files[first[view] || first[%(landing)s]];
+        Object.assign(link, {rel: "modulepreload", crossOrigin: "anonymous", href: window.speclensFirst});
+        document.head.appendChild(link);
+      })();
+    </script>
+    <script type="module">import(window.speclensFirst).catch(() => {});</script>
+    """
+
+
+def page_shell(html: str, js_dir: Path) -> str | None:
+    """Streamlit's index.html with the lines that load the opened view's first-screen code early; None when this
+    Streamlit release lacks a chunk named in CHUNKS or the anchor (the shell is then served as it is)."""
+    from backend.links import PAGES
+
+    files = {}
+    for kind, chunk in CHUNKS.items():
+        found = sorted(js_dir.glob(f"{chunk}.*.js"))
+        if len(found) != 1:
+            return None
+        files[kind] = found[0].name
+    if _SHELL_ANCHOR not in html:
+        return None
+    js = _SHELL_JS % {"first": json.dumps({v: p.first for v, p in PAGES.items()}),
+                      "files": json.dumps(files), "landing": json.dumps(next(iter(PAGES)))}
+    return html.replace(_SHELL_ANCHOR, js + _SHELL_ANCHOR, 1)
+
+
+def serve_page_shell() -> str | None:
+    """Make Streamlit serve page_shell's index.html: a folder of links to its static files beside the new shell,
+    which Streamlit's static route then serves from. The folder made, or None where the shell stays as it is."""
+    from streamlit import file_util
+
+    src = Path(file_util.get_static_dir())
+    html = page_shell((src / "index.html").read_text(), src / "static" / "js")
+    if html is None:
+        print("speclens: this Streamlit's page shell is served unchanged (first-screen code loads on demand)",
+              file=sys.stderr)
+        return None
+    dst = Path(tempfile.mkdtemp(prefix="speclens-static-"))
+    for entry in src.iterdir():
+        if entry.name != "index.html":
+            (dst / entry.name).symlink_to(entry)
+    (dst / "index.html").write_text(html)
+    file_util.get_static_dir = lambda: str(dst)
+    return str(dst)
+
+
 def main(argv: list[str] | None = None) -> None:
     from streamlit.runtime.pages_manager import PagesManager
     from streamlit.web import cli
@@ -49,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     # later session in that mode until someone opens a URL that runs app.py (streamlit sets this flag only then).
     PagesManager.uses_pages_directory = False
 
+    serve_page_shell()
     took = preload()
     print(f"speclens: libraries and catalog ready in {took:.2f} s", file=sys.stderr)
     sys.argv = ["streamlit", "run", str(APP), *(sys.argv[1:] if argv is None else argv)]

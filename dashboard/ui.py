@@ -597,7 +597,7 @@ def chart_with_downloads(fig: go.Figure, df: pd.DataFrame, name: str) -> None:
             fmt.upper(), data=partial(exports.export, fig, df, fmt, report.verdict), file_name=f"{stem}.{fmt}",
             mime=exports.MIME[fmt], on_click="ignore", key=f"dl_{stem}_{fmt}", icon=":material/download:",
             disabled=no_image, width="content",
-            help="needs Chromium (Debian `chromium`) on the server" if no_image else f"download as {fmt.upper()}")
+            help="needs Chromium (Debian `chromium`) on the server" if no_image else None)
     if first:
         report_button(stem, where=row)
 

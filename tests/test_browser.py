@@ -235,3 +235,28 @@ def test_fresh_server_deep_link_uses_the_app_navigation(page, dash_root: Path, t
             assert pg.locator('[data-testid="stSidebarNav"]').count() == 0, f"{path}: legacy pages/ navigation"
             assert "Drafter check" in " ".join(pg.locator('[data-testid="stTopNavLink"]').all_inner_texts())
         ctx.close()
+
+
+def test_page_shell_loads_the_first_screens_code_ahead(page, server: str) -> None:
+    """dashboard/serve.py's page shell: a chart view has Plotly's code fetched before the page script has drawn
+    anything (Streamlit alone fetches it once the first chart arrives); the Runs page, whose first screen is a table,
+    has the grid's code fetched as early and never loads Plotly's."""
+    ctx = page.context.browser.new_context(viewport={"width": 1440, "height": 1000})
+    ctx.set_default_timeout(TIMEOUT_MS)
+    ctx.add_init_script("""new MutationObserver((_, obs) => {
+        if (document.querySelector('[data-testid="stMain"] [data-testid="stElementContainer"]')) {
+          window.firstElementAt = performance.now(); obs.disconnect(); }
+      }).observe(document, {subtree: true, childList: true});""")
+    pg = ctx.new_page()
+    js = ("performance.getEntriesByType('resource').filter(e => /\\/(PlotlyChart|DataFrame)\\.[^/]*\\.js$/"
+          ".test(e.name)).map(e => [e.name.split('/').pop().split('.')[0], e.startTime])")
+    try:
+        open_view(pg, server, "/alignment?a=a1&b=a2&metric=cosine")
+        fetched, drawn = dict(pg.evaluate(js)), pg.evaluate("window.firstElementAt")
+        assert fetched["PlotlyChart"] < drawn, (fetched, drawn)
+        open_view(pg, server, "/runs", charts=0)
+        pg.wait_for_selector('[data-testid="stDataFrame"] canvas')
+        fetched, drawn = dict(pg.evaluate(js)), pg.evaluate("window.firstElementAt")
+        assert "PlotlyChart" not in fetched and fetched["DataFrame"] < drawn, (fetched, drawn)
+    finally:
+        ctx.close()
