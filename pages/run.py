@@ -138,7 +138,7 @@ st.markdown(fed.summary)
 if fed.warning:
     st.warning(fed.warning, icon=":material/warning:")
 if not fed.rows.empty:
-    st.container(key="run_fed").dataframe(fed.rows, hide_index=True, width="content")
+    st.container(key="run_fed").table(fed.rows, hide_index=True, width="content")   # a few rows: no grid
 if kind == "capture" and status == "complete":
     stats = ui.guarded(cat.boundary_stats, [rid])
     if not stats.empty:
