@@ -17,9 +17,11 @@ from urllib.parse import quote
 @dataclass(frozen=True)
 class Page:
     """One dashboard view: served at `/<path>`, drawn by `script`; `hidden`: reached by links only, not shown in the
-    top bar. `params`: the query parameters it reads (each view is addressable by them). `first`: the element whose
-    code its first screen waits on, "chart" (Plotly's, where a chart is on it) or "table" (the grid's, where none
-    is): the browser loads that code while the page script runs (dashboard/serve.py)."""
+    top bar. `params`: the query parameters it reads (each view is addressable by them). `first`: the elements whose
+    code its first screen waits on, in the order it draws them: "chart" (Plotly's), "table" (an HTML table's,
+    `st.table`) or "grid" (the data grid's, `st.dataframe`); the browser loads that code while the page script runs
+    (dashboard/serve.py). A view with a chart on its first screen names "chart", and what comes before it only if
+    that code is small."""
 
     path: str
     script: str
@@ -27,14 +29,14 @@ class Page:
     icon: str
     params: str = ""
     hidden: bool = False
-    first: str = "chart"
+    first: tuple[str, ...] = ("chart",)
 
 
 # in the top bar's order; `/` forwards to the first (dashboard/page_registry.py)
 PAGES: dict[str, Page] = {p.path: p for p in (
     # captures and bench runs; tags, notes, pinned baseline
     Page("runs", "pages/runs.py", "Runs", ":material/list:",
-         "kind=&status=&engine=&version=&target=&drafter=&dataset=&tag=&run=", first="table"),
+         "kind=&status=&engine=&version=&target=&drafter=&dataset=&tag=&run=", first=("grid",)),
     # bench runs side by side
     Page("compare", "pages/compare.py", "Compare", ":material/compare_arrows:",
          "runs=a,b,c&baseline=paired|pinned&view=Acceptance|Speed|Per category|..."),
@@ -53,10 +55,11 @@ PAGES: dict[str, Page] = {p.path: p for p in (
     # serving load: speedup vs concurrency per K, Pareto front, best K, where it stops paying
     Page("load", "pages/load.py", "Serving load", ":material/speed:", "run= | runs=a,b"),
     # queue a capture or bench job (SPECLENS_ALLOW_JOBS=1, not read-only) and watch the queue
-    Page("new", "pages/new_run.py", "New run", ":material/add_circle:", first="table"),
+    Page("new", "pages/new_run.py", "New run", ":material/add_circle:", first=("grid",)),
     # one run: settings, what the engine fed, per-prompt table, files, log, links. Reached from every "open" link
     # and from the other views, not a view over runs (hidden from the top bar, like a W&B / MLflow run page)
-    Page("run", "pages/run.py", "Run", ":material/description:", "id=&category=&q=&sort=", hidden=True),
+    Page("run", "pages/run.py", "Run", ":material/description:", "id=&category=&q=&sort=", hidden=True,
+         first=("table", "chart")),
 )}
 
 

@@ -49,20 +49,24 @@ def preload(refresh: bool = True) -> float:
 
 
 # what Streamlit's frontend names the lazily loaded code of each kind of element a page's first screen draws
-CHUNKS = {"chart": "PlotlyChart", "table": "DataFrame"}
+CHUNKS = {"chart": "PlotlyChart", "table": "Table", "grid": "DataFrame"}
 _SHELL_ANCHOR = '<link rel="stylesheet"'
 _SHELL_JS = """<script>
       /* SpecLens (dashboard/serve.py): load the code this view's first screen draws while the page script runs */
       (() => {
         const first = %(first)s, files = %(files)s;
         const view = location.pathname.replace(/\\/+$/, "").split("/").pop();
-        const link = document.createElement("link");
-        window.speclensFirst = "./static/js/" + files[first[view] || first[%(landing)s]];
-        Object.assign(link, {rel: "modulepreload", crossOrigin: "anonymous", href: window.speclensFirst});
-        document.head.appendChild(link);
+        window.speclensFirst = (first[view] || first[%(landing)s]).map((kind) => "./static/js/" + files[kind]);
+        for (const href of window.speclensFirst) {
+          const link = document.createElement("link");
+          Object.assign(link, {rel: "modulepreload", crossOrigin: "anonymous", href});
+          document.head.appendChild(link);
+        }
       })();
     </script>
-    <script type="module">import(window.speclensFirst).catch(() => {});</script>
+    <script type="module">
+      for (const href of window.speclensFirst) await import(href).catch(() => {});
+    </script>
     """
 
 
@@ -79,7 +83,7 @@ def page_shell(html: str, js_dir: Path) -> str | None:
         files[kind] = found[0].name
     if _SHELL_ANCHOR not in html:
         return None
-    js = _SHELL_JS % {"first": json.dumps({v: p.first for v, p in PAGES.items()}),
+    js = _SHELL_JS % {"first": json.dumps({v: list(p.first) for v, p in PAGES.items()}),
                       "files": json.dumps(files), "landing": json.dumps(next(iter(PAGES)))}
     return html.replace(_SHELL_ANCHOR, js + _SHELL_ANCHOR, 1)
 

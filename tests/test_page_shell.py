@@ -27,16 +27,17 @@ def _shell() -> str:
 
 def test_every_page_says_what_its_first_screen_draws() -> None:
     for view, page in PAGES.items():
-        assert page.first in serve.CHUNKS, (view, page.first)
-    # a page without a chart on its first screen waits on no chart code
-    assert PAGES["runs"].first == "table" and PAGES["compare"].first == PAGES["run"].first == "chart"
+        assert page.first and set(page.first) <= set(serve.CHUNKS), (view, page.first)
+    # a page without a chart on its first screen waits on no chart code; the run page's small HTML table comes first
+    assert PAGES["runs"].first == ("grid",) and PAGES["compare"].first == ("chart",)
+    assert PAGES["run"].first == ("table", "chart")
 
 
 def test_shell_names_this_streamlits_chunks_per_view() -> None:
     html = _shell()
     first = json.loads(re.search(r"const first = (\{.*?\}), files", html).group(1))
     files = json.loads(re.search(r"files = (\{.*?\});", html).group(1))
-    assert first == {v: p.first for v, p in PAGES.items()}
+    assert first == {v: list(p.first) for v, p in PAGES.items()}
     for kind, name in files.items():
         assert (JS / name).is_file() and name.startswith(serve.CHUNKS[kind] + "."), name
     # Streamlit's own shell is all there, the added lines before its stylesheet and after its app bundle
@@ -48,7 +49,7 @@ def test_shell_names_this_streamlits_chunks_per_view() -> None:
 def test_another_streamlit_gets_its_shell_unchanged(tmp_path: Path) -> None:
     """A release whose chunks are named otherwise (or whose shell has no stylesheet link) is served as it is."""
     original = (STATIC / "index.html").read_text()
-    shutil.copy(next(JS.glob("PlotlyChart.*.js")), tmp_path)           # no DataFrame chunk here
+    shutil.copy(next(JS.glob("PlotlyChart.*.js")), tmp_path)           # no Table or DataFrame chunk here
     assert serve.page_shell(original, tmp_path) is None
     assert serve.page_shell(original.replace(serve._SHELL_ANCHOR, "<link rel='style'"), JS) is None
 
