@@ -18,10 +18,10 @@ from urllib.parse import quote
 class Page:
     """One dashboard view: served at `/<path>`, drawn by `script`; `hidden`: reached by links only, not shown in the
     top bar. `params`: the query parameters it reads (each view is addressable by them). `first`: the elements whose
-    code its first screen waits on, in the order it draws them: "chart" (Plotly's), "table" (an HTML table's,
-    `st.table`) or "grid" (the data grid's, `st.dataframe`); the browser loads that code while the page script runs
-    (dashboard/serve.py). A view with a chart on its first screen names "chart", and what comes before it only if
-    that code is small."""
+    code its first screen waits on, in the order it draws them: "metric" (the tiles', `st.metric`), "chart"
+    (Plotly's), "table" (an HTML table's, `st.table`) or "grid" (the data grid's, `st.dataframe`); the browser loads
+    that code while the page script runs (dashboard/serve.py). A view with a chart on its first screen names
+    "chart", and what comes before it only if that code is small."""
 
     path: str
     script: str
@@ -29,7 +29,7 @@ class Page:
     icon: str
     params: str = ""
     hidden: bool = False
-    first: tuple[str, ...] = ("chart",)
+    first: tuple[str, ...] = ("metric", "chart")   # tiles above the charts: drawn before them
 
 
 # in the top bar's order; `/` forwards to the first (dashboard/page_registry.py)
@@ -59,7 +59,7 @@ PAGES: dict[str, Page] = {p.path: p for p in (
     # one run: settings, what the engine fed, per-prompt table, files, log, links. Reached from every "open" link
     # and from the other views, not a view over runs (hidden from the top bar, like a W&B / MLflow run page)
     Page("run", "pages/run.py", "Run", ":material/description:", "id=&category=&q=&sort=", hidden=True,
-         first=("table", "chart")),
+         first=("metric", "table", "chart")),
 )}
 
 

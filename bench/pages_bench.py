@@ -368,7 +368,7 @@ def browser_views(root: Path, shots: Path | None, repeats: int = 3) -> tuple[dic
                 for name, _, params in VIEWS:
                     query = "&".join(f"{k}={v}" for k, v in params.items())
                     path = "/" + name.split("?")[0] + (f"?{query}" if query else "")
-                    sel = _painted(name) == "table" and TABLE or CHART
+                    sel = TABLE if _painted(name) == "table" else CHART
                     shot = (shots / f"bench-{list(res).index(name) + 1}-{name.split('?')[0]}.png"
                             if shots and rep == 0 else None)
                     first, done, exc = time_view(browser, url + path, sel, shot=shot)     # cold cache

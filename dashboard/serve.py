@@ -11,7 +11,7 @@ The page shell (Streamlit's index.html) is served with a few lines more (page_sh
 that draws a chart (Plotly, 4.7 MB) or a table only when the first one arrives, and evaluating Plotly's takes about
 0.8 s on a 2-core machine, so a page waited for it after its script had run. The shell starts that code for the
 opened view's first screen (backend/links.py `Page.first`) while the app connects and the page script runs, on a
-main thread that is idle then (docs/PERFORMANCE.md, "Pages").
+main thread that is idle then (docs/PERFORMANCE.md, "Pages: the page shell starts the chart code").
 
 Server options come from `.streamlit/config.toml` next to app.py (Streamlit reads it whatever the working directory):
 the viewer's toolbar (no Deploy button) and no usage statistics; flags given here override them. With the favicon
@@ -20,7 +20,9 @@ served from dashboard/assets/, a page makes no request beyond this server (tests
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -49,7 +51,7 @@ def preload(refresh: bool = True) -> float:
 
 
 # what Streamlit's frontend names the lazily loaded code of each kind of element a page's first screen draws
-CHUNKS = {"chart": "PlotlyChart", "table": "Table", "grid": "DataFrame"}
+CHUNKS = {"chart": "PlotlyChart", "table": "Table", "grid": "DataFrame", "metric": "Metric"}
 _SHELL_ANCHOR = '<link rel="stylesheet"'
 _SHELL_JS = """<script>
       /* SpecLens (dashboard/serve.py): load the code this view's first screen draws while the page script runs */
@@ -100,6 +102,7 @@ def serve_page_shell() -> str | None:
               file=sys.stderr)
         return None
     dst = Path(tempfile.mkdtemp(prefix="speclens-static-"))
+    atexit.register(shutil.rmtree, dst, True)                    # links and one file: gone with the server
     for entry in src.iterdir():
         if entry.name != "index.html":
             (dst / entry.name).symlink_to(entry)

@@ -29,8 +29,8 @@ def test_every_page_says_what_its_first_screen_draws() -> None:
     for view, page in PAGES.items():
         assert page.first and set(page.first) <= set(serve.CHUNKS), (view, page.first)
     # a page without a chart on its first screen waits on no chart code; the run page's small HTML table comes first
-    assert PAGES["runs"].first == ("grid",) and PAGES["compare"].first == ("chart",)
-    assert PAGES["run"].first == ("table", "chart")
+    assert PAGES["runs"].first == ("grid",) and PAGES["compare"].first == ("metric", "chart")
+    assert PAGES["run"].first == ("metric", "table", "chart")     # the tiles and the table are drawn before the charts
 
 
 def test_shell_names_this_streamlits_chunks_per_view() -> None:
