@@ -76,6 +76,7 @@ def page_shell(html: str, js_dir: Path) -> str | None:
     """Streamlit's index.html with the lines that load the opened view's first-screen code early; None when this
     Streamlit release lacks a chunk named in CHUNKS or the anchor (the shell is then served as it is)."""
     from backend.links import PAGES
+    from dashboard.page_registry import LANDING
 
     files = {}
     for kind, chunk in CHUNKS.items():
@@ -86,7 +87,7 @@ def page_shell(html: str, js_dir: Path) -> str | None:
     if _SHELL_ANCHOR not in html:
         return None
     js = _SHELL_JS % {"first": json.dumps({v: list(p.first) for v, p in PAGES.items()}),
-                      "files": json.dumps(files), "landing": json.dumps(next(iter(PAGES)))}
+                      "files": json.dumps(files), "landing": json.dumps(LANDING)}
     return html.replace(_SHELL_ANCHOR, js + _SHELL_ANCHOR, 1)
 
 
