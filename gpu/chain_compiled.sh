@@ -42,6 +42,18 @@ compiled_alone() {  # vLLM installed once its parts lie here, then the compiled 
   grep -E '^(plain_|capture_|\[speed\])' $d/alone.log | cut -c1-1500
   echo "speed done at $(el) s"
 }
+compiled_kill() {  # the capture in vLLM's compiled engine (exact sums, VLLM_BATCH_INVARIANT=1) killed and resumed, $1 trials
+  while ! have /tmp/stage_v || [ ! -d /tmp/whl ]; do sleep 2; done
+  [ -d /tmp/site_vllm/vllm ] || bash gpu/load_h200.sh install-vllm "$(cat /tmp/stage_v/SHA256)" 2>&1 | tail -2
+  [ -f /tmp/site_duck/pydantic/__init__.py ] || python3 -m pip install -q --no-index --no-deps --no-compile \
+    --target /tmp/site_duck /tmp/whl/*.whl /tmp/stage_v/w/pydantic*.whl /tmp/stage_v/w/annotated_types*.whl \
+    /tmp/stage_v/w/typing_inspection*.whl 2>&1 | tail -2
+  echo "vllm and the backend's needs installed at $(el) s"
+  VLLM_BATCH_INVARIANT=1 PYTHONPATH=/tmp/site_duck timeout $(( $(left) - 20 )) python3 gpu/fault_suite.py \
+    --out $d/fault_c --root /tmp/fault_root_c --engines vllm --engine-path vllm=/tmp/site_vllm --steps vllm-capture \
+    --exact-sums --vllm-option compiled=true --trials "${1:-1}" --budget-s $(( $(left) - 60 )) > $d/fault_c.log 2>&1
+  tail -12 $d/fault_c.log; echo "compiled capture kill done at $(el) s"
+}
 sglang_when_here() {  # the SGLang sweep kill once SGLang's parts lie here, while more than 300 s of the budget are left
   while ! have /tmp/stage_s && [ "$(left)" -gt 300 ]; do sleep 2; done
   if have /tmp/stage_s && [ "$(left)" -gt 300 ]; then
@@ -115,6 +127,26 @@ case $1 in
     compiled_alone "$2"
     sglang_when_here
     echo "chain4 done at $(el) s $(date -u +%FT%TZ)" ;;
+  start5)  # a fresh machine, vLLM only: a capture in the compiled engine killed and resumed (exact sums, batch-invariant)
+    mkdir -p $d
+    setsid nohup bash "$0" chain5 "${2:-600}" "${3:-1}" > $d/suite.log 2>&1 < /dev/null & echo $! > $d/pid
+    sleep 2; tail -3 $d/suite.log ;;
+  chain5)
+    echo "chain5 start $(date -u +%FT%TZ), budget $budget s"
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+    compiled_kill "$3"
+    echo "chain5 done at $(el) s $(date -u +%FT%TZ)" ;;
+  start6)  # both on one machine: the compiled captures alone (suite budget $2), then start5's kill trial until $3 s
+    mkdir -p $d
+    setsid nohup bash "$0" chain6 "${2:-280}" "${3:-900}" > $d/suite.log 2>&1 < /dev/null & echo $! > $d/pid
+    sleep 2; tail -3 $d/suite.log ;;
+  chain6)
+    budget=${3:-900}
+    echo "chain6 start $(date -u +%FT%TZ), budget $budget s"
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+    compiled_alone "$2"
+    if [ "$(left)" -gt 240 ]; then compiled_kill 1; else echo "compiled capture kill not run: $(left) s left"; fi
+    echo "chain6 done at $(el) s $(date -u +%FT%TZ)" ;;
   alone)
     setsid nohup bash -c "env PYTHONPATH=/tmp/site_vllm timeout ${2:-400} python3 gpu/vllm_suite.py speed \
       --out $d/alone --root /tmp/data-speed --compiled-alone \
@@ -132,10 +164,13 @@ case $1 in
     [ -f $d/speed.log ] && tail -c 3000000 $d/speed.log > "$OUT/speed.log"
     [ -d $d/fault_s ] && (cd $d && tar czf "$OUT/fault_s.tar.gz" --exclude='*.safetensors' fault_s fault_s.log 2>/dev/null)
     [ -f $d/alone.log ] && tail -c 2000000 $d/alone.log > "$OUT/alone.log"
+    [ -d $d/fault_c ] && (cd $d && tar czf "$OUT/fault_c.tar.gz" --exclude='*.safetensors' fault_c fault_c.log 2>/dev/null)
     nvidia-smi --query-gpu=name,memory.used --format=csv,noheader; ls -la "$OUT" ;;
 esac
 # Second pass (after the chain): the compiled captures' engine alone on the card, with and without statistics:
 #   bash gpu/chain_compiled.sh alone BUDGET_S   (in the background; `poll` shows it too)
+# The capture in the compiled engine killed and resumed (item 5 on item 3's path): `start5 TOTAL_S [TRIALS]`;
+# the compiled captures alone, then that kill trial: `start6 SUITE_BUDGET_S TOTAL_S`.
 # Both items in one stretch: `start4 SUITE_BUDGET_S TOTAL_S` (vLLM compiled captures alone, then the SGLang sweep
 # kill with what is left of TOTAL_S).
 # On a fresh machine with less time: `start2 BUDGET_S` runs the SGLang sweep kill, then the compiled EAGLE-set

@@ -314,3 +314,38 @@ def test_a_resumed_capture_keeps_its_engine_mode():
         V.check_same_mode("r", "vllm 0.24.0, compiled", False)
     with pytest.raises(SpecLensError, match="eager engine; resume it without --engine-option compiled=true"):
         V.check_same_mode("r", "vllm 0.24.0", True)
+
+
+def test_a_resumed_vllm_capture_reads_its_manifest_and_keeps_its_state_off_the_gpu(tiny_llama, prompts_file,
+                                                                                    data_root, one_torch_thread):
+    """What the first kill trial of a compiled vLLM capture found on the GPU (2026-12-07): its resume died at
+    `rd.manifest.get` (a method, not a dict); fixed, the resume loaded the checkpoint's statistics onto the GPU in
+    the command's own process, vLLM then spawned its engine core instead of forking it, and that engine failed. Here:
+    a real interrupted capture (HF engine, CPU) resumed through the vLLM session's own `begin`, and the loop's
+    `open_or_resume` given the vLLM session's `state_device` for a target on cuda."""
+    import dataclasses
+
+    from backend.capture import run_capture
+    from backend.engines.base import CaptureSettings
+    from backend.engines.hf import HFCapture
+    from backend.runs.capture_run import open_or_resume
+    from backend.runs.lifecycle import Run
+
+    s = CaptureSettings(model=str(tiny_llama), prompts=str(prompts_file), limit=3, device="cpu", sample_tokens=64)
+    s.checkpoint_every = 1
+    data = DataRoot(data_root)
+    cut = run_capture(s, name="cut", data=data, progress=False, stop_after=1)
+    rd = Run.open(cut.run_id, data)
+    session = V.VllmCapture.__new__(V.VllmCapture)          # without vLLM: begin() and its options only
+    session.opts = V.VllmOptions(compiled=True)
+    rd.record(engine_version="vllm 0.24.0")                   # as if started in vLLM's eager engine
+    with pytest.raises(SpecLensError, match="eager engine; resume it without --engine-option compiled=true"):
+        session.begin(rd, cut.run_id, 1, [], [], None, None)
+    session.opts = V.VllmOptions(compiled=False)
+    session.begin(rd, cut.run_id, 1, [], [], None, None)      # the same mode: it resumes
+
+    target = dataclasses.replace(HFCapture(s).target(), device="cuda")
+    _, start, state, sample = open_or_resume(cut.run_id, s, target, rd.manifest()["boundaries"], data, 3,
+                                             state_device=V.VllmCapture.state_device)
+    assert start == 1 and state is not None and sample
+    assert {str(t.device) for t in state.tensors().values()} == {"cpu"}

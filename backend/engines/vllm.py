@@ -472,6 +472,10 @@ class VllmCapture:
     the state collected from rank 0 for each checkpoint and at the end; the hooks' token count is checked."""
 
     label = " (vllm)"
+    # A resumed state stays on the CPU here (the workers get it as tensors): CUDA initialised in this process makes
+    # vLLM start its engine core by spawn instead of fork, and a compiled capture engine started so from vLLM's compile
+    # cache failed in its first forward (IndexError in the cached graph) where the forked one ran.
+    state_device = "cpu"
 
     def __init__(self, settings: CaptureSettings, opts: VllmOptions | None = None):
         self.settings, self.opts = settings, own_options(VllmOptions, opts)
@@ -490,7 +494,7 @@ class VllmCapture:
     def begin(self, rd: Run, run_id: str, start: int, labels: list[str], wanted: list[coords.Boundary],
               state: StatsState | None, sample: dict[str, torch.Tensor] | None) -> None:
         if start > 0:
-            check_same_mode(run_id, str(rd.manifest.get("engine_version") or ""), self.opts.compiled)
+            check_same_mode(run_id, str(rd.manifest().get("engine_version") or ""), self.opts.compiled)
         self.labels, self.state, self.sample = labels, state, sample
 
     def guard_options(self, run_id: str, where: Callable[[], str], save: Callable[[], None]) -> dict:
