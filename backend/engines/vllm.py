@@ -494,7 +494,7 @@ class VllmCapture:
     def begin(self, rd: Run, run_id: str, start: int, labels: list[str], wanted: list[coords.Boundary],
               state: StatsState | None, sample: dict[str, torch.Tensor] | None) -> None:
         if start > 0:
-            check_same_mode(run_id, str(rd.manifest().get("engine_version") or ""), self.opts.compiled)
+            check_same_mode(run_id, str(rd.read().engine_version or ""), self.opts.compiled)
         self.labels, self.state, self.sample = labels, state, sample
 
     def guard_options(self, run_id: str, where: Callable[[], str], save: Callable[[], None]) -> dict:
