@@ -263,10 +263,12 @@ class StreamingStats:
     def __init__(self, labels: list[str], hidden: int, device: torch.device | str = "cpu",
                  state: StatsState | None = None, compile: bool | None = None, fused: bool | None = None,
                  exact: bool = False):
-        """exact: order-free integer sums (see the module's docstring); a resumed state keeps the mode it has."""
+        """exact: order-free integer sums (see the module's docstring); a resumed state keeps the mode it has and is
+        moved to `device` (a checkpoint is read onto the CPU: only the accumulator knows where it updates)."""
         self.labels = list(labels)
         self.hidden = hidden
-        self.state = state or StatsState.zeros(len(labels), hidden, device, exact=exact)
+        self.state = (StatsState.from_tensors(state.tensors(), device) if state is not None
+                      else StatsState.zeros(len(labels), hidden, device, exact=exact))
         self.exact = self.state.is_exact
         if self.exact:
             compile, fused = False, False

@@ -322,7 +322,7 @@ def test_a_resumed_vllm_capture_reads_its_manifest_and_keeps_its_state_off_the_g
     `rd.manifest.get` (a method, not a dict); fixed, the resume loaded the checkpoint's statistics onto the GPU in
     the command's own process, vLLM then spawned its engine core instead of forking it, and that engine failed. Here:
     a real interrupted capture (HF engine, CPU) resumed through the vLLM session's own `begin`, and the loop's
-    `open_or_resume` given the vLLM session's `state_device` for a target on cuda."""
+    `open_or_resume` for a target on cuda: the state it hands on stays on the CPU."""
     import dataclasses
 
     from backend.capture import run_capture
@@ -345,7 +345,6 @@ def test_a_resumed_vllm_capture_reads_its_manifest_and_keeps_its_state_off_the_g
     session.begin(rd, cut.run_id, 1, [], [], None, None)      # the same mode: it resumes
 
     target = dataclasses.replace(HFCapture(s).target(), device="cuda")
-    _, start, state, sample = open_or_resume(cut.run_id, s, target, rd.manifest()["boundaries"], data, 3,
-                                             state_device=V.VllmCapture.state_device)
+    _, start, state, sample = open_or_resume(cut.run_id, s, target, rd.manifest()["boundaries"], data, 3)
     assert start == 1 and state is not None and sample
     assert {str(t.device) for t in state.tensors().values()} == {"cpu"}

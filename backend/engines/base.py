@@ -124,7 +124,6 @@ class CaptureSession(Protocol):
     label: str                                 # progress bar suffix, e.g. " (vllm)"
     engine_version: str | None                 # the manifest's engine_version (None: transformers' version)
     chunk: int
-    # optional `state_device`: where a resumed statistics state is loaded (default: the target's device)
 
     def target(self) -> Target: ...
 

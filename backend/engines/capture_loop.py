@@ -37,8 +37,7 @@ def run(session: CaptureSession, settings: CaptureSettings, name: str | None = N
 
     run_id = new_run_id("capture", name)
     rd, start, state, sample_t = open_or_resume(run_id, settings, target, labels, data, len(prompts),
-                                                engine_version=session.engine_version,
-                                                state_device=getattr(session, "state_device", None))
+                                                engine_version=session.engine_version)
     session.begin(rd, run_id, start, labels, wanted, state, sample_t)
     t0 = time.perf_counter()
     done = start

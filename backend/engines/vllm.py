@@ -472,10 +472,6 @@ class VllmCapture:
     the state collected from rank 0 for each checkpoint and at the end; the hooks' token count is checked."""
 
     label = " (vllm)"
-    # A resumed state stays on the CPU here (the workers get it as tensors): CUDA initialised in this process makes
-    # vLLM start its engine core by spawn instead of fork, and a compiled capture engine started so from vLLM's compile
-    # cache failed in its first forward (IndexError in the cached graph) where the forked one ran.
-    state_device = "cpu"
 
     def __init__(self, settings: CaptureSettings, opts: VllmOptions | None = None):
         self.settings, self.opts = settings, own_options(VllmOptions, opts)

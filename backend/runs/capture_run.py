@@ -53,10 +53,12 @@ def boundaries(wanted: list[str] | None, n_layers: int) -> list[coords.Boundary]
 
 
 def open_or_resume(run_id: str, settings: CaptureSettings, lm, labels: list[str], data: DataRoot | None, n_prompts: int,
-                   engine_version: str | None = None, state_device: str | None = None):
+                   engine_version: str | None = None):
     """Create the capture run, or claim the interrupted one of the same name and settings: (Run, prompts done,
-    statistics state, sample tensors) from its last checkpoint. A complete run or other settings are refused.
-    `state_device`: where the resumed statistics state lives (default: the target's device)."""
+    statistics state on the CPU, sample tensors) from its last checkpoint. A complete run or other settings are
+    refused. The state stays on the CPU: the accumulator that continues it moves it (StreamingStats), and an engine in
+    other processes gets it as tensors. CUDA initialised in this process would make vLLM spawn its engine core instead
+    of forking it, and a compiled capture engine started so from vLLM's compile cache failed (docs/RELIABILITY.md)."""
     manifest = {
         "kind": "capture", "engine": settings.engine, "engine_version": engine_version or transformers_version(),
         "name": run_id,
@@ -90,8 +92,7 @@ def open_or_resume(run_id: str, settings: CaptureSettings, lm, labels: list[str]
         except (SafetensorError, OSError, KeyError, ValueError) as e:
             raise SpecLensError(f"{ck}: corrupt checkpoint ({e}); "
                                 f"delete it to restart this run from the beginning") from e
-        state = StatsState.from_tensors({k[6:]: v for k, v in t.items() if k.startswith("stats.")},
-                                        state_device or lm.device)
+        state = StatsState.from_tensors({k[6:]: v for k, v in t.items() if k.startswith("stats.")})
         sample_t = {k[7:]: v for k, v in t.items() if k.startswith("sample.")}
     rd.claim(progress={"done": start, "total": n_prompts})
     return rd, start, state, sample_t
