@@ -147,6 +147,38 @@ case $1 in
     compiled_alone "$2"
     if [ "$(left)" -gt 240 ]; then compiled_kill 1; else echo "compiled capture kill not run: $(left) s left"; fi
     echo "chain6 done at $(el) s $(date -u +%FT%TZ)" ;;
+  start7)  # a fresh machine, vLLM only: compiled captures (VLLM_BATCH_INVARIANT=1, exact sums) forked, then spawned
+    mkdir -p $d
+    setsid nohup bash "$0" chain7 "${2:-500}" > $d/suite.log 2>&1 < /dev/null & echo $! > $d/pid
+    sleep 2; tail -3 $d/suite.log ;;
+  chain7)   # one compile cache: a forked engine core caches the graph, then engine cores vLLM spawns start from it
+    echo "chain7 start $(date -u +%FT%TZ), budget $budget s"
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+    while ! have /tmp/stage_v || [ ! -d /tmp/whl ]; do sleep 2; done
+    bash gpu/load_h200.sh install-vllm "$(cat /tmp/stage_v/SHA256)" 2>&1 | tail -2
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_duck /tmp/whl/*.whl \
+      /tmp/stage_v/w/pydantic*.whl /tmp/stage_v/w/annotated_types*.whl /tmp/stage_v/w/typing_inspection*.whl 2>&1 | tail -2
+    echo "vllm installed at $(el) s"
+    mkdir -p $d/spawn/toy && tar xzf models/toy-pair.tar.gz -C $d/spawn/toy
+    for m in fork spawn spawn; do   # the second spawn: a spawned core from a cache a spawned core wrote
+      n=$m-$(el)
+      env SPECLENS_DATA=$d/spawn/data PYTHONPATH=$PWD:/tmp/site_vllm:/tmp/site_duck VLLM_CACHE_ROOT=$d/spawn/vllm_cache \
+        VLLM_BATCH_INVARIANT=1 VLLM_WORKER_MULTIPROC_METHOD=$m timeout $(( $(left) - 20 )) python3 -m backend capture \
+        --engine vllm --model $d/spawn/toy/target --prompts datasets/spec_bench/question.jsonl --limit 64 \
+        --sample-tokens 256 --name $n --quiet --dtype bf16 --exact-sums --engine-option gpu_memory_utilization=0.08 \
+        --engine-option max_model_len=4096 --engine-option kv_cache_memory_bytes=2147483648 \
+        --engine-option compiled=true > $d/spawn/$n.log 2>&1
+      echo "$m capture $n: exit $? at $(el) s; $(grep -h 'IndexError\|^error' $d/spawn/$n.log | tail -1)"
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader
+    done
+    ls $d/spawn/vllm_cache/torch_compile_cache/torch_aot_compile 2>/dev/null
+    env PYTHONPATH=$PWD:/tmp/site_duck python3 -c "
+import glob, pandas as pd
+runs = sorted(glob.glob('$d/spawn/data/runs/*/stats.parquet'))
+ref = pd.read_parquet(runs[0]).set_index('boundary')
+for r in runs: d = pd.read_parquet(r).set_index('boundary'); print(r.split('/')[-2], 'tokens', int(d.n_tokens.iloc[0]), 'bit-equal to', runs[0].split('/')[-2], d.drop(columns=[c for c in d if d[c].dtype == object]).equals(ref.drop(columns=[c for c in ref if ref[c].dtype == object])))
+" 2>&1 | tail -5
+    echo "chain7 done at $(el) s $(date -u +%FT%TZ)" ;;
   alone)
     setsid nohup bash -c "env PYTHONPATH=/tmp/site_vllm timeout ${2:-400} python3 gpu/vllm_suite.py speed \
       --out $d/alone --root /tmp/data-speed --compiled-alone \
@@ -164,6 +196,7 @@ case $1 in
     [ -f $d/speed.log ] && tail -c 3000000 $d/speed.log > "$OUT/speed.log"
     [ -d $d/fault_s ] && (cd $d && tar czf "$OUT/fault_s.tar.gz" --exclude='*.safetensors' fault_s fault_s.log 2>/dev/null)
     [ -f $d/alone.log ] && tail -c 2000000 $d/alone.log > "$OUT/alone.log"
+    [ -d $d/spawn ] && (cd $d && tar czf "$OUT/spawn.tar.gz" --exclude='*.safetensors' --exclude=vllm_cache --exclude=toy spawn)
     [ -d $d/fault_c ] && (cd $d && tar czf "$OUT/fault_c.tar.gz" --exclude='*.safetensors' fault_c fault_c.log 2>/dev/null)
     nvidia-smi --query-gpu=name,memory.used --format=csv,noheader; ls -la "$OUT" ;;
 esac

@@ -323,3 +323,43 @@ def test_the_compiled_capture_kill_trials_say_what_reliability_md_says() -> None
     assert "We must use the `spawn` multiprocessing start method" in logs[1]
     assert "error: vLLM could not start with model" in logs[1] and "IndexError: list index out of range" in logs[1]
     assert "spawn" not in logs[0].split("AttributeError")[0]                 # the first resume never got that far
+
+
+def test_the_compiled_capture_kill_trials_after_the_fix_resume_bit_equal() -> None:
+    """The same kill trial on an H100 after the fix (2026-12-07 13:04-13:08 UTC, code at 420a4ee): killed at 128/448
+    and 256/448 prompts, shown interrupted, GPU freed, nothing outliving the kill; both resumes forked their engine
+    core (no spawn in any log) and completed, statistics and sample bit-equal to the uninterrupted run."""
+    import io
+    import tarfile
+
+    rec = json.loads((RESULTS / "fault_suite_h100_2026-12-07_vllm_compiled_capture_3.json").read_text())
+    assert rec["env"]["commit"].startswith("420a4ee") and rec["env"]["vllm_env_vllm"] == "0.24.0"
+    assert str(rec["args"]["exact_sums"]) == "True" and rec["args"]["vllm_option"] == "[('compiled', True)]"
+    trials = rec["steps"]["vllm-capture"]["trials"]
+    assert [(t["kill"]["done"], t["kill"]["total"]) for t in trials] == [(128, 448), (256, 448)]
+    for t in trials:
+        assert t["killed"] and t["status_after_kill"]["catalog"] == {t["name"]: "interrupted"}
+        assert t["interrupted_ok"] and t["never_complete_while_unfinished"] and t["resumed_ok"]
+        assert t["resume"]["exit"] == 0 and t["equal"] is True and t["differences"] == []
+        assert t["outlived_kill"] == [] and t["gpu_after_kill"]["freed"] and t["gpu_after_kill"]["seconds"] <= 0.55
+    assert rec["summary"]["equal_to_reference"] == 2 and rec["summary"]["different_from_reference"] == 0
+    with tarfile.open(RESULTS / "fault_suite_h100_2026-12-07_vllm_compiled_capture_3_logs.tar.gz") as tf:
+        logs = {m.name: io.TextIOWrapper(tf.extractfile(m)).read() for m in tf.getmembers() if m.isfile()}
+    assert sum(n.endswith("-resume.log") for n in logs) == 2
+    assert not any("spawn" in text for text in logs.values())
+
+
+def test_the_spawned_core_logs_say_what_reliability_md_says() -> None:
+    """The narrowing-down on the same H100 (13:08-13:11 UTC): a spawned engine core in batch-invariant mode failed
+    with IndexError on the forked cores' cached graph; without batch-invariant mode, or with the cache disabled, the
+    same capture completed, all 7,560 tokens of its 64 prompts."""
+    import io
+    import tarfile
+
+    with tarfile.open(RESULTS / "vllm_spawned_core_compile_cache_h100_2026-12-07_logs.tar.gz") as tf:
+        logs = {Path(m.name).stem: io.TextIOWrapper(tf.extractfile(m)).read() for m in tf.getmembers() if m.isfile()}
+    failed = logs.pop("spawn_batch_invariant_forked_cache")
+    assert "error: vLLM could not start with model" in failed and "IndexError: list index out of range" in failed
+    assert sorted(logs) == ["spawn_batch_invariant_cache_disabled", "spawn_no_batch_invariant_forked_cache"]
+    for text in logs.values():
+        assert "IndexError" not in text and "7560 tokens from 64 prompts" in text

@@ -107,6 +107,14 @@ def aux_ids_for(labels: list[str], n_layers: int) -> list[int]:
     return sorted({b.index for b in (coords.parse(lbl, n_layers) for lbl in labels) if not b.final})
 
 
+def start_method() -> str:
+    """How vLLM will start its engine core from this process: spawn where it must (CUDA already initialized here, a
+    Ray actor, WSL), else VLLM_WORKER_MULTIPROC_METHOD (fork by default). vLLM's own choice, made the same way."""
+    from vllm.utils.system_utils import get_mp_context
+
+    return get_mp_context().get_start_method()
+
+
 def make_llm(model: str, opts: VllmOptions, *, drafter: str | None = None, num_spec_tokens: int | None = None,
              capture: bool = False, eager: bool = True, extract: dict | None = None,
              aux_ids: list[int] | None = None):
@@ -126,8 +134,10 @@ def make_llm(model: str, opts: VllmOptions, *, drafter: str | None = None, num_s
               disable_log_stats=False, seed=0, skip_tokenizer_init=True, worker_extension_cls=WORKER_EXT)
     if compiled:    # padded CUDA-graph batches would put padding rows into the statistics
         kw["compilation_config"] = {"cudagraph_mode": "NONE"}
-        # part of vLLM's compile-cache key: a graph compiled without these aux outputs is never reused here
-        kw["additional_config"] = {"speclens_aux_ids": list(aux_ids)}
+        # part of vLLM's compile-cache key: a graph compiled without these aux outputs is never reused here, nor
+        # one cached by an engine core started another way (seen on vLLM 0.24.0 with VLLM_BATCH_INVARIANT=1: a graph a
+        # forked core cached failed with IndexError in the first forward of a spawned one)
+        kw["additional_config"] = {"speclens_aux_ids": list(aux_ids), "speclens_start_method": start_method()}
     if opts.max_model_len:
         kw["max_model_len"] = opts.max_model_len
     if opts.load_format:

@@ -58,7 +58,7 @@ def open_or_resume(run_id: str, settings: CaptureSettings, lm, labels: list[str]
     statistics state on the CPU, sample tensors) from its last checkpoint. A complete run or other settings are
     refused. The state stays on the CPU: the accumulator that continues it moves it (StreamingStats), and an engine in
     other processes gets it as tensors. CUDA initialised in this process would make vLLM spawn its engine core instead
-    of forking it, and a compiled capture engine started so from vLLM's compile cache failed (docs/RELIABILITY.md)."""
+    of forking it (slower to start, and it compiles a graph of its own: backend/engines/vllm.py start_method)."""
     manifest = {
         "kind": "capture", "engine": settings.engine, "engine_version": engine_version or transformers_version(),
         "name": run_id,
