@@ -381,6 +381,9 @@ def compare_capture(ref: Path, got: Path) -> list[str]:
         diffs.append(f"progress {pr} (reference {ma.get('progress')})")
     if (got / "checkpoint.safetensors").exists():
         diffs.append("checkpoint.safetensors left in the finished run")
+    counted = pd.read_parquet(ref / "stats.parquet")["n_tokens"]
+    if not len(counted) or int(counted.min()) == 0:     # two empty captures are equal and prove nothing
+        diffs.append(f"the reference's statistics hold no tokens (n_tokens {counted.tolist()}): nothing to compare")
     return diffs
 
 

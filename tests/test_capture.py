@@ -146,3 +146,21 @@ def test_cli_one_line_error(tmp_path, data_root):
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and str(p) in lines[0]
+
+
+def test_a_boundary_that_never_reaches_the_statistics_fails_the_run(tiny_llama, prompts_file, data_root, monkeypatch):
+    """The engine runs every token (its own count agrees) but one boundary's states never reach the statistics, as
+    when vLLM's compiled engine was not armed (its layer hooks never fire): the run fails with one line naming the
+    boundary and its count; it is never complete with statistics of no tokens."""
+    from backend.stats import StreamingStats
+
+    orig = StreamingStats.update                     # F's states never reach the statistics
+    monkeypatch.setattr(StreamingStats, "update",
+                        lambda self, i, x: None if self.labels[i] == "F" else orig(self, i, x))
+    monkeypatch.setattr(StreamingStats, "update_all", lambda self, xs: [self.update(i, x) for i, x in enumerate(xs)])
+    with pytest.raises(SpecLensError, match=r"hf ran all \d+ prompt tokens but the statistics hold F 0 of \d+"):
+        run_capture(_settings(tiny_llama, prompts_file, limit=3), name="lost", data=DataRoot(data_root),
+                    progress=False)
+    m = DataRoot(data_root).run_dir("lost").manifest()
+    assert m["status"] == "failed" and "F 0 of" in m["error"]
+    assert not (DataRoot(data_root).run_dir("lost").path / "stats.parquet").exists()

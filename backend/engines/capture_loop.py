@@ -17,7 +17,14 @@ from backend import coords
 from backend.engines.base import CaptureSession, CaptureSettings
 from backend.errors import SpecLensError
 from backend.prompts import encode_all, load_prompts
-from backend.runs.capture_run import CaptureResult, boundaries, checkpoint, finish, open_or_resume
+from backend.runs.capture_run import (
+    CaptureResult,
+    boundaries,
+    check_every_token_counted,
+    checkpoint,
+    finish,
+    open_or_resume,
+)
 from backend.runs.lifecycle import RunGuard
 from backend.store.data_root import DataRoot
 from backend.store.rundir import new_run_id
@@ -63,4 +70,5 @@ def run(session: CaptureSession, settings: CaptureSettings, name: str | None = N
     finally:
         session.close()
     session.verify(rd, sum(len(x) for x in seqs[start:]))
+    check_every_token_counted(rd, stats, sum(len(x) for x in seqs), settings.engine)
     return finish(rd, stats, sample, labels, sum(len(x) for x in seqs), n, time.perf_counter() - t0)

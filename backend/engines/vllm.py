@@ -102,17 +102,12 @@ def short_error(e: BaseException, cause: str | None = None, settings: dict | Non
     return f"GPU memory too small for these settings ({reason}): {' or '.join(fix)}"
 
 
+ARMING_VERSION = 2                 # in a compiled capture engine's compile-cache key (make_llm)
+
+
 def aux_ids_for(labels: list[str], n_layers: int) -> list[int]:
     """The aux ids a compiled capture engine must hand out for these boundaries: i for S_i (F needs none)."""
     return sorted({b.index for b in (coords.parse(lbl, n_layers) for lbl in labels) if not b.final})
-
-
-def start_method() -> str:
-    """How vLLM will start its engine core from this process: spawn where it must (CUDA already initialized here, a
-    Ray actor, WSL), else VLLM_WORKER_MULTIPROC_METHOD (fork by default). vLLM's own choice, made the same way."""
-    from vllm.utils.system_utils import get_mp_context
-
-    return get_mp_context().get_start_method()
 
 
 def make_llm(model: str, opts: VllmOptions, *, drafter: str | None = None, num_spec_tokens: int | None = None,
@@ -125,7 +120,7 @@ def make_llm(model: str, opts: VllmOptions, *, drafter: str | None = None, num_s
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")         # 2 minutes of JIT otherwise
     from vllm import LLM
 
-    from backend.engines.vllm_worker import AUX_ENV
+    from backend.engines.vllm_worker import AUX_ENV, arm_workers_at_load
 
     compiled = aux_ids is not None
     kw = dict(model=model, tensor_parallel_size=opts.tensor_parallel_size, dtype=opts.dtype,
@@ -134,10 +129,10 @@ def make_llm(model: str, opts: VllmOptions, *, drafter: str | None = None, num_s
               disable_log_stats=False, seed=0, skip_tokenizer_init=True, worker_extension_cls=WORKER_EXT)
     if compiled:    # padded CUDA-graph batches would put padding rows into the statistics
         kw["compilation_config"] = {"cudagraph_mode": "NONE"}
-        # part of vLLM's compile-cache key: a graph compiled without these aux outputs is never reused here, nor
-        # one cached by an engine core started another way (seen on vLLM 0.24.0 with VLLM_BATCH_INVARIANT=1: a graph a
-        # forked core cached failed with IndexError in the first forward of a spawned one)
-        kw["additional_config"] = {"speclens_aux_ids": list(aux_ids), "speclens_start_method": start_method()}
+        # part of vLLM's compile-cache key: a graph compiled without these aux outputs is never reused here. The
+        # arming's version too: before it, an engine core forked from a process that had imported vllm_worker was
+        # never armed, and cached a graph without aux outputs under the same ids (docs/RELIABILITY.md)
+        kw["additional_config"] = {"speclens_aux_ids": list(aux_ids), "speclens_arming": ARMING_VERSION}
     if opts.max_model_len:
         kw["max_model_len"] = opts.max_model_len
     if opts.load_format:
@@ -159,8 +154,11 @@ def make_llm(model: str, opts: VllmOptions, *, drafter: str | None = None, num_s
     kw.update(opts.extra)
     from backend.engines.stderr_tail import StderrTail, root_cause
 
+    if compiled and not arm_workers_at_load():   # for a worker forked from this process or run in it
+        raise SpecLensError("vLLM's worker (vllm.v1.worker.gpu_worker.Worker) is not importable here: a compiled "
+                            "capture needs it; run without --engine-option compiled=true")
     before = os.environ.pop(AUX_ENV, None)
-    if compiled:                    # read by the workers (children of this process) when they load the model
+    if compiled:                    # read by the workers when they load the model
         os.environ[AUX_ENV] = ",".join(map(str, aux_ids))
     with StderrTail() as tail:      # the engine core is a child process: its root cause is on stderr
         try:

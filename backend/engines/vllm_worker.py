@@ -30,8 +30,8 @@ engine alone costs about 1% over vLLM's compiled one. A compiled engine still ru
 its inner stack can hand out boundaries itself: vLLM's EAGLE-3 support adds up `hidden + residual` for the ids in
 `aux_hidden_state_layers` inside the compiled graph (vllm/model_executor/models/interfaces.py
 `_maybe_add_hidden_state`: id i = S_i, 0 = embeddings, ascending) and returns `(final-norm output, [S_i ...])`. When
-the engine is started with SPECLENS_VLLM_AUX_IDS set (backend/engines/vllm.py does, for the capture's S_i), importing
-this module in the worker wraps the worker's `load_model` so that, after the model is built and before its first
+the engine is started with SPECLENS_VLLM_AUX_IDS set (backend/engines/vllm.py does, for the capture's S_i), the
+worker's `load_model` is wrapped (arm_workers_at_load) so that, after the model is built and before its first
 forward (which compiles it), the model's aux ids are set and a hook on the outer model strips the pair back to the
 final-norm output the runner expects, handing both to the installed reducer (`take_aux`): S_i from the list, F from
 the first element. The engine runs with `cudagraph_mode=NONE`: vLLM pads a batch to a captured CUDA-graph size and
@@ -112,36 +112,45 @@ def arm_aux(model: torch.nn.Module, ids: list[int]) -> None:
 
 
 def aux_ids_from_env() -> list[int] | None:
-    text = os.environ.get(AUX_ENV, "").strip()
-    return [int(x) for x in text.split(",") if x.strip()] if text else None
+    """The aux ids of an engine started for a compiled capture (AUX_ENV set, possibly empty: F alone), else None."""
+    text = os.environ.get(AUX_ENV)
+    return None if text is None else [int(x) for x in text.split(",") if x.strip()]
 
 
-def _arm_at_load() -> None:
-    """When this module is imported in a vLLM worker of an engine started for a compiled capture (AUX_ENV set), wrap
-    the worker's `load_model` once: after the model is built, `arm_aux` it (before the profiling forward compiles
-    it). vLLM offers no hook between building and compiling a model, and a worker extension cannot override a method
-    of the worker class (vllm/v1/worker/worker_base.py appends it to the worker's bases)."""
-    if aux_ids_from_env() is None:
-        return
+def arm_workers_at_load() -> bool:
+    """Wrap vLLM's worker `load_model` once in this process: after the model is built, in an engine started for a
+    compiled capture (AUX_ENV set in the worker's environment), `arm_aux` it, before the profiling forward compiles
+    it. vLLM offers no hook between building and compiling a model, and a worker extension cannot override a method
+    of the worker class (vllm/v1/worker/worker_base.py appends it to the worker's bases).
+
+    It must have run in the process the worker's class is taken from: a spawned worker imports this module afresh
+    (the import below runs it when AUX_ENV is set); a worker forked from the caller, or run in it, inherits the
+    caller's modules, where this module was imported before AUX_ENV was set, so backend.engines.vllm.make_llm calls
+    it before it starts such an engine. False where vLLM's worker is not importable."""
     try:
         from vllm.v1.worker.gpu_worker import Worker
-    except ImportError:                       # not inside vLLM (tests, the CPU build without a GPU worker)
-        return
+    except ImportError:                       # not inside vLLM (tests without it)
+        return False
     if getattr(Worker.load_model, "_speclens_armed", False):
-        return
+        return True
     orig = Worker.load_model
 
     def load_model(self, *args, **kwargs):
         orig(self, *args, **kwargs)
+        ids = aux_ids_from_env()
+        if ids is None:                       # an engine not started for a compiled capture
+            return
         mr = self.model_runner
         m = mr.get_model() if hasattr(mr, "get_model") else mr.model
-        arm_aux(getattr(m, "module", m), aux_ids_from_env() or [])
+        arm_aux(getattr(m, "module", m), ids)
 
     load_model._speclens_armed = True
     Worker.load_model = load_model
+    return True
 
 
-_arm_at_load()
+if aux_ids_from_env() is not None:            # imported in a spawned worker of a compiled capture engine
+    arm_workers_at_load()
 
 
 def aux_layers_of(model: torch.nn.Module) -> list[int] | None:
@@ -233,7 +242,7 @@ class BoundaryReducer:
         """One forward's boundaries from a compiled engine: `final` (F) and `aux` (S_i in ascending id order). aux
         None: the compiled graph returned no aux states (built without them, e.g. a compile cache of another engine);
         counted, so that the capture fails instead of missing those tokens."""
-        if aux is None or len(aux) != len(self._aux_ids):
+        if (aux is None and self._aux_ids) or (aux is not None and len(aux) != len(self._aux_ids)):
             self.aux_missing += 1
             return
         for k, pos in enumerate(self._aux_pos):

@@ -58,7 +58,7 @@ def open_or_resume(run_id: str, settings: CaptureSettings, lm, labels: list[str]
     statistics state on the CPU, sample tensors) from its last checkpoint. A complete run or other settings are
     refused. The state stays on the CPU: the accumulator that continues it moves it (StreamingStats), and an engine in
     other processes gets it as tensors. CUDA initialised in this process would make vLLM spawn its engine core instead
-    of forking it (slower to start, and it compiles a graph of its own: backend/engines/vllm.py start_method)."""
+    of forking it (slower to start)."""
     manifest = {
         "kind": "capture", "engine": settings.engine, "engine_version": engine_version or transformers_version(),
         "name": run_id,
@@ -110,6 +110,19 @@ def checkpoint(rd: Run, stats: StreamingStats, sample: TokenSample, done: int, t
     t.update({f"sample.{k}": v for k, v in sample.tensors().items()})
     atomic_save_safetensors(rd.file(CHECKPOINT), t, metadata={"done": str(done)})
     rd.progress(done, total, checkpoint=True)   # the dashboard's progress bar reads the catalog
+
+
+def check_every_token_counted(rd: Run, stats: StreamingStats, tokens: int, engine: str) -> None:
+    """Every prompt token passes every boundary: a boundary whose statistics hold fewer tokens (finite or not) than
+    the engine ran never reached them, whatever the engine's own token count says. The run is failed, not completed
+    with statistics of part of the tokens (or none); its checkpoint stays."""
+    held = (stats.state.count + stats.state.nonfinite).round().long().tolist()
+    short = [f"{lbl} {n}" for lbl, n in zip(stats.labels, held) if n != tokens]
+    if short:
+        what = f"the statistics hold {', '.join(short[:4])}{' ...' if len(short) > 4 else ''} of {tokens} tokens"
+        rd.fail(f"{engine} ran every token, but {what}")
+        raise SpecLensError(f"capture {rd.run_id}: {engine} ran all {tokens} prompt tokens but {what}: its boundaries "
+                            "did not reach the statistics; nothing was marked complete (report it with this run's log)")
 
 
 def finish(rd: Run, stats: StreamingStats, sample: TokenSample, labels: list[str], tokens: int,
