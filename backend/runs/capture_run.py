@@ -112,7 +112,7 @@ def checkpoint(rd: Run, stats: StreamingStats, sample: TokenSample, done: int, t
     rd.progress(done, total, checkpoint=True)   # the dashboard's progress bar reads the catalog
 
 
-def check_every_token_counted(rd: Run, stats: StreamingStats, tokens: int, engine: str) -> None:
+def check_every_token_counted(rd: Run, stats: StreamingStats, tokens: int, engine: str, fix: str = "") -> None:
     """Every prompt token passes every boundary: a boundary whose statistics hold fewer tokens (finite or not) than
     the engine ran never reached them, whatever the engine's own token count says. The run is failed, not completed
     with statistics of part of the tokens (or none); its checkpoint stays."""
@@ -122,7 +122,8 @@ def check_every_token_counted(rd: Run, stats: StreamingStats, tokens: int, engin
         what = f"the statistics hold {', '.join(short[:4])}{' ...' if len(short) > 4 else ''} of {tokens} tokens"
         rd.fail(f"{engine} ran every token, but {what}")
         raise SpecLensError(f"capture {rd.run_id}: {engine} ran all {tokens} prompt tokens but {what}: its boundaries "
-                            "did not reach the statistics; nothing was marked complete (report it with this run's log)")
+                            "did not reach the statistics; nothing was marked complete"
+                            f"{fix or ' (report it with its log)'}")
 
 
 def finish(rd: Run, stats: StreamingStats, sample: TokenSample, labels: list[str], tokens: int,
