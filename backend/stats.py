@@ -74,6 +74,10 @@ class StatsState:
     def nonfinite(self) -> torch.Tensor:
         return self.scalars[:, 1]
 
+    def tokens(self) -> list[int]:
+        """Tokens each boundary has taken, finite or not: every prompt token passes every boundary."""
+        return (self.count + self.nonfinite).round().long().tolist()
+
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every accumulator by name (the exact sums only where kept: a default checkpoint is unchanged)."""
         return {k: getattr(self, k) for k in self.__dataclass_fields__ if getattr(self, k) is not None}

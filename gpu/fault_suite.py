@@ -360,8 +360,8 @@ def compare_capture(ref: Path, got: Path) -> list[str]:
     import torch
     from safetensors.torch import load_file
 
-    diffs = _frame_diffs("stats", pd.read_parquet(ref / "stats.parquet").drop(columns="run_id"),
-                         pd.read_parquet(got / "stats.parquet").drop(columns="run_id"))
+    ref_stats = pd.read_parquet(ref / "stats.parquet").drop(columns="run_id")
+    diffs = _frame_diffs("stats", ref_stats, pd.read_parquet(got / "stats.parquet").drop(columns="run_id"))
     if (ref / "sample.safetensors").exists() or (got / "sample.safetensors").exists():
         sa, sb = load_file(str(ref / "sample.safetensors")), load_file(str(got / "sample.safetensors"))
         if sa.keys() != sb.keys():
@@ -381,7 +381,7 @@ def compare_capture(ref: Path, got: Path) -> list[str]:
         diffs.append(f"progress {pr} (reference {ma.get('progress')})")
     if (got / "checkpoint.safetensors").exists():
         diffs.append("checkpoint.safetensors left in the finished run")
-    counted = pd.read_parquet(ref / "stats.parquet")["n_tokens"]
+    counted = ref_stats["n_tokens"]
     if not len(counted) or int(counted.min()) == 0:     # two empty captures are equal and prove nothing
         diffs.append(f"the reference's statistics hold no tokens (n_tokens {counted.tolist()}): nothing to compare")
     return diffs

@@ -493,11 +493,7 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
              "plain_seconds": [round(x, 4) for x in tp], "capture_seconds": [round(x, 4) for x in tc],
              "plain_median_s": round(mp, 4), "capture_median_s": round(mc, 4), "ratio": round(mc / mp, 4),
              "paired_ratios": [round(c / q, 4) for q, c in zip(tp, tc)],
-             "tokens_seen_by_hooks": int(got["tokens_seen"]), "forwards_seen_by_hooks": int(got.get("forwards", 0)),
-             "forwards_without_aux": int(got.get("aux_missing", 0)),
-             "tokens_in_statistics": tokens_in_statistics(got["state"]),
-             "tokens_expected": tokens * repeats + len(warm) * prompt_len}
-        r["every_token_in_statistics"] = set(r["tokens_in_statistics"]) == {r["tokens_seen_by_hooks"]}
+             **token_counts(got, tokens * repeats + len(warm) * prompt_len)}
         ref = kept.get(name)                       # the eager hooks' statistics of the same tokens, when measured
         if ref is not None:
             r["against_eager_hooks"] = compare_states(ref, got["state"], labels)
@@ -519,11 +515,7 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
             del cap
         r = {"engine_start_s": round(start, 1), "stats_update": path, "boundaries": len(labels), "alone": True,
              "cudagraph_mode_capture": "NONE", "with_statistics": with_stats, "aux_only_no_statistics": no_stats,
-             "tokens_seen_by_hooks": int(got["tokens_seen"]), "forwards_seen_by_hooks": int(got.get("forwards", 0)),
-             "forwards_without_aux": int(got.get("aux_missing", 0)),
-             "tokens_in_statistics": tokens_in_statistics(got["state"]),
-             "tokens_expected": tokens * repeats + len(warm) * prompt_len}
-        r["every_token_in_statistics"] = set(r["tokens_in_statistics"]) == {r["tokens_seen_by_hooks"]}
+             **token_counts(got, tokens * repeats + len(warm) * prompt_len)}
         if base:
             r["ratio_vs_compiled"] = round(with_stats["median_s"] / base, 4)
             r["aux_only_ratio_vs_compiled"] = round(no_stats["median_s"] / base, 4)
@@ -542,11 +534,17 @@ def speed(sec: Section, root: Path, n_prompts: int, prompt_len: int, repeats: in
         _gpu_cleanup()
 
 
-def tokens_in_statistics(state: dict) -> list[int]:
-    """Tokens (finite or not) each boundary's statistics hold: every one must equal the tokens the hooks saw (an
-    engine whose boundaries never reached the statistics times an empty capture)."""
-    sc = state["scalars"].double().cpu()
-    return [int(round(float(x))) for x in sc[:, 0] + sc[:, 1]]
+def token_counts(got: dict, expected: int) -> dict:
+    """What a compiled capture engine's reducer counted (`V.collect`): tokens and forwards its hooks saw, forwards
+    whose graph handed out no aux states, and the tokens each boundary's statistics hold, which must all be the
+    tokens the hooks saw (an engine whose boundaries never reached the statistics times an empty capture)."""
+    from backend.stats import StatsState
+
+    r = {"tokens_seen_by_hooks": int(got["tokens_seen"]), "forwards_seen_by_hooks": int(got.get("forwards", 0)),
+         "forwards_without_aux": int(got.get("aux_missing", 0)),
+         "tokens_in_statistics": StatsState.from_tensors(got["state"]).tokens(), "tokens_expected": expected}
+    r["every_token_in_statistics"] = set(r["tokens_in_statistics"]) == {r["tokens_seen_by_hooks"]}
+    return r
 
 
 def compare_states(ref: dict, got: dict, labels: list[str], hidden: int = 4096) -> dict:

@@ -124,6 +124,7 @@ class CaptureSession(Protocol):
     label: str                                 # progress bar suffix, e.g. " (vllm)"
     engine_version: str | None                 # the manifest's engine_version (None: transformers' version)
     chunk: int
+    missing_tokens_fix: str                    # appended to the error when statistics miss tokens ("": none known)
 
     def target(self) -> Target: ...
 

@@ -82,6 +82,7 @@ class HFCapture:
     label = ""
     engine_version = None                      # the manifest says "transformers X"
     chunk = 1
+    missing_tokens_fix = ""
 
     def __init__(self, settings: CaptureSettings):
         self.settings = settings

@@ -319,6 +319,7 @@ class SGLangCapture:
 
     label = " (sglang)"
     chunk = 1
+    missing_tokens_fix = ""
 
     def __init__(self, settings: CaptureSettings, options: SGLangOptions | None = None):
         self.settings, self.log_dir = settings, own_options(SGLangOptions, options).log_dir

@@ -484,6 +484,8 @@ class VllmCapture:
     def __init__(self, settings: CaptureSettings, opts: VllmOptions | None = None):
         self.settings, self.opts = settings, own_options(VllmOptions, opts)
         self.engine_version = f"vllm {require()}{COMPILED_MARK if self.opts.compiled else ''}"
+        # the compiled engine hands out boundaries through its own aux outputs; the eager hooks are the way round
+        self.missing_tokens_fix = "; run it without --engine-option compiled=true" if self.opts.compiled else ""
         self.chunk = max(1, settings.checkpoint_every) * 4
         self.llm = None
         self.res: dict | None = None

@@ -116,8 +116,7 @@ def check_every_token_counted(rd: Run, stats: StreamingStats, tokens: int, engin
     """Every prompt token passes every boundary: a boundary whose statistics hold fewer tokens (finite or not) than
     the engine ran never reached them, whatever the engine's own token count says. The run is failed, not completed
     with statistics of part of the tokens (or none); its checkpoint stays."""
-    held = (stats.state.count + stats.state.nonfinite).round().long().tolist()
-    short = [f"{lbl} {n}" for lbl, n in zip(stats.labels, held) if n != tokens]
+    short = [f"{lbl} {n}" for lbl, n in zip(stats.labels, stats.state.tokens()) if n != tokens]
     if short:
         what = f"the statistics hold {', '.join(short[:4])}{' ...' if len(short) > 4 else ''} of {tokens} tokens"
         rd.fail(f"{engine} ran every token, but {what}")
