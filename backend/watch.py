@@ -461,6 +461,7 @@ def run_watch(s: WatchSettings, name: str | None = None, data: DataRoot | None =
         t_scrape = time.monotonic()
         try:
             text = scrape(url, s.timeout)
+            t_prev_wall = time.time()          # the counters' moment: the scrape's answer, before parsing or more calls
         except ScrapeError as e:
             raise SpecLensError(f"cannot reach {url} ({e}): is the server up on that host and port? Start it "
                                 f"(e.g. `{START_WITH_DRAFTER['vllm']}`) or pass its address with --server-url; the "
@@ -471,7 +472,6 @@ def run_watch(s: WatchSettings, name: str | None = None, data: DataRoot | None =
         run.record(engine=engine, engine_version=version, model={"path": model})
         if not prev.speculative:
             raise SpecLensError(_no_spec(engine, url))
-        t_prev_wall = time.time()
         missed, i, stopped_by, t_begin, tick = 0, 0, None, t_scrape, 0
         while True:
             if s.windows is not None and i >= s.windows:
@@ -488,6 +488,7 @@ def run_watch(s: WatchSettings, name: str | None = None, data: DataRoot | None =
                 break
             try:
                 text = scrape(url, s.timeout)
+                t_wall = time.time()
             except ScrapeError as e:
                 missed += 1
                 if missed >= s.max_missed:
@@ -502,7 +503,6 @@ def run_watch(s: WatchSettings, name: str | None = None, data: DataRoot | None =
                 save()
                 raise SpecLensError(_no_spec(engine, url, after=len(tracker.windows)))
             i += 1
-            t_wall = time.time()
             w = tracker.add(make_window(i, t_prev_wall, t_wall, prev, cur))
             if missed:
                 w["note"] = "; ".join(x for x in (w["note"], f"{missed} failed scrape(s) inside") if x)

@@ -197,7 +197,7 @@ def test_watch_vllm_cpu_under_load(servers) -> None:
         t.start()
     try:
         r = _speclens(["watch", "--server-url", s["spec"], "--interval", "5", "--windows", "4", "--min-drafts", "20",
-                       "--name", "cpu-watch"], s["data"], 300)
+                       "--name", "cpu-watch"], s["data"], 600)
     finally:
         stop.set()
         for t in loaders:

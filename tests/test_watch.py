@@ -534,6 +534,35 @@ def test_recorded_metrics(path: Path, data_root: Path, capsys) -> None:
         assert code == 0 and "no verdict" in last_line(out.out), out
 
 
+def _all_recorded_texts() -> list[tuple[str, str]]:
+    import tarfile
+    out = [(f.name, f.read_text()) for f in sorted(RECORDED.glob("*.txt"))]
+    for tgz in sorted(RECORDED.glob("*.tar.gz")):
+        with tarfile.open(tgz) as t:
+            out += [(Path(m.name).name, t.extractfile(m).read().decode()) for m in t.getmembers()
+                    if m.isfile() and m.name.endswith(".txt")][:8]
+    return out
+
+
+def test_parsing_only_the_families_read_changes_no_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """parse() hands prometheus_client only the lines of the families it reads (a busy CPU server's core makes the
+    whole text cost seconds); on every recorded text of a real server, and on SGLang texts, the Counters equal a
+    parse of the whole text."""
+    cases = _all_recorded_texts()
+    cases += [("sglang", t) for t in texts(("sglang", None), simulate([0.6] * 3, seed=5))]
+    assert sum(name.startswith("vllm") for name, _ in cases) >= 10
+    whole = {}
+    with monkeypatch.context() as m:
+        m.setattr(server_metrics, "_wanted", lambda name: True)
+        for name, text in cases:
+            whole[name, text] = server_metrics.parse(text)
+    for name, text in cases:
+        c = server_metrics.parse(text)
+        assert c == whole[name, text], name
+    kept = [x for x in cases[0][1].splitlines() if server_metrics._wanted(server_metrics._metric_name(x))]
+    assert 10 < len(kept) < len(cases[0][1].splitlines()) / 5
+
+
 # ---------------------------------------------------------------------------- watch runs for the page tests
 
 
