@@ -479,6 +479,15 @@ def rescan() -> None:
         st.caption(f"Could not rescan the run directories ({type(e).__name__}: {e}); showing the last catalog.")
 
 
+def rescan_runs(run_ids: list[str]) -> None:
+    """rescan() for these runs only (a page about one run): a few file stats whatever the catalog's size, where the
+    whole rescan stats every run directory (10,000 runs: 40-90 ms of each page view)."""
+    try:
+        data().catalog.write.refresh_changed(run_ids)
+    except Exception as e:  # noqa: BLE001 - a read-only data root still shows the last catalog
+        st.caption(f"Could not rescan the run directories ({type(e).__name__}: {e}); showing the last catalog.")
+
+
 def load_runs(refresh: bool = False, query: Callable[[], pd.DataFrame] | None = None) -> pd.DataFrame:
     """All runs (from `query`, the catalog's list_runs by default), newest first; stops the page with a hint when there
     are none. refresh=True rescans the run directories first (statuses of running/interrupted runs, progress,

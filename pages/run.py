@@ -17,7 +17,12 @@ from dashboard import charts, compare_view, page_registry, run_view, severity, u
 PICKERS_PX = 68           # the height of the per-prompt filters' row, held for it until it is drawn
 STATUS = {"complete": "green", "running": "blue", "interrupted": "orange", "failed": "red", "quarantined": "red"}
 
-ui.rescan()
+# the run the link names is re-read if its directory changed (status, progress, a process gone); the others were
+# indexed by their own state changes. Without a run in the link the page opens the newest: all are rescanned
+if ui.qp_get("id"):
+    ui.rescan_runs([ui.qp_get("id")])
+else:
+    ui.rescan()
 cat = ui.catalog()
 choices = ui.guarded(cat.run_choices)
 if choices.empty:

@@ -246,3 +246,42 @@ def test_kept_results_are_computed_once_per_catalog_version(data_root, monkeypat
     with store.shared_reads():
         ui.kept("t", (1,), compute)
     assert len(ran) == 5
+
+
+def test_a_rescan_of_one_run_reads_only_that_run_and_sees_what_a_full_rescan_would(data_root, monkeypatch):
+    """refresh_changed (the run page's rescan): the run the link names is re-indexed when its directory changed
+    (rewritten on disk, its process gone, removed, new), other runs' changes are left to their own rescan, and no
+    other run directory is looked at."""
+    import os
+
+    from backend.store import catalog as store
+
+    data = DataRoot(data_root)
+    _complete(data, "a", "b", "c")
+    data.new_run_dir("live", {"kind": "capture", "engine": "hf"}).update(pid=os.getpid())   # running, process alive
+    data.catalog.write.refresh()
+    write, read = data.catalog.write, data.catalog.read
+    assert write.refresh_changed(["a", "live"]) == []                    # nothing changed: nothing written
+    time.sleep(0.01)
+    data.run_dir("a").update(status="failed", error="edited on disk")
+    data.run_dir("b").update(status="failed", error="edited too")
+    stats = []
+    real = store._entry
+    monkeypatch.setattr(store, "_entry", lambda p, rid: stats.append(rid) or real(p, rid))
+    assert write.refresh_changed(["a"]) == ["a"]
+    assert set(stats) == {"a"}                                            # no other run directory read
+    states = read.run_states(["a", "b"]).set_index("run_id")["status"]
+    assert states["a"] == "failed" and states["b"] == "complete"          # b waits for its own rescan
+    data.run_dir("live").update(pid=2**22 + 12345)                        # its process is gone
+    assert write.refresh_changed(["live"]) == ["live"]
+    assert read.run_states(["live"]).loc[0, "status"] == "interrupted"
+    _complete(data, "new")                                                # written beside the catalog, not indexed
+    assert write.refresh_changed(["new", "nope", "../x"]) == ["new"]
+    assert "new" in read.run_choices()["run_id"].tolist()
+    import shutil
+    shutil.rmtree(data_root / "runs" / "c")
+    assert write.refresh_changed(["c"]) == ["c"]
+    assert "c" not in read.run_choices()["run_id"].tolist()
+    monkeypatch.setattr(store, "_entry", real)
+    write.refresh()                                                       # the full rescan then finds only b
+    assert read.run_states(["b"]).loc[0, "status"] == "failed"

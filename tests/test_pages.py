@@ -282,6 +282,29 @@ def test_run_page_of_a_failed_run_shows_its_error_and_log(dash: Path, tmp_path: 
     assert {"manifest.json", "capture.log"} <= set(files["file"])
 
 
+def test_run_page_shows_a_run_whose_process_died_after_it_was_indexed(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run page rescans the run its link names only: a run indexed as running whose process is gone since shows
+    interrupted with the resume hint, and one copied beside the catalog opens, with no full rescan in between."""
+    import os
+
+    data = DataRoot(tmp_path)
+    data.new_run_dir("live", {"kind": "capture", "engine": "hf", "progress": {"done": 3, "total": 8}}).update(
+        pid=os.getpid())
+    data.catalog.write.refresh()
+    monkeypatch.setenv("SPECLENS_DATA", str(tmp_path))
+    at = open_page("pages/run.py", id="live")
+    (bar,) = at.get("progress")
+    assert bar.proto.text == "running: 3 / 8" and not at.warning
+    data.run_dir("live").update(pid=2**22 + 12345)                      # the process died; nothing re-indexed it
+    data.new_run_dir("copied", {"kind": "capture", "engine": "hf"}).update(status="complete")
+    at = open_page("pages/run.py", id="live")
+    assert "Interrupted at 3 / 8" in texts(at.warning)
+    at = open_page("pages/run.py", id="copied")
+    assert any("badge[complete]" in m.value for m in at.markdown) and not at.warning
+    assert "`None`" not in [m.value for m in at.markdown]          # no stray value written by Streamlit's magic
+
+
 def test_pair_of_one_run_shows_no_verdict(dash: Path) -> None:
     at = open_page("pages/alignment.py", a="a1", b="a1")
     assert not at.success, "a run compared with itself is no 'Aligned' verdict"

@@ -277,6 +277,32 @@ def _plan(p: Paths) -> _Plan | None:
     return _Plan(entries, changed, [r for r in old if r not in on_disk])
 
 
+def _changed_of(p: Paths, run_ids: list[str]) -> list[str] | None:
+    """Which of these runs the catalog holds otherwise than their directories (new, rewritten, removed, or running
+    with its process gone): _plan for these runs only, a few stats each whatever the catalog's size. None when the
+    catalog must be rebuilt."""
+    if not p.catalog.exists():
+        return None
+    old = _indexed_sigs(p)
+    if old is None:
+        return None
+    out = []
+    for rid in run_ids:
+        e, o = _entry(p, rid), old.get(rid)
+        if e is None:
+            if o is not None:
+                out.append(rid)
+        elif o is None or o[0] != e.sig:
+            out.append(rid)
+        elif o[1] == RUNNING:
+            try:
+                if RunDir(e.path).effective_status() != RUNNING:
+                    out.append(rid)
+            except Exception:  # noqa: BLE001 - unreadable now: re-read (and quarantine) it
+                out.append(rid)
+    return out
+
+
 def _fresh_tmp(path: Path) -> Path:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     for f in (tmp, Path(str(tmp) + ".wal")):
@@ -1346,6 +1372,19 @@ class CatalogWriter:
         f.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(f, payload)
         return f
+
+    def refresh_changed(self, run_ids: list[str]) -> list[str]:
+        """Bring these runs' rows up to date with their directories, if they differ (what `refresh` does for every
+        run, for these only: a page about one run needs no scan of the others). Returns the run ids re-indexed; a
+        catalog that must be rebuilt is rebuilt (then every id)."""
+        ids = [str(r) for r in run_ids if valid_run_id(str(r))]
+        changed = _changed_of(self.paths, ids)
+        if changed is None:
+            _refresh(self.paths)
+            return ids
+        if changed:
+            _refresh_runs(self.paths, changed)
+        return changed
 
     def refresh_runs(self, run_ids: list[str]) -> Path:
         """Re-index these runs only (a run's state change): its cost does not grow with the catalog (no scan of the
