@@ -14,7 +14,7 @@ BANNER = {"ok": (st.success, ":material/check_circle:"), "warning": (st.warning,
           "error": (st.error, ":material/error:"), "info": (st.info, ":material/info:")}
 
 st.title("Drafter check")
-ui.rescan()
+ui.rescan_named("run")      # the runs the link names (and the running ones) if changed; all without one
 cat = ui.catalog()
 runs = ui.guarded(cat.check_runs)
 ids = runs["run_id"].tolist()

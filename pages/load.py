@@ -19,7 +19,7 @@ HOW = ("`python -m backend bench --engine vllm --target T --drafter D --prompts 
 PICKERS_PX = 68           # the height of a picker row, held for it until it is drawn
 
 st.title("Serving load")
-ui.rescan()
+ui.rescan_named("runs", "run")      # the runs the link names (and the running ones) if changed; all without one
 cat = ui.catalog()
 runs = ui.guarded(cat.list_runs, kind="load")
 ids = runs["run_id"].tolist()

@@ -17,12 +17,7 @@ from dashboard import charts, compare_view, page_registry, run_view, severity, u
 PICKERS_PX = 68           # the height of the per-prompt filters' row, held for it until it is drawn
 STATUS = {"complete": "green", "running": "blue", "interrupted": "orange", "failed": "red", "quarantined": "red"}
 
-# the run the link names is re-read if its directory changed (status, progress, a process gone); the others were
-# indexed by their own state changes. Without a run in the link the page opens the newest: all are rescanned
-if ui.qp_get("id"):
-    ui.rescan_runs([ui.qp_get("id")])
-else:
-    ui.rescan()
+ui.rescan_named("id")      # the run the link names (and the running ones) if changed; all without one
 cat = ui.catalog()
 choices = ui.guarded(cat.run_choices)
 if choices.empty:

@@ -13,7 +13,7 @@ HOW = ("`python -m backend watch --server-url http://HOST:8000 [--interval 10] [
        "records a watch here (exit 1 on drift or below --min-tau, for cron and CI).")
 
 st.title("Watch a live server")
-ui.rescan()
+ui.rescan_named("run")      # the runs the link names (and the running ones) if changed; all without one
 cat = ui.catalog()
 runs = ui.guarded(cat.list_runs, kind="watch")
 ids = runs["run_id"].tolist()

@@ -249,9 +249,9 @@ def test_kept_results_are_computed_once_per_catalog_version(data_root, monkeypat
 
 
 def test_a_rescan_of_one_run_reads_only_that_run_and_sees_what_a_full_rescan_would(data_root, monkeypatch):
-    """refresh_changed (the run page's rescan): the run the link names is re-indexed when its directory changed
-    (rewritten on disk, its process gone, removed, new), other runs' changes are left to their own rescan, and no
-    other run directory is looked at."""
+    """refresh_changed (the rescan of a page about the runs its link names): a named run is re-indexed when its
+    directory changed (rewritten on disk, removed, new), so is any run indexed as running whose process is gone,
+    named or not; other runs' hand edits are left to a full rescan, and no other run directory is looked at."""
     import os
 
     from backend.store import catalog as store
@@ -269,11 +269,11 @@ def test_a_rescan_of_one_run_reads_only_that_run_and_sees_what_a_full_rescan_wou
     real = store._entry
     monkeypatch.setattr(store, "_entry", lambda p, rid: stats.append(rid) or real(p, rid))
     assert write.refresh_changed(["a"]) == ["a"]
-    assert set(stats) == {"a"}                                            # no other run directory read
+    assert set(stats) == {"a", "live"}                       # the named run and the running one, no other
     states = read.run_states(["a", "b"]).set_index("run_id")["status"]
-    assert states["a"] == "failed" and states["b"] == "complete"          # b waits for its own rescan
+    assert states["a"] == "failed" and states["b"] == "complete"          # b waits for a full rescan
     data.run_dir("live").update(pid=2**22 + 12345)                        # its process is gone
-    assert write.refresh_changed(["live"]) == ["live"]
+    assert write.refresh_changed(["a"]) == ["live"]                       # found without being named
     assert read.run_states(["live"]).loc[0, "status"] == "interrupted"
     _complete(data, "new")                                                # written beside the catalog, not indexed
     assert write.refresh_changed(["new", "nope", "../x"]) == ["new"]

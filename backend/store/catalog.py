@@ -278,16 +278,17 @@ def _plan(p: Paths) -> _Plan | None:
 
 
 def _changed_of(p: Paths, run_ids: list[str]) -> list[str] | None:
-    """Which of these runs the catalog holds otherwise than their directories (new, rewritten, removed, or running
-    with its process gone): _plan for these runs only, a few stats each whatever the catalog's size. None when the
-    catalog must be rebuilt."""
+    """Which of these runs, and of the runs indexed as running, the catalog holds otherwise than their directories
+    (new, rewritten, removed, or running with its process gone): _plan for these runs only, a few stats each
+    whatever the catalog's size. None when the catalog must be rebuilt."""
     if not p.catalog.exists():
         return None
     old = _indexed_sigs(p)
     if old is None:
         return None
     out = []
-    for rid in run_ids:
+    running = [r for r, (_, status) in old.items() if status == RUNNING]
+    for rid in dict.fromkeys([*run_ids, *running]):
         e, o = _entry(p, rid), old.get(rid)
         if e is None:
             if o is not None:
@@ -1374,9 +1375,10 @@ class CatalogWriter:
         return f
 
     def refresh_changed(self, run_ids: list[str]) -> list[str]:
-        """Bring these runs' rows up to date with their directories, if they differ (what `refresh` does for every
-        run, for these only: a page about one run needs no scan of the others). Returns the run ids re-indexed; a
-        catalog that must be rebuilt is rebuilt (then every id)."""
+        """Bring these runs' rows, and those of the runs indexed as running, up to date with their directories where
+        they differ: what `refresh` does for every run directory, for these only (a page about one run needs no scan
+        of 10,000 others; a run's own state changes re-index it, so only a process gone or a hand edit is left to
+        find). Returns the run ids re-indexed; a catalog that must be rebuilt is rebuilt (then the ids asked)."""
         ids = [str(r) for r in run_ids if valid_run_id(str(r))]
         changed = _changed_of(self.paths, ids)
         if changed is None:
