@@ -262,19 +262,22 @@ def _plan(p: Paths) -> _Plan | None:
     if old is None:
         return None
     entries = _scan(p)
-    changed = []
-    for e in entries:
-        o = old.get(e.run_id)
-        if o is None or o[0] != e.sig:
-            changed.append(e)
-        elif o[1] == RUNNING:                   # is its process still there?
-            try:
-                if RunDir(e.path).effective_status() != RUNNING:
-                    changed.append(e)
-            except Exception:  # noqa: BLE001 - unreadable now: re-read (and quarantine) it
-                changed.append(e)
+    changed = [e for e in entries if _stale(e, old.get(e.run_id))]
     on_disk = {e.run_id for e in entries}
     return _Plan(entries, changed, [r for r in old if r not in on_disk])
+
+
+def _stale(e: _Entry, indexed: tuple[str, str] | None) -> bool:
+    """Whether a run directory differs from its catalog row ((signature, status), None when not indexed): new,
+    rewritten, or indexed as running with its process gone."""
+    if indexed is None or indexed[0] != e.sig:
+        return True
+    if indexed[1] != RUNNING:
+        return False
+    try:                                        # is its process still there?
+        return RunDir(e.path).effective_status() != RUNNING
+    except Exception:  # noqa: BLE001 - unreadable now: re-read (and quarantine) it
+        return True
 
 
 def _changed_of(p: Paths, run_ids: list[str]) -> list[str] | None:
@@ -290,17 +293,8 @@ def _changed_of(p: Paths, run_ids: list[str]) -> list[str] | None:
     running = [r for r, (_, status) in old.items() if status == RUNNING]
     for rid in dict.fromkeys([*run_ids, *running]):
         e, o = _entry(p, rid), old.get(rid)
-        if e is None:
-            if o is not None:
-                out.append(rid)
-        elif o is None or o[0] != e.sig:
+        if (o is not None) if e is None else _stale(e, o):        # removed, or as _plan finds it
             out.append(rid)
-        elif o[1] == RUNNING:
-            try:
-                if RunDir(e.path).effective_status() != RUNNING:
-                    out.append(rid)
-            except Exception:  # noqa: BLE001 - unreadable now: re-read (and quarantine) it
-                out.append(rid)
     return out
 
 
