@@ -29,7 +29,6 @@ import tarfile
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,10 +39,10 @@ import psutil  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from backend import server_metrics  # noqa: E402
+from tools.vllm_cpu.toy_server import ToyServer, free_port, keep_busy  # noqa: E402
 
 TOY = REPO / "models" / "toy-pair.tar.gz"
 PROMPTS = REPO / "datasets" / "spec_bench" / "question.jsonl"
-SHIMS = REPO / "tools" / "vllm_cpu" / "shims"
 RECORDED = REPO / "tests" / "data" / "recorded" / "metrics"
 K, MAX_TOKENS = 4, 64
 
@@ -64,50 +63,6 @@ def parse_costs(rounds: int = 20) -> dict:
         out[f.name] = {"lines": len(text.splitlines()), "parse_ms": round(kept * 1e3, 2),
                        "whole_text_ms": round(whole * 1e3, 2)}
     return out
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _serve(vpy: str, target: Path, drafter: Path, port: int, log: Path) -> subprocess.Popen:
-    cmd = [vpy, "-m", "vllm.entrypoints.cli.main", "serve", str(target), "--port", str(port), "--max-model-len", "512",
-           "--dtype", "float32", "--speculative-config",
-           json.dumps({"method": "eagle3", "model": str(drafter), "num_speculative_tokens": K})]
-    env = {**os.environ, "PYTHONPATH": str(SHIMS), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-
-def _wait(url: str, p: subprocess.Popen, log: Path, limit: float = 600) -> None:
-    t0 = time.time()
-    while time.time() - t0 < limit:
-        if p.poll() is not None:
-            raise SystemExit(f"vllm serve exited ({p.returncode}); its log: {log}")
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2).read()
-            return
-        except OSError:
-            time.sleep(2)
-    raise SystemExit(f"vllm serve not up in {limit:.0f} s; its log: {log}")
-
-
-def _load(url: str, model: str, stop: threading.Event, sent: list) -> None:
-    prompts = [json.loads(x)["turns"][0] for x in PROMPTS.read_text().splitlines()[:8]]
-    i = 0
-    while not stop.is_set():
-        body = json.dumps({"model": model, "prompt": prompts[i % len(prompts)], "max_tokens": MAX_TOKENS,
-                           "temperature": 0}).encode()
-        req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=300) as r:
-                sent.append(json.loads(r.read())["usage"]["completion_tokens"])
-        except OSError:
-            if not stop.is_set():
-                raise
-        i += 1
 
 
 def _watch(url: str, data: Path, interval: float, windows: int) -> dict:
@@ -144,15 +99,14 @@ def main() -> None:
         with tarfile.open(TOY) as t:
             t.extractall(d / "toy", filter="data")
         target, drafter = d / "toy" / "target", d / "toy" / "drafter-matched"
-        port = _free_port()
-        url = f"http://127.0.0.1:{port}"
-        log = d / "serve.log"
-        srv = _serve(a.vllm_python, target, drafter, port, log)
+        srv = ToyServer(a.vllm_python, target, free_port(), d / "serve.log", drafter, K)
+        url = srv.url
         stop, sent = threading.Event(), []
+        prompts = [json.loads(x)["turns"][0] for x in PROMPTS.read_text().splitlines()[:8]]
         try:
-            _wait(url, srv, log)
-            loaders = [threading.Thread(target=_load, args=(url, str(target), stop, sent), daemon=True)
-                       for _ in range(a.loaders)]
+            srv.wait()
+            loaders = [threading.Thread(target=keep_busy, args=(url, str(target), prompts, MAX_TOKENS, stop, sent, 300),
+                                        daemon=True) for _ in range(a.loaders)]
             for t in loaders:
                 t.start()
             time.sleep(3)
@@ -175,11 +129,7 @@ def main() -> None:
             result["completions_during"] = len(sent)
         finally:
             stop.set()
-            os.killpg(srv.pid, 15)
-            try:
-                srv.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(srv.pid, 9)
+            srv.stop()
     text = json.dumps(result, indent=1)
     print(text)
     if a.out:

