@@ -7,8 +7,9 @@ without pause, and `python -m backend watch --interval I --windows N` runs as a 
 runs it against a loaded server. The server, the load and the watch share the CPU.
 
 Printed and written (--out, JSON): the watch's wall time and peak RSS (psutil, polled), each window's length and
-tokens/s as the watch recorded them (windows.parquet), the spread of the window lengths against --interval and of
-tokens/s, the machine's load average before and after; and, on every recorded /metrics text of a real server in
+tokens/s as the watch recorded them (windows.parquet), the seconds outside the windows (the process start to window 1,
+the last window to the exit), the spread of the window lengths against --interval and of tokens/s, the machine's load
+average before and after; and, on every recorded /metrics text of a real server in
 tests/data/recorded/metrics, the time backend/server_metrics.parse takes on it (the families it reads) and the time
 prometheus_client takes on the whole text (what parse cost before it dropped the other families).
 
@@ -68,7 +69,7 @@ def parse_costs(rounds: int = 20) -> dict:
 def _watch(url: str, data: Path, interval: float, windows: int) -> dict:
     env = {**os.environ, "SPECLENS_DATA": str(data)}
     env.pop("PYTHONPATH", None)
-    t0 = time.perf_counter()
+    t0, started = time.perf_counter(), time.time()
     p = psutil.Popen([sys.executable, "-m", "backend", "watch", "--server-url", url, "--interval", str(interval),
                       "--windows", str(windows), "--min-drafts", "20", "--name", "bench-watch"], cwd=REPO, env=env,
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -80,8 +81,9 @@ def _watch(url: str, data: Path, interval: float, windows: int) -> dict:
             break
         time.sleep(0.2)
     out, err = p.communicate()
-    return {"wall_s": round(time.perf_counter() - t0, 2), "exit_code": p.returncode, "peak_rss_mb": round(peak / 2**20),
-            "stdout": out.splitlines(), "stderr_tail": err[-1500:]}
+    return {"wall_s": round(time.perf_counter() - t0, 2), "started": started, "ended": time.time(),
+            "exit_code": p.returncode, "peak_rss_mb": round(peak / 2**20), "stdout": out.splitlines(),
+            "stderr_tail": err[-1500:]}
 
 
 def main() -> None:
@@ -125,7 +127,10 @@ def main() -> None:
                     "length_max_over_interval": round(max(lengths) / a.interval, 2),
                     "tokens_per_s": [round(x, 1) for x in tps],
                     "tokens_per_s_max_over_median": round(max(tps) / statistics.median(tps), 2) if tps else None,
-                    "tau": [round(x, 3) for x in ws["tau"].tolist()]}
+                    "tau": [round(x, 3) for x in ws["tau"].tolist()],
+                    # the wall time outside the windows: the process start to window 1, the last window to its exit
+                    "start_to_window_1_s": round(ws["t_start"].iloc[0] - w["started"], 2),
+                    "last_window_to_exit_s": round(w["ended"] - ws["t_end"].iloc[-1], 2)}
             result["completions_during"] = len(sent)
         finally:
             stop.set()
