@@ -458,8 +458,8 @@ def run_watch(s: WatchSettings, name: str | None = None, data: DataRoot | None =
                      interrupted=lambda: f"interrupted (a second Ctrl-C) after {len(tracker.windows)} window(s); "
                                          f"they are kept in {WINDOWS}")
     with stop, guard, open(run.file(JOURNAL), "a") as journal:
-        _write_windows(run, [])     # pyarrow imported and the file written once before the first scrape: on a busy
-        t_scrape = time.monotonic()  # core that first write took seconds, all inside window 2 (docs/PERFORMANCE.md)
+        _write_windows(run, [])     # pyarrow's import and the first write before the first scrape, not inside window 2
+        t_scrape = time.monotonic()
         try:
             text = scrape(url, s.timeout)
             t_prev_wall = time.time()          # the counters' moment: the scrape's answer, before parsing or more calls
