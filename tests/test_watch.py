@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from backend import metrics, server_metrics
 from backend.__main__ import main
 from backend.store.data_root import DataRoot
-from backend.watch import Tracker, WatchSettings, make_window, metrics_url
+from backend.watch import COLUMNS, Tracker, WatchSettings, make_window, metrics_url
 
 RECORDED = Path(os.environ.get("SPECLENS_RECORDED_METRICS") or Path(__file__).parent / "data" / "recorded" / "metrics")
 K = 3
@@ -329,6 +329,9 @@ def test_unreachable_server_one_line_and_run_kept(data_root: Path, capsys) -> No
     runs = DataRoot(data_root).catalog.read.list_runs(kind="watch")
     row = runs.set_index("run_id").loc["gone"]
     assert row["status"] == "failed" and "cannot reach" in row["error"]
+    ws = pd.read_parquet(data_root / "runs" / "gone" / "windows.parquet")   # written empty before the first scrape
+    assert ws.empty and list(ws.columns) == list(COLUMNS)
+    assert windows(data_root, "gone").empty
 
 
 def test_lost_connection_keeps_the_windows(data_root: Path, capsys) -> None:
