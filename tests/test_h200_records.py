@@ -350,6 +350,38 @@ def test_the_compiled_capture_kill_trials_of_13_04_compared_empty_captures() -> 
     assert not any("spawn" in text for text in logs.values())          # every engine core was forked
 
 
+def test_the_compiled_capture_kill_trials_of_21_18_held_every_token_and_resumed_bit_equal() -> None:
+    """The capture in vLLM's compiled engine (exact sums, VLLM_BATCH_INVARIANT=1, 448 prompts) killed twice on an H100
+    at 21:18 and 21:20 UTC, 2026-12-07, through the CLI that fails a capture whose statistics hold no token: the
+    reference held 162,810 tokens; each trial was killed at 128/448 prompts, shown interrupted, its GPU memory free
+    within 0.56 s, nothing outliving the kill; each resume completed with the same 162,810 tokens, bit-equal to the
+    reference (--exact-sums), as RELIABILITY.md says."""
+    import io
+    import tarfile
+
+    for n in (4, 5):
+        rec = json.loads((RESULTS / f"fault_suite_h100_2026-12-07_vllm_compiled_capture_{n}.json").read_text())
+        assert rec["env"]["vllm_env_vllm"] == "0.24.0"
+        assert str(rec["args"]["exact_sums"]) == "True" and rec["args"]["vllm_option"] == "[('compiled', True)]"
+        step = rec["steps"]["vllm-capture"]
+        assert step["reference"]["reused"] and step["reference"]["seconds"] == 132.6    # the 21:15 reference
+        [t] = step["trials"]
+        assert t["killed"] and (t["kill"]["done"], t["kill"]["total"]) == (128, 448) and t["kill"]["exit"] == -9
+        assert t["status_after_kill"]["catalog"] == {t["name"]: "interrupted"}
+        assert t["interrupted_ok"] and t["never_complete_while_unfinished"] and t["resumed_ok"]
+        assert t["resume"]["exit"] == 0 and t["equal"] is True and t["differences"] == []
+        assert t["outlived_kill"] == [] and t["gpu_after_kill"]["freed"] and t["gpu_after_kill"]["seconds"] <= 0.56
+        assert t["catalog_after_resume"]["trial"] == {"status": "complete", "rows": 10}
+    with tarfile.open(RESULTS / "fault_suite_h100_2026-12-07_vllm_compiled_capture_5_logs.tar.gz") as tf:
+        logs = {m.name: io.TextIOWrapper(tf.extractfile(m)).read() for m in tf.getmembers() if m.isfile()}
+    ends = sorted(line.split(" -> ")[0].split(" in ")[0] for text in logs.values() for line in text.splitlines()
+                  if line.startswith("capture "))
+    assert ends == ["capture kill-vllm-cap-211814-0: 162810 tokens from 448 prompts",
+                    "capture kill-vllm-cap-211956-0: 162810 tokens from 448 prompts",
+                    "capture ref-vllm-cap: 162810 tokens from 448 prompts"], ends
+    assert not any("spawn" in text for text in logs.values())          # every engine core was forked
+
+
 def test_the_fork_and_spawn_captures_of_13_36_say_what_reliability_md_says() -> None:
     """The same compiled capture (64 prompts, batch-invariant, exact sums) on an H100 at 13:36-13:44 UTC: the forked
     engine core's run completed with 0 tokens in every boundary's statistics though the hooks saw all 7,560; the two
