@@ -11,7 +11,9 @@ The page shell (Streamlit's index.html) is served with a few lines more (page_sh
 that draws a chart (Plotly, 4.7 MB) or a table only when the first one arrives, and evaluating Plotly's takes about
 0.8 s on a 2-core machine, so a page waited for it after its script had run. The shell starts that code for the
 opened view's first screen (backend/links.py `Page.first`) while the app connects and the page script runs, on a
-main thread that is idle then (docs/PERFORMANCE.md, "Pages: the page shell starts the chart code").
+main thread that is idle then (docs/PERFORMANCE.md, "Pages: the page shell starts the chart code"), all of it at
+once. On a view's own URL (/run?id=X) it also tells Streamlit where the server is, which Streamlit otherwise finds by
+asking /run/_stcore/health first and retrying at / 100 ms after the 404 (docs/PERFORMANCE.md, "Pages: no probe").
 
 Server options come from `.streamlit/config.toml` next to app.py (Streamlit reads it whatever the working directory):
 the viewer's toolbar (no Deploy button) and no usage statistics; flags given here override them. With the favicon
@@ -57,8 +59,13 @@ _SHELL_JS = """<script>
       /* SpecLens (dashboard/serve.py): load the code this view's first screen draws while the page script runs */
       (() => {
         const first = %(first)s, files = %(files)s;
-        const view = location.pathname.replace(/\\/+$/, "").split("/").pop();
+        const parts = location.pathname.replace(/\\/+$/, "").split("/"), view = parts.pop();
         window.speclensFirst = (first[view] || first[%(landing)s]).map((kind) => "./static/js/" + files[kind]);
+        /* a view's own URL (/run?id=X): the server is at the path above it. Said here, Streamlit connects at once
+           instead of first probing /run/_stcore/health, waiting for its 404 and retrying 100 ms later */
+        if (view in first && !window.__streamlit) {
+          window.__streamlit = {BACKEND_BASE_URL: location.origin + (parts.join("/") || "/")};
+        }
         for (const href of window.speclensFirst) {
           const link = document.createElement("link");
           Object.assign(link, {rel: "modulepreload", crossOrigin: "anonymous", href});
@@ -67,7 +74,7 @@ _SHELL_JS = """<script>
       })();
     </script>
     <script type="module">
-      for (const href of window.speclensFirst) await import(href).catch(() => {});
+      await Promise.all(window.speclensFirst.map((href) => import(href).catch(() => {})));
     </script>
     """
 

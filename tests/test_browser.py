@@ -260,3 +260,23 @@ def test_page_shell_loads_the_first_screens_code_ahead(page, server: str) -> Non
         assert "PlotlyChart" not in fetched and fetched["DataFrame"] < drawn, (fetched, drawn)
     finally:
         ctx.close()
+
+
+def test_page_shell_connects_a_deep_link_without_probing(page, server: str) -> None:
+    """A view's own URL (/alignment?..., /run?id=X): the page shell tells Streamlit that the server is at the path
+    above the view, so it asks /_stcore/health once instead of /alignment/_stcore/health first (a 404, then a retry
+    100 ms later: streamlit issue #7074). A path that names no view keeps Streamlit's own probe and lands on Runs."""
+    ctx = page.context.browser.new_context(viewport={"width": 1440, "height": 1000})
+    ctx.set_default_timeout(TIMEOUT_MS)
+    pg = ctx.new_page()
+    asked: list[str] = []
+    pg.on("request", lambda r: asked.append(r.url[len(server):]) if "/_stcore/health" in r.url else None)
+    try:
+        open_view(pg, server, "/alignment?a=a1&b=a2&metric=cosine")
+        assert asked == ["/_stcore/health"], asked
+        asked.clear()
+        open_view(pg, server, "/no-such-view", charts=0)
+        assert asked == ["/no-such-view/_stcore/health", "/_stcore/health"], asked
+        pg.wait_for_url("**/runs*")
+    finally:
+        ctx.close()
