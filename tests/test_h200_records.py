@@ -5,6 +5,7 @@ configs are rebuilt here the way the suites built them on the GPU; a table row t
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import tarfile
@@ -54,6 +55,21 @@ def _real_case(tmp: Path, case: str) -> tuple[Path, Path, dict]:
                                "use_aux_hidden_state": True}
     (d / "config.json").write_text(json.dumps(raw))
     return d, t, tcfg
+
+
+def _logs(name: str, key=lambda member: member) -> dict[str, str]:
+    """The text of every file in docs/results/NAME (a tarball of a GPU run's logs), by key(member name)."""
+    with tarfile.open(RESULTS / name) as tf:
+        return {key(m.name): io.TextIOWrapper(tf.extractfile(m)).read() for m in tf.getmembers() if m.isfile()}
+
+
+def _killed_then_resumed_equal(t: dict, gpu_free_s: float) -> None:
+    """A fault-suite trial killed mid-capture: shown interrupted and never complete, nothing outliving the kill, its
+    GPU memory free within gpu_free_s, the resume complete and equal to the reference."""
+    assert t["killed"] and t["status_after_kill"]["catalog"] == {t["name"]: "interrupted"}
+    assert t["interrupted_ok"] and t["never_complete_while_unfinished"] and t["resumed_ok"]
+    assert t["resume"]["exit"] == 0 and t["equal"] is True and t["differences"] == []
+    assert t["outlived_kill"] == [] and t["gpu_after_kill"]["freed"] and t["gpu_after_kill"]["seconds"] <= gpu_free_s
 
 
 def test_the_records_are_the_releases_named() -> None:
@@ -303,9 +319,6 @@ def test_the_compiled_capture_kill_trials_say_what_reliability_md_says() -> None
     """The capture in vLLM's compiled engine killed twice on an H100 (2026-12-07 10:27 and 10:30 UTC): shown
     interrupted, GPU freed, nothing outliving the kill; both resumes failed, the first at `rd.manifest.get`, the second
     in an engine core that vLLM spawned (the resume's process had CUDA initialised), as RELIABILITY.md says."""
-    import io
-    import tarfile
-
     logs = []
     for suffix in ("", "_2"):
         rec = json.loads((RESULTS / f"fault_suite_h100_2026-12-07_vllm_compiled_capture{suffix}.json").read_text())
@@ -330,21 +343,14 @@ def test_the_compiled_capture_kill_trials_of_13_04_compared_empty_captures() -> 
     shown interrupted, GPU freed, nothing outliving the kill, both resumes complete, and the suite said "equal". But
     the reference and both resumes counted 0 tokens (the engine core, forked, was never armed): equal because empty.
     The suite now calls such a comparison a difference (tests/test_fault_compare.py)."""
-    import io
-    import tarfile
-
     rec = json.loads((RESULTS / "fault_suite_h100_2026-12-07_vllm_compiled_capture_3.json").read_text())
     assert rec["env"]["commit"].startswith("420a4ee") and rec["env"]["vllm_env_vllm"] == "0.24.0"
     assert str(rec["args"]["exact_sums"]) == "True" and rec["args"]["vllm_option"] == "[('compiled', True)]"
     trials = rec["steps"]["vllm-capture"]["trials"]
     assert [(t["kill"]["done"], t["kill"]["total"]) for t in trials] == [(128, 448), (256, 448)]
     for t in trials:
-        assert t["killed"] and t["status_after_kill"]["catalog"] == {t["name"]: "interrupted"}
-        assert t["interrupted_ok"] and t["never_complete_while_unfinished"] and t["resumed_ok"]
-        assert t["resume"]["exit"] == 0 and t["equal"] is True and t["differences"] == []
-        assert t["outlived_kill"] == [] and t["gpu_after_kill"]["freed"] and t["gpu_after_kill"]["seconds"] <= 0.55
-    with tarfile.open(RESULTS / "fault_suite_h100_2026-12-07_vllm_compiled_capture_3_logs.tar.gz") as tf:
-        logs = {m.name: io.TextIOWrapper(tf.extractfile(m)).read() for m in tf.getmembers() if m.isfile()}
+        _killed_then_resumed_equal(t, gpu_free_s=0.55)
+    logs = _logs("fault_suite_h100_2026-12-07_vllm_compiled_capture_3_logs.tar.gz")
     ends = [line for text in logs.values() for line in text.splitlines() if line.startswith("capture ")]
     assert len(ends) == 3 and all(": 0 tokens from 448 prompts" in line for line in ends), ends
     assert not any("spawn" in text for text in logs.values())          # every engine core was forked
@@ -356,9 +362,6 @@ def test_the_compiled_capture_kill_trials_of_21_18_held_every_token_and_resumed_
     reference held 162,810 tokens; each trial was killed at 128/448 prompts, shown interrupted, its GPU memory free
     within 0.56 s, nothing outliving the kill; each resume completed with the same 162,810 tokens, bit-equal to the
     reference (--exact-sums), as RELIABILITY.md says."""
-    import io
-    import tarfile
-
     for n in (4, 5):
         rec = json.loads((RESULTS / f"fault_suite_h100_2026-12-07_vllm_compiled_capture_{n}.json").read_text())
         assert rec["env"]["vllm_env_vllm"] == "0.24.0"
@@ -366,14 +369,10 @@ def test_the_compiled_capture_kill_trials_of_21_18_held_every_token_and_resumed_
         step = rec["steps"]["vllm-capture"]
         assert step["reference"]["reused"] and step["reference"]["seconds"] == 132.6    # the 21:15 reference
         [t] = step["trials"]
-        assert t["killed"] and (t["kill"]["done"], t["kill"]["total"]) == (128, 448) and t["kill"]["exit"] == -9
-        assert t["status_after_kill"]["catalog"] == {t["name"]: "interrupted"}
-        assert t["interrupted_ok"] and t["never_complete_while_unfinished"] and t["resumed_ok"]
-        assert t["resume"]["exit"] == 0 and t["equal"] is True and t["differences"] == []
-        assert t["outlived_kill"] == [] and t["gpu_after_kill"]["freed"] and t["gpu_after_kill"]["seconds"] <= 0.56
+        assert (t["kill"]["done"], t["kill"]["total"]) == (128, 448) and t["kill"]["exit"] == -9
+        _killed_then_resumed_equal(t, gpu_free_s=0.56)
         assert t["catalog_after_resume"]["trial"] == {"status": "complete", "rows": 10}
-    with tarfile.open(RESULTS / "fault_suite_h100_2026-12-07_vllm_compiled_capture_5_logs.tar.gz") as tf:
-        logs = {m.name: io.TextIOWrapper(tf.extractfile(m)).read() for m in tf.getmembers() if m.isfile()}
+    logs = _logs("fault_suite_h100_2026-12-07_vllm_compiled_capture_5_logs.tar.gz")
     ends = sorted(line.split(" -> ")[0].split(" in ")[0] for text in logs.values() for line in text.splitlines()
                   if line.startswith("capture "))
     assert ends == ["capture kill-vllm-cap-211814-0: 162810 tokens from 448 prompts",
@@ -386,9 +385,6 @@ def test_the_fork_and_spawn_captures_of_13_36_say_what_reliability_md_says() -> 
     """The same compiled capture (64 prompts, batch-invariant, exact sums) on an H100 at 13:36-13:44 UTC: the forked
     engine core's run completed with 0 tokens in every boundary's statistics though the hooks saw all 7,560; the two
     spawned ones counted all 7,560 in every boundary."""
-    import io
-    import tarfile
-
     import pandas as pd
 
     with tarfile.open(RESULTS / "vllm_compiled_capture_fork_spawn_h100_2026-12-07.tar.gz") as tf:
@@ -406,11 +402,7 @@ def test_the_spawned_core_logs_say_what_reliability_md_says() -> None:
     """The narrowing-down on the same H100 (13:08-13:11 UTC): a spawned engine core in batch-invariant mode failed
     with IndexError on the forked cores' cached graph; without batch-invariant mode, or with the cache disabled, the
     same capture completed, all 7,560 tokens of its 64 prompts."""
-    import io
-    import tarfile
-
-    with tarfile.open(RESULTS / "vllm_spawned_core_compile_cache_h100_2026-12-07_logs.tar.gz") as tf:
-        logs = {Path(m.name).stem: io.TextIOWrapper(tf.extractfile(m)).read() for m in tf.getmembers() if m.isfile()}
+    logs = _logs("vllm_spawned_core_compile_cache_h100_2026-12-07_logs.tar.gz", key=lambda name: Path(name).stem)
     failed = logs.pop("spawn_batch_invariant_forked_cache")
     assert "error: vLLM could not start with model" in failed and "IndexError: list index out of range" in failed
     assert sorted(logs) == ["spawn_batch_invariant_cache_disabled", "spawn_no_batch_invariant_forked_cache"]
